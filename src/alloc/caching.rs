@@ -1,0 +1,1123 @@
+//! PyTorch 2.11's CUDA caching allocator policy (`DeviceCachingAllocator`), over any
+//! [`SegmentSource`].
+//!
+//! Rule by rule this follows ../shared/docs/allocator-spec.md; the notes below name the rules
+//! whose consequences are easy to get wrong.
+//!
+//! Note [Best fit]: free blocks sit in one ordered set per pool keyed by (stream, size, address).
+//! A request looks at the *first* block of its stream not smaller than it, and only that one:
+//! if the oversize rules reject it, the request misses (no second candidate is tried).
+//!
+//! Note [Split]: the front of a block is handed out, the tail stays free. Small pool (or any pool
+//! with expandable segments): split when the tail is >= 512 B. Large pool: split only when the
+//! request is below `max_split_size` and the tail is strictly more than 1 MiB; otherwise the
+//! whole block is handed out and counted as allocated.
+//!
+//! Note [Inactive split]: `inactive_split*` count free blocks inside segments that also hold
+//! other blocks. They change by net amounts: a free that merges with two neighbours removes two
+//! and (if the result is still split) adds one. Expandable blocks are left out.
+//!
+//! Note [Retry]: a miss tries, in order, a new segment; (with `max_split_size`) releasing
+//! oversize cached segments; then releasing every whole free segment (an `empty_cache`, counted
+//! in `num_sync_all_streams`) and one more try, counted in `num_alloc_retries` whether or not it
+//! succeeds. Only then is out-of-memory raised.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use super::config::{
+    AllocConf, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
+use super::oom::OutOfMemory;
+use super::source::SegmentSource;
+use super::stats::{DeviceStats, PoolKind};
+use crate::trace::{EventKind, Recorder, StackId};
+
+/// A CUDA stream, by number (0 = the default stream). Pools never share blocks across streams.
+pub type StreamId = u32;
+
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// A block: a contiguous piece of a segment, allocated or free.
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub addr: u64,
+    pub size: u64,
+    /// The unrounded size of the last allocation that used this block (stale once freed).
+    pub requested: u64,
+    pub prev: u32,
+    pub next: u32,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub allocated: bool,
+    /// Backed by physical memory (always true outside expandable segments).
+    pub mapped: bool,
+    /// Index of the expandable reservation this block lies in, or NONE.
+    pub expandable: u32,
+    /// Streams other than its own that used the block (`record_stream`).
+    pub stream_uses: Vec<StreamId>,
+    /// Frees that wait for other streams' work before they complete.
+    pub event_count: u32,
+    /// `get_free_block` calls of its pool when it last entered the free set (GC age).
+    pub gc_base: u64,
+    /// Tag stack when the block was last handed out.
+    pub stack: StackId,
+    /// Tag stack when its segment was allocated (kept by the segment's first block only).
+    pub seg_stack: Option<StackId>,
+    pub live: bool,
+}
+
+impl Block {
+    #[inline]
+    fn is_split(&self) -> bool {
+        self.prev != NONE || self.next != NONE
+    }
+}
+
+/// Key of the free set: PyTorch's `BlockComparatorSize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FreeKey {
+    stream: StreamId,
+    size: u64,
+    addr: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Pool {
+    /// Free (mapped) blocks.
+    blocks: BTreeMap<FreeKey, u32>,
+    /// Unmapped parts of expandable reservations, by (stream, address).
+    unmapped: BTreeMap<(StreamId, u64), u32>,
+    /// `get_free_blocks_call_count`, counted only while garbage collection is on.
+    free_calls: u64,
+}
+
+/// An expandable segment: a reserved virtual range with pages mapped on demand.
+#[derive(Debug, Clone)]
+pub(crate) struct Reservation {
+    pub base: u64,
+    pub size: u64,
+    pub page: u64,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    pub mapped: Vec<bool>,
+    pub live: bool,
+}
+
+/// Errors of `free` and `record_stream`: the pointer is not a live allocation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PointerError {
+    #[error(
+        "invalid device pointer {0:#x}: not a live allocation (never allocated, or already freed)"
+    )]
+    NotAllocated(u64),
+}
+
+/// The caching allocator of one device.
+#[derive(Debug, Clone)]
+pub struct CachingAllocator<S: SegmentSource> {
+    conf: AllocConf,
+    source: S,
+    device: u32,
+    pub(crate) blocks: Vec<Block>,
+    free_ids: Vec<u32>,
+    pools: [Pool; 2],
+    /// Allocated blocks by address (PyTorch's `allocated_blocks`).
+    allocated: FxHashMap<u64, u32>,
+    /// Frees waiting on other streams.
+    pending: Vec<u32>,
+    pub(crate) reservations: Vec<Reservation>,
+    stats: DeviceStats,
+    /// Bytes reserved from the device (`total_allocated_memory`).
+    total_reserved: u64,
+    /// Set by a memory fraction below 1: (fraction, allowed bytes).
+    fraction: Option<(f64, u64)>,
+    recorder: Recorder,
+}
+
+impl<S: SegmentSource> CachingAllocator<S> {
+    pub fn new(conf: AllocConf, source: S) -> Self {
+        let mut a = CachingAllocator {
+            stats: DeviceStats {
+                max_split_size: conf.max_split_size_stat(),
+                ..Default::default()
+            },
+            conf,
+            source,
+            device: 0,
+            blocks: Vec::new(),
+            free_ids: Vec::new(),
+            pools: [Pool::default(), Pool::default()],
+            allocated: FxHashMap::default(),
+            pending: Vec::new(),
+            reservations: Vec::new(),
+            total_reserved: 0,
+            fraction: None,
+            recorder: Recorder::default(),
+        };
+        if let Some(f) = a.conf.per_process_memory_fraction {
+            a.set_memory_fraction(f);
+        }
+        a
+    }
+
+    pub fn conf(&self) -> &AllocConf {
+        &self.conf
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn recorder_mut(&mut self) -> &mut Recorder {
+        &mut self.recorder
+    }
+
+    /// Replaces the recorder (e.g. to set the ring's capacity or turn recording off).
+    pub fn set_recorder(&mut self, r: Recorder) {
+        self.recorder = r;
+    }
+
+    /// Bytes reserved from the device now.
+    pub fn reserved(&self) -> u64 {
+        self.total_reserved
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction(f)`: reserve at most f x total memory.
+    /// A fraction of 1 (or more) lifts the limit, as in PyTorch 2.11.
+    pub fn set_memory_fraction(&mut self, fraction: f64) {
+        let f = fraction.clamp(0.0, 1.0);
+        self.fraction = if f < 1.0 {
+            Some((f, (f * self.source.device_total() as f64) as u64))
+        } else {
+            None
+        };
+    }
+
+    /// The limit a memory fraction sets, if any.
+    pub fn allowed_max(&self) -> Option<u64> {
+        self.fraction.map(|(_, a)| a)
+    }
+
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// `round_size`: at least 512, a multiple of 512, or the next power-of-two division.
+    pub fn round_size(&self, n: u64) -> u64 {
+        if n < MIN_BLOCK_SIZE {
+            return MIN_BLOCK_SIZE;
+        }
+        let d = self.conf.divisions_for(n);
+        if d > 1 && n > MIN_BLOCK_SIZE * d {
+            roundup_power2_next_division(n, d)
+        } else {
+            n.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        }
+    }
+
+    /// `get_allocation_size`: the segment size a miss of this rounded size asks for.
+    pub fn allocation_size(&self, size: u64) -> u64 {
+        if size <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if size < MIN_LARGE_ALLOC {
+            self.conf.large_segment_size
+        } else {
+            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
+    }
+
+    fn pool_of(size: u64) -> PoolKind {
+        if size <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
+    #[inline]
+    fn gc_on(&self) -> bool {
+        self.fraction.is_some() && self.conf.garbage_collection_threshold > 0.0
+    }
+
+    #[inline]
+    fn key(&self, id: u32) -> FreeKey {
+        let b = &self.blocks[id as usize];
+        FreeKey {
+            stream: b.stream,
+            size: b.size,
+            addr: b.addr,
+        }
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        if let Some(id) = self.free_ids.pop() {
+            self.blocks[id as usize] = b;
+            id
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn delete_block(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        b.live = false;
+        b.stream_uses = Vec::new();
+        self.free_ids.push(id);
+    }
+
+    fn blank(&self, addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            prev: NONE,
+            next: NONE,
+            stream,
+            pool,
+            allocated: false,
+            mapped: true,
+            expandable: NONE,
+            stream_uses: Vec::new(),
+            event_count: 0,
+            gc_base: 0,
+            stack: StackId::ROOT,
+            seg_stack: None,
+            live: true,
+        }
+    }
+
+    #[inline]
+    fn insert_into_blocks(&mut self, id: u32) {
+        let pool = self.blocks[id as usize].pool as usize;
+        let gc = self.pools[pool].free_calls;
+        self.blocks[id as usize].gc_base = gc;
+        let k = self.key(id);
+        self.pools[pool].blocks.insert(k, id);
+    }
+
+    #[inline]
+    fn remove_from_blocks(&mut self, id: u32) {
+        let pool = self.blocks[id as usize].pool as usize;
+        let k = self.key(id);
+        self.pools[pool].blocks.remove(&k);
+    }
+
+    /// Allocates `n` bytes on `stream`, as `caching_allocator_alloc` does. Returns the block's
+    /// address (0 for a zero-byte request, which changes nothing), or PyTorch's OOM error.
+    pub fn malloc(&mut self, n: u64, stream: StreamId) -> Result<u64, OutOfMemory> {
+        if n == 0 {
+            return Ok(0);
+        }
+        self.process_events();
+        let size = self.round_size(n);
+        let pool = Self::pool_of(size);
+        let alloc_size = self.allocation_size(size);
+
+        let mut found = self.get_free_block(pool, stream, size);
+        if found.is_none() {
+            if self.gc_on() {
+                self.garbage_collect_cached_blocks();
+            }
+            found = self.alloc_block(pool, stream, size, alloc_size, false);
+            if found.is_none() && self.release_available_cached_blocks(pool, stream, size) {
+                found = self.alloc_block(pool, stream, size, alloc_size, false);
+            }
+            if found.is_none() {
+                self.release_cached_blocks();
+                found = self.alloc_block(pool, stream, size, alloc_size, true);
+            }
+        }
+        let Some(id) = found else {
+            let device_free = self.source.device_free();
+            self.recorder
+                .record(EventKind::Oom, device_free, size, stream);
+            self.stats.num_ooms += 1;
+            return Err(OutOfMemory {
+                device: self.device,
+                requested: n,
+                rounded: size,
+                alloc_size,
+                device_total: self.source.device_total(),
+                device_free,
+                process_used: self.source.process_used(),
+                allowed: self.allowed_max(),
+                allocated: self.stats.allocated_bytes.all.current as u64,
+                reserved: self.stats.reserved_bytes.all.current as u64,
+            });
+        };
+        let split = self.should_split(id, size);
+        Ok(self.alloc_found_block(id, size, n, split))
+    }
+
+    /// Note [Best fit].
+    fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
+        let gc = self.gc_on();
+        let p = &mut self.pools[pool as usize];
+        if gc {
+            p.free_calls += 1;
+        }
+        let mut it = p.blocks.range(
+            FreeKey {
+                stream,
+                size,
+                addr: 0,
+            }..,
+        );
+        let (&k0, &id0) = it.next()?;
+        if k0.stream != stream {
+            return None;
+        }
+        let mut chosen = id0;
+        let blocks = &self.blocks;
+        if blocks[chosen as usize].expandable != NONE {
+            if self.conf.expandable_segments {
+                // An expandable block counts as big as it can grow: its size plus the unmapped
+                // space right after it.
+                let grow = |id: u32| {
+                    let b = &blocks[id as usize];
+                    if b.next == NONE || blocks[b.next as usize].mapped {
+                        b.size
+                    } else {
+                        b.size + blocks[b.next as usize].size
+                    }
+                };
+                while blocks[chosen as usize].expandable != NONE {
+                    match it.next() {
+                        Some((k, &id)) if k.stream == stream && grow(id) < grow(chosen) => {
+                            chosen = id
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were turned off after some were made: skip their blocks.
+                loop {
+                    let (k, &id) = it.next()?;
+                    if k.stream != stream {
+                        return None;
+                    }
+                    if blocks[id as usize].expandable == NONE {
+                        chosen = id;
+                        break;
+                    }
+                }
+            }
+        }
+        let bsize = blocks[chosen as usize].size;
+        let mss = self.conf.max_split_size;
+        if size < mss && bsize >= mss {
+            return None;
+        }
+        if size >= mss && bsize >= size.saturating_add(self.conf.max_non_split_rounding) {
+            return None;
+        }
+        self.remove_from_blocks(chosen);
+        Some(chosen)
+    }
+
+    fn should_split(&self, id: u32, size: u64) -> bool {
+        let b = &self.blocks[id as usize];
+        let remaining = b.size - size;
+        if b.pool == PoolKind::Small || self.conf.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.conf.max_split_size && remaining > SMALL_SIZE
+        }
+    }
+
+    /// A new segment (or, with expandable segments, newly mapped pages).
+    fn alloc_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+        alloc_size: u64,
+        is_retry: bool,
+    ) -> Option<u32> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some((_, allowed)) = self.fraction {
+            if self.total_reserved + alloc_size > allowed {
+                return None;
+            }
+        }
+        if self.conf.expandable_segments {
+            return self.try_allocate_expandable_block(pool, stream, size);
+        }
+        let addr = self.source.malloc(alloc_size)?;
+        self.total_reserved += alloc_size;
+        let mut b = self.blank(addr, alloc_size, stream, pool);
+        b.seg_stack = Some(self.recorder.current());
+        let id = self.new_block(b);
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size);
+        if alloc_size >= self.conf.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.recorder
+            .record(EventKind::SegmentAlloc, addr, alloc_size, stream);
+        Some(id)
+    }
+
+    /// Note [Split] and Note [Inactive split].
+    fn alloc_found_block(&mut self, id: u32, size: u64, n: u64, split: bool) -> u64 {
+        let (pool, stream, already_split, expandable) = {
+            let b = &self.blocks[id as usize];
+            (b.pool, b.stream, b.is_split(), b.expandable != NONE)
+        };
+        let mut block = id;
+        if split {
+            let remaining = id;
+            let (raddr, rprev) = {
+                let r = &self.blocks[remaining as usize];
+                (r.addr, r.prev)
+            };
+            let mut nb = self.blank(raddr, size, stream, pool);
+            nb.expandable = self.blocks[remaining as usize].expandable;
+            nb.prev = rprev;
+            nb.next = remaining;
+            let new = self.new_block(nb);
+            if rprev != NONE {
+                self.blocks[rprev as usize].next = new;
+            }
+            {
+                let r = &mut self.blocks[remaining as usize];
+                r.prev = new;
+                r.addr += size;
+                r.size -= size;
+            }
+            self.insert_into_blocks(remaining);
+            if !expandable {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(pool, size);
+                } else {
+                    let rsize = self.blocks[remaining as usize].size;
+                    self.stats.inactive_split_bytes.increase(pool, rsize);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
+            }
+            block = new;
+        } else if already_split && !expandable {
+            let bsize = self.blocks[id as usize].size;
+            self.stats.inactive_split_bytes.decrease(pool, bsize);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let stack = self.recorder.current();
+        let (addr, bsize) = {
+            let b = &mut self.blocks[block as usize];
+            b.allocated = true;
+            b.requested = n;
+            b.stack = stack;
+            (b.addr, b.size)
+        };
+        self.recorder.record(EventKind::Alloc, addr, n, stream);
+        self.allocated.insert(addr, block);
+        let s = &mut self.stats;
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, bsize);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, bsize);
+        s.requested_bytes.increase(pool, n);
+        if bsize >= self.conf.max_split_size {
+            s.oversize_allocations.increase(1);
+        }
+        addr
+    }
+
+    /// Frees the allocation at `addr` (0 is a no-op, like freeing a null pointer). The block
+    /// returns to its pool at once unless other streams used it (`record_stream`).
+    pub fn free(&mut self, addr: u64) -> Result<(), PointerError> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let id = self
+            .allocated
+            .remove(&addr)
+            .ok_or(PointerError::NotAllocated(addr))?;
+        let (pool, size, requested, stream) = {
+            let b = &mut self.blocks[id as usize];
+            b.allocated = false;
+            (b.pool, b.size, b.requested, b.stream)
+        };
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        self.recorder
+            .record(EventKind::FreeRequested, addr, requested, stream);
+        if size >= self.conf.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        let b = &mut self.blocks[id as usize];
+        if !b.stream_uses.is_empty() {
+            b.event_count = b.stream_uses.len() as u32;
+            b.stream_uses.clear();
+            self.pending.push(id);
+        } else {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// `Tensor.record_stream(s)`: the block was used on `stream` too, so its free waits for
+    /// that stream's work.
+    pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), PointerError> {
+        let &id = self
+            .allocated
+            .get(&addr)
+            .ok_or(PointerError::NotAllocated(addr))?;
+        let b = &mut self.blocks[id as usize];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Frees that are waiting on other streams (blocks in state `active_pending_free`).
+    pub fn pending_frees(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The simulated device finishes work at once, so pending frees complete at the next
+    /// allocation or cache flush (where PyTorch queries or synchronizes its events).
+    fn process_events(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        for id in pending {
+            self.blocks[id as usize].event_count = 0;
+            self.free_block(id);
+        }
+    }
+
+    fn free_block(&mut self, id: u32) {
+        let (addr, orig_size, requested, stream, pool, prev, next, expandable) = {
+            let b = &self.blocks[id as usize];
+            (
+                b.addr,
+                b.size,
+                b.requested,
+                b.stream,
+                b.pool,
+                b.prev,
+                b.next,
+                b.expandable != NONE,
+            )
+        };
+        self.recorder
+            .record(EventKind::FreeCompleted, addr, requested, stream);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for cand in [prev, next] {
+            let sub = self.try_merge_blocks(id, cand);
+            if sub > 0 {
+                net_blocks -= 1;
+                net_bytes -= sub as i64;
+            }
+        }
+        self.insert_into_blocks(id);
+        let b = &self.blocks[id as usize];
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let s = &mut self.stats;
+        if !expandable {
+            match net_blocks.cmp(&0) {
+                std::cmp::Ordering::Greater => s.inactive_split.increase(pool, net_blocks as u64),
+                std::cmp::Ordering::Less => s.inactive_split.decrease(pool, (-net_blocks) as u64),
+                _ => {}
+            }
+            match net_bytes.cmp(&0) {
+                std::cmp::Ordering::Greater => {
+                    s.inactive_split_bytes.increase(pool, net_bytes as u64)
+                }
+                std::cmp::Ordering::Less => {
+                    s.inactive_split_bytes.decrease(pool, (-net_bytes) as u64)
+                }
+                _ => {}
+            }
+        }
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, orig_size);
+        s.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Merges `src` into `dst` if `src` is a free neighbour in the same mapped state; returns
+    /// the bytes absorbed.
+    fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NONE {
+            return 0;
+        }
+        {
+            let s = &self.blocks[src as usize];
+            let d = &self.blocks[dst as usize];
+            if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != d.mapped
+            {
+                return 0;
+            }
+        }
+        // leave the pool's set while the key is still intact
+        let (s_addr, s_size, s_prev, s_next, s_mapped, s_stream, s_pool, s_seg) = {
+            let s = &self.blocks[src as usize];
+            (
+                s.addr,
+                s.size,
+                s.prev,
+                s.next,
+                s.mapped,
+                s.stream,
+                s.pool,
+                s.seg_stack,
+            )
+        };
+        if s_mapped {
+            self.pools[s_pool as usize].blocks.remove(&FreeKey {
+                stream: s_stream,
+                size: s_size,
+                addr: s_addr,
+            });
+        } else {
+            self.pools[s_pool as usize]
+                .unmapped
+                .remove(&(s_stream, s_addr));
+        }
+        if self.blocks[dst as usize].prev == src {
+            let d = &mut self.blocks[dst as usize];
+            d.addr = s_addr;
+            d.prev = s_prev;
+            d.seg_stack = s_seg;
+            if s_prev != NONE {
+                self.blocks[s_prev as usize].next = dst;
+            }
+        } else {
+            self.blocks[dst as usize].next = s_next;
+            if s_next != NONE {
+                self.blocks[s_next as usize].prev = dst;
+            }
+        }
+        self.blocks[dst as usize].size += s_size;
+        self.delete_block(src);
+        s_size
+    }
+
+    /// `torch.cuda.empty_cache()`: returns every whole free segment (and every free expandable
+    /// page) to the device.
+    pub fn empty_cache(&mut self) {
+        self.recorder.record(EventKind::EmptyCache, 0, 0, 0);
+        self.release_cached_blocks();
+    }
+
+    fn release_cached_blocks(&mut self) {
+        // synchronize_and_free_events
+        self.process_events();
+        self.stats.num_sync_all_streams += 1;
+        self.release_blocks(PoolKind::Large);
+        self.release_blocks(PoolKind::Small);
+    }
+
+    fn release_blocks(&mut self, pool: PoolKind) {
+        let ids: Vec<u32> = self.pools[pool as usize].blocks.values().copied().collect();
+        let mut to_unmap = Vec::new();
+        for id in ids {
+            let b = &self.blocks[id as usize];
+            if b.expandable != NONE {
+                to_unmap.push(id);
+            } else if !b.is_split() {
+                self.release_block(id);
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(id);
+            let b = &self.blocks[id as usize];
+            if !b.is_split() && !b.mapped {
+                self.release_expandable_segment(id);
+            }
+        }
+    }
+
+    /// cudaFree of a whole free segment.
+    fn release_block(&mut self, id: u32) {
+        let (addr, size, stream, pool) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.size, b.stream, b.pool)
+        };
+        self.stats.num_device_free += 1;
+        self.recorder
+            .record(EventKind::SegmentFree, addr, size, stream);
+        self.source.free(addr, size);
+        self.total_reserved -= size;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        if size >= self.conf.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.remove_from_blocks(id);
+        self.delete_block(id);
+    }
+
+    /// With `max_split_size`: free one cached oversize segment big enough for the request, or
+    /// else oversize segments from the largest down until enough is freed.
+    fn release_available_cached_blocks(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> bool {
+        let mss = self.conf.max_split_size;
+        if mss == u64::MAX {
+            return false;
+        }
+        let want = size.max(mss);
+        let key = FreeKey {
+            stream,
+            size: want,
+            addr: 0,
+        };
+        let p = &self.pools[pool as usize];
+        let hit = p.blocks.range(key..).next().map(|(k, &id)| (*k, id));
+        match hit {
+            Some((k, id)) if k.stream == stream && self.blocks[id as usize].expandable == NONE => {
+                self.release_block(id);
+                true
+            }
+            _ => {
+                let candidates: Vec<u32> = p
+                    .blocks
+                    .range(..key)
+                    .rev()
+                    .take_while(|(k, _)| k.size >= mss && k.stream == stream)
+                    .map(|(_, &id)| id)
+                    .collect();
+                if p.blocks.range(..key).next().is_none() {
+                    return false;
+                }
+                let mut released = 0u64;
+                for id in candidates {
+                    if released >= want {
+                        break;
+                    }
+                    if self.blocks[id as usize].expandable == NONE {
+                        released += self.blocks[id as usize].size;
+                        self.release_block(id);
+                    }
+                }
+                released >= want
+            }
+        }
+    }
+
+    /// `garbage_collection_threshold`: before asking for a new segment while reserved memory
+    /// is above threshold x allowed, free the oldest whole cached large segments.
+    fn garbage_collect_cached_blocks(&mut self) {
+        let Some((_, allowed)) = self.fraction else {
+            return;
+        };
+        let threshold = (self.conf.garbage_collection_threshold * allowed as f64) as u64;
+        if self.total_reserved <= threshold {
+            return;
+        }
+        let target = self.total_reserved - threshold;
+        let large = PoolKind::Large as usize;
+        let now = self.pools[large].free_calls;
+        let mut total_age: u64 = 0;
+        let mut count: i64 = 0;
+        for &id in self.pools[large].blocks.values() {
+            let b = &self.blocks[id as usize];
+            if !b.is_split() {
+                total_age += now - b.gc_base;
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let age_threshold = total_age as f64 / count as f64;
+            freed_any = false;
+            let ids: Vec<u32> = self.pools[large].blocks.values().copied().collect();
+            for id in ids {
+                let b = &self.blocks[id as usize];
+                let age = now - b.gc_base;
+                if !b.is_split() && b.expandable == NONE && age as f64 >= age_threshold {
+                    freed_any = true;
+                    reclaimed += b.size;
+                    total_age -= age;
+                    count -= 1;
+                    self.release_block(id);
+                }
+            }
+        }
+    }
+
+    // ---- expandable segments (Note [Expandable Segments] in PyTorch) ----
+
+    fn try_allocate_expandable_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<u32> {
+        let mut cand = self.find_expandable_block(pool, stream, size)?;
+        if !self.blocks[cand as usize].mapped {
+            let want = self.blocks[cand as usize].size.min(size);
+            if !self.map_block(cand, want) {
+                return None;
+            }
+        }
+        while self.blocks[cand as usize].size < size {
+            let remaining = size - self.blocks[cand as usize].size;
+            let next = self.blocks[cand as usize].next;
+            let want = remaining.min(self.blocks[next as usize].size);
+            if !self.map_block(next, want) {
+                return None;
+            }
+            cand = next;
+        }
+        self.remove_from_blocks(cand);
+        Some(cand)
+    }
+
+    fn allocatable(&self, id: u32) -> bool {
+        id != NONE && {
+            let b = &self.blocks[id as usize];
+            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+        }
+    }
+
+    fn find_expandable_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<u32> {
+        let unmapped: Vec<u32> = self.pools[pool as usize]
+            .unmapped
+            .range((stream, 0)..)
+            .take_while(|(k, _)| k.0 == stream)
+            .map(|(_, &id)| id)
+            .collect();
+        for id in unmapped {
+            let mut c = id;
+            let prev = self.blocks[c as usize].prev;
+            if self.allocatable(prev) {
+                c = prev;
+            }
+            let mut bytes = 0;
+            let mut b = c;
+            while bytes < size && self.allocatable(b) {
+                bytes += self.blocks[b as usize].size;
+                b = self.blocks[b as usize].next;
+            }
+            if bytes >= size {
+                return Some(c);
+            }
+        }
+        let page = match pool {
+            PoolKind::Small => SMALL_BUFFER,
+            PoolKind::Large => self.conf.large_segment_size,
+        };
+        // address space for 1 1/8 of the device, so pages can be remapped at the end
+        let pages = (self.source.device_total() as u128 * 9 / 8).div_ceil(page as u128) as u64;
+        let vsize = pages * page;
+        let base = self.source.reserve(vsize)?;
+        let rid = self.reservations.len() as u32;
+        self.reservations.push(Reservation {
+            base,
+            size: vsize,
+            page,
+            stream,
+            pool,
+            mapped: vec![false; pages as usize],
+            live: true,
+        });
+        let mut b = self.blank(base, vsize, stream, pool);
+        b.mapped = false;
+        b.expandable = rid;
+        let id = self.new_block(b);
+        self.pools[pool as usize]
+            .unmapped
+            .insert((stream, base), id);
+        Some(id)
+    }
+
+    /// Maps whole pages covering [block start, +size) of an unmapped block.
+    fn map_block(&mut self, id: u32, size: u64) -> bool {
+        let (addr, bsize, rid, stream, pool) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.size, b.expandable, b.stream, b.pool)
+        };
+        let r = &self.reservations[rid as usize];
+        let (page, base) = (r.page, r.base);
+        let begin = (addr - base) / page;
+        let end = (addr + size - base).div_ceil(page);
+        for i in begin..end {
+            if !self.source.map(base + i * page, page) {
+                for j in begin..i {
+                    self.source.unmap(base + j * page, page);
+                }
+                return false;
+            }
+        }
+        for i in begin..end {
+            self.reservations[rid as usize].mapped[i as usize] = true;
+        }
+        let mapped = (end - begin) * page;
+        self.pools[pool as usize].unmapped.remove(&(stream, addr));
+        self.blocks[id as usize].mapped = true;
+        if mapped < bsize {
+            let mut rest = self.blank(addr + mapped, bsize - mapped, stream, pool);
+            rest.mapped = false;
+            rest.expandable = rid;
+            let next = self.blocks[id as usize].next;
+            rest.prev = id;
+            rest.next = next;
+            let rest_id = self.new_block(rest);
+            if next != NONE {
+                self.blocks[next as usize].prev = rest_id;
+            }
+            self.blocks[id as usize].next = rest_id;
+            self.pools[pool as usize]
+                .unmapped
+                .insert((stream, addr + mapped), rest_id);
+            self.blocks[id as usize].size = mapped;
+        }
+        let prev = self.blocks[id as usize].prev;
+        self.try_merge_blocks(id, prev);
+        let next = self.blocks[id as usize].next;
+        self.try_merge_blocks(id, next);
+        self.insert_into_blocks(id);
+        self.total_reserved += mapped;
+        self.stats.reserved_bytes.increase(pool, mapped);
+        self.stats.num_device_alloc += 1;
+        self.recorder
+            .record(EventKind::SegmentMap, addr, mapped, stream);
+        let current = self.recorder.current();
+        let b = &mut self.blocks[id as usize];
+        if b.prev == NONE && b.seg_stack.is_none() {
+            b.seg_stack = Some(current);
+        }
+        true
+    }
+
+    /// Unmaps the whole pages inside a free expandable block.
+    fn unmap_block(&mut self, id: u32) {
+        let (addr, size, rid, stream, pool) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.size, b.expandable, b.stream, b.pool)
+        };
+        let r = &self.reservations[rid as usize];
+        let (page, base) = (r.page, r.base);
+        let begin = (addr - base).div_ceil(page);
+        let end = (addr + size - base) / page;
+        if begin >= end {
+            return;
+        }
+        for i in begin..end {
+            self.source.unmap(base + i * page, page);
+            self.reservations[rid as usize].mapped[i as usize] = false;
+        }
+        let uaddr = base + begin * page;
+        let usize_ = (end - begin) * page;
+        self.remove_from_blocks(id);
+        let before = uaddr - addr;
+        if before > 0 {
+            let mut bf = self.blank(addr, before, stream, pool);
+            bf.expandable = rid;
+            let prev = self.blocks[id as usize].prev;
+            bf.prev = prev;
+            bf.next = id;
+            let bid = self.new_block(bf);
+            if prev != NONE {
+                self.blocks[prev as usize].next = bid;
+            }
+            self.blocks[id as usize].prev = bid;
+            self.insert_into_blocks(bid);
+        }
+        let after = size - (before + usize_);
+        if after > 0 {
+            let mut af = self.blank(uaddr + usize_, after, stream, pool);
+            af.expandable = rid;
+            let next = self.blocks[id as usize].next;
+            af.prev = id;
+            af.next = next;
+            let aid = self.new_block(af);
+            if next != NONE {
+                self.blocks[next as usize].prev = aid;
+            }
+            self.blocks[id as usize].next = aid;
+            self.insert_into_blocks(aid);
+        }
+        {
+            let b = &mut self.blocks[id as usize];
+            b.addr = uaddr;
+            b.size = usize_;
+            b.mapped = false;
+        }
+        let prev = self.blocks[id as usize].prev;
+        self.try_merge_blocks(id, prev);
+        let next = self.blocks[id as usize].next;
+        self.try_merge_blocks(id, next);
+        let a = self.blocks[id as usize].addr;
+        self.pools[pool as usize].unmapped.insert((stream, a), id);
+        self.total_reserved -= usize_;
+        self.stats.reserved_bytes.decrease(pool, usize_);
+        self.stats.num_device_free += 1;
+        self.recorder
+            .record(EventKind::SegmentUnmap, uaddr, usize_, stream);
+    }
+
+    fn release_expandable_segment(&mut self, id: u32) {
+        let (addr, stream, pool, rid) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.stream, b.pool, b.expandable)
+        };
+        let r = &mut self.reservations[rid as usize];
+        r.live = false;
+        let (base, size) = (r.base, r.size);
+        self.source.release(base, size);
+        self.pools[pool as usize].unmapped.remove(&(stream, addr));
+        self.delete_block(id);
+    }
+}
+
+/// `roundup_power2_next_division`: round up to the next of `divisions` equal steps between two
+/// powers of two.
+pub fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let rounded_floor = size & !(step - 1);
+    if rounded_floor == size {
+        size
+    } else {
+        rounded_floor + step
+    }
+}

@@ -1,0 +1,136 @@
+//! The command line, as clap definitions only. The man pages are generated from these
+//! (`man/`, checked by a test), so `--help` and the man pages never disagree.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  everything asked for holds (for replay: every step matches PyTorch)
+  1  a finding you asked to fail on (for replay: any mismatch with the recording)
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)";
+
+/// GPU-memory profiler and out-of-memory diagnoser, with PyTorch's CUDA caching allocator
+/// reproduced byte for byte.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpumem",
+    version,
+    about = "GPU-memory profiler and out-of-memory diagnoser, with PyTorch's caching allocator byte for byte",
+    long_about = "gpumem reproduces PyTorch's CUDA caching allocator (rounding, pools, best fit, \
+splitting, merging, retries, expandable segments, memory_stats) on a simulated device, so you can \
+see where GPU memory goes and why an allocation fails without a GPU.\n\n\
+Start with:\n  gpumem replay fixtures/allocator/trace_mixed_default.json --summary",
+    after_long_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Replay(ReplayArgs),
+    Bench(BenchArgs),
+}
+
+/// Replay a recorded PyTorch allocator trace and compare every step with PyTorch.
+///
+/// The trace is JSON as ../shared/tools/alloc_traces.py writes it: `ops` (["a", id, size],
+/// ["f", id], ["e"] for empty_cache), and what PyTorch recorded after each op (`after`), the
+/// ops that raised out-of-memory (`ooms`), the final `memory_stats()` (`stats_end`) and its
+/// device trace (`trace`). gpumem runs the ops on a simulated device of `device_total_memory`
+/// bytes with the trace's `memory_fraction` and `alloc_conf`, and compares after every op.
+/// Segment addresses are taken from the trace's `segment_alloc` entries, so best-fit ties
+/// between equal-size blocks fall as they did on the GPU.
+#[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
+pub struct ReplayArgs {
+    /// The trace file (JSON).
+    pub trace: PathBuf,
+
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, instead of the trace's
+    /// (e.g. "expandable_segments:True" or "max_split_size_mb:128,roundup_power2_divisions:4").
+    /// Differences from the recording are then what the setting changes.
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+
+    /// Print one JSON object (ops, mismatched_steps, ooms_expected, ooms_matched,
+    /// stats_end_mismatched_keys, memory_stats, ...) instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// End with the allocator's final state as a memory_summary table.
+    #[arg(long)]
+    pub summary: bool,
+
+    /// With --summary: print PyTorch's memory_summary() text exactly, to diff against PyTorch.
+    #[arg(long, requires = "summary")]
+    pub torch_style: bool,
+
+    /// How many mismatching steps to show in detail.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub max_mismatches: usize,
+
+    /// Use the simulator's own segment addresses instead of the trace's.
+    #[arg(long)]
+    pub no_trace_addresses: bool,
+}
+
+/// Measure the allocator: ns per alloc+free pair with event recording on and off.
+///
+/// Runs the two patterns of PyTorch's own allocator benchmark (../shared/tools/alloc_bench.py)
+/// with the same size lists in the same order: `pairs` (alloc then free at once, cycling over 64
+/// sizes) and `batch` (allocate 256 blocks, then free them in the order i*7919 mod 256). With
+/// --pytorch, PyTorch's results (the JSON alloc_bench.py writes) are shown beside, as ratios.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Repetitions of each pattern (each is timed; the median is reported).
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub repeat: usize,
+
+    /// Passes over the size list per `pairs` repetition.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub pairs_reps: usize,
+
+    /// Passes over the size list per `batch` repetition.
+    #[arg(long, default_value_t = 500, value_name = "N")]
+    pub batch_reps: usize,
+
+    /// PyTorch's results from alloc_bench.py (JSON) to compare against; its size lists are used.
+    #[arg(long, value_name = "FILE")]
+    pub pytorch: Option<PathBuf>,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The clap command, for man pages and completions.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// Renders the man pages: `gpumem.1` and one per subcommand (`gpumem-replay.1`, ...).
+pub fn man_pages() -> Vec<(String, Vec<u8>)> {
+    let cmd = command();
+    let mut pages = Vec::new();
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(cmd.clone())
+        .render(&mut buf)
+        .expect("render to memory");
+    pages.push(("gpumem.1".to_string(), buf));
+    for sub in cmd.get_subcommands() {
+        let name = format!("gpumem-{}", sub.get_name());
+        let sub = sub.clone().name(clap::builder::Str::from(
+            Box::leak(name.clone().into_boxed_str()) as &str,
+        ));
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(sub)
+            .render(&mut buf)
+            .expect("render to memory");
+        pages.push((format!("{name}.1"), buf));
+    }
+    pages
+}

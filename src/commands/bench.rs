@@ -1,0 +1,153 @@
+//! `gpumem bench`: ns per alloc+free pair of the allocator, on PyTorch's benchmark patterns.
+
+use std::hint::black_box;
+use std::io::Write;
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use crate::alloc::{AllocConf, SimAllocator, SimSource, DEFAULT_CONTEXT_OVERHEAD};
+use crate::analysis::groundtruth::H200_TOTAL_MEMORY;
+use crate::cli::BenchArgs;
+use crate::commands::Outcome;
+use crate::error::{Error, Result};
+use crate::report::bench::{write_text, BenchRow};
+use crate::trace::Recorder;
+
+/// PyTorch's results on the H200 machine, with the size lists it used.
+const RECORDED: &str = include_str!("../../fixtures/groundtruth/alloc_bench.json");
+
+#[derive(Deserialize)]
+struct TorchTimes {
+    pairs_ns: Vec<f64>,
+    batch_ns: Vec<f64>,
+}
+
+#[derive(Deserialize)]
+struct TorchBench {
+    sizes_pairs: Vec<u64>,
+    sizes_batch: Vec<u64>,
+    plain: Option<TorchTimes>,
+    recording: Option<TorchTimes>,
+}
+
+/// The ring PyTorch's benchmark records into (`max_entries=100_000`).
+const RING: usize = 100_000;
+
+fn allocator(recording: bool) -> SimAllocator {
+    let mut a = SimAllocator::new(
+        AllocConf::default(),
+        SimSource::new(H200_TOTAL_MEMORY, DEFAULT_CONTEXT_OVERHEAD),
+    );
+    let mut r = Recorder::new(RING);
+    r.enabled = recording;
+    a.set_recorder(r);
+    a
+}
+
+/// Alloc then free at once, cycling over `sizes`; ns per pair.
+pub fn bench_pairs(a: &mut SimAllocator, sizes: &[u64], reps: usize) -> f64 {
+    for &s in sizes {
+        let p = a.malloc(s, 0).expect("fits");
+        a.free(p).expect("live");
+    }
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        for &s in sizes {
+            let p = a.malloc(black_box(s), 0).expect("fits");
+            a.free(black_box(p)).expect("live");
+        }
+    }
+    t0.elapsed().as_nanos() as f64 / (reps * sizes.len()) as f64
+}
+
+/// Allocate all of `sizes`, then free them in the order i*7919 mod n; ns per pair.
+pub fn bench_batch(a: &mut SimAllocator, sizes: &[u64], reps: usize) -> f64 {
+    let n = sizes.len();
+    let mut p = vec![0u64; n];
+    for (i, &s) in sizes.iter().enumerate() {
+        p[i] = a.malloc(s, 0).expect("fits");
+    }
+    for &x in &p {
+        a.free(x).expect("live");
+    }
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        for (i, &s) in sizes.iter().enumerate() {
+            p[i] = a.malloc(black_box(s), 0).expect("fits");
+        }
+        for i in 0..n {
+            a.free(black_box(p[(i * 7919) % n])).expect("live");
+        }
+    }
+    t0.elapsed().as_nanos() as f64 / (reps * n) as f64
+}
+
+pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
+    if args.repeat == 0 || args.pairs_reps == 0 || args.batch_reps == 0 {
+        return Err(Error::usage(
+            "--repeat/--pairs-reps/--batch-reps",
+            "must be at least 1",
+        ));
+    }
+    let (torch, source): (TorchBench, String) = match &args.pytorch {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let t = serde_json::from_str(&text).map_err(|e| {
+                Error::input(
+                    path,
+                    format!("line {} column {}", e.line(), e.column()),
+                    format!("not alloc_bench.py output: {e}"),
+                )
+            })?;
+            (t, path.display().to_string())
+        }
+        None => (
+            serde_json::from_str(RECORDED).expect("embedded fixture parses"),
+            "fixtures/groundtruth/alloc_bench.json (recorded on the H200 machine)".into(),
+        ),
+    };
+    if torch.sizes_pairs.is_empty() || torch.sizes_batch.is_empty() {
+        return Err(Error::usage("--pytorch", "size lists are empty"));
+    }
+    let mut rows = Vec::new();
+    for recording in [false, true] {
+        let times = if recording {
+            torch.recording.as_ref()
+        } else {
+            torch.plain.as_ref()
+        };
+        let mut pairs = Vec::new();
+        let mut batch = Vec::new();
+        for _ in 0..args.repeat {
+            let mut a = allocator(recording);
+            pairs.push(bench_pairs(&mut a, &torch.sizes_pairs, args.pairs_reps));
+            let mut a = allocator(recording);
+            batch.push(bench_batch(&mut a, &torch.sizes_batch, args.batch_reps));
+        }
+        rows.push(BenchRow {
+            pattern: "pairs".into(),
+            recording,
+            ns_per_pair: pairs,
+            pytorch_ns_per_pair: times.map(|t| t.pairs_ns.clone()),
+        });
+        rows.push(BenchRow {
+            pattern: "batch".into(),
+            recording,
+            ns_per_pair: batch,
+            pytorch_ns_per_pair: times.map(|t| t.batch_ns.clone()),
+        });
+    }
+    if args.json {
+        let v = serde_json::json!({ "pytorch_results": source, "rows": rows });
+        serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "PyTorch figures from {source}")?;
+        write_text(out, &rows)?;
+    }
+    Ok(Outcome::Ok)
+}

@@ -1,0 +1,59 @@
+//! gpumem's one error type. Every message names the file, line, op or flag to fix; `main.rs`
+//! maps every variant to exit code 2 (usage, input or I/O error).
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // ---- input files ----
+    /// A file that could not be read at all.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A file that was read but is not what it should be; `location` says where in it.
+    #[error("{}: {location}: {message}", path.display())]
+    Input {
+        path: PathBuf,
+        location: String,
+        message: String,
+    },
+
+    // ---- outputs ----
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+
+    // ---- command line ----
+    /// A bad flag value: which flag, and what is wrong.
+    #[error("{flag}: {message}")]
+    Usage { flag: String, message: String },
+}
+
+impl Error {
+    pub fn input(
+        path: impl Into<PathBuf>,
+        location: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Input {
+            path: path.into(),
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn usage(flag: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Usage {
+            flag: flag.into(),
+            message: message.into(),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

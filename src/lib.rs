@@ -1,0 +1,18 @@
+//! gpumem: a GPU-memory profiler and out-of-memory diagnoser whose allocator makes the same
+//! decisions as PyTorch's CUDA caching allocator, byte for byte.
+//!
+//! Modules, in dependency order (each uses only those before it):
+//! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
+//! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
+//! - [`analysis`]: pure functions over traces and allocator state (replay of PyTorch traces).
+//! - [`report`]: formatting only (PyTorch's `memory_summary`, tables, JSON).
+//! - [`cli`], [`commands`]: the command line, one file per subcommand.
+
+pub mod alloc;
+pub mod analysis;
+pub mod cli;
+pub mod commands;
+pub mod error;
+pub mod report;
+pub mod trace;
+pub mod units;

@@ -1,0 +1,12 @@
+//! Output formats. Reports format what analysis computed; they compute nothing themselves and
+//! write to the `&mut dyn Write` they are given.
+//!
+//! - [`torch_summary`]: PyTorch's `memory_summary()` text, byte for byte.
+//! - [`stats_table`]: the same figures as a readable table.
+//! - [`replay`]: the verdict and mismatches of a trace replay, as text or JSON.
+//! - [`bench`]: allocator benchmark results.
+
+pub mod bench;
+pub mod replay;
+pub mod stats_table;
+pub mod torch_summary;

@@ -1,0 +1,75 @@
+//! The record of what the allocator did: events with interned tag stacks, in a bounded ring.
+//!
+//! An [`Event`] is a few machine words; tags are interned strings and a tag *stack* is interned
+//! too (a node of a trie: parent stack + tag), so an event carries one `u32` for its whole
+//! context. Recording is cheap enough to leave on by default.
+
+pub mod event;
+pub mod ring;
+pub mod tags;
+
+pub use event::{Event, EventKind};
+pub use ring::Ring;
+pub use tags::{StackId, TagId, Tags};
+
+/// The allocator's recorder: the ring of events plus the tag stack current right now.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    pub enabled: bool,
+    pub ring: Ring<Event>,
+    pub tags: Tags,
+    current: StackId,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new(Ring::<Event>::DEFAULT_CAPACITY)
+    }
+}
+
+impl Recorder {
+    /// A recorder keeping at most `capacity` events (the oldest are overwritten).
+    pub fn new(capacity: usize) -> Self {
+        Recorder {
+            enabled: true,
+            ring: Ring::new(capacity),
+            tags: Tags::default(),
+            current: StackId::ROOT,
+        }
+    }
+
+    /// Enters a tag (a scope, an op, a category...): events from now on carry it.
+    pub fn push_tag(&mut self, tag: &str) -> StackId {
+        let t = self.tags.intern(tag);
+        self.current = self.tags.child(self.current, t);
+        self.current
+    }
+
+    /// Leaves the innermost tag. Popping at the root is a no-op.
+    pub fn pop_tag(&mut self) {
+        self.current = self.tags.parent(self.current);
+    }
+
+    /// The current tag stack.
+    pub fn current(&self) -> StackId {
+        self.current
+    }
+
+    /// Sets the current stack directly (to restore a saved context).
+    pub fn set_current(&mut self, s: StackId) {
+        self.current = s;
+    }
+
+    #[inline]
+    pub fn record(&mut self, kind: EventKind, addr: u64, size: u64, stream: u32) {
+        if self.enabled {
+            self.ring.push(Event {
+                addr,
+                size,
+                stack: self.current,
+                stream,
+                kind,
+            });
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Byte sizes: parsing what users write (`"24GiB"`, `1073741824`) and printing them.
+//!
+//! Everything in gpumem uses binary units. Three printers exist because three audiences read
+//! them: [`format_bytes`] for gpumem's own tables, [`torch_format_size`] for text that must match
+//! PyTorch's C++ allocator messages byte for byte (the OOM error), and the `memory_summary`
+//! formatter, which lives with that report.
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+pub const TIB: u64 = 1 << 40;
+
+/// Parses a size such as `512`, `"20MiB"`, `"1.5 GiB"`, `"24GB"` (read as GiB: GPU memory is
+/// always binary) into bytes. Returns a message fit to show the user on failure.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty size; write bytes (1073741824) or a unit (1GiB, 512MiB)".into());
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: String = num.chars().filter(|&c| c != '_').collect();
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => KIB,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => GIB,
+        "t" | "tb" | "tib" => TIB,
+        other => {
+            return Err(format!(
+                "unknown unit '{other}' in size '{text}'; use B, KiB, MiB, GiB or TiB"
+            ))
+        }
+    };
+    if num.contains('.') {
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("'{text}' is not a size; write bytes or e.g. 1.5GiB"))?;
+        let bytes = v * mult as f64;
+        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+            return Err(format!("size '{text}' is out of range"));
+        }
+        Ok(bytes.round() as u64)
+    } else {
+        let v: u64 = num
+            .parse()
+            .map_err(|_| format!("'{text}' is not a size; write bytes or e.g. 24GiB"))?;
+        v.checked_mul(mult)
+            .ok_or_else(|| format!("size '{text}' is out of range"))
+    }
+}
+
+/// Human size for gpumem's own output: `512 B`, `1.50 KiB`, `20.00 MiB`, `139.80 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < KIB {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / KIB as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.2} {}", UNITS[i])
+}
+
+/// Signed variant of [`format_bytes`], for differences.
+pub fn format_bytes_signed(delta: i64) -> String {
+    if delta < 0 {
+        format!("-{}", format_bytes(delta.unsigned_abs()))
+    } else {
+        format_bytes(delta as u64)
+    }
+}
+
+/// PyTorch's `format_size` from the C++ caching allocator (used in the OOM message):
+/// two decimals, inclusive boundaries, so exactly 1 MiB prints `1024.00 KiB`.
+pub fn torch_format_size(bytes: u64) -> String {
+    if bytes <= 1024 {
+        format!("{bytes} bytes")
+    } else if bytes <= 1_048_576 {
+        format!("{:.2} KiB", bytes as f64 / 1024.0)
+    } else if bytes <= 1_073_741_824 {
+        format!("{:.2} MiB", bytes as f64 / 1_048_576.0)
+    } else {
+        format!("{:.2} GiB", bytes as f64 / 1_073_741_824.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("20MiB").unwrap(), 20 * MIB);
+        assert_eq!(parse_size("24GiB").unwrap(), 24 * GIB);
+        assert_eq!(parse_size("24 GB").unwrap(), 24 * GIB);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 * GIB / 2);
+        assert_eq!(parse_size("1_048_576").unwrap(), MIB);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999TiB").is_err());
+    }
+
+    #[test]
+    fn torch_format_boundaries() {
+        assert_eq!(torch_format_size(1024), "1024 bytes");
+        assert_eq!(torch_format_size(1025), "1.00 KiB");
+        assert_eq!(torch_format_size(MIB), "1024.00 KiB");
+        assert_eq!(torch_format_size(GIB), "1024.00 MiB");
+        assert_eq!(torch_format_size(20 * MIB), "20.00 MiB");
+        assert_eq!(torch_format_size(1 << 40), "1024.00 GiB");
+    }
+
+    #[test]
+    fn human_format() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(1536), "1.50 KiB");
+        assert_eq!(format_bytes(20 * MIB), "20.00 MiB");
+        assert_eq!(format_bytes_signed(-(MIB as i64)), "-1.00 MiB");
+    }
+}
