@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::freeset::{FreeKey, FreeSet};
 use super::config::{
     AllocConf, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
@@ -75,18 +76,11 @@ impl Block {
     }
 }
 
-/// Key of the free set: PyTorch's `BlockComparatorSize`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct FreeKey {
-    stream: StreamId,
-    size: u64,
-    addr: u64,
-}
 
 #[derive(Debug, Default, Clone)]
 struct Pool {
-    /// Free (mapped) blocks.
-    blocks: BTreeMap<FreeKey, u32>,
+    /// Free (mapped) blocks, ordered (stream, size, address) as PyTorch's `BlockComparatorSize`.
+    blocks: FreeSet,
     /// Unmapped parts of expandable reservations, by (stream, address).
     unmapped: BTreeMap<(StreamId, u64), u32>,
     /// `get_free_blocks_call_count`, counted only while garbage collection is on.
@@ -375,14 +369,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if gc {
             p.free_calls += 1;
         }
-        let mut it = p.blocks.range(
-            FreeKey {
-                stream,
-                size,
-                addr: 0,
-            }..,
-        );
-        let (&k0, &id0) = it.next()?;
+        let mut it = p.blocks.from_size(stream, size);
+        let (k0, id0) = it.next()?;
         if k0.stream != stream {
             return None;
         }
@@ -402,7 +390,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 };
                 while blocks[chosen as usize].expandable != NONE {
                     match it.next() {
-                        Some((k, &id)) if k.stream == stream && grow(id) < grow(chosen) => {
+                        Some((k, id)) if k.stream == stream && grow(id) < grow(chosen) => {
                             chosen = id
                         }
                         _ => break,
@@ -411,7 +399,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             } else {
                 // Expandable segments were turned off after some were made: skip their blocks.
                 loop {
-                    let (k, &id) = it.next()?;
+                    let (k, id) = it.next()?;
                     if k.stream != stream {
                         return None;
                     }
@@ -737,7 +725,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn release_blocks(&mut self, pool: PoolKind) {
-        let ids: Vec<u32> = self.pools[pool as usize].blocks.values().copied().collect();
+        let ids = self.pools[pool as usize].blocks.ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = &self.blocks[id as usize];
@@ -789,29 +777,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         let want = size.max(mss);
-        let key = FreeKey {
-            stream,
-            size: want,
-            addr: 0,
-        };
         let p = &self.pools[pool as usize];
-        let hit = p.blocks.range(key..).next().map(|(k, &id)| (*k, id));
+        let hit = p.blocks.from_size(stream, want).next();
         match hit {
             Some((k, id)) if k.stream == stream && self.blocks[id as usize].expandable == NONE => {
                 self.release_block(id);
                 true
             }
             _ => {
+                // from the largest block below the wanted size, downward, while oversize
                 let candidates: Vec<u32> = p
                     .blocks
-                    .range(..key)
-                    .rev()
-                    .take_while(|(k, _)| k.size >= mss && k.stream == stream)
-                    .map(|(_, &id)| id)
+                    .below_size_rev(stream, want)
+                    .take_while(|(k, _)| k.size >= mss)
+                    .map(|(_, id)| id)
                     .collect();
-                if p.blocks.range(..key).next().is_none() {
-                    return false;
-                }
                 let mut released = 0u64;
                 for id in candidates {
                     if released >= want {
@@ -842,7 +822,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let now = self.pools[large].free_calls;
         let mut total_age: u64 = 0;
         let mut count: i64 = 0;
-        for &id in self.pools[large].blocks.values() {
+        for (_, id) in self.pools[large].blocks.iter() {
             let b = &self.blocks[id as usize];
             if !b.is_split() {
                 total_age += now - b.gc_base;
@@ -857,7 +837,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         while reclaimed < target && freed_any && count > 0 {
             let age_threshold = total_age as f64 / count as f64;
             freed_any = false;
-            let ids: Vec<u32> = self.pools[large].blocks.values().copied().collect();
+            let ids = self.pools[large].blocks.ids();
             for id in ids {
                 let b = &self.blocks[id as usize];
                 let age = now - b.gc_base;

@@ -9,6 +9,7 @@
 
 pub mod caching;
 pub mod config;
+pub mod freeset;
 pub mod oom;
 pub mod snapshot;
 pub mod source;
