@@ -26,10 +26,10 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::freeset::{FreeKey, FreeSet};
 use super::config::{
     AllocConf, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
+use super::freeset::{FreeKey, FreeSet};
 use super::oom::OutOfMemory;
 use super::source::SegmentSource;
 use super::stats::{DeviceStats, PoolKind};
@@ -39,6 +39,7 @@ use crate::trace::{EventKind, Recorder, StackId};
 pub type StreamId = u32;
 
 pub(crate) const NONE: u32 = u32::MAX;
+pub(crate) const NO_STACK: StackId = StackId(u32::MAX);
 
 /// A block: a contiguous piece of a segment, allocated or free.
 #[derive(Debug, Clone)]
@@ -56,18 +57,23 @@ pub(crate) struct Block {
     pub mapped: bool,
     /// Index of the expandable reservation this block lies in, or NONE.
     pub expandable: u32,
-    /// Streams other than its own that used the block (`record_stream`).
-    pub stream_uses: Vec<StreamId>,
+    /// How many other streams used the block (`record_stream`); the streams are in
+    /// `CachingAllocator::stream_uses`, off the hot path.
+    pub n_uses: u16,
     /// Frees that wait for other streams' work before they complete.
-    pub event_count: u32,
+    pub event_count: u16,
     /// `get_free_block` calls of its pool when it last entered the free set (GC age).
     pub gc_base: u64,
     /// Tag stack when the block was last handed out.
     pub stack: StackId,
     /// Tag stack when its segment was allocated (kept by the segment's first block only).
-    pub seg_stack: Option<StackId>,
+    /// (`NO_STACK` for a segment whose first block came from a split.)
+    pub seg_stack: StackId,
     pub live: bool,
 }
+
+// One cache line per block: the arena is walked at random on every alloc and free.
+const _: () = assert!(std::mem::size_of::<Block>() <= 64);
 
 impl Block {
     #[inline]
@@ -75,7 +81,6 @@ impl Block {
         self.prev != NONE || self.next != NONE
     }
 }
-
 
 #[derive(Debug, Default, Clone)]
 struct Pool {
@@ -121,6 +126,8 @@ pub struct CachingAllocator<S: SegmentSource> {
     allocated: FxHashMap<u64, u32>,
     /// Frees waiting on other streams.
     pending: Vec<u32>,
+    /// Streams other than its own that used an allocated block, by block id.
+    stream_uses: FxHashMap<u32, Vec<StreamId>>,
     pub(crate) reservations: Vec<Reservation>,
     stats: DeviceStats,
     /// Bytes reserved from the device (`total_allocated_memory`).
@@ -145,6 +152,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             pools: [Pool::default(), Pool::default()],
             allocated: FxHashMap::default(),
             pending: Vec::new(),
+            stream_uses: FxHashMap::default(),
             reservations: Vec::new(),
             total_reserved: 0,
             fraction: None,
@@ -274,7 +282,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn delete_block(&mut self, id: u32) {
         let b = &mut self.blocks[id as usize];
         b.live = false;
-        b.stream_uses = Vec::new();
         self.free_ids.push(id);
     }
 
@@ -290,11 +297,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
             allocated: false,
             mapped: true,
             expandable: NONE,
-            stream_uses: Vec::new(),
+            n_uses: 0,
             event_count: 0,
             gc_base: 0,
             stack: StackId::ROOT,
-            seg_stack: None,
+            seg_stack: NO_STACK,
             live: true,
         }
     }
@@ -455,7 +462,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let addr = self.source.malloc(alloc_size)?;
         self.total_reserved += alloc_size;
         let mut b = self.blank(addr, alloc_size, stream, pool);
-        b.seg_stack = Some(self.recorder.current());
+        b.seg_stack = self.recorder.current();
         let id = self.new_block(b);
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, alloc_size);
@@ -556,9 +563,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.oversize_allocations.decrease(1);
         }
         let b = &mut self.blocks[id as usize];
-        if !b.stream_uses.is_empty() {
-            b.event_count = b.stream_uses.len() as u32;
-            b.stream_uses.clear();
+        if b.n_uses > 0 {
+            b.event_count = b.n_uses;
+            b.n_uses = 0;
+            self.stream_uses.remove(&id);
             self.pending.push(id);
         } else {
             self.free_block(id);
@@ -574,8 +582,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .get(&addr)
             .ok_or(PointerError::NotAllocated(addr))?;
         let b = &mut self.blocks[id as usize];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        let uses = self.stream_uses.entry(id).or_default();
+        if stream != b.stream && !uses.contains(&stream) {
+            uses.push(stream);
+            b.n_uses = uses.len().min(u16::MAX as usize) as u16;
         }
         Ok(())
     }
@@ -660,8 +670,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         {
             let s = &self.blocks[src as usize];
             let d = &self.blocks[dst as usize];
-            if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != d.mapped
-            {
+            if s.allocated || s.event_count > 0 || s.n_uses > 0 || s.mapped != d.mapped {
                 return 0;
             }
         }
@@ -883,7 +892,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn allocatable(&self, id: u32) -> bool {
         id != NONE && {
             let b = &self.blocks[id as usize];
-            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+            !b.allocated && b.event_count == 0 && b.n_uses == 0
         }
     }
 
@@ -996,8 +1005,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .record(EventKind::SegmentMap, addr, mapped, stream);
         let current = self.recorder.current();
         let b = &mut self.blocks[id as usize];
-        if b.prev == NONE && b.seg_stack.is_none() {
-            b.seg_stack = Some(current);
+        if b.prev == NONE && b.seg_stack == NO_STACK {
+            b.seg_stack = current;
         }
         true
     }

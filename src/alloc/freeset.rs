@@ -44,7 +44,12 @@ struct SizeIndex {
 
 impl SizeIndex {
     fn new() -> Self {
-        SizeIndex { classes: vec![Vec::new(); CLASSES], words: [0; WORDS], summary: 0, len: 0 }
+        SizeIndex {
+            classes: vec![Vec::new(); CLASSES],
+            words: [0; WORDS],
+            summary: 0,
+            len: 0,
+        }
     }
 
     #[inline]
@@ -90,11 +95,19 @@ impl SizeIndex {
     fn next_class(&self, c: usize) -> Option<usize> {
         let w = c / 64;
         let bit = c % 64;
-        let rest = if bit == 63 { 0 } else { self.words[w] & (!0u64 << (bit + 1)) };
+        let rest = if bit == 63 {
+            0
+        } else {
+            self.words[w] & (!0u64 << (bit + 1))
+        };
         if rest != 0 {
             return Some(w * 64 + rest.trailing_zeros() as usize);
         }
-        let above = if w == 63 { 0 } else { self.summary & (!0u64 << (w + 1)) };
+        let above = if w == 63 {
+            0
+        } else {
+            self.summary & (!0u64 << (w + 1))
+        };
         if above == 0 {
             return None;
         }
@@ -145,8 +158,19 @@ impl Iterator for Ascending<'_> {
         let (c, i) = self.at?;
         let v = &self.idx.classes[c];
         let e = v[i];
-        self.at = if i + 1 < v.len() { Some((c, i + 1)) } else { self.idx.next_class(c).map(|c2| (c2, 0)) };
-        Some((FreeKey { stream: self.stream, size: e.size, addr: e.addr }, e.id))
+        self.at = if i + 1 < v.len() {
+            Some((c, i + 1))
+        } else {
+            self.idx.next_class(c).map(|c2| (c2, 0))
+        };
+        Some((
+            FreeKey {
+                stream: self.stream,
+                size: e.size,
+                addr: e.addr,
+            },
+            e.id,
+        ))
     }
 }
 
@@ -166,9 +190,18 @@ impl Iterator for Descending<'_> {
         self.at = if i > 0 {
             Some((c, i - 1))
         } else {
-            self.idx.prev_class(c).map(|c2| (c2, self.idx.classes[c2].len() - 1))
+            self.idx
+                .prev_class(c)
+                .map(|c2| (c2, self.idx.classes[c2].len() - 1))
         };
-        Some((FreeKey { stream: self.stream, size: e.size, addr: e.addr }, e.id))
+        Some((
+            FreeKey {
+                stream: self.stream,
+                size: e.size,
+                addr: e.addr,
+            },
+            e.id,
+        ))
     }
 }
 
@@ -182,7 +215,10 @@ pub struct FreeSet {
 impl FreeSet {
     #[inline]
     fn index(&self, stream: u32) -> Option<&SizeIndex> {
-        self.streams.iter().find(|(s, _)| *s == stream).map(|(_, i)| i)
+        self.streams
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, i)| i)
     }
 
     pub fn insert(&mut self, k: FreeKey, id: u32) -> bool {
@@ -198,7 +234,11 @@ impl FreeSet {
     }
 
     pub fn remove(&mut self, k: &FreeKey) -> Option<u32> {
-        self.streams.iter_mut().find(|(s, _)| *s == k.stream)?.1.remove(k.size, k.addr)
+        self.streams
+            .iter_mut()
+            .find(|(s, _)| *s == k.stream)?
+            .1
+            .remove(k.size, k.addr)
     }
 
     pub fn len(&self) -> usize {
@@ -212,23 +252,35 @@ impl FreeSet {
     /// Blocks of `stream` from the first one with size >= `size`, ascending.
     pub fn from_size(&self, stream: u32, size: u64) -> Ascending<'_> {
         match self.index(stream) {
-            Some(idx) => Ascending { idx, stream, at: idx.lower_bound(size) },
-            None => Ascending { idx: EMPTY.get_or_init(SizeIndex::new), stream, at: None },
+            Some(idx) => Ascending {
+                idx,
+                stream,
+                at: idx.lower_bound(size),
+            },
+            None => Ascending {
+                idx: EMPTY.get_or_init(SizeIndex::new),
+                stream,
+                at: None,
+            },
         }
     }
 
     /// Blocks of `stream` smaller than `size` (in (size, address) order), descending.
     pub fn below_size_rev(&self, stream: u32, size: u64) -> Descending<'_> {
         let Some(idx) = self.index(stream) else {
-            return Descending { idx: EMPTY.get_or_init(SizeIndex::new), stream, at: None };
+            return Descending {
+                idx: EMPTY.get_or_init(SizeIndex::new),
+                stream,
+                at: None,
+            };
         };
         let at = match idx.lower_bound(size) {
             Some((c, i)) if i > 0 => Some((c, i - 1)),
             Some((c, _)) => idx.prev_class(c).map(|c2| (c2, idx.classes[c2].len() - 1)),
             // everything is below: start at the largest
-            None if idx.classes[CLASSES - 1].is_empty() => {
-                idx.prev_class(CLASSES - 1).map(|c| (c, idx.classes[c].len() - 1))
-            }
+            None if idx.classes[CLASSES - 1].is_empty() => idx
+                .prev_class(CLASSES - 1)
+                .map(|c| (c, idx.classes[c].len() - 1)),
             None => Some((CLASSES - 1, idx.classes[CLASSES - 1].len() - 1)),
         };
         Descending { idx, stream, at }
@@ -237,8 +289,16 @@ impl FreeSet {
     /// Every free block in (stream, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
         self.streams.iter().flat_map(|(s, idx)| {
-            let first = if idx.len == 0 { None } else { idx.lower_bound(0) };
-            Ascending { idx, stream: *s, at: first }
+            let first = if idx.len == 0 {
+                None
+            } else {
+                idx.lower_bound(0)
+            };
+            Ascending {
+                idx,
+                stream: *s,
+                at: first,
+            }
         })
     }
 
@@ -259,7 +319,10 @@ mod tests {
     #[test]
     fn classes_increase_with_size() {
         let mut last = 0;
-        for s in (512u64..1 << 22).step_by(512).chain([1 << 40, (1 << 40) + 512, u64::MAX]) {
+        for s in (512u64..1 << 22)
+            .step_by(512)
+            .chain([1 << 40, (1 << 40) + 512, u64::MAX])
+        {
             let c = class_of(s);
             assert!(c >= last, "{s}");
             last = c;

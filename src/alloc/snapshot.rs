@@ -1,7 +1,7 @@
 //! The allocator's state as segments and blocks, in the shape of `torch.cuda.memory._snapshot()`
 //! (`segments`): one entry per segment, or per contiguous mapped range of an expandable segment.
 
-use super::caching::{Block, CachingAllocator, StreamId, NONE};
+use super::caching::{Block, CachingAllocator, StreamId, NONE, NO_STACK};
 use super::source::SegmentSource;
 use super::stats::PoolKind;
 use crate::trace::StackId;
@@ -96,7 +96,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stream: b.stream,
             pool: b.pool,
             is_expandable: expandable,
-            stack: b.seg_stack,
+            stack: (b.seg_stack != NO_STACK).then_some(b.seg_stack),
             blocks: Vec::new(),
         }
     }

@@ -110,17 +110,34 @@ fn reservation_span(total: u64) -> u64 {
 }
 
 /// Addresses the driver returned, in order: segments (`segment_alloc`) and the base of each
-/// expandable reservation (a `segment_map` outside every earlier reservation).
+/// expandable reservation (a `segment_map` outside every live reservation). A reservation dies
+/// when all its pages are unmapped (PyTorch then releases it), and the driver may hand the same
+/// base out again.
 fn address_hints(gt: &GroundTruth) -> (Vec<u64>, Vec<u64>) {
     let span = reservation_span(gt.device_total_memory);
     let mut mallocs = Vec::new();
-    let mut bases: Vec<u64> = Vec::new();
+    let mut bases = Vec::new();
+    // live reservations: (base, mapped bytes)
+    let mut live: Vec<(u64, u64)> = Vec::new();
     for e in &gt.trace {
+        let owner = live
+            .iter()
+            .position(|&(b, _)| e.addr >= b && e.addr < b + span);
         match e.action.as_str() {
             "segment_alloc" => mallocs.push(e.addr),
-            "segment_map" => {
-                if !bases.iter().any(|&b| e.addr >= b && e.addr < b + span) {
+            "segment_map" => match owner {
+                Some(i) => live[i].1 += e.size,
+                None => {
                     bases.push(e.addr);
+                    live.push((e.addr, e.size));
+                }
+            },
+            "segment_unmap" => {
+                if let Some(i) = owner {
+                    live[i].1 = live[i].1.saturating_sub(e.size);
+                    if live[i].1 == 0 {
+                        live.remove(i);
+                    }
                 }
             }
             _ => {}
