@@ -24,3 +24,6 @@ pub use stats::{DeviceStats, PoolKind, Stat, StatArray};
 
 /// The allocator on the simulated device.
 pub type SimAllocator = CachingAllocator<SimSource>;
+
+#[cfg(test)]
+mod tests;
