@@ -209,8 +209,19 @@ fn issue1_every_fixture_trace_replays_exactly() {
             Some(m) => problems.push(format!("memory_stats has {} keys", m.len())),
             None => problems.push("memory_stats is not an object".into()),
         }
+        if v["oom_messages_matched"] != v["ooms_expected"] {
+            problems.push(format!(
+                "oom_messages_matched {} != ooms_expected {}",
+                v["oom_messages_matched"], v["ooms_expected"]
+            ));
+        }
         let te = &v["trace_events"];
-        if !te.is_object() || te["matched_prefix"] != te["expected"] || te["expected"].is_null() {
+        if !te.is_object()
+            || te["expected"].is_null()
+            || te["matched_prefix"] != te["expected"]
+            || te["replayed"] != te["expected"]
+            || !te["first_difference"].is_null()
+        {
             problems.push(format!("trace_events {te}"));
         }
         if !problems.is_empty() {
@@ -526,6 +537,112 @@ fn issue5_bad_alloc_conf_flag_not_power_of_two() {
         &fixture(MIXED_DEFAULT),
         &["--alloc-conf", "roundup_power2_divisions:3"],
         &["--alloc-conf", "roundup_power2_divisions", "power of two"],
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Known bugs (found while writing these tests). Ignored so the suite stays green; run with
+// `cargo test --test cli -- --ignored` and remove the `#[ignore]` once fixed.
+// ---------------------------------------------------------------------------------------
+
+/// README/CHANGELOG: exit 1 on any difference, including PyTorch's event trace.
+#[test]
+
+fn bug_differing_trace_event_is_a_finding() {
+    let tmp = TempDir::new("trace_event");
+    let mut at = 0;
+    let t = mixed_default_with(|t| {
+        let tr = t["trace"].as_array_mut().unwrap();
+        at = tr
+            .iter()
+            .position(|e| e[0] == "alloc")
+            .expect("an alloc event");
+        let size = tr[at][2].as_u64().unwrap();
+        tr[at][2] = (size + 512).into();
+    });
+    let f = tmp.write_json("trace.json", &t);
+    let (code, v) = replay_json(&f, &[]);
+    assert_eq!(
+        v["trace_events"]["matched_prefix"], at,
+        "{}",
+        v["trace_events"]
+    );
+    assert_eq!(code, 1, "a differing trace event must be a finding");
+    assert_eq!(v["verdict"], "mismatch");
+}
+
+/// README/CHANGELOG: the allocator's part of each OOM message is compared; a difference is a
+/// finding like any other.
+#[test]
+
+fn bug_differing_oom_message_is_a_finding() {
+    let tmp = TempDir::new("oom_message");
+    let mut t = read_json(&fixture(OOM_FRAC));
+    let msg = t["ooms"][3]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("Tried to allocate"));
+    t["ooms"][3]["message"] = msg
+        .replace("Tried to allocate", "Tried hard to allocate")
+        .into();
+    let f = tmp.write_json("trace.json", &t);
+    let (code, v) = replay_json(&f, &[]);
+    assert_eq!(
+        as_u64(&v, "oom_messages_matched") + 1,
+        as_u64(&v, "ooms_expected")
+    );
+    assert_eq!(code, 1, "a differing OOM message must be a finding");
+}
+
+/// An allocation of nearly 2^64 bytes can never succeed: it must be an out-of-memory (exit 1,
+/// as the trace records none) or an input error (exit 2), never a panic (debug: "attempt to
+/// multiply with overflow" in round_size) or a silent wrap-around (release: it "succeeds" with
+/// allocated 0 and requested_bytes -1).
+#[test]
+
+fn bug_huge_allocation_size_does_not_overflow() {
+    let tmp = TempDir::new("huge");
+    for size in [u64::MAX, u64::MAX - 615] {
+        let f = tmp.write_json(
+            "trace.json",
+            &serde_json::json!({ "ops": [["a", 1, size], ["f", 1]] }),
+        );
+        let r = run(os_args!["replay", f, "--json"]);
+        assert!(
+            r.code == 1 || r.code == 2,
+            "size {size}: exit {} (expected 1 or 2)\nstdout:\n{}\nstderr:\n{}",
+            r.code,
+            r.stdout,
+            r.stderr
+        );
+        if r.code == 1 {
+            let v = parse_stdout_json(&r, "huge");
+            assert_eq!(v["ooms_unexpected"], serde_json::json!([0]), "{v}");
+        }
+    }
+}
+
+/// A trace is a JSON object; a top-level array is read positionally into the internal struct
+/// (an 8-element array replays as a trace) or rejected with "expected struct Raw".
+#[test]
+
+fn bug_top_level_array_is_rejected_clearly() {
+    let tmp = TempDir::new("array");
+    let f = tmp.write("empty_array.json", "[]");
+    let r = run(os_args!["replay", f]);
+    assert_eq!(r.code, 2);
+    assert!(
+        !r.stderr.contains("Raw"),
+        "internal type name leaks: {}",
+        r.stderr
+    );
+    let f = tmp.write(
+        "positional.json",
+        r#"["", null, "", 0, null, "", "", [["a", 1, 1024], ["f", 1]]]"#,
+    );
+    let r = run(os_args!["replay", f]);
+    assert_eq!(
+        r.code, 2,
+        "a top-level array must be rejected:\n{}",
+        r.stdout
     );
 }
 

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::addrmap::AddrMap;
 use super::config::{
     AllocConf, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
@@ -39,6 +40,8 @@ use crate::trace::{EventKind, Recorder, StackId};
 pub type StreamId = u32;
 
 pub(crate) const NONE: u32 = u32::MAX;
+/// Requests this big are refused outright, as PyTorch's allocator does ("more than 1EB").
+pub const ONE_EXABYTE: u64 = 1 << 60;
 pub(crate) const NO_STACK: StackId = StackId(u32::MAX);
 
 /// A block: a contiguous piece of a segment, allocated or free.
@@ -98,8 +101,6 @@ pub(crate) struct Reservation {
     pub base: u64,
     pub size: u64,
     pub page: u64,
-    pub stream: StreamId,
-    pub pool: PoolKind,
     pub mapped: Vec<bool>,
     pub live: bool,
 }
@@ -123,7 +124,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_ids: Vec<u32>,
     pools: [Pool; 2],
     /// Allocated blocks by address (PyTorch's `allocated_blocks`).
-    allocated: FxHashMap<u64, u32>,
+    allocated: AddrMap,
     /// Frees waiting on other streams.
     pending: Vec<u32>,
     /// Streams other than its own that used an allocated block, by block id.
@@ -150,7 +151,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             blocks: Vec::new(),
             free_ids: Vec::new(),
             pools: [Pool::default(), Pool::default()],
-            allocated: FxHashMap::default(),
+            allocated: AddrMap::default(),
             pending: Vec::new(),
             stream_uses: FxHashMap::default(),
             reservations: Vec::new(),
@@ -319,7 +320,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     fn remove_from_blocks(&mut self, id: u32) {
         let pool = self.blocks[id as usize].pool as usize;
         let k = self.key(id);
-        self.pools[pool].blocks.remove(&k);
+        self.pools[pool].blocks.remove(&k, id);
     }
 
     /// Allocates `n` bytes on `stream`, as `caching_allocator_alloc` does. Returns the block's
@@ -327,6 +328,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
     pub fn malloc(&mut self, n: u64, stream: StreamId) -> Result<u64, OutOfMemory> {
         if n == 0 {
             return Ok(0);
+        }
+        if n >= ONE_EXABYTE {
+            // PyTorch refuses these before the allocator runs (no stats, no trace entry)
+            return Err(self.oom_error(n, n, n, true));
         }
         self.process_events();
         let size = self.round_size(n);
@@ -352,21 +357,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.recorder
                 .record(EventKind::Oom, device_free, size, stream);
             self.stats.num_ooms += 1;
-            return Err(OutOfMemory {
-                device: self.device,
-                requested: n,
-                rounded: size,
-                alloc_size,
-                device_total: self.source.device_total(),
-                device_free,
-                process_used: self.source.process_used(),
-                allowed: self.allowed_max(),
-                allocated: self.stats.allocated_bytes.all.current as u64,
-                reserved: self.stats.reserved_bytes.all.current as u64,
-            });
+            return Err(self.oom_error(n, size, alloc_size, false));
         };
         let split = self.should_split(id, size);
         Ok(self.alloc_found_block(id, size, n, split))
+    }
+
+    fn oom_error(&self, n: u64, size: u64, alloc_size: u64, over_one_exabyte: bool) -> OutOfMemory {
+        OutOfMemory {
+            device: self.device,
+            requested: n,
+            rounded: size,
+            alloc_size,
+            device_total: self.source.device_total(),
+            device_free: self.source.device_free(),
+            process_used: self.source.process_used(),
+            allowed: self.allowed_max(),
+            allocated: self.stats.allocated_bytes.all.current as u64,
+            reserved: self.stats.reserved_bytes.all.current as u64,
+            over_one_exabyte,
+        }
     }
 
     /// Note [Best fit].
@@ -375,6 +385,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let p = &mut self.pools[pool as usize];
         if gc {
             p.free_calls += 1;
+        }
+        let mss = self.conf.max_split_size;
+        let nsr = self.conf.max_non_split_rounding;
+        // Note [Oversize]: a normal request may not take a block that is never split; an
+        // oversize request may take one at most max_non_split_rounding bigger.
+        let fits = move |bsize: u64| {
+            if size < mss {
+                bsize < mss
+            } else {
+                bsize < size.saturating_add(nsr)
+            }
+        };
+        if self.reservations.is_empty() {
+            // no expandable blocks anywhere: the first candidate is the only one (fast path)
+            return p
+                .blocks
+                .take_first_at_least(stream, size, |k, _| fits(k.size));
         }
         let mut it = p.blocks.from_size(stream, size);
         let (k0, id0) = it.next()?;
@@ -417,12 +444,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 }
             }
         }
-        let bsize = blocks[chosen as usize].size;
-        let mss = self.conf.max_split_size;
-        if size < mss && bsize >= mss {
-            return None;
-        }
-        if size >= mss && bsize >= size.saturating_add(self.conf.max_non_split_rounding) {
+        if !fits(blocks[chosen as usize].size) {
             return None;
         }
         self.remove_from_blocks(chosen);
@@ -548,7 +570,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
         let id = self
             .allocated
-            .remove(&addr)
+            .remove(addr)
             .ok_or(PointerError::NotAllocated(addr))?;
         let (pool, size, requested, stream) = {
             let b = &mut self.blocks[id as usize];
@@ -577,9 +599,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `Tensor.record_stream(s)`: the block was used on `stream` too, so its free waits for
     /// that stream's work.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), PointerError> {
-        let &id = self
+        let id = self
             .allocated
-            .get(&addr)
+            .get(addr)
             .ok_or(PointerError::NotAllocated(addr))?;
         let b = &mut self.blocks[id as usize];
         let uses = self.stream_uses.entry(id).or_default();
@@ -689,11 +711,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             )
         };
         if s_mapped {
-            self.pools[s_pool as usize].blocks.remove(&FreeKey {
-                stream: s_stream,
-                size: s_size,
-                addr: s_addr,
-            });
+            self.pools[s_pool as usize].blocks.remove(
+                &FreeKey {
+                    stream: s_stream,
+                    size: s_size,
+                    addr: s_addr,
+                },
+                src,
+            );
         } else {
             self.pools[s_pool as usize]
                 .unmapped
@@ -937,8 +962,6 @@ impl<S: SegmentSource> CachingAllocator<S> {
             base,
             size: vsize,
             page,
-            stream,
-            pool,
             mapped: vec![false; pages as usize],
             live: true,
         });

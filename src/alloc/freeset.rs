@@ -1,11 +1,13 @@
 //! The free blocks of one pool, ordered by (stream, size, address) like PyTorch's
-//! `std::set<Block*, BlockComparatorSize>`, but faster for the one query that matters: the
-//! first block of a stream not smaller than a request.
+//! `std::set<Block*, BlockComparatorSize>`, but faster for what the allocator does all the time:
+//! find the first block of a stream not smaller than a request, and take a known block out
+//! when it merges with a neighbour.
 //!
 //! Each stream has a size index: sizes fall into 4096 classes (the exponent and the next six
-//! bits of the mantissa, so classes increase with size), each class a small vector sorted by
-//! (size, address), and a two-level bitmap of non-empty classes. A lower bound is a binary
-//! search in one class plus, on a miss, a bit scan for the next non-empty class. Every order
+//! bits of the mantissa, so classes increase with size), each class a doubly linked list sorted
+//! by (size, address), and a two-level bitmap of non-empty classes. Links live in `nodes`,
+//! indexed by block id, so removing a known block is O(1) with no search; a lower bound walks
+//! one short list, and on a miss a bit scan finds the next non-empty class. Every order
 //! (ascending, descending, lower bound) is exactly the ordered set's.
 
 /// A free block's position in the order.
@@ -19,8 +21,9 @@ pub struct FreeKey {
 const SUB_BITS: u32 = 6;
 const CLASSES: usize = 64 << SUB_BITS;
 const WORDS: usize = CLASSES / 64;
+const NIL: u32 = u32::MAX;
 
-#[inline]
+#[inline(always)]
 fn class_of(size: u64) -> usize {
     let s = size.max(1 << SUB_BITS);
     let lg = 63 - s.leading_zeros();
@@ -28,65 +31,54 @@ fn class_of(size: u64) -> usize {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Node {
     size: u64,
     addr: u64,
-    id: u32,
+    prev: u32,
+    next: u32,
+    /// Index into `streams` + 1 while linked, 0 while not in the set.
+    owner: u32,
 }
 
+const UNLINKED: Node = Node {
+    size: 0,
+    addr: 0,
+    prev: NIL,
+    next: NIL,
+    owner: 0,
+};
+
 #[derive(Debug, Clone)]
-struct SizeIndex {
-    classes: Vec<Vec<Entry>>,
+struct Heads {
+    stream: u32,
+    head: Box<[u32; CLASSES]>,
     words: [u64; WORDS],
     summary: u64,
     len: usize,
 }
 
-impl SizeIndex {
-    fn new() -> Self {
-        SizeIndex {
-            classes: vec![Vec::new(); CLASSES],
+impl Heads {
+    fn new(stream: u32) -> Self {
+        Heads {
+            stream,
+            head: Box::new([NIL; CLASSES]),
             words: [0; WORDS],
             summary: 0,
             len: 0,
         }
     }
 
-    #[inline]
-    fn pos(v: &[Entry], size: u64, addr: u64) -> usize {
-        v.partition_point(|e| (e.size, e.addr) < (size, addr))
-    }
-
-    fn insert(&mut self, size: u64, addr: u64, id: u32) -> bool {
-        let c = class_of(size);
-        let v = &mut self.classes[c];
-        let i = Self::pos(v, size, addr);
-        if i < v.len() && v[i].size == size && v[i].addr == addr {
-            return false;
-        }
-        v.insert(i, Entry { size, addr, id });
+    #[inline(always)]
+    fn set(&mut self, c: usize) {
         self.words[c / 64] |= 1 << (c % 64);
         self.summary |= 1 << (c / 64);
-        self.len += 1;
-        true
     }
 
-    fn remove(&mut self, size: u64, addr: u64) -> Option<u32> {
-        let c = class_of(size);
-        let v = &mut self.classes[c];
-        let i = Self::pos(v, size, addr);
-        if i < v.len() && v[i].size == size && v[i].addr == addr {
-            let id = v.remove(i).id;
-            if v.is_empty() {
-                self.words[c / 64] &= !(1 << (c % 64));
-                if self.words[c / 64] == 0 {
-                    self.summary &= !(1 << (c / 64));
-                }
-            }
-            self.len -= 1;
-            Some(id)
-        } else {
-            None
+    #[inline(always)]
+    fn clear(&mut self, c: usize) {
+        self.words[c / 64] &= !(1 << (c % 64));
+        if self.words[c / 64] == 0 {
+            self.summary &= !(1 << (c / 64));
         }
     }
 
@@ -103,7 +95,7 @@ impl SizeIndex {
         if rest != 0 {
             return Some(w * 64 + rest.trailing_zeros() as usize);
         }
-        let above = if w == 63 {
+        let above = if w == WORDS - 1 {
             0
         } else {
             self.summary & (!0u64 << (w + 1))
@@ -115,188 +107,229 @@ impl SizeIndex {
         Some(w2 * 64 + self.words[w2].trailing_zeros() as usize)
     }
 
-    /// The last non-empty class before `c`.
-    #[inline]
-    fn prev_class(&self, c: usize) -> Option<usize> {
-        let w = c / 64;
-        let bit = c % 64;
-        let rest = self.words[w] & ((1u64 << bit) - 1);
-        if rest != 0 {
-            return Some(w * 64 + 63 - rest.leading_zeros() as usize);
-        }
-        let below = self.summary & ((1u64 << w) - 1);
-        if below == 0 {
+    fn first_class(&self) -> Option<usize> {
+        if self.len == 0 {
             return None;
         }
-        let w2 = 63 - below.leading_zeros() as usize;
-        Some(w2 * 64 + 63 - self.words[w2].leading_zeros() as usize)
-    }
-
-    /// Position of the first entry >= (size, 0), as (class, index).
-    fn lower_bound(&self, size: u64) -> Option<(usize, usize)> {
-        let c = class_of(size);
-        let v = &self.classes[c];
-        let i = Self::pos(v, size, 0);
-        if i < v.len() {
-            return Some((c, i));
-        }
-        self.next_class(c).map(|c2| (c2, 0))
-    }
-}
-
-/// Ascending walk from a position.
-pub struct Ascending<'a> {
-    idx: &'a SizeIndex,
-    stream: u32,
-    at: Option<(usize, usize)>,
-}
-
-impl Iterator for Ascending<'_> {
-    type Item = (FreeKey, u32);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let (c, i) = self.at?;
-        let v = &self.idx.classes[c];
-        let e = v[i];
-        self.at = if i + 1 < v.len() {
-            Some((c, i + 1))
-        } else {
-            self.idx.next_class(c).map(|c2| (c2, 0))
-        };
-        Some((
-            FreeKey {
-                stream: self.stream,
-                size: e.size,
-                addr: e.addr,
-            },
-            e.id,
-        ))
-    }
-}
-
-/// Descending walk from a position (inclusive).
-pub struct Descending<'a> {
-    idx: &'a SizeIndex,
-    stream: u32,
-    at: Option<(usize, usize)>,
-}
-
-impl Iterator for Descending<'_> {
-    type Item = (FreeKey, u32);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let (c, i) = self.at?;
-        let e = self.idx.classes[c][i];
-        self.at = if i > 0 {
-            Some((c, i - 1))
-        } else {
-            self.idx
-                .prev_class(c)
-                .map(|c2| (c2, self.idx.classes[c2].len() - 1))
-        };
-        Some((
-            FreeKey {
-                stream: self.stream,
-                size: e.size,
-                addr: e.addr,
-            },
-            e.id,
-        ))
+        let w = self.summary.trailing_zeros() as usize;
+        Some(w * 64 + self.words[w].trailing_zeros() as usize)
     }
 }
 
 /// Free blocks of one pool, all streams.
 #[derive(Debug, Clone, Default)]
 pub struct FreeSet {
+    nodes: Vec<Node>,
     /// Sorted by stream.
-    streams: Vec<(u32, SizeIndex)>,
+    streams: Vec<Heads>,
 }
 
 impl FreeSet {
+    #[inline(always)]
+    fn stream_index(&self, stream: u32) -> Option<usize> {
+        // nearly always one stream: a scan is the fastest lookup
+        self.streams.iter().position(|h| h.stream == stream)
+    }
+
+    /// Inserts block `id` at `k`; false if that (stream, size, address) is already present.
     #[inline]
-    fn index(&self, stream: u32) -> Option<&SizeIndex> {
-        self.streams
-            .iter()
-            .find(|(s, _)| *s == stream)
-            .map(|(_, i)| i)
-    }
-
     pub fn insert(&mut self, k: FreeKey, id: u32) -> bool {
-        let pos = match self.streams.iter().position(|(s, _)| *s == k.stream) {
-            Some(p) => p,
-            None => {
-                let at = self.streams.partition_point(|(s, _)| *s < k.stream);
-                self.streams.insert(at, (k.stream, SizeIndex::new()));
-                at
-            }
+        let s = match self.stream_index(k.stream) {
+            Some(s) => s,
+            None => self.add_stream(k.stream),
         };
-        self.streams[pos].1.insert(k.size, k.addr, id)
+        if self.nodes.len() <= id as usize {
+            self.nodes.resize(id as usize + 1, UNLINKED);
+        }
+        debug_assert_eq!(
+            self.nodes[id as usize].owner, 0,
+            "block {id} inserted twice"
+        );
+        let c = class_of(k.size);
+        let h = &mut self.streams[s];
+        let mut prev = NIL;
+        let mut cur = h.head[c];
+        while cur != NIL {
+            let n = &self.nodes[cur as usize];
+            if n.size > k.size || (n.size == k.size && n.addr >= k.addr) {
+                if n.size == k.size && n.addr == k.addr {
+                    return false;
+                }
+                break;
+            }
+            prev = cur;
+            cur = n.next;
+        }
+        self.nodes[id as usize] = Node {
+            size: k.size,
+            addr: k.addr,
+            prev,
+            next: cur,
+            owner: s as u32 + 1,
+        };
+        if prev == NIL {
+            h.head[c] = id;
+            h.set(c);
+        } else {
+            self.nodes[prev as usize].next = id;
+        }
+        if cur != NIL {
+            self.nodes[cur as usize].prev = id;
+        }
+        h.len += 1;
+        true
     }
 
-    pub fn remove(&mut self, k: &FreeKey) -> Option<u32> {
-        self.streams
-            .iter_mut()
-            .find(|(s, _)| *s == k.stream)?
-            .1
-            .remove(k.size, k.addr)
+    #[cold]
+    fn add_stream(&mut self, stream: u32) -> usize {
+        let at = self.streams.partition_point(|h| h.stream < stream);
+        self.streams.insert(at, Heads::new(stream));
+        // owners are stream positions: shift those after the new one
+        for n in &mut self.nodes {
+            if n.owner > at as u32 {
+                n.owner += 1;
+            }
+        }
+        at
+    }
+
+    /// Takes block `id` out if it is in the set at `k`; O(1).
+    #[inline]
+    pub fn remove(&mut self, k: &FreeKey, id: u32) -> bool {
+        let Some(n) = self.nodes.get(id as usize).copied() else {
+            return false;
+        };
+        if n.owner == 0
+            || n.size != k.size
+            || n.addr != k.addr
+            || self.streams[n.owner as usize - 1].stream != k.stream
+        {
+            return false;
+        }
+        self.unlink(id, n);
+        true
+    }
+
+    #[inline(always)]
+    fn unlink(&mut self, id: u32, n: Node) {
+        let h = &mut self.streams[n.owner as usize - 1];
+        if n.prev == NIL {
+            let c = class_of(n.size);
+            h.head[c] = n.next;
+            if n.next == NIL {
+                h.clear(c);
+            }
+        } else {
+            self.nodes[n.prev as usize].next = n.next;
+        }
+        if n.next != NIL {
+            self.nodes[n.next as usize].prev = n.prev;
+        }
+        h.len -= 1;
+        self.nodes[id as usize].owner = 0;
     }
 
     pub fn len(&self) -> usize {
-        self.streams.iter().map(|(_, i)| i.len).sum()
+        self.streams.iter().map(|h| h.len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// PyTorch's `lower_bound`: the first block of `stream` with size >= `size`.
+    #[inline]
+    fn lower_bound(&self, s: usize, size: u64) -> u32 {
+        let h = &self.streams[s];
+        let c = class_of(size);
+        let mut cur = h.head[c];
+        while cur != NIL {
+            let n = &self.nodes[cur as usize];
+            if n.size >= size {
+                return cur;
+            }
+            cur = n.next;
+        }
+        match h.next_class(c) {
+            Some(c2) => h.head[c2],
+            None => NIL,
+        }
+    }
+
+    #[inline]
+    fn key_of(&self, s: usize, id: u32) -> FreeKey {
+        let n = &self.nodes[id as usize];
+        FreeKey {
+            stream: self.streams[s].stream,
+            size: n.size,
+            addr: n.addr,
+        }
+    }
+
+    /// The first block of `stream` with size >= `size`, if `accept` takes it, removed from the
+    /// set. One search where a peek and a removal would be two.
+    #[inline]
+    pub fn take_first_at_least(
+        &mut self,
+        stream: u32,
+        size: u64,
+        accept: impl FnOnce(FreeKey, u32) -> bool,
+    ) -> Option<u32> {
+        let s = self.stream_index(stream)?;
+        let id = self.lower_bound(s, size);
+        if id == NIL || !accept(self.key_of(s, id), id) {
+            return None;
+        }
+        let n = self.nodes[id as usize];
+        self.unlink(id, n);
+        Some(id)
+    }
+
     /// Blocks of `stream` from the first one with size >= `size`, ascending.
     pub fn from_size(&self, stream: u32, size: u64) -> Ascending<'_> {
-        match self.index(stream) {
-            Some(idx) => Ascending {
-                idx,
-                stream,
-                at: idx.lower_bound(size),
+        match self.stream_index(stream) {
+            Some(s) => Ascending {
+                set: self,
+                s,
+                at: self.lower_bound(s, size),
             },
             None => Ascending {
-                idx: EMPTY.get_or_init(SizeIndex::new),
-                stream,
-                at: None,
+                set: self,
+                s: 0,
+                at: NIL,
             },
         }
     }
 
-    /// Blocks of `stream` smaller than `size` (in (size, address) order), descending.
-    pub fn below_size_rev(&self, stream: u32, size: u64) -> Descending<'_> {
-        let Some(idx) = self.index(stream) else {
-            return Descending {
-                idx: EMPTY.get_or_init(SizeIndex::new),
-                stream,
-                at: None,
-            };
+    /// Blocks of `stream` smaller than `size` (in (size, address) order), descending. Used only
+    /// on the out-of-memory path, so it collects.
+    pub fn below_size_rev(&self, stream: u32, size: u64) -> impl Iterator<Item = (FreeKey, u32)> {
+        let mut v: Vec<(FreeKey, u32)> = match self.stream_index(stream) {
+            Some(s) => {
+                let h = &self.streams[s];
+                let first = h.first_class().map(|c| h.head[c]).unwrap_or(NIL);
+                Ascending {
+                    set: self,
+                    s,
+                    at: first,
+                }
+                .take_while(|(k, _)| k.size < size)
+                .collect()
+            }
+            None => Vec::new(),
         };
-        let at = match idx.lower_bound(size) {
-            Some((c, i)) if i > 0 => Some((c, i - 1)),
-            Some((c, _)) => idx.prev_class(c).map(|c2| (c2, idx.classes[c2].len() - 1)),
-            // everything is below: start at the largest
-            None if idx.classes[CLASSES - 1].is_empty() => idx
-                .prev_class(CLASSES - 1)
-                .map(|c| (c, idx.classes[c].len() - 1)),
-            None => Some((CLASSES - 1, idx.classes[CLASSES - 1].len() - 1)),
-        };
-        Descending { idx, stream, at }
+        v.reverse();
+        v.into_iter()
     }
 
     /// Every free block in (stream, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
-        self.streams.iter().flat_map(|(s, idx)| {
-            let first = if idx.len == 0 {
-                None
-            } else {
-                idx.lower_bound(0)
-            };
+        (0..self.streams.len()).flat_map(move |s| {
+            let h = &self.streams[s];
+            let first = h.first_class().map(|c| h.head[c]).unwrap_or(NIL);
             Ascending {
-                idx,
-                stream: *s,
+                set: self,
+                s,
                 at: first,
             }
         })
@@ -308,7 +341,33 @@ impl FreeSet {
     }
 }
 
-static EMPTY: std::sync::OnceLock<SizeIndex> = std::sync::OnceLock::new();
+/// Ascending walk of one stream from a block.
+pub struct Ascending<'a> {
+    set: &'a FreeSet,
+    s: usize,
+    at: u32,
+}
+
+impl Iterator for Ascending<'_> {
+    type Item = (FreeKey, u32);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at == NIL {
+            return None;
+        }
+        let id = self.at;
+        let n = &self.set.nodes[id as usize];
+        self.at = if n.next != NIL {
+            n.next
+        } else {
+            let h = &self.set.streams[self.s];
+            h.next_class(class_of(n.size))
+                .map(|c| h.head[c])
+                .unwrap_or(NIL)
+        };
+        Some((self.set.key_of(self.s, id), id))
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -324,7 +383,7 @@ mod tests {
             .chain([1 << 40, (1 << 40) + 512, u64::MAX])
         {
             let c = class_of(s);
-            assert!(c >= last, "{s}");
+            assert!(c >= last && c < CLASSES, "{s}");
             last = c;
         }
     }
@@ -336,22 +395,35 @@ mod tests {
                                       probes in prop::collection::vec((0u32..3, 0u64..1<<17), 1..40)) {
             let mut fs = FreeSet::default();
             let mut m: BTreeMap<FreeKey, u32> = BTreeMap::new();
-            for (i, (stream, units, addr, ins)) in ops.into_iter().enumerate() {
-                let k = FreeKey { stream, size: units * 512, addr: addr * 4096 };
+            let mut by_id: Vec<FreeKey> = Vec::new();
+            for (stream, units, addr, ins) in ops {
+                let k = FreeKey { stream: [5, 0, 9][stream as usize], size: units * 512, addr: addr * 4096 };
                 if ins {
-                    prop_assert_eq!(fs.insert(k, i as u32), !m.contains_key(&k));
-                    m.entry(k).or_insert(i as u32);
-                } else {
-                    prop_assert_eq!(fs.remove(&k), m.remove(&k));
+                    let id = by_id.len() as u32;
+                    let fresh = !m.contains_key(&k);
+                    prop_assert_eq!(fs.insert(k, id), fresh);
+                    if fresh {
+                        m.insert(k, id);
+                        by_id.push(k);
+                    }
+                } else if let Some(&id) = m.get(&k) {
+                    prop_assert!(fs.remove(&k, id));
+                    prop_assert!(!fs.remove(&k, id), "a second removal finds nothing");
+                    m.remove(&k);
                 }
             }
             prop_assert_eq!(fs.iter().collect::<Vec<_>>(), m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
+            prop_assert_eq!(fs.len(), m.len());
             for (stream, size) in probes {
+                let stream = [5, 0, 9][stream as usize % 3];
                 let lo = FreeKey { stream, size, addr: 0 };
                 let want: Vec<_> = m.range(lo..).take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(fs.from_size(stream, size).collect::<Vec<_>>(), want);
-                let want: Vec<_> = m.range(..lo).rev().take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(fs.below_size_rev(stream, size).collect::<Vec<_>>(), want);
+                prop_assert_eq!(fs.from_size(stream, size).collect::<Vec<_>>(), want.clone());
+                let want_rev: Vec<_> = m.range(..lo).rev().take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(fs.below_size_rev(stream, size).collect::<Vec<_>>(), want_rev);
+                let mut copy = fs.clone();
+                let taken = copy.take_first_at_least(stream, size, |_, _| true);
+                prop_assert_eq!(taken, want.first().map(|(_, id)| *id));
             }
         }
     }

@@ -7,6 +7,7 @@
 //! - [`snapshot`]: segments and blocks, as `torch.cuda.memory._snapshot()` lists them.
 //! - [`oom`]: the out-of-memory error and its message.
 
+pub mod addrmap;
 pub mod caching;
 pub mod config;
 pub mod freeset;

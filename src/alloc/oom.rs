@@ -26,6 +26,8 @@ pub struct OutOfMemory {
     /// `allocated_bytes` and `reserved_bytes` (all pools) at the failure.
     pub allocated: u64,
     pub reserved: u64,
+    /// A request of 1 EiB or more, refused before the allocator ran.
+    pub over_one_exabyte: bool,
 }
 
 impl OutOfMemory {
@@ -38,6 +40,12 @@ impl OutOfMemory {
 impl std::fmt::Display for OutOfMemory {
     /// PyTorch's message, field for field.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.over_one_exabyte {
+            return write!(
+                f,
+                "CUDA out of memory. Tried to allocate more than 1EB memory."
+            );
+        }
         write!(
             f,
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",

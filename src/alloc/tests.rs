@@ -10,7 +10,10 @@ use crate::units::{GIB, MIB};
 const H200: u64 = 150_109_880_320;
 
 fn alloc(conf: &str) -> SimAllocator {
-    SimAllocator::new(AllocConf::parse(conf).unwrap(), SimSource::new(H200, DEFAULT_CONTEXT_OVERHEAD))
+    SimAllocator::new(
+        AllocConf::parse(conf).unwrap(),
+        SimSource::new(H200, DEFAULT_CONTEXT_OVERHEAD),
+    )
 }
 
 fn cur(a: &SimAllocator) -> (i64, i64, i64, i64) {
@@ -47,14 +50,28 @@ fn single_requests_table() {
         let syncs = a.stats().num_sync_all_streams;
         let p = a.malloc(n, 0).unwrap();
         let s = a.stats();
-        assert_eq!(s.allocated_bytes.all.current as u64, allocated, "request {n}");
-        assert_eq!(s.allocated_bytes.pool(pool).current as u64, allocated, "pool of {n}");
+        assert_eq!(
+            s.allocated_bytes.all.current as u64, allocated,
+            "request {n}"
+        );
+        assert_eq!(
+            s.allocated_bytes.pool(pool).current as u64,
+            allocated,
+            "pool of {n}"
+        );
         assert_eq!(s.reserved_bytes.all.current as u64, seg, "segment of {n}");
-        assert_eq!(s.inactive_split_bytes.all.current, isb, "inactive_split_bytes of {n}");
+        assert_eq!(
+            s.inactive_split_bytes.all.current, isb,
+            "inactive_split_bytes of {n}"
+        );
         assert_eq!(s.requested_bytes.all.current as u64, n);
         a.free(p).unwrap();
         assert_eq!(a.stats().inactive_split_bytes.all.current, 0);
-        assert_eq!(a.stats().reserved_bytes.all.current as u64, seg, "reserved stays until empty_cache");
+        assert_eq!(
+            a.stats().reserved_bytes.all.current as u64,
+            seg,
+            "reserved stays until empty_cache"
+        );
         a.empty_cache();
         assert_eq!(cur(&a), (0, 0, 0, 0));
         assert_eq!(a.stats().num_sync_all_streams, syncs + 1);
@@ -66,7 +83,10 @@ fn large_pool_sequence() {
     let mut a = alloc("");
     let pa = a.malloc(3 * MIB, 0).unwrap();
     let pb = a.malloc(3 * MIB, 0).unwrap();
-    assert_eq!(cur(&a), (6 * MIB as i64, 20 * MIB as i64, 1, 14 * MIB as i64));
+    assert_eq!(
+        cur(&a),
+        (6 * MIB as i64, 20 * MIB as i64, 1, 14 * MIB as i64)
+    );
     assert_eq!(a.stats().inactive_split.all.current, 1);
     a.free(pa).unwrap();
     assert_eq!(a.stats().inactive_split.all.current, 2);
@@ -74,9 +94,15 @@ fn large_pool_sequence() {
     let pc = a.malloc(3 * MIB / 2, 0).unwrap();
     assert_eq!(pc, pa, "best fit is a's 3 MiB hole");
     assert_eq!(a.stats().inactive_split.all.current, 2);
-    assert_eq!(a.stats().inactive_split_bytes.all.current, 31 * MIB as i64 / 2);
+    assert_eq!(
+        a.stats().inactive_split_bytes.all.current,
+        31 * MIB as i64 / 2
+    );
     let pd = a.malloc(12 * MIB, 0).unwrap();
-    assert_eq!(a.stats().inactive_split_bytes.all.current, 7 * MIB as i64 / 2);
+    assert_eq!(
+        a.stats().inactive_split_bytes.all.current,
+        7 * MIB as i64 / 2
+    );
     let pe = a.malloc(13 * MIB, 0).unwrap();
     assert_eq!(a.stats().segment.all.current, 2);
     let pf = a.malloc(1000, 0).unwrap();
@@ -93,9 +119,19 @@ fn large_pool_sequence() {
     }
     let before = a.recorder().ring.len();
     a.empty_cache();
-    let freed: Vec<u64> =
-        a.recorder().ring.iter().skip(before).filter(|e| e.kind == EventKind::SegmentFree).map(|e| e.size).collect();
-    assert_eq!(freed, vec![14 * MIB, 20 * MIB, 2 * MIB], "large pool by size, then small");
+    let freed: Vec<u64> = a
+        .recorder()
+        .ring
+        .iter()
+        .skip(before)
+        .filter(|e| e.kind == EventKind::SegmentFree)
+        .map(|e| e.size)
+        .collect();
+    assert_eq!(
+        freed,
+        vec![14 * MIB, 20 * MIB, 2 * MIB],
+        "large pool by size, then small"
+    );
 }
 
 #[test]
@@ -105,7 +141,10 @@ fn oom_without_fraction_flushes_the_cache_then_raises() {
     a.free(p).unwrap();
     let e = a.malloc(1 << 40, 0).unwrap_err();
     let s = a.stats();
-    assert_eq!((s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams), (1, 1, 1));
+    assert_eq!(
+        (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams),
+        (1, 1, 1)
+    );
     assert_eq!(s.reserved_bytes.all.current, 0);
     assert_eq!(
         e.to_string(),
@@ -128,26 +167,42 @@ fn oom_with_fraction() {
     let _p2 = a.malloc(GIB, 0).unwrap();
     let e = a.malloc(GIB, 0).unwrap_err();
     let m = e.to_string();
-    assert!(m.contains("2.80 GiB allowed; Of the allocated memory 2.00 GiB is allocated by PyTorch"), "{m}");
+    assert!(
+        m.contains("2.80 GiB allowed; Of the allocated memory 2.00 GiB is allocated by PyTorch"),
+        "{m}"
+    );
     a.free(p1).unwrap();
     let _p3 = a.malloc(900 * MIB, 0).unwrap();
     assert_eq!(a.stats().inactive_split_bytes.all.current, 124 * MIB as i64);
     let e = a.malloc(2000 * MIB, 0).unwrap_err();
     let m = e.to_string();
-    assert!(m.starts_with("CUDA out of memory. Tried to allocate 1.95 GiB."), "{m}");
-    assert!(m.contains("and 124.00 MiB is reserved by PyTorch but unallocated"), "{m}");
+    assert!(
+        m.starts_with("CUDA out of memory. Tried to allocate 1.95 GiB."),
+        "{m}"
+    );
+    assert!(
+        m.contains("and 124.00 MiB is reserved by PyTorch but unallocated"),
+        "{m}"
+    );
     assert_eq!((a.stats().num_alloc_retries, a.stats().num_ooms), (2, 2));
 }
 
 #[test]
 fn max_split_size_rules() {
-    for (conf, reuse_150_for_120_and_104) in [("max_split_size_mb:100", false), ("max_split_size_mb:100,max_non_split_rounding_mb:60", true)] {
+    for (conf, reuse_150_for_120_and_104) in [
+        ("max_split_size_mb:100", false),
+        ("max_split_size_mb:100,max_non_split_rounding_mb:60", true),
+    ] {
         let mut a = alloc(conf);
         let p = a.malloc(150 * MIB, 0).unwrap();
         assert_eq!(a.stats().oversize_segments.current, 1);
         a.free(p).unwrap();
         let p50 = a.malloc(50 * MIB, 0).unwrap();
-        assert_eq!(a.stats().segment.all.current, 2, "a normal request may not take the oversize block");
+        assert_eq!(
+            a.stats().segment.all.current,
+            2,
+            "a normal request may not take the oversize block"
+        );
         a.free(p50).unwrap();
         let p135 = a.malloc(135 * MIB, 0).unwrap();
         assert_eq!(p135, p);
@@ -203,17 +258,29 @@ fn expandable_segments_map_pages() {
     assert_eq!(s.segment.all.current, 0);
     assert_eq!(s.inactive_split.all.current, 0);
     let snap = a.snapshot();
-    let sizes: Vec<(u64, bool)> = snap.iter().map(|s| (s.total_size, s.is_expandable)).collect();
+    let sizes: Vec<(u64, bool)> = snap
+        .iter()
+        .map(|s| (s.total_size, s.is_expandable))
+        .collect();
     assert_eq!(sizes.len(), 2);
-    assert!(sizes.contains(&(2 * MIB, true)) && sizes.contains(&(140 * MIB, true)), "{sizes:?}");
+    assert!(
+        sizes.contains(&(2 * MIB, true)) && sizes.contains(&(140 * MIB, true)),
+        "{sizes:?}"
+    );
     for p in [p1, p2, p3, p4] {
         a.free(p).unwrap();
     }
     let frees = a.stats().num_device_free;
     let before = a.recorder().ring.len();
     a.empty_cache();
-    let unmaps: Vec<u64> =
-        a.recorder().ring.iter().skip(before).filter(|e| e.kind == EventKind::SegmentUnmap).map(|e| e.size).collect();
+    let unmaps: Vec<u64> = a
+        .recorder()
+        .ring
+        .iter()
+        .skip(before)
+        .filter(|e| e.kind == EventKind::SegmentUnmap)
+        .map(|e| e.size)
+        .collect();
     assert_eq!(unmaps, vec![146_800_640, 2_097_152]);
     assert_eq!(a.stats().num_device_free, frees + 2);
     assert_eq!(a.stats().reserved_bytes.all.current, 0);
@@ -241,11 +308,26 @@ fn frees_wait_for_other_streams() {
     a.record_stream(p, 7).unwrap();
     a.free(p).unwrap();
     assert_eq!(a.stats().allocation.all.current, 0);
-    assert_eq!(a.stats().active.all.current, 1, "pending until the other stream is done");
-    assert_eq!(a.snapshot()[0].blocks[0].state, BlockState::ActivePendingFree);
+    assert_eq!(
+        a.stats().active.all.current,
+        1,
+        "pending until the other stream is done"
+    );
+    assert_eq!(
+        a.snapshot()[0].blocks[0].state,
+        BlockState::ActivePendingFree
+    );
     let q = a.malloc(8192, 1).unwrap();
-    assert_eq!(a.stats().active.all.current, 1, "the pending free completed at the next malloc");
-    assert_eq!(a.stats().segment.all.current, 2, "streams never share cached blocks");
+    assert_eq!(
+        a.stats().active.all.current,
+        1,
+        "the pending free completed at the next malloc"
+    );
+    assert_eq!(
+        a.stats().segment.all.current,
+        2,
+        "streams never share cached blocks"
+    );
     a.free(q).unwrap();
 }
 
@@ -257,7 +339,10 @@ fn bad_pointers_are_refused_not_absorbed() {
     a.free(p).unwrap();
     let before = a.stats().clone();
     assert_eq!(a.free(p), Err(PointerError::NotAllocated(p)));
-    assert_eq!(a.free(0xdead_0000), Err(PointerError::NotAllocated(0xdead_0000)));
+    assert_eq!(
+        a.free(0xdead_0000),
+        Err(PointerError::NotAllocated(0xdead_0000))
+    );
     assert_eq!(a.stats(), &before);
     assert_eq!(a.malloc(0, 0), Ok(0));
     assert_eq!(a.free(0), Ok(()));
@@ -275,8 +360,14 @@ fn events_carry_the_tag_stack() {
     let r = a.recorder();
     let evs: Vec<_> = r.ring.iter().copied().collect();
     let alloc_ev = evs.iter().find(|e| e.kind == EventKind::Alloc).unwrap();
-    assert_eq!(r.tags.resolve(alloc_ev.stack), vec!["encoder.layer3", "matmul"]);
-    let free_ev = evs.iter().find(|e| e.kind == EventKind::FreeRequested).unwrap();
+    assert_eq!(
+        r.tags.resolve(alloc_ev.stack),
+        vec!["encoder.layer3", "matmul"]
+    );
+    let free_ev = evs
+        .iter()
+        .find(|e| e.kind == EventKind::FreeRequested)
+        .unwrap();
     assert!(r.tags.resolve(free_ev.stack).is_empty());
     // as in PyTorch, a segment whose first block was split off keeps no segment stack...
     assert_eq!(a.snapshot()[0].stack, None);
@@ -286,7 +377,10 @@ fn events_carry_the_tag_stack() {
     a.recorder_mut().pop_tag();
     let snap = a.snapshot();
     let seg = snap.iter().find(|s| s.address == q).unwrap();
-    assert_eq!(seg.stack.map(|s| a.recorder().tags.resolve(s)), Some(vec!["lm_head"]));
+    assert_eq!(
+        seg.stack.map(|s| a.recorder().tags.resolve(s)),
+        Some(vec!["lm_head"])
+    );
 }
 
 /// Recounts every stat that block state determines and checks the blocks tile each segment.
@@ -304,7 +398,11 @@ fn check_invariants(a: &SimAllocator) -> Result<(), TestCaseError> {
         let p = seg.pool as usize;
         let mut at = seg.address;
         for b in &seg.blocks {
-            prop_assert_eq!(b.address, at, "blocks tile the segment without gap or overlap");
+            prop_assert_eq!(
+                b.address,
+                at,
+                "blocks tile the segment without gap or overlap"
+            );
             prop_assert!(b.size > 0 && b.size % 512 == 0);
             at += b.size;
             if b.state == BlockState::ActiveAllocated {
@@ -336,7 +434,10 @@ fn check_invariants(a: &SimAllocator) -> Result<(), TestCaseError> {
     prop_assert_eq!(s.reserved_bytes.all.current, reserved[0] + reserved[1]);
     prop_assert_eq!(a.reserved() as i64, reserved[0] + reserved[1]);
     prop_assert_eq!(a.source().used() as i64, reserved[0] + reserved[1]);
-    prop_assert_eq!(s.allocated_bytes.all.current, alloc_bytes[0] + alloc_bytes[1]);
+    prop_assert_eq!(
+        s.allocated_bytes.all.current,
+        alloc_bytes[0] + alloc_bytes[1]
+    );
     Ok(())
 }
 

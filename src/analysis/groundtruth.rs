@@ -122,6 +122,24 @@ impl GroundTruth {
 
     /// Parses and validates trace text; `path` only names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<GroundTruth> {
+        let start = text.trim_start();
+        if start.is_empty() {
+            return Err(Error::input(
+                path,
+                "line 1",
+                "the file is empty; expected a JSON trace object",
+            ));
+        }
+        if !start.starts_with('{') {
+            let at = text.len() - start.len();
+            let line = text[..at].matches('\n').count() + 1;
+            let column = at - text[..at].rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+            return Err(Error::input(
+                path,
+                format!("line {line} column {column}"),
+                "a trace must be a JSON object with an `ops` list (as alloc_traces.py writes)",
+            ));
+        }
         let raw: Raw = serde_json::from_str(text).map_err(|e| {
             let what = match e.classify() {
                 serde_json::error::Category::Eof => {
@@ -200,6 +218,13 @@ impl GroundTruth {
                     ))
                 }
             }
+        }
+        if raw.device_total_memory == Some(0) {
+            return Err(Error::input(
+                path,
+                "device_total_memory",
+                "must be more than 0 bytes",
+            ));
         }
         if !(0.0..=1.0).contains(&raw.memory_fraction) {
             return Err(Error::input(

@@ -22,7 +22,8 @@ Exit codes:
 splitting, merging, retries, expandable segments, memory_stats) on a simulated device, so you can \
 see where GPU memory goes and why an allocation fails without a GPU.\n\n\
 Start with:\n  gpumem replay fixtures/allocator/trace_mixed_default.json --summary",
-    after_long_help = EXIT_CODES
+    after_long_help = EXIT_CODES,
+    disable_help_subcommand = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -85,6 +86,7 @@ pub struct ReplayArgs {
 /// sizes) and `batch` (allocate 256 blocks, then free them in the order i*7919 mod 256). With
 /// --pytorch, PyTorch's results (the JSON alloc_bench.py writes) are shown beside, as ratios.
 #[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
     /// Repetitions of each pattern (each is timed; the median is reported).
     #[arg(long, default_value_t = 5, value_name = "N")]
@@ -123,9 +125,10 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
     pages.push(("gpumem.1".to_string(), buf));
     for sub in cmd.get_subcommands() {
         let name = format!("gpumem-{}", sub.get_name());
-        let sub = sub.clone().name(clap::builder::Str::from(
-            Box::leak(name.clone().into_boxed_str()) as &str,
-        ));
+        let sub = sub
+            .clone()
+            .name(name.clone())
+            .version(env!("CARGO_PKG_VERSION"));
         let mut buf = Vec::new();
         clap_mangen::Man::new(sub)
             .render(&mut buf)
