@@ -260,7 +260,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.fraction.is_some() && self.conf.garbage_collection_threshold > 0.0
     }
 
-    #[inline]
+    #[inline(always)]
     fn key(&self, id: u32) -> FreeKey {
         let b = &self.blocks[id as usize];
         FreeKey {
@@ -270,6 +270,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    #[inline(always)]
     fn new_block(&mut self, b: Block) -> u32 {
         if let Some(id) = self.free_ids.pop() {
             self.blocks[id as usize] = b;
@@ -280,12 +281,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    #[inline(always)]
     fn delete_block(&mut self, id: u32) {
         let b = &mut self.blocks[id as usize];
         b.live = false;
         self.free_ids.push(id);
     }
 
+    #[inline(always)]
     fn blank(&self, addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
         Block {
             addr,
@@ -307,7 +310,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert_into_blocks(&mut self, id: u32) {
         let pool = self.blocks[id as usize].pool as usize;
         let gc = self.pools[pool].free_calls;
@@ -316,7 +319,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.pools[pool].blocks.insert(k, id);
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove_from_blocks(&mut self, id: u32) {
         let pool = self.blocks[id as usize].pool as usize;
         let k = self.key(id);
@@ -373,13 +376,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             device_free: self.source.device_free(),
             process_used: self.source.process_used(),
             allowed: self.allowed_max(),
-            allocated: self.stats.allocated_bytes.all.current as u64,
-            reserved: self.stats.reserved_bytes.all.current as u64,
+            allocated: self.stats.allocated_bytes.all().current as u64,
+            reserved: self.stats.reserved_bytes.all().current as u64,
             over_one_exabyte,
         }
     }
 
     /// Note [Best fit].
+    #[inline(always)]
     fn get_free_block(&mut self, pool: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
         let gc = self.gc_on();
         let p = &mut self.pools[pool as usize];
@@ -451,6 +455,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Some(chosen)
     }
 
+    #[inline(always)]
     fn should_split(&self, id: u32, size: u64) -> bool {
         let b = &self.blocks[id as usize];
         let remaining = b.size - size;
@@ -498,6 +503,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// Note [Split] and Note [Inactive split].
+    #[inline(always)]
     fn alloc_found_block(&mut self, id: u32, size: u64, n: u64, split: bool) -> u64 {
         let (pool, stream, already_split, expandable) = {
             let b = &self.blocks[id as usize];
@@ -619,10 +625,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// The simulated device finishes work at once, so pending frees complete at the next
     /// allocation or cache flush (where PyTorch queries or synchronizes its events).
+    #[inline(always)]
     fn process_events(&mut self) {
-        if self.pending.is_empty() {
-            return;
+        if !self.pending.is_empty() {
+            self.complete_pending_frees();
         }
+    }
+
+    #[cold]
+    fn complete_pending_frees(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         for id in pending {
             self.blocks[id as usize].event_count = 0;
@@ -630,6 +641,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    #[inline(always)]
     fn free_block(&mut self, id: u32) {
         let (addr, orig_size, requested, stream, pool, prev, next, expandable) = {
             let b = &self.blocks[id as usize];
@@ -685,6 +697,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Merges `src` into `dst` if `src` is a free neighbour in the same mapped state; returns
     /// the bytes absorbed.
+    #[inline(always)]
     fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NONE {
             return 0;

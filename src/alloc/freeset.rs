@@ -132,7 +132,7 @@ impl FreeSet {
     }
 
     /// Inserts block `id` at `k`; false if that (stream, size, address) is already present.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, k: FreeKey, id: u32) -> bool {
         let s = match self.stream_index(k.stream) {
             Some(s) => s,
@@ -194,7 +194,7 @@ impl FreeSet {
     }
 
     /// Takes block `id` out if it is in the set at `k`; O(1).
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, k: &FreeKey, id: u32) -> bool {
         let Some(n) = self.nodes.get(id as usize).copied() else {
             return false;

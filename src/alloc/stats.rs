@@ -58,43 +58,69 @@ impl PoolKind {
 }
 
 /// An array stat: `all`, `small_pool`, `large_pool`.
+///
+/// PyTorch updates the aggregate and the block's pool together, so the aggregate's current,
+/// allocated and freed are always the sums of the pools'. Only its peak carries information of
+/// its own; the rest is summed on read, which halves the work of every update on the hot path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatArray {
-    pub all: Stat,
-    pub small_pool: Stat,
-    pub large_pool: Stat,
+    pools: [Stat; 2],
+    all_peak: i64,
 }
 
 impl StatArray {
-    #[inline]
+    /// Builds an array from its three stats (the aggregate must be the pools' sum, as PyTorch's is).
+    pub fn from_parts(all: Stat, small_pool: Stat, large_pool: Stat) -> Self {
+        StatArray { pools: [small_pool, large_pool], all_peak: all.peak }
+    }
+
+    #[inline(always)]
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
-        self.all.increase(amount);
-        self.pool_mut(pool).increase(amount);
+        self.pools[pool as usize].increase(amount);
+        let all = self.pools[0].current + self.pools[1].current;
+        self.all_peak = self.all_peak.max(all);
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
-        self.all.decrease(amount);
-        self.pool_mut(pool).decrease(amount);
+        self.pools[pool as usize].decrease(amount);
     }
 
+    /// The aggregate over both pools (`<name>.all.*`).
     #[inline]
-    pub fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
-        match pool {
-            PoolKind::Small => &mut self.small_pool,
-            PoolKind::Large => &mut self.large_pool,
+    pub fn all(&self) -> Stat {
+        let (a, b) = (&self.pools[0], &self.pools[1]);
+        Stat {
+            current: a.current + b.current,
+            peak: self.all_peak,
+            allocated: a.allocated + b.allocated,
+            freed: a.freed + b.freed,
         }
     }
 
-    pub fn pool(&self, pool: PoolKind) -> &Stat {
-        match pool {
-            PoolKind::Small => &self.small_pool,
-            PoolKind::Large => &self.large_pool,
-        }
+    pub fn small_pool(&self) -> Stat {
+        self.pools[0]
     }
 
-    fn each_mut(&mut self) -> [&mut Stat; 3] {
-        [&mut self.all, &mut self.small_pool, &mut self.large_pool]
+    pub fn large_pool(&self) -> Stat {
+        self.pools[1]
+    }
+
+    pub fn pool(&self, pool: PoolKind) -> Stat {
+        self.pools[pool as usize]
+    }
+
+    fn reset_peak(&mut self) {
+        for s in &mut self.pools {
+            s.reset_peak();
+        }
+        self.all_peak = self.all().current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        for s in &mut self.pools {
+            s.reset_accumulated();
+        }
     }
 }
 
@@ -174,9 +200,7 @@ impl DeviceStats {
     /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak(&mut self) {
         for a in self.arrays_mut() {
-            for s in a.each_mut() {
-                s.reset_peak();
-            }
+            a.reset_peak();
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
@@ -185,9 +209,7 @@ impl DeviceStats {
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated(&mut self) {
         for a in self.arrays_mut() {
-            for s in a.each_mut() {
-                s.reset_accumulated();
-            }
+            a.reset_accumulated();
         }
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
@@ -209,9 +231,9 @@ impl DeviceStats {
         };
         for name in ARRAY_STATS {
             let a = self.array(name).expect("listed array stat");
-            put_stat(format!("{name}.all"), &a.all);
-            put_stat(format!("{name}.large_pool"), &a.large_pool);
-            put_stat(format!("{name}.small_pool"), &a.small_pool);
+            put_stat(format!("{name}.all"), &a.all());
+            put_stat(format!("{name}.large_pool"), &a.large_pool());
+            put_stat(format!("{name}.small_pool"), &a.small_pool());
         }
         put_stat("oversize_allocations".into(), &self.oversize_allocations);
         put_stat("oversize_segments".into(), &self.oversize_segments);
@@ -233,10 +255,12 @@ impl DeviceStats {
             allocated: get(format!("{prefix}.allocated")),
             freed: get(format!("{prefix}.freed")),
         };
-        let arr = |name: &str| StatArray {
-            all: stat(&format!("{name}.all")),
-            small_pool: stat(&format!("{name}.small_pool")),
-            large_pool: stat(&format!("{name}.large_pool")),
+        let arr = |name: &str| {
+            StatArray::from_parts(
+                stat(&format!("{name}.all")),
+                stat(&format!("{name}.small_pool")),
+                stat(&format!("{name}.large_pool")),
+            )
         };
         DeviceStats {
             allocation: arr("allocation"),

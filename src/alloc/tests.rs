@@ -19,10 +19,10 @@ fn alloc(conf: &str) -> SimAllocator {
 fn cur(a: &SimAllocator) -> (i64, i64, i64, i64) {
     let s = a.stats();
     (
-        s.allocated_bytes.all.current,
-        s.reserved_bytes.all.current,
-        s.segment.all.current,
-        s.inactive_split_bytes.all.current,
+        s.allocated_bytes.all().current,
+        s.reserved_bytes.all().current,
+        s.segment.all().current,
+        s.inactive_split_bytes.all().current,
     )
 }
 
@@ -51,7 +51,7 @@ fn single_requests_table() {
         let p = a.malloc(n, 0).unwrap();
         let s = a.stats();
         assert_eq!(
-            s.allocated_bytes.all.current as u64, allocated,
+            s.allocated_bytes.all().current as u64, allocated,
             "request {n}"
         );
         assert_eq!(
@@ -59,16 +59,16 @@ fn single_requests_table() {
             allocated,
             "pool of {n}"
         );
-        assert_eq!(s.reserved_bytes.all.current as u64, seg, "segment of {n}");
+        assert_eq!(s.reserved_bytes.all().current as u64, seg, "segment of {n}");
         assert_eq!(
-            s.inactive_split_bytes.all.current, isb,
+            s.inactive_split_bytes.all().current, isb,
             "inactive_split_bytes of {n}"
         );
-        assert_eq!(s.requested_bytes.all.current as u64, n);
+        assert_eq!(s.requested_bytes.all().current as u64, n);
         a.free(p).unwrap();
-        assert_eq!(a.stats().inactive_split_bytes.all.current, 0);
+        assert_eq!(a.stats().inactive_split_bytes.all().current, 0);
         assert_eq!(
-            a.stats().reserved_bytes.all.current as u64,
+            a.stats().reserved_bytes.all().current as u64,
             seg,
             "reserved stays until empty_cache"
         );
@@ -87,33 +87,33 @@ fn large_pool_sequence() {
         cur(&a),
         (6 * MIB as i64, 20 * MIB as i64, 1, 14 * MIB as i64)
     );
-    assert_eq!(a.stats().inactive_split.all.current, 1);
+    assert_eq!(a.stats().inactive_split.all().current, 1);
     a.free(pa).unwrap();
-    assert_eq!(a.stats().inactive_split.all.current, 2);
-    assert_eq!(a.stats().inactive_split_bytes.all.current, 17 * MIB as i64);
+    assert_eq!(a.stats().inactive_split.all().current, 2);
+    assert_eq!(a.stats().inactive_split_bytes.all().current, 17 * MIB as i64);
     let pc = a.malloc(3 * MIB / 2, 0).unwrap();
     assert_eq!(pc, pa, "best fit is a's 3 MiB hole");
-    assert_eq!(a.stats().inactive_split.all.current, 2);
+    assert_eq!(a.stats().inactive_split.all().current, 2);
     assert_eq!(
-        a.stats().inactive_split_bytes.all.current,
+        a.stats().inactive_split_bytes.all().current,
         31 * MIB as i64 / 2
     );
     let pd = a.malloc(12 * MIB, 0).unwrap();
     assert_eq!(
-        a.stats().inactive_split_bytes.all.current,
+        a.stats().inactive_split_bytes.all().current,
         7 * MIB as i64 / 2
     );
     let pe = a.malloc(13 * MIB, 0).unwrap();
-    assert_eq!(a.stats().segment.all.current, 2);
+    assert_eq!(a.stats().segment.all().current, 2);
     let pf = a.malloc(1000, 0).unwrap();
     let pg = a.malloc(300_000, 0).unwrap();
     let s = a.stats();
-    assert_eq!(s.allocated_bytes.all.current, 32_282_624);
-    assert_eq!(s.reserved_bytes.all.current, 37_748_736);
-    assert_eq!(s.segment.all.current, 3);
-    assert_eq!(s.inactive_split.all.current, 3);
-    assert_eq!(s.inactive_split_bytes.all.current, 5_466_112);
-    assert_eq!(s.requested_bytes.all.current, 31_233_992);
+    assert_eq!(s.allocated_bytes.all().current, 32_282_624);
+    assert_eq!(s.reserved_bytes.all().current, 37_748_736);
+    assert_eq!(s.segment.all().current, 3);
+    assert_eq!(s.inactive_split.all().current, 3);
+    assert_eq!(s.inactive_split_bytes.all().current, 5_466_112);
+    assert_eq!(s.requested_bytes.all().current, 31_233_992);
     for p in [pb, pc, pd, pe, pf, pg] {
         a.free(p).unwrap();
     }
@@ -145,7 +145,7 @@ fn oom_without_fraction_flushes_the_cache_then_raises() {
         (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams),
         (1, 1, 1)
     );
-    assert_eq!(s.reserved_bytes.all.current, 0);
+    assert_eq!(s.reserved_bytes.all().current, 0);
     assert_eq!(
         e.to_string(),
         "CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which \
@@ -173,7 +173,7 @@ fn oom_with_fraction() {
     );
     a.free(p1).unwrap();
     let _p3 = a.malloc(900 * MIB, 0).unwrap();
-    assert_eq!(a.stats().inactive_split_bytes.all.current, 124 * MIB as i64);
+    assert_eq!(a.stats().inactive_split_bytes.all().current, 124 * MIB as i64);
     let e = a.malloc(2000 * MIB, 0).unwrap_err();
     let m = e.to_string();
     assert!(
@@ -199,14 +199,14 @@ fn max_split_size_rules() {
         a.free(p).unwrap();
         let p50 = a.malloc(50 * MIB, 0).unwrap();
         assert_eq!(
-            a.stats().segment.all.current,
+            a.stats().segment.all().current,
             2,
             "a normal request may not take the oversize block"
         );
         a.free(p50).unwrap();
         let p135 = a.malloc(135 * MIB, 0).unwrap();
         assert_eq!(p135, p);
-        assert_eq!(a.stats().allocated_bytes.all.current, 150 * MIB as i64);
+        assert_eq!(a.stats().allocated_bytes.all().current, 150 * MIB as i64);
         assert_eq!(a.stats().oversize_allocations.current, 1);
         a.free(p135).unwrap();
         let p120 = a.malloc(120 * MIB, 0).unwrap();
@@ -217,7 +217,7 @@ fn max_split_size_rules() {
             assert_eq!(p104, p);
         } else {
             assert_eq!(p104, p120, "best fit: the 120 MiB block, used whole");
-            assert_eq!(a.stats().allocated_bytes.all.current, 120 * MIB as i64);
+            assert_eq!(a.stats().allocated_bytes.all().current, 120 * MIB as i64);
         }
         assert_eq!(a.stats().max_split_size, 100 * MIB as i64);
     }
@@ -246,17 +246,17 @@ fn roundup_power2_divisions_4() {
 fn expandable_segments_map_pages() {
     let mut a = alloc("expandable_segments:True");
     let p1 = a.malloc(1000, 0).unwrap();
-    assert_eq!(a.stats().reserved_bytes.all.current, 2 * MIB as i64);
+    assert_eq!(a.stats().reserved_bytes.all().current, 2 * MIB as i64);
     let p2 = a.malloc(5 * MIB, 0).unwrap();
-    assert_eq!(a.stats().reserved_bytes.all.current, 22 * MIB as i64);
+    assert_eq!(a.stats().reserved_bytes.all().current, 22 * MIB as i64);
     let p3 = a.malloc(30 * MIB, 0).unwrap();
     assert_eq!(p3, p2 + 5 * MIB, "continues right after the 5 MiB block");
-    assert_eq!(a.stats().reserved_bytes.all.current, 42 * MIB as i64);
+    assert_eq!(a.stats().reserved_bytes.all().current, 42 * MIB as i64);
     let p4 = a.malloc(100 * MIB, 0).unwrap();
     let s = a.stats();
-    assert_eq!(s.reserved_bytes.all.current, 142 * MIB as i64);
-    assert_eq!(s.segment.all.current, 0);
-    assert_eq!(s.inactive_split.all.current, 0);
+    assert_eq!(s.reserved_bytes.all().current, 142 * MIB as i64);
+    assert_eq!(s.segment.all().current, 0);
+    assert_eq!(s.inactive_split.all().current, 0);
     let snap = a.snapshot();
     let sizes: Vec<(u64, bool)> = snap
         .iter()
@@ -283,7 +283,7 @@ fn expandable_segments_map_pages() {
         .collect();
     assert_eq!(unmaps, vec![146_800_640, 2_097_152]);
     assert_eq!(a.stats().num_device_free, frees + 2);
-    assert_eq!(a.stats().reserved_bytes.all.current, 0);
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn garbage_collection_frees_old_blocks_without_a_retry() {
     }
     let _ = a.malloc(300 * MIB, 0).unwrap();
     let s = a.stats();
-    assert_eq!(s.reserved_bytes.all.current, 300 * MIB as i64);
+    assert_eq!(s.reserved_bytes.all().current, 300 * MIB as i64);
     assert_eq!(s.num_device_free, 20);
     assert_eq!((s.num_alloc_retries, s.num_sync_all_streams), (0, 0));
 }
@@ -307,9 +307,9 @@ fn frees_wait_for_other_streams() {
     let p = a.malloc(4096, 0).unwrap();
     a.record_stream(p, 7).unwrap();
     a.free(p).unwrap();
-    assert_eq!(a.stats().allocation.all.current, 0);
+    assert_eq!(a.stats().allocation.all().current, 0);
     assert_eq!(
-        a.stats().active.all.current,
+        a.stats().active.all().current,
         1,
         "pending until the other stream is done"
     );
@@ -319,12 +319,12 @@ fn frees_wait_for_other_streams() {
     );
     let q = a.malloc(8192, 1).unwrap();
     assert_eq!(
-        a.stats().active.all.current,
+        a.stats().active.all().current,
         1,
         "the pending free completed at the next malloc"
     );
     assert_eq!(
-        a.stats().segment.all.current,
+        a.stats().segment.all().current,
         2,
         "streams never share cached blocks"
     );
@@ -431,11 +431,11 @@ fn check_invariants(a: &SimAllocator) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.inactive_split.pool(pool).current, isplit[p]);
         prop_assert_eq!(s.inactive_split_bytes.pool(pool).current, isplit_bytes[p]);
     }
-    prop_assert_eq!(s.reserved_bytes.all.current, reserved[0] + reserved[1]);
+    prop_assert_eq!(s.reserved_bytes.all().current, reserved[0] + reserved[1]);
     prop_assert_eq!(a.reserved() as i64, reserved[0] + reserved[1]);
     prop_assert_eq!(a.source().used() as i64, reserved[0] + reserved[1]);
     prop_assert_eq!(
-        s.allocated_bytes.all.current,
+        s.allocated_bytes.all().current,
         alloc_bytes[0] + alloc_bytes[1]
     );
     Ok(())
@@ -495,6 +495,6 @@ proptest! {
         }
         a.empty_cache();
         check_invariants(&a)?;
-        prop_assert_eq!(a.stats().reserved_bytes.all.current, 0, "everything free is released");
+        prop_assert_eq!(a.stats().reserved_bytes.all().current, 0, "everything free is released");
     }
 }

@@ -99,13 +99,13 @@ struct Raw {
 /// The `after` column names this reader understands, and the `memory_stats()` key of each.
 pub fn column_key(name: &str) -> Option<&'static str> {
     Some(match name {
-        "allocated_bytes" => "allocated_bytes.all.current",
-        "reserved_bytes" => "reserved_bytes.all.current",
-        "segments" => "segment.all.current",
-        "inactive_split_bytes" => "inactive_split_bytes.all.current",
+        "allocated_bytes" => "allocated_bytes.all().current",
+        "reserved_bytes" => "reserved_bytes.all().current",
+        "segments" => "segment.all().current",
+        "inactive_split_bytes" => "inactive_split_bytes.all().current",
         "num_alloc_retries" => "num_alloc_retries",
-        "requested_bytes" => "requested_bytes.all.current",
-        "active_bytes" => "active_bytes.all.current",
+        "requested_bytes" => "requested_bytes.all().current",
+        "active_bytes" => "active_bytes.all().current",
         "num_ooms" => "num_ooms",
         _ => return None,
     })

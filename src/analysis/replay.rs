@@ -267,13 +267,13 @@ pub fn replay(gt: &GroundTruth, conf: AllocConf, opts: &ReplayOptions) -> Replay
 
 fn stat_value(s: &DeviceStats, key: &str) -> i64 {
     match key {
-        "allocated_bytes.all.current" => s.allocated_bytes.all.current,
-        "reserved_bytes.all.current" => s.reserved_bytes.all.current,
-        "segment.all.current" => s.segment.all.current,
-        "inactive_split_bytes.all.current" => s.inactive_split_bytes.all.current,
+        "allocated_bytes.all().current" => s.allocated_bytes.all().current,
+        "reserved_bytes.all().current" => s.reserved_bytes.all().current,
+        "segment.all().current" => s.segment.all().current,
+        "inactive_split_bytes.all().current" => s.inactive_split_bytes.all().current,
         "num_alloc_retries" => s.num_alloc_retries,
-        "requested_bytes.all.current" => s.requested_bytes.all.current,
-        "active_bytes.all.current" => s.active_bytes.all.current,
+        "requested_bytes.all().current" => s.requested_bytes.all().current,
+        "active_bytes.all().current" => s.active_bytes.all().current,
         "num_ooms" => s.num_ooms,
         other => s.to_flat().get(other).copied().unwrap_or(0),
     }

@@ -131,10 +131,10 @@ pub fn write_text(out: &mut dyn Write, h: &ReplayHeader, r: &ReplayOutcome) -> s
     writeln!(
         out,
         "  end: allocated {}, reserved {}, peak allocated {}, peak reserved {}",
-        format_bytes(s.allocated_bytes.all.current as u64),
-        format_bytes(s.reserved_bytes.all.current as u64),
-        format_bytes(s.allocated_bytes.all.peak as u64),
-        format_bytes(s.reserved_bytes.all.peak as u64)
+        format_bytes(s.allocated_bytes.all().current as u64),
+        format_bytes(s.reserved_bytes.all().current as u64),
+        format_bytes(s.allocated_bytes.all().peak as u64),
+        format_bytes(s.reserved_bytes.all().peak as u64)
     )?;
     Ok(())
 }

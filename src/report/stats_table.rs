@@ -50,9 +50,9 @@ pub fn render(stats: &DeviceStats) -> String {
     for (key, label, is_bytes) in metrics {
         let a = stats.array(key).expect("listed metric");
         for (pool, s) in [
-            ("all", &a.all),
-            ("large", &a.large_pool),
-            ("small", &a.small_pool),
+            ("all", &a.all()),
+            ("large", &a.large_pool()),
+            ("small", &a.small_pool()),
         ] {
             let mut r = vec![
                 if pool == "all" {

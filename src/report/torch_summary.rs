@@ -73,10 +73,10 @@ fn metric_rows(
     abbreviated: bool,
 ) {
     lines.push("-".repeat(75));
-    lines.push(row(name, &a.all, &a.all, f));
+    lines.push(row(name, &a.all(), &a.all(), f));
     if !abbreviated {
-        lines.push(row("      from large pool", &a.large_pool, &a.all, f));
-        lines.push(row("      from small pool", &a.small_pool, &a.all, f));
+        lines.push(row("      from large pool", &a.large_pool(), &a.all(), f));
+        lines.push(row("      from small pool", &a.small_pool(), &a.all(), f));
     }
 }
 
