@@ -824,8 +824,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         let want = size.max(mss);
-        let p = &self.pools[pool as usize];
-        let hit = p.blocks.from_size(stream, want).next();
+        let hit = self.pools[pool as usize]
+            .blocks
+            .from_size(stream, want)
+            .next();
         match hit {
             Some((k, id)) if k.stream == stream && self.blocks[id as usize].expandable == NONE => {
                 self.release_block(id);
@@ -833,7 +835,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             _ => {
                 // from the largest block below the wanted size, downward, while oversize
-                let candidates: Vec<u32> = p
+                let candidates: Vec<u32> = self.pools[pool as usize]
                     .blocks
                     .below_size_rev(stream, want)
                     .take_while(|(k, _)| k.size >= mss)

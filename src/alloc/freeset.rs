@@ -9,6 +9,12 @@
 //! indexed by block id, so removing a known block is O(1) with no search; a lower bound walks
 //! one short list, and on a miss a bit scan finds the next non-empty class. Every order
 //! (ascending, descending, lower bound) is exactly the ordered set's.
+//!
+//! In front of the lists sits a one-block buffer: the block inserted last. The allocator's
+//! commonest cycle is split (insert the remainder) then free (remove the remainder, insert the
+//! merged block) then the next request takes that block again; with the buffer, that cycle
+//! touches no list at all. Lookups compare the buffered block with the lists' best; every
+//! other read first moves it into the lists. The set is always exactly lists + buffer.
 
 /// A free block's position in the order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,6 +125,8 @@ impl Heads {
 /// Free blocks of one pool, all streams.
 #[derive(Debug, Clone, Default)]
 pub struct FreeSet {
+    /// The block inserted last, not yet in the lists.
+    pending: Option<(FreeKey, u32)>,
     nodes: Vec<Node>,
     /// Sorted by stream.
     streams: Vec<Heads>,
@@ -131,9 +139,25 @@ impl FreeSet {
         self.streams.iter().position(|h| h.stream == stream)
     }
 
-    /// Inserts block `id` at `k`; false if that (stream, size, address) is already present.
+    /// Inserts block `id` at `k`. Each (stream, size, address) and each id may be present once.
     #[inline(always)]
-    pub fn insert(&mut self, k: FreeKey, id: u32) -> bool {
+    pub fn insert(&mut self, k: FreeKey, id: u32) {
+        if let Some((pk, pid)) = self.pending.replace((k, id)) {
+            debug_assert!(pk != k && pid != id, "free block inserted twice");
+            self.link(pk, pid);
+        }
+    }
+
+    /// Moves the buffered block into the lists.
+    #[inline]
+    pub fn flush(&mut self) {
+        if let Some((k, id)) = self.pending.take() {
+            self.link(k, id);
+        }
+    }
+
+    #[inline(always)]
+    fn link(&mut self, k: FreeKey, id: u32) -> bool {
         let s = match self.stream_index(k.stream) {
             Some(s) => s,
             None => self.add_stream(k.stream),
@@ -196,6 +220,15 @@ impl FreeSet {
     /// Takes block `id` out if it is in the set at `k`; O(1).
     #[inline(always)]
     pub fn remove(&mut self, k: &FreeKey, id: u32) -> bool {
+        if let Some((pk, pid)) = self.pending {
+            if pid == id {
+                if pk != *k {
+                    return false;
+                }
+                self.pending = None;
+                return true;
+            }
+        }
         let Some(n) = self.nodes.get(id as usize).copied() else {
             return false;
         };
@@ -230,7 +263,7 @@ impl FreeSet {
     }
 
     pub fn len(&self) -> usize {
-        self.streams.iter().map(|h| h.len).sum()
+        self.streams.iter().map(|h| h.len).sum::<usize>() + self.pending.is_some() as usize
     }
 
     pub fn is_empty(&self) -> bool {
@@ -275,18 +308,39 @@ impl FreeSet {
         size: u64,
         accept: impl FnOnce(FreeKey, u32) -> bool,
     ) -> Option<u32> {
-        let s = self.stream_index(stream)?;
-        let id = self.lower_bound(s, size);
-        if id == NIL || !accept(self.key_of(s, id), id) {
+        // the lists' best...
+        let listed = match self.stream_index(stream) {
+            Some(s) => {
+                let id = self.lower_bound(s, size);
+                (id != NIL).then(|| (self.key_of(s, id), id))
+            }
+            None => None,
+        };
+        // ...against the buffered block
+        let buffered = self
+            .pending
+            .filter(|(k, _)| k.stream == stream && k.size >= size);
+        let (k, id, from_buffer) = match (listed, buffered) {
+            (Some(l), Some(b)) if b.0 < l.0 => (b.0, b.1, true),
+            (Some(l), _) => (l.0, l.1, false),
+            (None, Some(b)) => (b.0, b.1, true),
+            (None, None) => return None,
+        };
+        if !accept(k, id) {
             return None;
         }
-        let n = self.nodes[id as usize];
-        self.unlink(id, n);
+        if from_buffer {
+            self.pending = None;
+        } else {
+            let n = self.nodes[id as usize];
+            self.unlink(id, n);
+        }
         Some(id)
     }
 
     /// Blocks of `stream` from the first one with size >= `size`, ascending.
-    pub fn from_size(&self, stream: u32, size: u64) -> Ascending<'_> {
+    pub fn from_size(&mut self, stream: u32, size: u64) -> Ascending<'_> {
+        self.flush();
         match self.stream_index(stream) {
             Some(s) => Ascending {
                 set: self,
@@ -303,7 +357,12 @@ impl FreeSet {
 
     /// Blocks of `stream` smaller than `size` (in (size, address) order), descending. Used only
     /// on the out-of-memory path, so it collects.
-    pub fn below_size_rev(&self, stream: u32, size: u64) -> impl Iterator<Item = (FreeKey, u32)> {
+    pub fn below_size_rev(
+        &mut self,
+        stream: u32,
+        size: u64,
+    ) -> impl Iterator<Item = (FreeKey, u32)> {
+        self.flush();
         let mut v: Vec<(FreeKey, u32)> = match self.stream_index(stream) {
             Some(s) => {
                 let h = &self.streams[s];
@@ -323,12 +382,14 @@ impl FreeSet {
     }
 
     /// Every free block in (stream, size, address) order.
-    pub fn iter(&self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
-        (0..self.streams.len()).flat_map(move |s| {
-            let h = &self.streams[s];
+    pub fn iter(&mut self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
+        self.flush();
+        let this = &*self;
+        (0..this.streams.len()).flat_map(move |s| {
+            let h = &this.streams[s];
             let first = h.first_class().map(|c| h.head[c]).unwrap_or(NIL);
             Ascending {
-                set: self,
+                set: this,
                 s,
                 at: first,
             }
@@ -336,7 +397,7 @@ impl FreeSet {
     }
 
     /// Ids of every free block, in order.
-    pub fn ids(&self) -> Vec<u32> {
+    pub fn ids(&mut self) -> Vec<u32> {
         self.iter().map(|(_, id)| id).collect()
     }
 }
@@ -400,9 +461,8 @@ mod tests {
                 let k = FreeKey { stream: [5, 0, 9][stream as usize], size: units * 512, addr: addr * 4096 };
                 if ins {
                     let id = by_id.len() as u32;
-                    let fresh = !m.contains_key(&k);
-                    prop_assert_eq!(fs.insert(k, id), fresh);
-                    if fresh {
+                    if !m.contains_key(&k) {
+                        fs.insert(k, id);
                         m.insert(k, id);
                         by_id.push(k);
                     }

@@ -71,7 +71,10 @@ pub struct StatArray {
 impl StatArray {
     /// Builds an array from its three stats (the aggregate must be the pools' sum, as PyTorch's is).
     pub fn from_parts(all: Stat, small_pool: Stat, large_pool: Stat) -> Self {
-        StatArray { pools: [small_pool, large_pool], all_peak: all.peak }
+        StatArray {
+            pools: [small_pool, large_pool],
+            all_peak: all.peak,
+        }
     }
 
     #[inline(always)]

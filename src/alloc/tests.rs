@@ -51,7 +51,8 @@ fn single_requests_table() {
         let p = a.malloc(n, 0).unwrap();
         let s = a.stats();
         assert_eq!(
-            s.allocated_bytes.all().current as u64, allocated,
+            s.allocated_bytes.all().current as u64,
+            allocated,
             "request {n}"
         );
         assert_eq!(
@@ -61,7 +62,8 @@ fn single_requests_table() {
         );
         assert_eq!(s.reserved_bytes.all().current as u64, seg, "segment of {n}");
         assert_eq!(
-            s.inactive_split_bytes.all().current, isb,
+            s.inactive_split_bytes.all().current,
+            isb,
             "inactive_split_bytes of {n}"
         );
         assert_eq!(s.requested_bytes.all().current as u64, n);
@@ -90,7 +92,10 @@ fn large_pool_sequence() {
     assert_eq!(a.stats().inactive_split.all().current, 1);
     a.free(pa).unwrap();
     assert_eq!(a.stats().inactive_split.all().current, 2);
-    assert_eq!(a.stats().inactive_split_bytes.all().current, 17 * MIB as i64);
+    assert_eq!(
+        a.stats().inactive_split_bytes.all().current,
+        17 * MIB as i64
+    );
     let pc = a.malloc(3 * MIB / 2, 0).unwrap();
     assert_eq!(pc, pa, "best fit is a's 3 MiB hole");
     assert_eq!(a.stats().inactive_split.all().current, 2);
@@ -173,7 +178,10 @@ fn oom_with_fraction() {
     );
     a.free(p1).unwrap();
     let _p3 = a.malloc(900 * MIB, 0).unwrap();
-    assert_eq!(a.stats().inactive_split_bytes.all().current, 124 * MIB as i64);
+    assert_eq!(
+        a.stats().inactive_split_bytes.all().current,
+        124 * MIB as i64
+    );
     let e = a.malloc(2000 * MIB, 0).unwrap_err();
     let m = e.to_string();
     assert!(
