@@ -129,8 +129,8 @@ fn large_pool_sequence() {
         .ring
         .iter()
         .skip(before)
-        .filter(|e| e.kind == EventKind::SegmentFree)
-        .map(|e| e.size)
+        .filter(|e| e.kind() == EventKind::SegmentFree)
+        .map(|e| e.size())
         .collect();
     assert_eq!(
         freed,
@@ -161,7 +161,7 @@ fn oom_without_fraction_flushes_the_cache_then_raises() {
          (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
     );
     let last = a.recorder().ring.iter().last().copied().unwrap();
-    assert_eq!((last.kind, last.size), (EventKind::Oom, 1 << 40));
+    assert_eq!((last.kind(), last.size()), (EventKind::Oom, 1 << 40));
 }
 
 #[test]
@@ -286,8 +286,8 @@ fn expandable_segments_map_pages() {
         .ring
         .iter()
         .skip(before)
-        .filter(|e| e.kind == EventKind::SegmentUnmap)
-        .map(|e| e.size)
+        .filter(|e| e.kind() == EventKind::SegmentUnmap)
+        .map(|e| e.size())
         .collect();
     assert_eq!(unmaps, vec![146_800_640, 2_097_152]);
     assert_eq!(a.stats().num_device_free, frees + 2);
@@ -367,14 +367,14 @@ fn events_carry_the_tag_stack() {
     a.free(p).unwrap();
     let r = a.recorder();
     let evs: Vec<_> = r.ring.iter().copied().collect();
-    let alloc_ev = evs.iter().find(|e| e.kind == EventKind::Alloc).unwrap();
+    let alloc_ev = evs.iter().find(|e| e.kind() == EventKind::Alloc).unwrap();
     assert_eq!(
         r.tags.resolve(alloc_ev.stack),
         vec!["encoder.layer3", "matmul"]
     );
     let free_ev = evs
         .iter()
-        .find(|e| e.kind == EventKind::FreeRequested)
+        .find(|e| e.kind() == EventKind::FreeRequested)
         .unwrap();
     assert!(r.tags.resolve(free_ev.stack).is_empty());
     // as in PyTorch, a segment whose first block was split off keeps no segment stack...

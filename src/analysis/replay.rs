@@ -306,21 +306,21 @@ fn compare_trace(gt: &GroundTruth, a: &SimAllocator, addresses: bool) -> TraceCo
         .recorder()
         .ring
         .iter()
-        .filter(|e| e.kind != EventKind::EmptyCache)
+        .filter(|e| e.kind() != EventKind::EmptyCache)
         .collect();
     let mut matched = 0;
     let mut first = None;
     for (i, exp) in gt.trace.iter().enumerate() {
         let Some(got) = mine.get(i) else { break };
-        let same = exp.action == got.kind.action()
-            && exp.size == got.size
+        let same = exp.action == got.kind().action()
+            && exp.size == got.size()
             // PyTorch puts the driver's free memory in an oom entry's address field
-            && (!addresses || got.kind == EventKind::Oom || exp.addr == got.addr);
+            && (!addresses || got.kind() == EventKind::Oom || exp.addr == got.addr);
         if !same {
             first = Some((
                 i,
                 format!("{} {:#x} {}", exp.action, exp.addr, exp.size),
-                format!("{} {:#x} {}", got.kind.action(), got.addr, got.size),
+                format!("{} {:#x} {}", got.kind().action(), got.addr, got.size()),
             ));
             break;
         }
@@ -335,7 +335,7 @@ fn compare_trace(gt: &GroundTruth, a: &SimAllocator, addresses: bool) -> TraceCo
                 .map(|e| format!("{} {:#x} {}", e.action, e.addr, e.size))
                 .unwrap_or_else(|| "<end>".into()),
             mine.get(i)
-                .map(|e| format!("{} {:#x} {}", e.kind.action(), e.addr, e.size))
+                .map(|e| format!("{} {:#x} {}", e.kind().action(), e.addr, e.size()))
                 .unwrap_or_else(|| "<end>".into()),
         ));
     }

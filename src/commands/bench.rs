@@ -120,14 +120,15 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
         } else {
             torch.plain.as_ref()
         };
-        let mut pairs = Vec::new();
-        let mut batch = Vec::new();
-        for _ in 0..args.repeat {
-            let mut a = allocator(recording);
-            pairs.push(bench_pairs(&mut a, &torch.sizes_pairs, args.pairs_reps));
-            let mut a = allocator(recording);
-            batch.push(bench_batch(&mut a, &torch.sizes_batch, args.batch_reps));
-        }
+        // as alloc_bench.py does: one allocator (PyTorch's is process-wide) for all repetitions
+        // of both patterns, with its recording ring filling and then wrapping
+        let mut a = allocator(recording);
+        let pairs: Vec<f64> = (0..args.repeat)
+            .map(|_| bench_pairs(&mut a, &torch.sizes_pairs, args.pairs_reps))
+            .collect();
+        let batch: Vec<f64> = (0..args.repeat)
+            .map(|_| bench_batch(&mut a, &torch.sizes_batch, args.batch_reps))
+            .collect();
         rows.push(BenchRow {
             pattern: "pairs".into(),
             recording,

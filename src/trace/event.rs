@@ -59,12 +59,81 @@ impl EventKind {
     }
 }
 
-/// 32 bytes: address, size, tag stack, stream, kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// 24 bytes: address, size and kind packed in one word, tag stack, stream. Every alloc and
+/// free writes three of these, so their size is the recording's cost: sizes are below 2^60
+/// (larger requests are refused before anything is recorded), which leaves the top 4 bits
+/// for the kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     pub addr: u64,
-    pub size: u64,
+    size_kind: u64,
     pub stack: StackId,
     pub stream: u32,
-    pub kind: EventKind,
+}
+
+const KIND_SHIFT: u32 = 60;
+const SIZE_MASK: u64 = (1 << KIND_SHIFT) - 1;
+const KINDS: [EventKind; 9] = [
+    EventKind::Alloc,
+    EventKind::FreeRequested,
+    EventKind::FreeCompleted,
+    EventKind::SegmentAlloc,
+    EventKind::SegmentFree,
+    EventKind::SegmentMap,
+    EventKind::SegmentUnmap,
+    EventKind::Oom,
+    EventKind::EmptyCache,
+];
+
+impl Event {
+    #[inline(always)]
+    pub fn new(kind: EventKind, addr: u64, size: u64, stack: StackId, stream: u32) -> Event {
+        debug_assert!(size <= SIZE_MASK, "event sizes are below 2^60");
+        Event {
+            addr,
+            size_kind: (size & SIZE_MASK) | ((kind as u64) << KIND_SHIFT),
+            stack,
+            stream,
+        }
+    }
+
+    #[inline]
+    pub fn kind(&self) -> EventKind {
+        KINDS[(self.size_kind >> KIND_SHIFT) as usize]
+    }
+
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.size_kind & SIZE_MASK
+    }
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("kind", &self.kind())
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.size())
+            .field("stack", &self.stack)
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packs_kind_and_size() {
+        assert_eq!(std::mem::size_of::<Event>(), 24);
+        for (i, k) in KINDS.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            let e = Event::new(*k, 0x7f00_0000_0200, (1 << 60) - 1, StackId(3), 2);
+            assert_eq!(
+                (e.kind(), e.size(), e.addr, e.stream),
+                (*k, (1 << 60) - 1, 0x7f00_0000_0200, 2)
+            );
+        }
+    }
 }

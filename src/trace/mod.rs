@@ -63,13 +63,8 @@ impl Recorder {
     #[inline]
     pub fn record(&mut self, kind: EventKind, addr: u64, size: u64, stream: u32) {
         if self.enabled {
-            self.ring.push(Event {
-                addr,
-                size,
-                stack: self.current,
-                stream,
-                kind,
-            });
+            self.ring
+                .push(Event::new(kind, addr, size, self.current, stream));
         }
     }
 }
