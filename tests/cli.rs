@@ -735,6 +735,8 @@ fn issue8_bench_json_has_pairs_and_batch_with_recording_on_and_off() {
         "2",
         "--batch-reps",
         "1",
+        "--warmup-ms",
+        "0",
         "--json"
     ]);
     assert_eq!(r.code, 0, "stderr:\n{}", r.stderr);

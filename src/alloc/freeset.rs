@@ -24,7 +24,7 @@ pub struct FreeKey {
     pub addr: u64,
 }
 
-const SUB_BITS: u32 = 6;
+const SUB_BITS: u32 = 4;
 const CLASSES: usize = 64 << SUB_BITS;
 const WORDS: usize = CLASSES / 64;
 const NIL: u32 = u32::MAX;

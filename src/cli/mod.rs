@@ -100,6 +100,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 500, value_name = "N")]
     pub batch_reps: usize,
 
+    /// Milliseconds of untimed work first, so the CPU is at speed when timing starts.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub warmup_ms: u64,
+
     /// PyTorch's results from alloc_bench.py (JSON) to compare against; its size lists are used.
     #[arg(long, value_name = "FILE")]
     pub pytorch: Option<PathBuf>,

@@ -113,6 +113,12 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
     if torch.sizes_pairs.is_empty() || torch.sizes_batch.is_empty() {
         return Err(Error::usage("--pytorch", "size lists are empty"));
     }
+    // warm up (CPU frequency, caches) before anything is timed, as criterion does
+    let t0 = Instant::now();
+    let mut a = allocator(false);
+    while t0.elapsed().as_millis() < args.warmup_ms as u128 {
+        bench_pairs(&mut a, &torch.sizes_pairs, 50);
+    }
     let mut rows = Vec::new();
     for recording in [false, true] {
         let times = if recording {
