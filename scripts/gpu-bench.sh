@@ -1,10 +1,24 @@
 #!/bin/bash
 # Allocator speed on the GPU machine: PyTorch's C++ allocator (alloc_bench.py) and gpumem's,
-# in the same call, same size lists. Needs (carried) target/release/gpumem and .gpu/alloc_bench.py.
+# in the same call, same size lists. Needs (carried) target/release/gpumem and .gpu/alloc_bench.py
+# (a copy of ../shared/tools/alloc_bench.py; not committed). Results land in $OUT.
 set -u
 O=${OUT:-/tmp/gpumem-out}
 mkdir -p "$O"
-lscpu | grep -E "Model name|^CPU\(s\)|MHz" | head -4
+lscpu | grep -E "Model name" | head -1
 (cd .gpu && python3 alloc_bench.py "$O/torch_bench.json") 2>&1 | tail -2
-for i in 1 2 3; do ./target/release/gpumem bench --pytorch "$O/torch_bench.json" --repeat 7 | tee "$O/bench_$i.txt"; done
-./target/release/gpumem bench --pytorch "$O/torch_bench.json" --repeat 7 --json > "$O/bench.json"
+for i in 1 2 3 4 5; do
+  ./target/release/gpumem bench --pytorch "$O/torch_bench.json" --repeat 7 --json > "$O/bench_$i.json"
+done
+./target/release/gpumem bench --pytorch "$O/torch_bench.json" --repeat 7 | tee "$O/bench_table.txt"
+python3 - "$O" <<'PY'
+import json, sys, statistics, glob
+runs = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/bench_*.json"))]
+print("median over %d runs of the per-run median (ns per alloc+free pair):" % len(runs))
+for i, r0 in enumerate(runs[0]["rows"]):
+    meds = [statistics.median(r["rows"][i]["ns_per_pair"]) for r in runs]
+    t = statistics.median(r0["pytorch_ns_per_pair"])
+    print("  %-5s recording %-3s gpumem %6.1f (runs %s)  PyTorch %7.1f  ratio %5.1fx" % (
+        r0["pattern"], "on" if r0["recording"] else "off", statistics.median(meds),
+        " ".join("%.0f" % m for m in meds), t, t / statistics.median(meds)))
+PY

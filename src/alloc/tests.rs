@@ -506,3 +506,29 @@ proptest! {
         prop_assert_eq!(a.stats().reserved_bytes.all().current, 0, "everything free is released");
     }
 }
+
+#[test]
+fn peak_and_accumulated_resets_across_pools() {
+    let mut a = alloc("");
+    let big = a.malloc(30 * MIB, 0).unwrap();
+    let small = a.malloc(1000, 0).unwrap();
+    a.free(big).unwrap();
+    let s = a.stats();
+    assert_eq!(s.allocated_bytes.all().peak, 30 * MIB as i64 + 1024);
+    assert_eq!(s.allocated_bytes.all().current, 1024);
+    assert_eq!(s.allocated_bytes.all().allocated, 30 * MIB as i64 + 1024);
+    assert_eq!(s.allocated_bytes.all().freed, 30 * MIB as i64);
+    a.reset_peak_stats();
+    let s = a.stats();
+    assert_eq!(s.allocated_bytes.all().peak, 1024);
+    assert_eq!(s.allocated_bytes.large_pool().peak, 0);
+    assert_eq!(s.reserved_bytes.all().peak, s.reserved_bytes.all().current);
+    a.reset_accumulated_stats();
+    let s = a.stats();
+    assert_eq!((s.allocated_bytes.all().allocated, s.allocated_bytes.all().freed), (0, 0));
+    assert_eq!((s.num_device_alloc, s.num_alloc_retries), (0, 0));
+    assert_eq!(s.allocated_bytes.all().current, 1024, "current survives both resets");
+    let flat = s.to_flat();
+    assert_eq!(flat["allocated_bytes.all.peak"], 1024);
+    a.free(small).unwrap();
+}
