@@ -8,15 +8,15 @@
 
 #[derive(Debug, Clone)]
 pub struct AddrMap {
-    keys: Vec<u64>,
-    vals: Vec<u32>,
+    /// (address, value) side by side: one cache line per probe.
+    slots: Vec<(u64, u32)>,
     len: usize,
     mask: usize,
 }
 
 impl Default for AddrMap {
     fn default() -> Self {
-        Self::with_capacity(1024)
+        Self::with_capacity(16)
     }
 }
 
@@ -31,8 +31,7 @@ impl AddrMap {
     pub fn with_capacity(n: usize) -> Self {
         let cap = (n.max(8) * 2).next_power_of_two();
         AddrMap {
-            keys: vec![0; cap],
-            vals: vec![0; cap],
+            slots: vec![(0, 0); cap],
             len: 0,
             mask: cap - 1,
         }
@@ -50,15 +49,14 @@ impl AddrMap {
     #[inline]
     pub fn insert(&mut self, key: u64, val: u32) -> bool {
         assert!(key != 0, "address 0 is the null pointer");
-        if (self.len + 1) * 2 > self.keys.len() {
+        if (self.len + 1) * 2 > self.slots.len() {
             self.grow();
         }
         let mut i = slot(key, self.mask);
         loop {
-            let k = self.keys[i];
+            let k = self.slots[i].0;
             if k == 0 {
-                self.keys[i] = key;
-                self.vals[i] = val;
+                self.slots[i] = (key, val);
                 self.len += 1;
                 return true;
             }
@@ -76,9 +74,9 @@ impl AddrMap {
         }
         let mut i = slot(key, self.mask);
         loop {
-            let k = self.keys[i];
+            let (k, v) = self.slots[i];
             if k == key {
-                return Some(self.vals[i]);
+                return Some(v);
             }
             if k == 0 {
                 return None;
@@ -94,7 +92,7 @@ impl AddrMap {
         }
         let mut i = slot(key, self.mask);
         loop {
-            let k = self.keys[i];
+            let k = self.slots[i].0;
             if k == 0 {
                 return None;
             }
@@ -103,13 +101,13 @@ impl AddrMap {
             }
             i = (i + 1) & self.mask;
         }
-        let val = self.vals[i];
+        let val = self.slots[i].1;
         // backward-shift deletion: pull later entries of the run into the hole when their home
         // slot is not between the hole and them
         let mut hole = i;
         let mut j = (i + 1) & self.mask;
         loop {
-            let k = self.keys[j];
+            let k = self.slots[j].0;
             if k == 0 {
                 break;
             }
@@ -117,26 +115,23 @@ impl AddrMap {
             let dist_hole = hole.wrapping_sub(home) & self.mask;
             let dist_j = j.wrapping_sub(home) & self.mask;
             if dist_hole < dist_j {
-                self.keys[hole] = k;
-                self.vals[hole] = self.vals[j];
+                self.slots[hole] = self.slots[j];
                 hole = j;
             }
             j = (j + 1) & self.mask;
         }
-        self.keys[hole] = 0;
+        self.slots[hole].0 = 0;
         self.len -= 1;
         Some(val)
     }
 
     fn grow(&mut self) {
-        let old_k = std::mem::take(&mut self.keys);
-        let old_v = std::mem::take(&mut self.vals);
-        let cap = old_k.len() * 2;
-        self.keys = vec![0; cap];
-        self.vals = vec![0; cap];
+        let old = std::mem::take(&mut self.slots);
+        let cap = old.len() * 2;
+        self.slots = vec![(0, 0); cap];
         self.mask = cap - 1;
         self.len = 0;
-        for (k, v) in old_k.into_iter().zip(old_v) {
+        for (k, v) in old {
             if k != 0 {
                 self.insert(k, v);
             }
@@ -145,11 +140,7 @@ impl AddrMap {
 
     /// Every (address, value), in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.keys
-            .iter()
-            .zip(&self.vals)
-            .filter(|(k, _)| **k != 0)
-            .map(|(k, v)| (*k, *v))
+        self.slots.iter().filter(|(k, _)| *k != 0).copied()
     }
 }
 

@@ -339,33 +339,49 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.process_events();
         let size = self.round_size(n);
         let pool = Self::pool_of(size);
-        let alloc_size = self.allocation_size(size);
-
-        let mut found = self.get_free_block(pool, stream, size);
-        if found.is_none() {
-            if self.gc_on() {
-                self.garbage_collect_cached_blocks();
-            }
-            found = self.alloc_block(pool, stream, size, alloc_size, false);
-            if found.is_none() && self.release_available_cached_blocks(pool, stream, size) {
-                found = self.alloc_block(pool, stream, size, alloc_size, false);
-            }
-            if found.is_none() {
-                self.release_cached_blocks();
-                found = self.alloc_block(pool, stream, size, alloc_size, true);
-            }
-        }
-        let Some(id) = found else {
-            let device_free = self.source.device_free();
-            self.recorder
-                .record(EventKind::Oom, device_free, size, stream);
-            self.stats.num_ooms += 1;
-            return Err(self.oom_error(n, size, alloc_size, false));
+        let id = match self.get_free_block(pool, stream, size) {
+            Some(id) => id,
+            None => self.malloc_miss(n, size, pool, stream)?,
         };
         let split = self.should_split(id, size);
         Ok(self.alloc_found_block(id, size, n, split))
     }
 
+    /// Note [Retry]: no cached block fits. Kept out of line: the hit path stays small.
+    #[cold]
+    #[inline(never)]
+    fn malloc_miss(
+        &mut self,
+        n: u64,
+        size: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<u32, OutOfMemory> {
+        let alloc_size = self.allocation_size(size);
+        if self.gc_on() {
+            self.garbage_collect_cached_blocks();
+        }
+        let mut found = self.alloc_block(pool, stream, size, alloc_size, false);
+        if found.is_none() && self.release_available_cached_blocks(pool, stream, size) {
+            found = self.alloc_block(pool, stream, size, alloc_size, false);
+        }
+        if found.is_none() {
+            self.release_cached_blocks();
+            found = self.alloc_block(pool, stream, size, alloc_size, true);
+        }
+        match found {
+            Some(id) => Ok(id),
+            None => {
+                let device_free = self.source.device_free();
+                self.recorder
+                    .record(EventKind::Oom, device_free, size, stream);
+                self.stats.num_ooms += 1;
+                Err(self.oom_error(n, size, alloc_size, false))
+            }
+        }
+    }
+
+    #[cold]
     fn oom_error(&self, n: u64, size: u64, alloc_size: u64, over_one_exabyte: bool) -> OutOfMemory {
         OutOfMemory {
             device: self.device,
@@ -590,16 +606,23 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if size >= self.conf.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        let b = &mut self.blocks[id as usize];
-        if b.n_uses > 0 {
-            b.event_count = b.n_uses;
-            b.n_uses = 0;
-            self.stream_uses.remove(&id);
-            self.pending.push(id);
+        if self.blocks[id as usize].n_uses > 0 {
+            self.defer_free(id);
         } else {
             self.free_block(id);
         }
         Ok(())
+    }
+
+    /// The block was used on other streams: its free completes once their work is done.
+    #[cold]
+    #[inline(never)]
+    fn defer_free(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        b.event_count = b.n_uses;
+        b.n_uses = 0;
+        self.stream_uses.remove(&id);
+        self.pending.push(id);
     }
 
     /// `Tensor.record_stream(s)`: the block was used on `stream` too, so its free waits for

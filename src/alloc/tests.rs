@@ -525,9 +525,19 @@ fn peak_and_accumulated_resets_across_pools() {
     assert_eq!(s.reserved_bytes.all().peak, s.reserved_bytes.all().current);
     a.reset_accumulated_stats();
     let s = a.stats();
-    assert_eq!((s.allocated_bytes.all().allocated, s.allocated_bytes.all().freed), (0, 0));
+    assert_eq!(
+        (
+            s.allocated_bytes.all().allocated,
+            s.allocated_bytes.all().freed
+        ),
+        (0, 0)
+    );
     assert_eq!((s.num_device_alloc, s.num_alloc_retries), (0, 0));
-    assert_eq!(s.allocated_bytes.all().current, 1024, "current survives both resets");
+    assert_eq!(
+        s.allocated_bytes.all().current,
+        1024,
+        "current survives both resets"
+    );
     let flat = s.to_flat();
     assert_eq!(flat["allocated_bytes.all.peak"], 1024);
     a.free(small).unwrap();
