@@ -156,7 +156,7 @@ fn fixture_traces() -> Vec<PathBuf> {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn issue1_every_fixture_trace_replays_exactly() {
+fn issue2_every_fixture_trace_replays_exactly() {
     let files = fixture_traces();
     let top = files
         .iter()
@@ -285,7 +285,7 @@ fn issue2_torch_style_summary_is_byte_identical_to_pytorch() {
 }
 
 #[test]
-fn issue3_plain_summary_prints_a_table() {
+fn issue2_plain_summary_prints_a_table() {
     let trace = fixture(MIXED_DEFAULT);
     let r = run(os_args!["replay", trace, "--summary"]);
     assert_eq!(r.code, 0, "stderr:\n{}", r.stderr);
@@ -298,7 +298,7 @@ fn issue3_plain_summary_prints_a_table() {
 }
 
 #[test]
-fn issue3_torch_style_without_summary_is_a_usage_error() {
+fn issue2_torch_style_without_summary_is_a_usage_error() {
     gpumem()
         .current_dir(root())
         .args(["replay", MIXED_DEFAULT, "--torch-style"])
@@ -314,7 +314,7 @@ fn issue3_torch_style_without_summary_is_a_usage_error() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn issue4_changed_after_value_is_one_mismatched_step() {
+fn issue2_changed_after_value_is_one_mismatched_step() {
     let tmp = TempDir::new("after");
     let mut t = read_json(&fixture(MIXED_DEFAULT));
     let col = t["after_columns"]
@@ -348,7 +348,7 @@ fn issue4_changed_after_value_is_one_mismatched_step() {
 }
 
 #[test]
-fn issue4_changed_stats_end_value_is_reported_by_key() {
+fn issue2_changed_stats_end_value_is_reported_by_key() {
     let tmp = TempDir::new("stats_end");
     let mut t = read_json(&fixture(MIXED_DEFAULT));
     let key = "allocated_bytes.all.peak";
@@ -367,7 +367,7 @@ fn issue4_changed_stats_end_value_is_reported_by_key() {
 }
 
 #[test]
-fn issue4_removed_oom_is_an_unexpected_oom() {
+fn issue2_removed_oom_is_an_unexpected_oom() {
     let tmp = TempDir::new("oom");
     let mut t = read_json(&fixture(OOM_FRAC));
     let ooms = t["ooms"].as_array_mut().unwrap();
@@ -384,7 +384,7 @@ fn issue4_removed_oom_is_an_unexpected_oom() {
 }
 
 #[test]
-fn issue4_alloc_conf_what_if_differs_but_prints_json() {
+fn issue2_alloc_conf_what_if_differs_but_prints_json() {
     let (code, v) = replay_json(
         &fixture(MIXED_DEFAULT),
         &["--alloc-conf", "expandable_segments:True"],
@@ -435,21 +435,21 @@ fn mixed_default_with(edit: impl FnOnce(&mut Value)) -> Value {
 }
 
 #[test]
-fn issue5_nonexistent_file() {
+fn issue2_nonexistent_file() {
     let tmp = TempDir::new("missing");
     let f = tmp.path("no-such-trace.json");
     assert_input_error(&f, &[], &["no-such-trace.json", "cannot read"]);
 }
 
 #[test]
-fn issue5_not_json() {
+fn issue2_not_json() {
     let tmp = TempDir::new("notjson");
     let f = tmp.write("hello.json", "hello, world\n");
     assert_input_error(&f, &[], &["hello.json", "line 1 column"]);
 }
 
 #[test]
-fn issue5_truncated_json() {
+fn issue2_truncated_json() {
     let tmp = TempDir::new("truncated");
     let text = std::fs::read(fixture(MIXED_DEFAULT)).unwrap();
     let f = tmp.write("half.json", &text[..text.len() / 2]);
@@ -457,14 +457,14 @@ fn issue5_truncated_json() {
 }
 
 #[test]
-fn issue5_empty_file() {
+fn issue2_empty_file() {
     let tmp = TempDir::new("empty");
     let f = tmp.write("empty.json", "");
     assert_input_error(&f, &[], &["empty.json"]);
 }
 
 #[test]
-fn issue5_unknown_op() {
+fn issue2_unknown_op() {
     let tmp = TempDir::new("unknown_op");
     let t = mixed_default_with(|t| t["ops"][5] = serde_json::json!(["x", 1]));
     let f = tmp.write_json("trace.json", &t);
@@ -472,7 +472,7 @@ fn issue5_unknown_op() {
 }
 
 #[test]
-fn issue5_free_of_never_allocated_id() {
+fn issue2_free_of_never_allocated_id() {
     let tmp = TempDir::new("never");
     let t = mixed_default_with(|t| {
         let row = t["after"][2].clone();
@@ -487,7 +487,7 @@ fn issue5_free_of_never_allocated_id() {
 }
 
 #[test]
-fn issue5_double_free() {
+fn issue2_double_free() {
     let tmp = TempDir::new("double_free");
     let mut at = 0;
     let t = mixed_default_with(|t| {
@@ -505,7 +505,7 @@ fn issue5_double_free() {
 }
 
 #[test]
-fn issue5_after_with_wrong_number_of_rows() {
+fn issue2_after_with_wrong_number_of_rows() {
     let tmp = TempDir::new("after_rows");
     let t = mixed_default_with(|t| {
         t["after"].as_array_mut().unwrap().pop();
@@ -515,7 +515,7 @@ fn issue5_after_with_wrong_number_of_rows() {
 }
 
 #[test]
-fn issue5_bad_alloc_conf_in_file() {
+fn issue2_bad_alloc_conf_in_file() {
     let tmp = TempDir::new("file_conf");
     let t = mixed_default_with(|t| t["alloc_conf"] = "max_split_size_mb:5".into());
     let f = tmp.write_json("trace.json", &t);
@@ -523,7 +523,7 @@ fn issue5_bad_alloc_conf_in_file() {
 }
 
 #[test]
-fn issue5_bad_alloc_conf_flag_unknown_key() {
+fn issue2_bad_alloc_conf_flag_unknown_key() {
     assert_input_error(
         &fixture(MIXED_DEFAULT),
         &["--alloc-conf", "bogus_key:1"],
@@ -532,7 +532,7 @@ fn issue5_bad_alloc_conf_flag_unknown_key() {
 }
 
 #[test]
-fn issue5_bad_alloc_conf_flag_not_power_of_two() {
+fn issue2_bad_alloc_conf_flag_not_power_of_two() {
     assert_input_error(
         &fixture(MIXED_DEFAULT),
         &["--alloc-conf", "roundup_power2_divisions:3"],
@@ -541,14 +541,13 @@ fn issue5_bad_alloc_conf_flag_not_power_of_two() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Known bugs (found while writing these tests). Ignored so the suite stays green; run with
-// `cargo test --test cli -- --ignored` and remove the `#[ignore]` once fixed.
+// Regressions: bugs found while writing these tests, fixed in the same issue.
 // ---------------------------------------------------------------------------------------
 
 /// README/CHANGELOG: exit 1 on any difference, including PyTorch's event trace.
 #[test]
 
-fn bug_differing_trace_event_is_a_finding() {
+fn issue2_regression_differing_trace_event_is_a_finding() {
     let tmp = TempDir::new("trace_event");
     let mut at = 0;
     let t = mixed_default_with(|t| {
@@ -575,7 +574,7 @@ fn bug_differing_trace_event_is_a_finding() {
 /// finding like any other.
 #[test]
 
-fn bug_differing_oom_message_is_a_finding() {
+fn issue2_regression_differing_oom_message_is_a_finding() {
     let tmp = TempDir::new("oom_message");
     let mut t = read_json(&fixture(OOM_FRAC));
     let msg = t["ooms"][3]["message"].as_str().unwrap().to_string();
@@ -598,7 +597,7 @@ fn bug_differing_oom_message_is_a_finding() {
 /// allocated 0 and requested_bytes -1).
 #[test]
 
-fn bug_huge_allocation_size_does_not_overflow() {
+fn issue2_regression_huge_allocation_size_does_not_overflow() {
     let tmp = TempDir::new("huge");
     for size in [u64::MAX, u64::MAX - 615] {
         let f = tmp.write_json(
@@ -624,7 +623,7 @@ fn bug_huge_allocation_size_does_not_overflow() {
 /// (an 8-element array replays as a trace) or rejected with "expected struct Raw".
 #[test]
 
-fn bug_top_level_array_is_rejected_clearly() {
+fn issue2_regression_top_level_array_is_rejected_clearly() {
     let tmp = TempDir::new("array");
     let f = tmp.write("empty_array.json", "[]");
     let r = run(os_args!["replay", f]);
@@ -651,7 +650,7 @@ fn bug_top_level_array_is_rejected_clearly() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn issue6_help_lists_subcommands() {
+fn issue2_help_lists_subcommands() {
     gpumem()
         .arg("--help")
         .assert()
@@ -662,7 +661,7 @@ fn issue6_help_lists_subcommands() {
 }
 
 #[test]
-fn issue6_unknown_subcommand_is_a_usage_error() {
+fn issue2_unknown_subcommand_is_a_usage_error() {
     gpumem()
         .arg("nosuchcommand")
         .assert()
@@ -726,7 +725,7 @@ fn man_pages_match_cli() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn issue8_bench_json_has_pairs_and_batch_with_recording_on_and_off() {
+fn issue2_bench_json_has_pairs_and_batch_with_recording_on_and_off() {
     let r = run(os_args![
         "bench",
         "--repeat",
