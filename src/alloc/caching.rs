@@ -310,6 +310,32 @@ impl<S: SegmentSource> CachingAllocator<S> {
         }
     }
 
+    /// Links the new block `nb` into the segment's list right before `id`.
+    #[inline(always)]
+    fn splice_before(&mut self, id: u32, nb: u32) {
+        let prev = self.blocks[id as usize].prev;
+        let b = &mut self.blocks[nb as usize];
+        b.prev = prev;
+        b.next = id;
+        if prev != NONE {
+            self.blocks[prev as usize].next = nb;
+        }
+        self.blocks[id as usize].prev = nb;
+    }
+
+    /// Links the new block `nb` into the segment's list right after `id`.
+    #[inline(always)]
+    fn splice_after(&mut self, id: u32, nb: u32) {
+        let next = self.blocks[id as usize].next;
+        let b = &mut self.blocks[nb as usize];
+        b.prev = id;
+        b.next = next;
+        if next != NONE {
+            self.blocks[next as usize].prev = nb;
+        }
+        self.blocks[id as usize].next = nb;
+    }
+
     #[inline(always)]
     fn insert_into_blocks(&mut self, id: u32) {
         let pool = self.blocks[id as usize].pool as usize;
@@ -528,21 +554,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut block = id;
         if split {
             let remaining = id;
-            let (raddr, rprev) = {
-                let r = &self.blocks[remaining as usize];
-                (r.addr, r.prev)
-            };
+            let raddr = self.blocks[remaining as usize].addr;
             let mut nb = self.blank(raddr, size, stream, pool);
             nb.expandable = self.blocks[remaining as usize].expandable;
-            nb.prev = rprev;
-            nb.next = remaining;
             let new = self.new_block(nb);
-            if rprev != NONE {
-                self.blocks[rprev as usize].next = new;
-            }
+            self.splice_before(remaining, new);
             {
                 let r = &mut self.blocks[remaining as usize];
-                r.prev = new;
                 r.addr += size;
                 r.size -= size;
             }
@@ -1041,14 +1059,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let mut rest = self.blank(addr + mapped, bsize - mapped, stream, pool);
             rest.mapped = false;
             rest.expandable = rid;
-            let next = self.blocks[id as usize].next;
-            rest.prev = id;
-            rest.next = next;
             let rest_id = self.new_block(rest);
-            if next != NONE {
-                self.blocks[next as usize].prev = rest_id;
-            }
-            self.blocks[id as usize].next = rest_id;
+            self.splice_after(id, rest_id);
             self.pools[pool as usize]
                 .unmapped
                 .insert((stream, addr + mapped), rest_id);
@@ -1096,28 +1108,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if before > 0 {
             let mut bf = self.blank(addr, before, stream, pool);
             bf.expandable = rid;
-            let prev = self.blocks[id as usize].prev;
-            bf.prev = prev;
-            bf.next = id;
             let bid = self.new_block(bf);
-            if prev != NONE {
-                self.blocks[prev as usize].next = bid;
-            }
-            self.blocks[id as usize].prev = bid;
+            self.splice_before(id, bid);
             self.insert_into_blocks(bid);
         }
         let after = size - (before + usize_);
         if after > 0 {
             let mut af = self.blank(uaddr + usize_, after, stream, pool);
             af.expandable = rid;
-            let next = self.blocks[id as usize].next;
-            af.prev = id;
-            af.next = next;
             let aid = self.new_block(af);
-            if next != NONE {
-                self.blocks[next as usize].prev = aid;
-            }
-            self.blocks[id as usize].next = aid;
+            self.splice_after(id, aid);
             self.insert_into_blocks(aid);
         }
         {
