@@ -461,9 +461,9 @@ mod tests {
                 let k = FreeKey { stream: [5, 0, 9][stream as usize], size: units * 512, addr: addr * 4096 };
                 if ins {
                     let id = by_id.len() as u32;
-                    if !m.contains_key(&k) {
+                    if let std::collections::btree_map::Entry::Vacant(e) = m.entry(k) {
                         fs.insert(k, id);
-                        m.insert(k, id);
+                        e.insert(id);
                         by_id.push(k);
                     }
                 } else if let Some(&id) = m.get(&k) {
