@@ -74,7 +74,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 5, value_name = "N")]
     pub max_mismatches: usize,
 
-    /// Use the simulator's own segment addresses instead of the trace's.
+    /// Use the simulator's own segment addresses (its model of the CUDA driver's address
+    /// space) instead of the trace's; the event trace is then compared without addresses.
     #[arg(long)]
     pub no_trace_addresses: bool,
 }
