@@ -20,37 +20,43 @@ const COUNT_METRICS: [(&str, &str); 4] = [
     ("inactive_split", "Non-releasable allocs"),
 ];
 
-/// `_format_size(v, ref)`: 10 characters.
-fn format_size(v: i64, reference: i64) -> String {
-    const UNITS: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = v;
-    let mut r = reference as f64;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if r < 768.0 * 1024.0 {
+/// PyTorch's unit stepping: while the reference (the `all` row's value in this column) is at
+/// least `threshold` (a float, as in Python), step up one unit, floor-divide the value by `step`
+/// and divide the reference by it.
+fn scale<'a>(
+    v: i64,
+    reference: i64,
+    units: &[&'a str],
+    step: i64,
+    threshold: f64,
+) -> (i64, &'a str) {
+    let (mut v, mut r, mut unit) = (v, reference as f64, units[0]);
+    for u in &units[1..] {
+        if r < threshold {
             break;
         }
         unit = u;
-        v = v.div_euclid(1024);
-        r /= 1024.0;
+        v = v.div_euclid(step);
+        r /= step as f64;
     }
+    (v, unit)
+}
+
+/// `_format_size(v, ref)`: 10 characters.
+fn format_size(v: i64, reference: i64) -> String {
+    let (v, unit) = scale(
+        v,
+        reference,
+        &["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"],
+        1024,
+        768.0 * 1024.0,
+    );
     format!("{v:6} {unit}")
 }
 
 /// `_format_count(v, ref)`: 10 characters.
 fn format_count(v: i64, reference: i64) -> String {
-    const UNITS: [&str; 3] = [" ", "K", "M"];
-    let mut v = v;
-    let mut r = reference as f64;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if r < 750.0 * 1000.0 {
-            break;
-        }
-        unit = u;
-        v = v.div_euclid(1000);
-        r /= 1000.0;
-    }
+    let (v, unit) = scale(v, reference, &[" ", "K", "M"], 1000, 750.0 * 1000.0);
     format!("{v:7} {unit} ")
 }
 
