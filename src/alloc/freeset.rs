@@ -3,12 +3,13 @@
 //! find the first block of a stream not smaller than a request, and take a known block out
 //! when it merges with a neighbour.
 //!
-//! Each stream has a size index: sizes fall into 4096 classes (the exponent and the next six
+//! Each stream has a size index: sizes fall into 1024 classes (the exponent and the next four
 //! bits of the mantissa, so classes increase with size), each class a doubly linked list sorted
-//! by (size, address), and a two-level bitmap of non-empty classes. Links live in `nodes`,
-//! indexed by block id, so removing a known block is O(1) with no search; a lower bound walks
-//! one short list, and on a miss a bit scan finds the next non-empty class. Every order
-//! (ascending, descending, lower bound) is exactly the ordered set's.
+//! by (size, address), and a two-level bitmap of non-empty classes. The links live in the
+//! blocks themselves ([`FreeLink`], reached through [`FreeArena`]), so removing a known block is
+//! O(1) and touches only memory the allocator touches anyway; a lower bound walks one short
+//! list, and on a miss a bit scan finds the next non-empty class. Every order (ascending,
+//! descending, lower bound) is exactly the ordered set's.
 //!
 //! In front of the lists sits a one-block buffer: the block inserted last. The allocator's
 //! commonest cycle is split (insert the remainder) then free (remove the remainder, insert the
@@ -36,23 +37,34 @@ fn class_of(size: u64) -> usize {
     ((lg as usize) << SUB_BITS) | ((s >> (lg - SUB_BITS)) as usize & ((1 << SUB_BITS) - 1))
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    size: u64,
-    addr: u64,
+/// A block's links in its class list, kept in the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeLink {
     prev: u32,
     next: u32,
-    /// Index into `streams` + 1 while linked, 0 while not in the set.
-    owner: u32,
+    /// Index into the set's streams + 1 while linked, 0 while not in the lists.
+    owner: u16,
+    class: u16,
 }
 
-const UNLINKED: Node = Node {
-    size: 0,
-    addr: 0,
-    prev: NIL,
-    next: NIL,
-    owner: 0,
-};
+impl Default for FreeLink {
+    fn default() -> Self {
+        FreeLink {
+            prev: NIL,
+            next: NIL,
+            owner: 0,
+            class: 0,
+        }
+    }
+}
+
+/// Where the set finds a block's size, address and links (the allocator's block arena).
+pub trait FreeArena {
+    fn size(&self, id: u32) -> u64;
+    fn addr(&self, id: u32) -> u64;
+    fn link(&self, id: u32) -> &FreeLink;
+    fn link_mut(&mut self, id: u32) -> &mut FreeLink;
+}
 
 #[derive(Debug, Clone)]
 struct Heads {
@@ -113,12 +125,12 @@ impl Heads {
         Some(w2 * 64 + self.words[w2].trailing_zeros() as usize)
     }
 
-    fn first_class(&self) -> Option<usize> {
+    fn first(&self) -> u32 {
         if self.len == 0 {
-            return None;
+            return NIL;
         }
         let w = self.summary.trailing_zeros() as usize;
-        Some(w * 64 + self.words[w].trailing_zeros() as usize)
+        self.head[w * 64 + self.words[w].trailing_zeros() as usize]
     }
 }
 
@@ -127,7 +139,6 @@ impl Heads {
 pub struct FreeSet {
     /// The block inserted last, not yet in the lists.
     pending: Option<(FreeKey, u32)>,
-    nodes: Vec<Node>,
     /// Sorted by stream.
     streams: Vec<Heads>,
 }
@@ -141,77 +152,68 @@ impl FreeSet {
 
     /// Inserts block `id` at `k`. Each (stream, size, address) and each id may be present once.
     #[inline(always)]
-    pub fn insert(&mut self, k: FreeKey, id: u32) {
+    pub fn insert<A: FreeArena>(&mut self, a: &mut A, k: FreeKey, id: u32) {
         if let Some((pk, pid)) = self.pending.replace((k, id)) {
             debug_assert!(pk != k && pid != id, "free block inserted twice");
-            self.link(pk, pid);
+            self.link(a, pk, pid);
         }
     }
 
     /// Moves the buffered block into the lists.
     #[inline]
-    pub fn flush(&mut self) {
+    pub fn flush<A: FreeArena>(&mut self, a: &mut A) {
         if let Some((k, id)) = self.pending.take() {
-            self.link(k, id);
+            self.link(a, k, id);
         }
     }
 
     #[inline(always)]
-    fn link(&mut self, k: FreeKey, id: u32) -> bool {
+    fn link<A: FreeArena>(&mut self, a: &mut A, k: FreeKey, id: u32) {
         let s = match self.stream_index(k.stream) {
             Some(s) => s,
-            None => self.add_stream(k.stream),
+            None => self.add_stream(a, k.stream),
         };
-        if self.nodes.len() <= id as usize {
-            self.nodes.resize(id as usize + 1, UNLINKED);
-        }
-        debug_assert_eq!(
-            self.nodes[id as usize].owner, 0,
-            "block {id} inserted twice"
-        );
+        debug_assert_eq!(a.link(id).owner, 0, "block {id} linked twice");
         let c = class_of(k.size);
         let h = &mut self.streams[s];
         let mut prev = NIL;
         let mut cur = h.head[c];
         while cur != NIL {
-            let n = &self.nodes[cur as usize];
-            if n.size > k.size || (n.size == k.size && n.addr >= k.addr) {
-                if n.size == k.size && n.addr == k.addr {
-                    return false;
-                }
+            let (size, addr) = (a.size(cur), a.addr(cur));
+            if size > k.size || (size == k.size && addr >= k.addr) {
                 break;
             }
             prev = cur;
-            cur = n.next;
+            cur = a.link(cur).next;
         }
-        self.nodes[id as usize] = Node {
-            size: k.size,
-            addr: k.addr,
+        *a.link_mut(id) = FreeLink {
             prev,
             next: cur,
-            owner: s as u32 + 1,
+            owner: s as u16 + 1,
+            class: c as u16,
         };
         if prev == NIL {
             h.head[c] = id;
             h.set(c);
         } else {
-            self.nodes[prev as usize].next = id;
+            a.link_mut(prev).next = id;
         }
         if cur != NIL {
-            self.nodes[cur as usize].prev = id;
+            a.link_mut(cur).prev = id;
         }
         h.len += 1;
-        true
     }
 
     #[cold]
-    fn add_stream(&mut self, stream: u32) -> usize {
+    fn add_stream<A: FreeArena>(&mut self, a: &mut A, stream: u32) -> usize {
         let at = self.streams.partition_point(|h| h.stream < stream);
         self.streams.insert(at, Heads::new(stream));
-        // owners are stream positions: shift those after the new one
-        for n in &mut self.nodes {
-            if n.owner > at as u32 {
-                n.owner += 1;
+        // owners are stream positions: shift those of the streams after the new one
+        for h in &self.streams[at + 1..] {
+            let mut cur = h.first();
+            while cur != NIL {
+                a.link_mut(cur).owner += 1;
+                cur = self_next(a, h, cur);
             }
         }
         at
@@ -219,7 +221,7 @@ impl FreeSet {
 
     /// Takes block `id` out if it is in the set at `k`; O(1).
     #[inline(always)]
-    pub fn remove(&mut self, k: &FreeKey, id: u32) -> bool {
+    pub fn remove<A: FreeArena>(&mut self, a: &mut A, k: &FreeKey, id: u32) -> bool {
         if let Some((pk, pid)) = self.pending {
             if pid == id {
                 if pk != *k {
@@ -229,37 +231,35 @@ impl FreeSet {
                 return true;
             }
         }
-        let Some(n) = self.nodes.get(id as usize).copied() else {
-            return false;
-        };
-        if n.owner == 0
-            || n.size != k.size
-            || n.addr != k.addr
-            || self.streams[n.owner as usize - 1].stream != k.stream
+        let l = *a.link(id);
+        if l.owner == 0
+            || a.size(id) != k.size
+            || a.addr(id) != k.addr
+            || self.streams[l.owner as usize - 1].stream != k.stream
         {
             return false;
         }
-        self.unlink(id, n);
+        self.unlink(a, id, l);
         true
     }
 
     #[inline(always)]
-    fn unlink(&mut self, id: u32, n: Node) {
-        let h = &mut self.streams[n.owner as usize - 1];
-        if n.prev == NIL {
-            let c = class_of(n.size);
-            h.head[c] = n.next;
-            if n.next == NIL {
+    fn unlink<A: FreeArena>(&mut self, a: &mut A, id: u32, l: FreeLink) {
+        let h = &mut self.streams[l.owner as usize - 1];
+        if l.prev == NIL {
+            let c = l.class as usize;
+            h.head[c] = l.next;
+            if l.next == NIL {
                 h.clear(c);
             }
         } else {
-            self.nodes[n.prev as usize].next = n.next;
+            a.link_mut(l.prev).next = l.next;
         }
-        if n.next != NIL {
-            self.nodes[n.next as usize].prev = n.prev;
+        if l.next != NIL {
+            a.link_mut(l.next).prev = l.prev;
         }
         h.len -= 1;
-        self.nodes[id as usize].owner = 0;
+        a.link_mut(id).owner = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -272,16 +272,15 @@ impl FreeSet {
 
     /// PyTorch's `lower_bound`: the first block of `stream` with size >= `size`.
     #[inline]
-    fn lower_bound(&self, s: usize, size: u64) -> u32 {
+    fn lower_bound<A: FreeArena>(&self, a: &A, s: usize, size: u64) -> u32 {
         let h = &self.streams[s];
         let c = class_of(size);
         let mut cur = h.head[c];
         while cur != NIL {
-            let n = &self.nodes[cur as usize];
-            if n.size >= size {
+            if a.size(cur) >= size {
                 return cur;
             }
-            cur = n.next;
+            cur = a.link(cur).next;
         }
         match h.next_class(c) {
             Some(c2) => h.head[c2],
@@ -289,33 +288,30 @@ impl FreeSet {
         }
     }
 
-    #[inline]
-    fn key_of(&self, s: usize, id: u32) -> FreeKey {
-        let n = &self.nodes[id as usize];
-        FreeKey {
-            stream: self.streams[s].stream,
-            size: n.size,
-            addr: n.addr,
-        }
-    }
-
     /// The first block of `stream` with size >= `size`, if `accept` takes it, removed from the
     /// set. One search where a peek and a removal would be two.
     #[inline]
-    pub fn take_first_at_least(
+    pub fn take_first_at_least<A: FreeArena>(
         &mut self,
+        a: &mut A,
         stream: u32,
         size: u64,
         accept: impl FnOnce(FreeKey, u32) -> bool,
     ) -> Option<u32> {
         // the lists' best...
-        let listed = match self.stream_index(stream) {
-            Some(s) => {
-                let id = self.lower_bound(s, size);
-                (id != NIL).then(|| (self.key_of(s, id), id))
-            }
-            None => None,
-        };
+        let listed = self.stream_index(stream).and_then(|s| {
+            let id = self.lower_bound(a, s, size);
+            (id != NIL).then(|| {
+                (
+                    FreeKey {
+                        stream,
+                        size: a.size(id),
+                        addr: a.addr(id),
+                    },
+                    id,
+                )
+            })
+        });
         // ...against the buffered block
         let buffered = self
             .pending
@@ -332,23 +328,31 @@ impl FreeSet {
         if from_buffer {
             self.pending = None;
         } else {
-            let n = self.nodes[id as usize];
-            self.unlink(id, n);
+            let l = *a.link(id);
+            self.unlink(a, id, l);
         }
         Some(id)
     }
 
-    /// Blocks of `stream` from the first one with size >= `size`, ascending.
-    pub fn from_size(&mut self, stream: u32, size: u64) -> Ascending<'_> {
-        self.flush();
+    /// Blocks of `stream` from the first one with size >= `size`, ascending. Call
+    /// [`FreeSet::flush`] first.
+    pub fn from_size<'s, A: FreeArena>(
+        &'s self,
+        a: &'s A,
+        stream: u32,
+        size: u64,
+    ) -> Ascending<'s, A> {
+        debug_assert!(self.pending.is_none(), "flush before iterating");
         match self.stream_index(stream) {
             Some(s) => Ascending {
                 set: self,
+                arena: a,
                 s,
-                at: self.lower_bound(s, size),
+                at: self.lower_bound(a, s, size),
             },
             None => Ascending {
                 set: self,
+                arena: a,
                 s: 0,
                 at: NIL,
             },
@@ -356,60 +360,71 @@ impl FreeSet {
     }
 
     /// Blocks of `stream` smaller than `size` (in (size, address) order), descending. Used only
-    /// on the out-of-memory path, so it collects.
-    pub fn below_size_rev(
-        &mut self,
+    /// on the out-of-memory path, so it collects. Call [`FreeSet::flush`] first.
+    pub fn below_size_rev<A: FreeArena>(
+        &self,
+        a: &A,
         stream: u32,
         size: u64,
-    ) -> impl Iterator<Item = (FreeKey, u32)> {
-        self.flush();
+    ) -> Vec<(FreeKey, u32)> {
+        debug_assert!(self.pending.is_none(), "flush before iterating");
         let mut v: Vec<(FreeKey, u32)> = match self.stream_index(stream) {
-            Some(s) => {
-                let h = &self.streams[s];
-                let first = h.first_class().map(|c| h.head[c]).unwrap_or(NIL);
-                Ascending {
-                    set: self,
-                    s,
-                    at: first,
-                }
-                .take_while(|(k, _)| k.size < size)
-                .collect()
+            Some(s) => Ascending {
+                set: self,
+                arena: a,
+                s,
+                at: self.streams[s].first(),
             }
+            .take_while(|(k, _)| k.size < size)
+            .collect(),
             None => Vec::new(),
         };
         v.reverse();
-        v.into_iter()
+        v
     }
 
-    /// Every free block in (stream, size, address) order.
-    pub fn iter(&mut self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
-        self.flush();
-        let this = &*self;
-        (0..this.streams.len()).flat_map(move |s| {
-            let h = &this.streams[s];
-            let first = h.first_class().map(|c| h.head[c]).unwrap_or(NIL);
-            Ascending {
-                set: this,
+    /// Every free block in (stream, size, address) order (flushes the buffer first).
+    pub fn ordered<A: FreeArena>(&mut self, a: &mut A) -> Vec<(FreeKey, u32)> {
+        self.flush(a);
+        let a = &*a;
+        (0..self.streams.len())
+            .flat_map(|s| Ascending {
+                set: self,
+                arena: a,
                 s,
-                at: first,
-            }
-        })
+                at: self.streams[s].first(),
+            })
+            .collect()
     }
 
-    /// Ids of every free block, in order.
-    pub fn ids(&mut self) -> Vec<u32> {
-        self.iter().map(|(_, id)| id).collect()
+    /// Ids of every free block, in order (flushes the buffer first).
+    pub fn ids<A: FreeArena>(&mut self, a: &mut A) -> Vec<u32> {
+        self.ordered(a).into_iter().map(|(_, id)| id).collect()
+    }
+}
+
+/// The block after `id` in its stream's order.
+#[inline]
+fn self_next<A: FreeArena>(a: &A, h: &Heads, id: u32) -> u32 {
+    let l = a.link(id);
+    if l.next != NIL {
+        l.next
+    } else {
+        h.next_class(l.class as usize)
+            .map(|c| h.head[c])
+            .unwrap_or(NIL)
     }
 }
 
 /// Ascending walk of one stream from a block.
-pub struct Ascending<'a> {
+pub struct Ascending<'a, A> {
     set: &'a FreeSet,
+    arena: &'a A,
     s: usize,
     at: u32,
 }
 
-impl Iterator for Ascending<'_> {
+impl<A: FreeArena> Iterator for Ascending<'_, A> {
     type Item = (FreeKey, u32);
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -417,16 +432,16 @@ impl Iterator for Ascending<'_> {
             return None;
         }
         let id = self.at;
-        let n = &self.set.nodes[id as usize];
-        self.at = if n.next != NIL {
-            n.next
-        } else {
-            let h = &self.set.streams[self.s];
-            h.next_class(class_of(n.size))
-                .map(|c| h.head[c])
-                .unwrap_or(NIL)
-        };
-        Some((self.set.key_of(self.s, id), id))
+        let h = &self.set.streams[self.s];
+        self.at = self_next(self.arena, h, id);
+        Some((
+            FreeKey {
+                stream: h.stream,
+                size: self.arena.size(id),
+                addr: self.arena.addr(id),
+            },
+            id,
+        ))
     }
 }
 
@@ -435,6 +450,25 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    /// A stand-in for the block arena.
+    #[derive(Default, Clone)]
+    struct Arena(Vec<(u64, u64, FreeLink)>);
+
+    impl FreeArena for Arena {
+        fn size(&self, id: u32) -> u64 {
+            self.0[id as usize].0
+        }
+        fn addr(&self, id: u32) -> u64 {
+            self.0[id as usize].1
+        }
+        fn link(&self, id: u32) -> &FreeLink {
+            &self.0[id as usize].2
+        }
+        fn link_mut(&mut self, id: u32) -> &mut FreeLink {
+            &mut self.0[id as usize].2
+        }
+    }
 
     #[test]
     fn classes_increase_with_size() {
@@ -455,36 +489,38 @@ mod tests {
         fn agrees_with_an_ordered_map(ops in prop::collection::vec((0u32..3, 1u64..1<<16, 0u64..64, any::<bool>()), 1..300),
                                       probes in prop::collection::vec((0u32..3, 0u64..1<<17), 1..40)) {
             let mut fs = FreeSet::default();
+            let mut arena = Arena::default();
             let mut m: BTreeMap<FreeKey, u32> = BTreeMap::new();
-            let mut by_id: Vec<FreeKey> = Vec::new();
             for (stream, units, addr, ins) in ops {
+                // streams out of order, so later streams shift earlier owners
                 let k = FreeKey { stream: [5, 0, 9][stream as usize], size: units * 512, addr: addr * 4096 };
                 if ins {
-                    let id = by_id.len() as u32;
                     if let std::collections::btree_map::Entry::Vacant(e) = m.entry(k) {
-                        fs.insert(k, id);
+                        let id = arena.0.len() as u32;
+                        arena.0.push((k.size, k.addr, FreeLink::default()));
+                        fs.insert(&mut arena, k, id);
                         e.insert(id);
-                        by_id.push(k);
                     }
                 } else if let Some(&id) = m.get(&k) {
-                    prop_assert!(fs.remove(&k, id));
-                    prop_assert!(!fs.remove(&k, id), "a second removal finds nothing");
+                    prop_assert!(fs.remove(&mut arena, &k, id));
+                    prop_assert!(!fs.remove(&mut arena, &k, id), "a second removal finds nothing");
                     m.remove(&k);
                 }
             }
-            prop_assert_eq!(fs.iter().collect::<Vec<_>>(), m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
             prop_assert_eq!(fs.len(), m.len());
             for (stream, size) in probes {
                 let stream = [5, 0, 9][stream as usize % 3];
                 let lo = FreeKey { stream, size, addr: 0 };
                 let want: Vec<_> = m.range(lo..).take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(fs.from_size(stream, size).collect::<Vec<_>>(), want.clone());
-                let want_rev: Vec<_> = m.range(..lo).rev().take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(fs.below_size_rev(stream, size).collect::<Vec<_>>(), want_rev);
-                let mut copy = fs.clone();
-                let taken = copy.take_first_at_least(stream, size, |_, _| true);
+                let (mut copy, mut copy_arena) = (fs.clone(), arena.clone());
+                let taken = copy.take_first_at_least(&mut copy_arena, stream, size, |_, _| true);
                 prop_assert_eq!(taken, want.first().map(|(_, id)| *id));
+                fs.flush(&mut arena);
+                prop_assert_eq!(fs.from_size(&arena, stream, size).collect::<Vec<_>>(), want);
+                let want_rev: Vec<_> = m.range(..lo).rev().take_while(|(k, _)| k.stream == stream).map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(fs.below_size_rev(&arena, stream, size), want_rev);
             }
+            prop_assert_eq!(fs.ordered(&mut arena), m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
         }
     }
 }

@@ -32,7 +32,7 @@ use super::addrmap::AddrMap;
 use super::config::{
     AllocConf, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
-use super::freeset::{FreeKey, FreeSet};
+use super::freeset::{FreeArena, FreeKey, FreeLink, FreeSet};
 use super::oom::OutOfMemory;
 use super::source::SegmentSource;
 use super::stats::{DeviceStats, PoolKind};
@@ -78,10 +78,31 @@ pub(crate) struct Block {
     /// (`NO_STACK` for a segment whose first block came from a split.)
     pub seg_stack: StackId,
     pub live: bool,
+    /// Links in the pool's free lists while the block is free.
+    pub free: FreeLink,
 }
 
-// One cache line per block: the arena is walked at random on every alloc and free.
-const _: () = assert!(std::mem::size_of::<Block>() <= 64);
+impl FreeArena for Vec<Block> {
+    #[inline(always)]
+    fn size(&self, id: u32) -> u64 {
+        self[id as usize].size
+    }
+    #[inline(always)]
+    fn addr(&self, id: u32) -> u64 {
+        self[id as usize].addr
+    }
+    #[inline(always)]
+    fn link(&self, id: u32) -> &FreeLink {
+        &self[id as usize].free
+    }
+    #[inline(always)]
+    fn link_mut(&mut self, id: u32) -> &mut FreeLink {
+        &mut self[id as usize].free
+    }
+}
+
+// Small blocks: the arena is walked at random on every alloc and free.
+const _: () = assert!(std::mem::size_of::<Block>() <= 80);
 
 impl Block {
     #[inline]
@@ -312,6 +333,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stack: StackId::ROOT,
             seg_stack: NO_STACK,
             live: true,
+            free: FreeLink::default(),
         }
     }
 
@@ -347,14 +369,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let gc = self.pools[pool].free_calls;
         self.blocks[id as usize].gc_base = gc;
         let k = self.key(id);
-        self.pools[pool].blocks.insert(k, id);
+        self.pools[pool].blocks.insert(&mut self.blocks, k, id);
     }
 
     #[inline(always)]
     fn remove_from_blocks(&mut self, id: u32) {
         let pool = self.blocks[id as usize].pool as usize;
         let k = self.key(id);
-        self.pools[pool].blocks.remove(&k, id);
+        self.pools[pool].blocks.remove(&mut self.blocks, &k, id);
     }
 
     /// Allocates `n` bytes on `stream`, as `caching_allocator_alloc` does. Returns the block's
@@ -452,9 +474,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             // no expandable blocks anywhere: the first candidate is the only one (fast path)
             return p
                 .blocks
-                .take_first_at_least(stream, size, |k, _| fits(k.size));
+                .take_first_at_least(&mut self.blocks, stream, size, |k, _| fits(k.size));
         }
-        let mut it = p.blocks.from_size(stream, size);
+        p.blocks.flush(&mut self.blocks);
+        let mut it = p.blocks.from_size(&self.blocks, stream, size);
         let (k0, id0) = it.next()?;
         if k0.stream != stream {
             return None;
@@ -771,6 +794,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         };
         if s_mapped {
             self.pools[s_pool as usize].blocks.remove(
+                &mut self.blocks,
                 &FreeKey {
                     stream: s_stream,
                     size: s_size,

@@ -21,7 +21,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     pub(super) fn release_blocks(&mut self, pool: PoolKind) {
-        let ids = self.pools[pool as usize].blocks.ids();
+        let ids = self.pools[pool as usize].blocks.ids(&mut self.blocks);
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = &self.blocks[id as usize];
@@ -73,10 +73,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return false;
         }
         let want = size.max(mss);
-        let hit = self.pools[pool as usize]
-            .blocks
-            .from_size(stream, want)
-            .next();
+        let p = &mut self.pools[pool as usize];
+        p.blocks.flush(&mut self.blocks);
+        let hit = p.blocks.from_size(&self.blocks, stream, want).next();
         match hit {
             Some((k, id)) if k.stream == stream && self.blocks[id as usize].expandable == NONE => {
                 self.release_block(id);
@@ -86,7 +85,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 // from the largest block below the wanted size, downward, while oversize
                 let candidates: Vec<u32> = self.pools[pool as usize]
                     .blocks
-                    .below_size_rev(stream, want)
+                    .below_size_rev(&self.blocks, stream, want)
+                    .into_iter()
                     .take_while(|(k, _)| k.size >= mss)
                     .map(|(_, id)| id)
                     .collect();
@@ -120,7 +120,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let now = self.pools[large].free_calls;
         let mut total_age: u64 = 0;
         let mut count: i64 = 0;
-        for (_, id) in self.pools[large].blocks.iter() {
+        for (_, id) in self.pools[large].blocks.ordered(&mut self.blocks) {
             let b = &self.blocks[id as usize];
             if !b.is_split() {
                 total_age += now - b.gc_base;
@@ -135,7 +135,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         while reclaimed < target && freed_any && count > 0 {
             let age_threshold = total_age as f64 / count as f64;
             freed_any = false;
-            let ids = self.pools[large].blocks.ids();
+            let ids = self.pools[large].blocks.ids(&mut self.blocks);
             for id in ids {
                 let b = &self.blocks[id as usize];
                 let age = now - b.gc_base;
