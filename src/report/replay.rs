@@ -115,11 +115,19 @@ pub fn write_text(out: &mut dyn Write, h: &ReplayHeader, r: &ReplayOutcome) -> s
             )?;
         }
     }
-    for m in r.stats_end_mismatches.iter().take(20) {
+    const KEYS_SHOWN: usize = 12;
+    for m in r.stats_end_mismatches.iter().take(KEYS_SHOWN) {
         writeln!(
             out,
             "  stats_end {}: PyTorch {} gpumem {}",
             m.key, m.expected, m.replayed
+        )?;
+    }
+    if r.stats_end_mismatches.len() > KEYS_SHOWN {
+        writeln!(
+            out,
+            "  ... {} more stats_end keys differ (--json lists them all)",
+            r.stats_end_mismatches.len() - KEYS_SHOWN
         )?;
     }
     if let Some(t) = &r.trace {
