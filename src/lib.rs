@@ -4,6 +4,7 @@
 //! Modules, in dependency order (each uses only those before it):
 //! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
+//! - [`engine`]: tensors, storages and layouts over the allocator (in progress).
 //! - [`analysis`]: pure functions over traces and allocator state (replay of PyTorch traces).
 //! - [`report`]: formatting only (PyTorch's `memory_summary`, tables, JSON).
 //! - [`cli`], [`commands`]: the command line, one file per subcommand.
@@ -12,6 +13,7 @@ pub mod alloc;
 pub mod analysis;
 pub mod cli;
 pub mod commands;
+pub mod engine;
 pub mod error;
 pub mod report;
 pub mod trace;

@@ -1,0 +1,390 @@
+//! Tensors and storages on a device whose every byte comes from the caching allocator.
+//!
+//! A storage is one allocation; a tensor is a storage plus a [`Layout`] and a [`DType`]. Views
+//! share the storage and allocate nothing. Both are reference counted by the engine: a tensor
+//! handle is held by whoever named it (a workload variable, later an autograd node); when the
+//! last handle of the last tensor over a storage goes, the storage goes back to the allocator,
+//! exactly when PyTorch's refcount would drop it.
+//!
+//! Every allocation is recorded under the allocator's current tag stack with its memory
+//! [`Category`] pushed as the innermost tag, so reports can split memory by role.
+
+use super::dtype::DType;
+use super::layout::{Layout, LayoutError};
+use crate::alloc::{CachingAllocator, OutOfMemory, SegmentSource};
+
+/// What a tensor's memory is for. The engine knows each tensor's role, so this is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Parameter,
+    Gradient,
+    OptimizerState,
+    /// Saved for backward.
+    Activation,
+    Temporary,
+    Input,
+    Workspace,
+}
+
+impl Category {
+    pub const ALL: [Category; 7] = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Temporary,
+        Category::Input,
+        Category::Workspace,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activation => "activation",
+            Category::Temporary => "temporary",
+            Category::Input => "input",
+            Category::Workspace => "workspace",
+        }
+    }
+
+    /// The tag that marks an allocation's category in the event trace.
+    pub fn tag(self) -> String {
+        format!("category:{}", self.name())
+    }
+}
+
+/// A tensor, by handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+#[derive(Debug, Clone)]
+struct Storage {
+    addr: u64,
+    nbytes: u64,
+    /// Tensors over this storage.
+    refs: u32,
+    category: Category,
+    live: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub storage: u32,
+    pub layout: Layout,
+    pub dtype: DType,
+    pub requires_grad: bool,
+    /// Handles held on this tensor.
+    refs: u32,
+    live: bool,
+}
+
+/// What can go wrong running an op.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    OutOfMemory(#[from] Box<OutOfMemory>),
+    #[error("{0}")]
+    Layout(#[from] LayoutError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<OutOfMemory> for EngineError {
+    fn from(e: OutOfMemory) -> Self {
+        EngineError::OutOfMemory(Box::new(e))
+    }
+}
+
+/// Tensors and storages over one device's allocator.
+#[derive(Debug, Clone)]
+pub struct Tensors<S: SegmentSource> {
+    pub alloc: CachingAllocator<S>,
+    storages: Vec<Storage>,
+    free_storages: Vec<u32>,
+    tensors: Vec<TensorInfo>,
+    free_tensors: Vec<u32>,
+}
+
+impl<S: SegmentSource> Tensors<S> {
+    pub fn new(alloc: CachingAllocator<S>) -> Self {
+        Tensors {
+            alloc,
+            storages: Vec::new(),
+            free_storages: Vec::new(),
+            tensors: Vec::new(),
+            free_tensors: Vec::new(),
+        }
+    }
+
+    pub fn info(&self, t: TensorId) -> &TensorInfo {
+        &self.tensors[t.0 as usize]
+    }
+
+    pub fn shape(&self, t: TensorId) -> &[usize] {
+        &self.info(t).layout.shape
+    }
+
+    pub fn dtype(&self, t: TensorId) -> DType {
+        self.info(t).dtype
+    }
+
+    /// Bytes the tensor's elements take (not its storage's).
+    pub fn nbytes(&self, t: TensorId) -> u64 {
+        self.info(t).layout.numel() as u64 * self.dtype(t).size()
+    }
+
+    /// The storage's device address (0 for an empty storage) and size.
+    pub fn storage_of(&self, t: TensorId) -> (u64, u64, Category) {
+        let s = &self.storages[self.info(t).storage as usize];
+        (s.addr, s.nbytes, s.category)
+    }
+
+    /// Live tensors (handles held).
+    pub fn live_tensors(&self) -> usize {
+        self.tensors.iter().filter(|t| t.live).count()
+    }
+
+    /// A new contiguous tensor with a fresh storage of `numel * dtype.size()` bytes.
+    pub fn empty(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let layout = Layout::contiguous(shape);
+        let nbytes = layout.numel() as u64 * dtype.size();
+        let rec = self.alloc.recorder_mut();
+        rec.push_tag(&category.tag());
+        let r = self.alloc.malloc(nbytes, 0);
+        self.alloc.recorder_mut().pop_tag();
+        let addr = r?;
+        let storage = Storage {
+            addr,
+            nbytes,
+            refs: 0,
+            category,
+            live: true,
+        };
+        let sid = match self.free_storages.pop() {
+            Some(i) => {
+                self.storages[i as usize] = storage;
+                i
+            }
+            None => {
+                self.storages.push(storage);
+                (self.storages.len() - 1) as u32
+            }
+        };
+        Ok(self.new_tensor(sid, layout, dtype, false))
+    }
+
+    fn new_tensor(
+        &mut self,
+        storage: u32,
+        layout: Layout,
+        dtype: DType,
+        requires_grad: bool,
+    ) -> TensorId {
+        self.storages[storage as usize].refs += 1;
+        let info = TensorInfo {
+            storage,
+            layout,
+            dtype,
+            requires_grad,
+            refs: 1,
+            live: true,
+        };
+        let id = match self.free_tensors.pop() {
+            Some(i) => {
+                self.tensors[i as usize] = info;
+                i
+            }
+            None => {
+                self.tensors.push(info);
+                (self.tensors.len() - 1) as u32
+            }
+        };
+        TensorId(id)
+    }
+
+    /// A view: a new tensor over the same storage with `layout`. Allocates nothing.
+    pub fn view_with(&mut self, t: TensorId, layout: Layout) -> TensorId {
+        let (storage, dtype, rg) = {
+            let i = self.info(t);
+            (i.storage, i.dtype, i.requires_grad)
+        };
+        self.new_tensor(storage, layout, dtype, rg)
+    }
+
+    pub fn set_requires_grad(&mut self, t: TensorId, on: bool) {
+        self.tensors[t.0 as usize].requires_grad = on;
+    }
+
+    /// Another handle on the same tensor.
+    pub fn retain(&mut self, t: TensorId) -> TensorId {
+        self.tensors[t.0 as usize].refs += 1;
+        t
+    }
+
+    /// Drops a handle; the tensor goes with its last handle, its storage with its last tensor.
+    pub fn release(&mut self, t: TensorId) {
+        let info = &mut self.tensors[t.0 as usize];
+        debug_assert!(info.live && info.refs > 0, "release of a dead tensor");
+        info.refs -= 1;
+        if info.refs > 0 {
+            return;
+        }
+        info.live = false;
+        let sid = info.storage;
+        self.free_tensors.push(t.0);
+        let s = &mut self.storages[sid as usize];
+        s.refs -= 1;
+        if s.refs == 0 {
+            s.live = false;
+            let addr = s.addr;
+            self.free_storages.push(sid);
+            self.alloc
+                .free(addr)
+                .expect("a live storage's address is allocated");
+        }
+    }
+
+    /// `contiguous()`: the tensor itself (another handle) when already contiguous, else a copy.
+    pub fn contiguous(&mut self, t: TensorId, category: Category) -> Result<TensorId, EngineError> {
+        if self.info(t).layout.is_contiguous() {
+            return Ok(self.retain(t));
+        }
+        self.clone_tensor(t, category)
+    }
+
+    /// `clone()`: always a fresh contiguous copy.
+    pub fn clone_tensor(
+        &mut self,
+        t: TensorId,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let (shape, dtype) = (self.shape(t).to_vec(), self.dtype(t));
+        self.empty(&shape, dtype, category)
+    }
+
+    /// `reshape(shape)`: a view when the strides allow one, else a contiguous copy.
+    pub fn reshape(
+        &mut self,
+        t: TensorId,
+        shape: &[i64],
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let (new_shape, view) = self.info(t).layout.reshape(shape)?;
+        match view {
+            Some(l) => Ok(self.view_with(t, l)),
+            None => {
+                let dtype = self.dtype(t);
+                self.empty(&new_shape, dtype, category)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::units::GIB;
+
+    fn dev() -> Tensors<SimSource> {
+        Tensors::new(SimAllocator::new(
+            AllocConf::default(),
+            SimSource::new(24 * GIB, 0),
+        ))
+    }
+
+    fn allocated(d: &Tensors<SimSource>) -> i64 {
+        d.alloc.stats().allocated_bytes.all().current
+    }
+
+    #[test]
+    fn views_share_storage_and_copies_allocate() {
+        let mut d = dev();
+        let x = d.empty(&[1024, 1024], DType::F32, Category::Input).unwrap();
+        assert_eq!(allocated(&d), 4 << 20);
+        let row = {
+            let l = d.info(x).layout.slice(0, Some(0), Some(512), 1).unwrap();
+            d.view_with(x, l)
+        };
+        assert_eq!(allocated(&d), 4 << 20, "a slice shares storage");
+        let t = {
+            let l = d.info(x).layout.t().unwrap();
+            d.view_with(x, l)
+        };
+        let c = d.contiguous(t, Category::Temporary).unwrap();
+        assert_eq!(
+            allocated(&d),
+            8 << 20,
+            "a transposed tensor's contiguous() copies"
+        );
+        let same = d.contiguous(row, Category::Temporary).unwrap();
+        assert_eq!(same, row, "a contiguous tensor's contiguous() is itself");
+        d.release(same);
+        // the storage stays while any view of it lives
+        d.release(x);
+        assert_eq!(allocated(&d), 8 << 20);
+        d.release(row);
+        d.release(t);
+        assert_eq!(allocated(&d), 4 << 20);
+        d.release(c);
+        assert_eq!(allocated(&d), 0);
+        assert!(
+            d.alloc.stats().reserved_bytes.all().current > 0,
+            "freed memory stays reserved"
+        );
+        assert_eq!(d.live_tensors(), 0);
+    }
+
+    #[test]
+    fn allocations_carry_their_category() {
+        let mut d = dev();
+        d.alloc.recorder_mut().push_tag("encoder");
+        let _w = d
+            .empty(&[16, 16], DType::BF16, Category::Parameter)
+            .unwrap();
+        let r = d.alloc.recorder();
+        let ev = r
+            .ring
+            .iter()
+            .find(|e| e.kind() == crate::trace::EventKind::Alloc)
+            .unwrap();
+        assert_eq!(
+            r.tags.resolve(ev.stack),
+            vec!["encoder", "category:parameter"]
+        );
+        assert_eq!(ev.size(), 16 * 16 * 2);
+    }
+
+    #[test]
+    fn reshape_copies_only_when_pytorch_does() {
+        let mut d = dev();
+        let a = d.empty(&[2, 3], DType::I64, Category::Input).unwrap();
+        let v = d.reshape(a, &[3, 2], Category::Temporary).unwrap();
+        assert_eq!(allocated(&d), 512, "a view");
+        let t = {
+            let l = d.info(a).layout.t().unwrap();
+            d.view_with(a, l)
+        };
+        let _flat = d.reshape(t, &[-1], Category::Temporary).unwrap();
+        assert_eq!(allocated(&d), 1024, "a copy");
+        d.release(v);
+    }
+
+    #[test]
+    fn out_of_memory_is_an_error_not_a_panic() {
+        let mut d = dev();
+        let e = d
+            .empty(&[1 << 20, 1 << 20], DType::F32, Category::Input)
+            .unwrap_err();
+        assert!(matches!(e, EngineError::OutOfMemory(_)), "{e}");
+        assert_eq!(d.alloc.stats().num_ooms, 1);
+    }
+}
