@@ -8,8 +8,10 @@
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack.
 
+pub mod autograd;
 pub mod dtype;
 pub mod layout;
+pub mod ops;
 pub mod tensor;
 
 pub use dtype::DType;

@@ -9,6 +9,7 @@
 //! Every allocation is recorded under the allocator's current tag stack with its memory
 //! [`Category`] pushed as the innermost tag, so reports can split memory by role.
 
+use super::autograd::{Node, NodeId};
 use super::dtype::DType;
 use super::layout::{Layout, LayoutError};
 use crate::alloc::{CachingAllocator, OutOfMemory, SegmentSource};
@@ -76,6 +77,10 @@ pub struct TensorInfo {
     pub layout: Layout,
     pub dtype: DType,
     pub requires_grad: bool,
+    /// The autograd node that made it (None for leaves and tensors made without grad).
+    pub grad_fn: Option<NodeId>,
+    /// `.grad` of a leaf that requires grad.
+    pub grad: Option<TensorId>,
     /// Handles held on this tensor.
     refs: u32,
     live: bool,
@@ -106,6 +111,15 @@ pub struct Tensors<S: SegmentSource> {
     free_storages: Vec<u32>,
     tensors: Vec<TensorInfo>,
     free_tensors: Vec<u32>,
+    /// Autograd nodes (see `autograd.rs`).
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) free_nodes: Vec<u32>,
+    /// Grad mode: false inside `no_grad`.
+    pub grad_enabled: bool,
+    /// Autograd nodes made so far (their sequence numbers).
+    pub(crate) seq: u64,
+    /// The cuBLAS workspace, once the first matrix product took it.
+    pub workspace: Option<TensorId>,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -116,6 +130,11 @@ impl<S: SegmentSource> Tensors<S> {
             free_storages: Vec::new(),
             tensors: Vec::new(),
             free_tensors: Vec::new(),
+            nodes: Vec::new(),
+            free_nodes: Vec::new(),
+            grad_enabled: true,
+            seq: 0,
+            workspace: None,
         }
     }
 
@@ -194,6 +213,8 @@ impl<S: SegmentSource> Tensors<S> {
             layout,
             dtype,
             requires_grad,
+            grad_fn: None,
+            grad: None,
             refs: 1,
             live: true,
         };
@@ -223,6 +244,20 @@ impl<S: SegmentSource> Tensors<S> {
         self.tensors[t.0 as usize].requires_grad = on;
     }
 
+    pub(crate) fn info_mut(&mut self, t: TensorId) -> &mut TensorInfo {
+        &mut self.tensors[t.0 as usize]
+    }
+
+    /// Whether the tensor is a leaf of the graph (made by the user, not by a recorded op).
+    pub fn is_leaf(&self, t: TensorId) -> bool {
+        self.info(t).grad_fn.is_none()
+    }
+
+    /// `.grad` of a leaf.
+    pub fn grad(&self, t: TensorId) -> Option<TensorId> {
+        self.info(t).grad
+    }
+
     /// Another handle on the same tensor.
     pub fn retain(&mut self, t: TensorId) -> TensorId {
         self.tensors[t.0 as usize].refs += 1;
@@ -239,7 +274,14 @@ impl<S: SegmentSource> Tensors<S> {
         }
         info.live = false;
         let sid = info.storage;
+        let (grad_fn, grad) = (info.grad_fn.take(), info.grad.take());
         self.free_tensors.push(t.0);
+        if let Some(g) = grad {
+            self.release(g);
+        }
+        if let Some(n) = grad_fn {
+            self.node_decref(n);
+        }
         let s = &mut self.storages[sid as usize];
         s.refs -= 1;
         if s.refs == 0 {
