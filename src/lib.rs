@@ -4,6 +4,7 @@
 //! Modules, in dependency order (each uses only those before it):
 //! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
+//! - [`workload`]: workload files (TOML and the line language of `setup`/`body`), parsed and checked.
 //! - [`engine`]: tensors, storages and layouts over the allocator (in progress).
 //! - [`analysis`]: pure functions over traces and allocator state (replay of PyTorch traces).
 //! - [`report`]: formatting only (PyTorch's `memory_summary`, tables, JSON).
@@ -16,5 +17,7 @@ pub mod commands;
 pub mod engine;
 pub mod error;
 pub mod report;
+pub mod runner;
 pub mod trace;
 pub mod units;
+pub mod workload;

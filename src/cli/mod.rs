@@ -32,8 +32,42 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    Run(RunArgs),
     Replay(ReplayArgs),
     Bench(BenchArgs),
+}
+
+/// Run a workload on the simulated device and show where the memory went.
+///
+/// A workload is a TOML file: a `[workload]` table (name, iterations, capacity such as "24GiB",
+/// alloc_conf in PYTORCH_CUDA_ALLOC_CONF syntax) and `setup`/`body` scripts of tensor ops in a
+/// small Python-like language (`x = randn(1024, 1024, requires_grad=true)`, `y = (x * x).sin()`,
+/// `loss = y.mean()`, `loss.backward()`, `del y`, `keep(loss)`, `empty_cache()`,
+/// `mark("label")`, blocks `no_grad { ... }`, `scope "encoder" { ... }`, `phase "forward" { ... }`).
+/// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
+/// and the peaks; then what was live at the run's peak by category and by tag, and the
+/// allocator's final state. An out-of-memory stops the run as PyTorch would (exit 1).
+#[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
+pub struct RunArgs {
+    /// The workload file (TOML).
+    pub workload: PathBuf,
+
+    /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+
+    /// Iterations of the body instead of the workload's.
+    #[arg(long, value_name = "N")]
+    pub iterations: Option<u32>,
+
+    /// Print one JSON object (iterations, marks, peak breakdown, memory_stats, oom).
+    #[arg(long)]
+    pub json: bool,
+
+    /// With the text output: PyTorch's memory_summary() text instead of the table.
+    #[arg(long)]
+    pub torch_style: bool,
 }
 
 /// Replay a recorded PyTorch allocator trace and compare every step with PyTorch.

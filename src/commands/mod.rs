@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod replay;
+pub mod run;
 
 use std::io::Write;
 
@@ -20,6 +21,7 @@ pub enum Outcome {
 
 pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
     match cmd {
+        Command::Run(a) => run::run(a, out),
         Command::Replay(a) => replay::run(a, out),
         Command::Bench(a) => bench::run(a, out),
     }

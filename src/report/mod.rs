@@ -8,5 +8,6 @@
 
 pub mod bench;
 pub mod replay;
+pub mod run;
 pub mod stats_table;
 pub mod torch_summary;

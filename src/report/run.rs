@@ -1,0 +1,150 @@
+//! The report of `gpumem run`: iterations, marks, the peak by category and tag, the final state.
+
+use std::io::Write;
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use serde_json::json;
+
+use crate::report::{stats_table, torch_summary};
+use crate::runner::RunOutcome;
+use crate::units::format_bytes;
+
+fn opt(v: Option<u64>) -> String {
+    v.map(format_bytes).unwrap_or_else(|| "-".into())
+}
+
+fn right_align(t: &mut Table, from: usize) {
+    for i in from..t.column_count() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+pub fn write_text(
+    out: &mut dyn Write,
+    path: &str,
+    r: &RunOutcome,
+    torch_style: bool,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{path}: \"{}\" on the simulated device ({} capacity)",
+        r.name,
+        format_bytes(r.capacity)
+    )?;
+    if !r.iterations.is_empty() {
+        let mut t = Table::new();
+        t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+            "iteration",
+            "start",
+            "after forward",
+            "after backward",
+            "end",
+            "peak allocated",
+            "peak reserved",
+            "reserved at end",
+        ]);
+        for i in &r.iterations {
+            t.add_row(vec![
+                i.iteration.to_string(),
+                format_bytes(i.start),
+                opt(i.after_forward),
+                opt(i.after_backward),
+                format_bytes(i.end),
+                format_bytes(i.peak_allocated),
+                format_bytes(i.peak_reserved),
+                format_bytes(i.reserved_end),
+            ]);
+        }
+        right_align(&mut t, 1);
+        writeln!(out, "{t}")?;
+    }
+    if !r.marks.is_empty() {
+        let mut t = Table::new();
+        t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+            "mark",
+            "line",
+            "iteration",
+            "allocated",
+            "reserved",
+        ]);
+        for m in &r.marks {
+            t.add_row(vec![
+                m.label.clone(),
+                m.line.to_string(),
+                m.iteration
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| "setup".into()),
+                format_bytes(m.allocated),
+                format_bytes(m.reserved),
+            ]);
+        }
+        right_align(&mut t, 3);
+        writeln!(out, "{t}")?;
+    }
+    writeln!(
+        out,
+        "at the peak, {} allocated:",
+        format_bytes(r.peak.peak_allocated)
+    )?;
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED)
+        .set_header(vec!["category", "allocated"]);
+    for (c, b) in &r.peak.by_category {
+        t.add_row(vec![c.name().to_string(), format_bytes(*b)]);
+    }
+    right_align(&mut t, 1);
+    writeln!(out, "{t}")?;
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED)
+        .set_header(vec!["tags (outermost first)", "allocated"]);
+    for (tags, b) in &r.peak.top_tags {
+        t.add_row(vec![tags.clone(), format_bytes(*b)]);
+    }
+    right_align(&mut t, 1);
+    writeln!(out, "{t}")?;
+    if let Some(o) = &r.oom {
+        let when = o
+            .iteration
+            .map(|i| format!("iteration {i}"))
+            .unwrap_or_else(|| "setup".into());
+        writeln!(
+            out,
+            "out of memory at line {} column {} ({when}):\n  {}",
+            o.line, o.column, o.error
+        )?;
+    }
+    writeln!(out)?;
+    if torch_style {
+        torch_summary::write(out, &r.stats, 0)
+    } else {
+        stats_table::write(out, &r.stats)
+    }
+}
+
+pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
+    json!({
+        "workload": path,
+        "name": r.name,
+        "device": "sim",
+        "capacity": r.capacity,
+        "iterations": r.iterations,
+        "marks": r.marks,
+        "peak": {
+            "peak_allocated": r.peak.peak_allocated,
+            "by_category": r.peak.by_category.iter().map(|(c, b)| (c.name().to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+            "top_tags": r.peak.top_tags.iter().map(|(t, b)| json!({"tags": t, "bytes": b})).collect::<Vec<_>>(),
+        },
+        "oom": r.oom.as_ref().map(|o| json!({
+            "message": o.error.to_string(),
+            "line": o.line,
+            "column": o.column,
+            "iteration": o.iteration,
+            "requested": o.error.requested,
+            "allocated": o.error.allocated,
+            "reserved": o.error.reserved,
+        })),
+        "memory_stats": r.stats.to_flat(),
+    })
+}

@@ -1,0 +1,580 @@
+//! Runs a parsed workload on the engine, on the simulated device, and records what memory did.
+//!
+//! Variables hold tensor handles; a name reassigned or `del`eted drops its handle, and a value
+//! nobody names is dropped at the end of its statement, as Python's refcounting would. Tags:
+//! every allocation carries `iter:N` (or `setup`), the `phase` and `scope` blocks around it,
+//! the op that made it, and its memory category (pushed by the engine).
+//!
+//! Per iteration the runner records allocated memory at the iteration's start, after the
+//! forward pass (just before the first `backward()`, or at the end of a `phase "forward"`
+//! block), after backward, and at the end, with the peaks since the iteration's start: it
+//! resets the peak counters at each iteration start, as ../shared/tools/reference_models.py does.
+
+mod value;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::alloc::{
+    AllocConf, DeviceStats, OutOfMemory, SimAllocator, SimSource, DEFAULT_CONTEXT_OVERHEAD,
+};
+use crate::engine::ops::{Binary, Unary};
+use crate::engine::{Category, DType, EngineError, TensorId, Tensors};
+use crate::error::Error;
+use crate::units::GIB;
+use crate::workload::ast::{BinOp, BlockKind, Expr, ExprKind, Span, Stmt, StmtKind, Workload};
+
+pub use value::Value;
+
+/// The device capacity when neither the workload nor the command line gives one: an 80 GiB card.
+pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
+
+/// Memory at the measured points of one iteration (bytes; PyTorch's `memory_allocated()`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IterationStats {
+    pub iteration: u32,
+    pub start: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_forward: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_backward: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_step: Option<u64>,
+    pub end: u64,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub reserved_end: u64,
+}
+
+/// A `mark("label")` in the script: memory at that point.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mark {
+    pub label: String,
+    /// `None` in setup.
+    pub iteration: Option<u32>,
+    pub line: u32,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// Allocated bytes by category at the run's peak.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeakBreakdown {
+    pub peak_allocated: u64,
+    pub by_category: Vec<(Category, u64)>,
+    /// The tag stacks holding the most memory at the peak, largest first.
+    pub top_tags: Vec<(String, u64)>,
+}
+
+/// Where and why a run stopped on out-of-memory.
+#[derive(Debug, Clone)]
+pub struct RunOom {
+    pub error: OutOfMemory,
+    pub line: u32,
+    pub column: u32,
+    pub iteration: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub name: String,
+    pub capacity: u64,
+    pub iterations: Vec<IterationStats>,
+    pub marks: Vec<Mark>,
+    pub oom: Option<RunOom>,
+    pub peak: PeakBreakdown,
+    pub stats: DeviceStats,
+    pub allocator: SimAllocator,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Overrides the workload's capacity.
+    pub capacity: Option<u64>,
+    /// Overrides the workload's iteration count.
+    pub iterations: Option<u32>,
+}
+
+/// Why a statement failed: a mistake in the script (exit 2) or the device running out (a finding).
+enum Stop {
+    Script(Span, String),
+    Oom(Span, Box<OutOfMemory>),
+}
+
+type Flow<T> = Result<T, Stop>;
+
+struct Runner {
+    dev: Tensors<SimSource>,
+    vars: HashMap<String, Value>,
+    kept: Vec<TensorId>,
+    marks: Vec<Mark>,
+    iteration: Option<u32>,
+    current: IterationStats,
+    /// The highest allocated memory seen (peaks are reset at each iteration start).
+    run_peak: u64,
+}
+
+fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
+    Err(Stop::Script(span, msg.into()))
+}
+
+fn engine_err(span: Span, e: EngineError) -> Stop {
+    match e {
+        EngineError::OutOfMemory(o) => Stop::Oom(span, o),
+        other => Stop::Script(span, other.to_string()),
+    }
+}
+
+/// Runs `workload` (from `path`, which only names it in errors).
+pub fn run(workload: &Workload, path: &Path, opts: &RunOptions) -> Result<RunOutcome, Error> {
+    let capacity = opts
+        .capacity
+        .or(workload.capacity)
+        .unwrap_or(DEFAULT_CAPACITY);
+    let conf: AllocConf = workload.alloc_conf.clone();
+    let alloc = SimAllocator::new(
+        conf,
+        SimSource::new(
+            capacity + DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8),
+            DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8),
+        ),
+    );
+    let mut r = Runner {
+        dev: Tensors::new(alloc),
+        vars: HashMap::new(),
+        kept: Vec::new(),
+        marks: Vec::new(),
+        iteration: None,
+        current: IterationStats::default(),
+        run_peak: 0,
+    };
+    let mut iterations = Vec::new();
+    let mut oom = None;
+    let iters = opts.iterations.unwrap_or(workload.iterations);
+    let to_error =
+        |path: &PathBuf, span: Span, msg: String| Error::input(path.clone(), span.location(), msg);
+    let path = path.to_path_buf();
+    r.dev.alloc.recorder_mut().push_tag("setup");
+    let setup = r.block(&workload.setup);
+    r.dev.alloc.recorder_mut().pop_tag();
+    r.note_peak();
+    match setup {
+        Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
+        Err(Stop::Oom(span, e)) => {
+            oom = Some(RunOom {
+                error: *e,
+                line: span.line,
+                column: span.col,
+                iteration: None,
+            })
+        }
+        Ok(()) => {}
+    }
+    if oom.is_none() {
+        for it in 0..iters {
+            r.iteration = Some(it);
+            r.dev.alloc.reset_peak_stats();
+            r.current = IterationStats {
+                iteration: it,
+                start: r.allocated(),
+                ..Default::default()
+            };
+            r.dev.alloc.recorder_mut().push_tag(&format!("iter:{it}"));
+            let res = r.block(&workload.body);
+            r.dev.alloc.recorder_mut().pop_tag();
+            r.note_peak();
+            let s = r.dev.alloc.stats();
+            r.current.end = s.allocated_bytes.all().current as u64;
+            r.current.peak_allocated = s.allocated_bytes.all().peak as u64;
+            r.current.peak_reserved = s.reserved_bytes.all().peak as u64;
+            r.current.reserved_end = s.reserved_bytes.all().current as u64;
+            iterations.push(std::mem::take(&mut r.current));
+            match res {
+                Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
+                Err(Stop::Oom(span, e)) => {
+                    oom = Some(RunOom {
+                        error: *e,
+                        line: span.line,
+                        column: span.col,
+                        iteration: Some(it),
+                    });
+                    break;
+                }
+                Ok(()) => {}
+            }
+        }
+    }
+    let peak = peak_breakdown(&r.dev.alloc, r.run_peak);
+    Ok(RunOutcome {
+        name: workload.name.clone(),
+        capacity,
+        iterations,
+        marks: r.marks,
+        oom,
+        peak,
+        stats: r.dev.alloc.stats().clone(),
+        allocator: r.dev.alloc,
+    })
+}
+
+/// Replays the event ring to the moment allocated memory was highest and sums the live
+/// allocations there by category and by tag stack.
+fn peak_breakdown(a: &SimAllocator, _hint: u64) -> PeakBreakdown {
+    use crate::trace::EventKind;
+    let rec = a.recorder();
+    let mut live: HashMap<u64, (u64, crate::trace::StackId)> = HashMap::new();
+    let mut cur: u64 = 0;
+    let mut best: (u64, usize) = (0, 0);
+    let events: Vec<_> = rec.ring.iter().copied().collect();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc => {
+                live.insert(e.addr, (e.size(), e.stack));
+                cur += e.size();
+                if cur > best.0 {
+                    best = (cur, i + 1);
+                }
+            }
+            EventKind::FreeRequested => {
+                if let Some((s, _)) = live.remove(&e.addr) {
+                    cur -= s;
+                }
+            }
+            _ => {}
+        }
+    }
+    // the live set at the peak
+    let mut at_peak: HashMap<u64, (u64, crate::trace::StackId)> = HashMap::new();
+    for e in &events[..best.1] {
+        match e.kind() {
+            EventKind::Alloc => {
+                at_peak.insert(e.addr, (e.size(), e.stack));
+            }
+            EventKind::FreeRequested => {
+                at_peak.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let mut by_cat: HashMap<Category, u64> = HashMap::new();
+    let mut by_stack: HashMap<String, u64> = HashMap::new();
+    for (size, stack) in at_peak.values() {
+        let tags = rec.tags.resolve(*stack);
+        let cat = tags
+            .iter()
+            .rev()
+            .find_map(|t| t.strip_prefix("category:"))
+            .and_then(|c| Category::ALL.iter().copied().find(|k| k.name() == c))
+            .unwrap_or(Category::Temporary);
+        *by_cat.entry(cat).or_default() += size;
+        let name = tags
+            .iter()
+            .filter(|t| !t.starts_with("category:"))
+            .copied()
+            .collect::<Vec<_>>()
+            .join("/");
+        *by_stack.entry(name).or_default() += size;
+    }
+    let mut by_category: Vec<(Category, u64)> = by_cat.into_iter().collect();
+    by_category.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut top_tags: Vec<(String, u64)> = by_stack.into_iter().collect();
+    top_tags.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top_tags.truncate(10);
+    PeakBreakdown {
+        peak_allocated: best.0,
+        by_category,
+        top_tags,
+    }
+}
+
+impl Runner {
+    fn allocated(&self) -> u64 {
+        self.dev.alloc.stats().allocated_bytes.all().current as u64
+    }
+
+    fn note_peak(&mut self) {
+        self.run_peak = self
+            .run_peak
+            .max(self.dev.alloc.stats().allocated_bytes.all().peak as u64);
+    }
+
+    fn block(&mut self, stmts: &[Stmt]) -> Flow<()> {
+        for s in stmts {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Flow<()> {
+        match &s.kind {
+            StmtKind::Assign { targets, value } => {
+                let v = self.eval(value)?;
+                if targets.len() == 1 {
+                    self.assign(&targets[0], v);
+                } else {
+                    let Value::List(items) = v else {
+                        self.drop_value(v);
+                        return script(
+                            s.span,
+                            format!("cannot unpack a non-list into {} names", targets.len()),
+                        );
+                    };
+                    if items.len() != targets.len() {
+                        let n = items.len();
+                        self.drop_value(Value::List(items));
+                        return script(
+                            s.span,
+                            format!("expected {} values to unpack, got {n}", targets.len()),
+                        );
+                    }
+                    for (t, v) in targets.iter().zip(items) {
+                        self.assign(t, v);
+                    }
+                }
+            }
+            StmtKind::Del(names) => {
+                for n in names {
+                    match self.vars.remove(n) {
+                        Some(v) => self.drop_value(v),
+                        None => return script(s.span, format!("name '{n}' is not defined")),
+                    }
+                }
+            }
+            StmtKind::Expr(e) => {
+                let v = self.eval(e)?;
+                self.drop_value(v);
+            }
+            StmtKind::Block { kind, body } => match kind {
+                BlockKind::NoGrad => {
+                    let was = self.dev.grad_enabled;
+                    self.dev.grad_enabled = false;
+                    let r = self.block(body);
+                    self.dev.grad_enabled = was;
+                    r?;
+                }
+                BlockKind::Scope(name) => {
+                    self.dev.alloc.recorder_mut().push_tag(name);
+                    let r = self.block(body);
+                    self.dev.alloc.recorder_mut().pop_tag();
+                    r?;
+                }
+                BlockKind::Phase(name) => {
+                    self.dev
+                        .alloc
+                        .recorder_mut()
+                        .push_tag(&format!("phase:{name}"));
+                    let r = self.block(body);
+                    self.dev.alloc.recorder_mut().pop_tag();
+                    r?;
+                    let now = self.allocated();
+                    match name.as_str() {
+                        "forward" => self.current.after_forward = Some(now),
+                        "backward" => self.current.after_backward = Some(now),
+                        "optimizer" | "step" => self.current.after_step = Some(now),
+                        _ => {}
+                    }
+                }
+                BlockKind::Autocast { .. } | BlockKind::Checkpoint => {
+                    return script(
+                        s.span,
+                        format!("`{kind}` blocks are not supported yet in this version of gpumem (the engine has no autocast or checkpointing yet)"),
+                    );
+                }
+            },
+        }
+        Ok(())
+    }
+
+    fn assign(&mut self, name: &str, v: Value) {
+        if let Some(old) = self.vars.insert(name.to_string(), v) {
+            self.drop_value(old);
+        }
+    }
+
+    fn drop_value(&mut self, v: Value) {
+        match v {
+            Value::Tensor(t) => self.dev.release(t),
+            Value::List(items) => {
+                for i in items {
+                    self.drop_value(i);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A value that the caller will drop: for a name, another handle on its tensor.
+    fn eval(&mut self, e: &Expr) -> Flow<Value> {
+        match &e.kind {
+            ExprKind::Name(n) => match self.vars.get(n) {
+                Some(v) => {
+                    let v = v.clone();
+                    Ok(self.share(v))
+                }
+                None => match DType::parse(n) {
+                    Some(d) => Ok(Value::DType(d)),
+                    None => script(e.span, format!("name '{n}' is not defined")),
+                },
+            },
+            ExprKind::Int(i) => Ok(Value::Int(*i)),
+            ExprKind::Float(f) => Ok(Value::Float(*f)),
+            ExprKind::Str(s) => Ok(Value::Str(s.clone())),
+            ExprKind::Bool(b) => Ok(Value::Bool(*b)),
+            ExprKind::None => Ok(Value::None),
+            ExprKind::List(items) => {
+                let mut out = Vec::new();
+                for i in items {
+                    match self.eval(i) {
+                        Ok(v) => out.push(v),
+                        Err(err) => {
+                            self.drop_value(Value::List(out));
+                            return Err(err);
+                        }
+                    }
+                }
+                Ok(Value::List(out))
+            }
+            ExprKind::Neg(x) => {
+                let v = self.eval(x)?;
+                match v {
+                    Value::Int(i) => Ok(Value::Int(-i)),
+                    Value::Float(f) => Ok(Value::Float(-f)),
+                    Value::Tensor(t) => self.unary_op(e.span, Unary::Neg, t),
+                    other => {
+                        self.drop_value(other);
+                        script(e.span, "cannot negate this value")
+                    }
+                }
+            }
+            ExprKind::Binary { op, lhs, rhs } => {
+                let a = self.eval(lhs)?;
+                let b = match self.eval(rhs) {
+                    Ok(b) => b,
+                    Err(err) => {
+                        self.drop_value(a);
+                        return Err(err);
+                    }
+                };
+                self.binary(e.span, *op, a, b)
+            }
+            ExprKind::Call { func, args, kwargs } => self.call(e.span, func, args, kwargs),
+            ExprKind::Method {
+                recv,
+                name,
+                args,
+                kwargs,
+            } => {
+                let r = self.eval(recv)?;
+                let res = self.method(e.span, &r, name, args, kwargs);
+                self.drop_value(r);
+                res
+            }
+            ExprKind::Attr { recv, name } => {
+                let r = self.eval(recv)?;
+                let res = self.attr(e.span, &r, name);
+                self.drop_value(r);
+                res
+            }
+            ExprKind::Index { recv, items } => {
+                let r = self.eval(recv)?;
+                let res = self.index(e.span, &r, items);
+                self.drop_value(r);
+                res
+            }
+        }
+    }
+
+    fn share(&mut self, v: Value) -> Value {
+        match v {
+            Value::Tensor(t) => Value::Tensor(self.dev.retain(t)),
+            Value::List(items) => Value::List(items.into_iter().map(|i| self.share(i)).collect()),
+            other => other,
+        }
+    }
+
+    /// Runs an op under its name as a tag.
+    fn op<T>(
+        &mut self,
+        span: Span,
+        tag: &str,
+        f: impl FnOnce(&mut Tensors<SimSource>) -> Result<T, EngineError>,
+    ) -> Flow<T> {
+        self.dev.alloc.recorder_mut().push_tag(tag);
+        let r = f(&mut self.dev);
+        self.dev.alloc.recorder_mut().pop_tag();
+        r.map_err(|e| engine_err(span, e))
+    }
+
+    fn unary_op(&mut self, span: Span, op: Unary, t: TensorId) -> Flow<Value> {
+        let r = self.op(span, &format!("{op:?}").to_lowercase(), |d| d.unary(op, t));
+        self.dev.release(t);
+        r.map(Value::Tensor)
+    }
+
+    fn binary(&mut self, span: Span, op: BinOp, a: Value, b: Value) -> Flow<Value> {
+        match (a, b) {
+            (Value::Tensor(x), Value::Tensor(y)) => {
+                let r = match op {
+                    BinOp::MatMul => self.op(span, "matmul", |d| d.matmul(x, y)),
+                    _ => {
+                        let bop = binop(op);
+                        self.op(span, bop_name(op), |d| d.binary(bop, x, y))
+                    }
+                };
+                self.dev.release(x);
+                self.dev.release(y);
+                r.map(Value::Tensor)
+            }
+            (Value::Tensor(x), s) | (s, Value::Tensor(x)) if s.as_f64().is_some() => {
+                if op == BinOp::MatMul {
+                    self.dev.release(x);
+                    return script(span, "matmul needs two tensors");
+                }
+                // a Python scalar becomes a 0-dim operand that keeps nothing alive
+                let r = self.op(span, bop_name(op), |d| {
+                    let (shape, dtype) = (d.shape(x).to_vec(), d.dtype(x));
+                    let out = d.empty(&shape, dtype, Category::Temporary)?;
+                    d.record(bop_name(op), &[x], &[out], &[]);
+                    Ok(out)
+                });
+                self.dev.release(x);
+                r.map(Value::Tensor)
+            }
+            (a, b) => match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => Ok(Value::Float(match op {
+                    BinOp::Add => x + y,
+                    BinOp::Sub => x - y,
+                    BinOp::Mul => x * y,
+                    BinOp::Div => x / y,
+                    BinOp::MatMul => return script(span, "matmul needs two tensors"),
+                })),
+                _ => {
+                    self.drop_value(a);
+                    self.drop_value(b);
+                    script(span, format!("unsupported operands for {}", op.symbol()))
+                }
+            },
+        }
+    }
+}
+
+fn binop(op: BinOp) -> Binary {
+    match op {
+        BinOp::Add => Binary::Add,
+        BinOp::Sub => Binary::Sub,
+        BinOp::Mul => Binary::Mul,
+        BinOp::Div | BinOp::MatMul => Binary::Div,
+    }
+}
+
+fn bop_name(op: BinOp) -> &'static str {
+    match op {
+        BinOp::Add => "add",
+        BinOp::Sub => "sub",
+        BinOp::Mul => "mul",
+        BinOp::Div => "div",
+        BinOp::MatMul => "matmul",
+    }
+}
+
+mod builtins;

@@ -1,0 +1,393 @@
+//! The parsed workload: the `[workload]` settings and the statements of `setup` and `body`.
+//!
+//! Every statement and expression carries a [`Span`]: where it starts in the TOML file (1-based
+//! line and character column), not in the `setup`/`body` string.
+
+use std::fmt;
+
+use crate::alloc::AllocConf;
+
+/// A parsed and validated workload file. Nothing in it has been run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// `name`: required, non-empty.
+    pub name: String,
+    /// `iterations`: how many times `body` runs (default 1, at least 1).
+    pub iterations: u32,
+    /// `capacity`: the simulated device's size in bytes, when given.
+    pub capacity: Option<u64>,
+    /// `alloc_conf`, parsed with PyTorch's syntax; the string as written is in
+    /// [`AllocConf::raw`] (`""` when the key is absent, which gives PyTorch's defaults).
+    pub alloc_conf: AllocConf,
+    /// `device`: where the workload is meant to run (default [`Device::Sim`]).
+    pub device: Device,
+    /// `description`: free text.
+    pub description: Option<String>,
+    /// `setup`: statements run once, before the first iteration.
+    pub setup: Vec<Stmt>,
+    /// `body`: statements run on every iteration.
+    pub body: Vec<Stmt>,
+}
+
+/// The `device` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// gpumem's simulated device (no GPU needed).
+    #[default]
+    Sim,
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    /// The spelling used in workload files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Sim => "sim",
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a statement or expression starts in the TOML file: 1-based line and character column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Span {
+    pub line: u32,
+    pub col: u32,
+}
+
+impl Span {
+    pub fn new(line: u32, col: u32) -> Self {
+        Span { line, col }
+    }
+
+    /// `line L column C`, the location text of gpumem's input errors.
+    pub fn location(self) -> String {
+        format!("line {} column {}", self.line, self.col)
+    }
+}
+
+impl fmt::Display for Span {
+    /// `L:C`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.col)
+    }
+}
+
+/// One statement (one logical line, or a block with its lines).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stmt {
+    pub kind: StmtKind,
+    /// The statement's first character.
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum StmtKind {
+    /// `x = EXPR` (one target) or `a, b = EXPR` (several: the value is unpacked).
+    Assign { targets: Vec<String>, value: Expr },
+    /// `del x` or `del x, y`.
+    Del(Vec<String>),
+    /// A bare expression, e.g. `loss.backward()` or `mark("after forward")`.
+    Expr(Expr),
+    /// `no_grad {` ... `}` and the other blocks.
+    Block { kind: BlockKind, body: Vec<Stmt> },
+}
+
+/// The block statements. They nest.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BlockKind {
+    /// `no_grad {`
+    NoGrad,
+    /// `autocast {`, `autocast(bf16) {` or `autocast(dtype=f16) {`; the dtype as written.
+    Autocast { dtype: Option<String> },
+    /// `checkpoint {`: activation checkpointing of the statements inside.
+    Checkpoint,
+    /// `scope "encoder.layer3" {`: a module-path tag for what is allocated inside.
+    Scope(String),
+    /// `phase "forward" {`: a phase tag for what is allocated inside.
+    Phase(String),
+}
+
+impl fmt::Display for BlockKind {
+    /// The block's header as written in a workload, without the `{`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockKind::NoGrad => f.write_str("no_grad"),
+            BlockKind::Autocast { dtype: None } => f.write_str("autocast"),
+            BlockKind::Autocast { dtype: Some(d) } => write!(f, "autocast({d})"),
+            BlockKind::Checkpoint => f.write_str("checkpoint"),
+            BlockKind::Scope(s) => write!(f, "scope {}", quoted(s)),
+            BlockKind::Phase(s) => write!(f, "phase {}", quoted(s)),
+        }
+    }
+}
+
+/// An expression.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expr {
+    pub kind: ExprKind,
+    /// The expression's first character (for `a + b`, the `a`; for `x.f()`, the `x`).
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExprKind {
+    Name(String),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bool(bool),
+    /// `none`
+    None,
+    /// `[a, b]`
+    List(Vec<Expr>),
+    /// `-x`
+    Neg(Box<Expr>),
+    Binary {
+        op: BinOp,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    /// `f(args, k=v)`: a call of a plain name.
+    Call {
+        func: String,
+        args: Vec<Expr>,
+        kwargs: Vec<(String, Expr)>,
+    },
+    /// `recv.name(args, k=v)`
+    Method {
+        recv: Box<Expr>,
+        name: String,
+        args: Vec<Expr>,
+        kwargs: Vec<(String, Expr)>,
+    },
+    /// `recv.name` (e.g. `x.T`, `x.shape`)
+    Attr {
+        recv: Box<Expr>,
+        name: String,
+    },
+    /// `recv[items]`
+    Index {
+        recv: Box<Expr>,
+        items: Vec<IndexItem>,
+    },
+}
+
+/// One comma-separated item inside `x[...]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IndexItem {
+    /// `x[0]`, `x[i + 1]`
+    Expr(Expr),
+    /// `start:stop` or `start:stop:step`, any part omitted (`:`, `1:`, `::2`).
+    Slice {
+        start: Option<Expr>,
+        stop: Option<Expr>,
+        step: Option<Expr>,
+    },
+    /// `...`
+    Ellipsis,
+    /// `none`: a new axis of size 1.
+    NewAxis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// `@`, matrix multiplication.
+    MatMul,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::MatMul => "@",
+        }
+    }
+
+    /// Binding strength: `+ -` bind less tightly than `* / @`.
+    pub fn precedence(self) -> u8 {
+        match self {
+            BinOp::Add | BinOp::Sub => PREC_SUM,
+            BinOp::Mul | BinOp::Div | BinOp::MatMul => PREC_PRODUCT,
+        }
+    }
+}
+
+impl fmt::Display for BinOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.symbol())
+    }
+}
+
+const PREC_SUM: u8 = 1;
+const PREC_PRODUCT: u8 = 2;
+const PREC_UNARY: u8 = 3;
+const PREC_POSTFIX: u8 = 4;
+
+impl Expr {
+    pub fn new(kind: ExprKind, span: Span) -> Self {
+        Expr { kind, span }
+    }
+
+    /// How tightly the printed form binds, to know where `Display` needs parentheses.
+    fn precedence(&self) -> u8 {
+        match &self.kind {
+            ExprKind::Binary { op, .. } => op.precedence(),
+            ExprKind::Neg(_) => PREC_UNARY,
+            _ => PREC_POSTFIX,
+        }
+    }
+
+    /// Writes `self`, in parentheses if it binds less tightly than `min`.
+    fn fmt_at(&self, f: &mut fmt::Formatter<'_>, min: u8) -> fmt::Result {
+        if self.precedence() < min {
+            write!(f, "({self})")
+        } else {
+            write!(f, "{self}")
+        }
+    }
+}
+
+/// `"..."` with `\"` and `\\` escaped, as the line language reads strings.
+fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+fn fmt_args(f: &mut fmt::Formatter<'_>, args: &[Expr], kwargs: &[(String, Expr)]) -> fmt::Result {
+    f.write_str("(")?;
+    let mut first = true;
+    for a in args {
+        if !first {
+            f.write_str(", ")?;
+        }
+        first = false;
+        write!(f, "{a}")?;
+    }
+    for (k, v) in kwargs {
+        if !first {
+            f.write_str(", ")?;
+        }
+        first = false;
+        write!(f, "{k}={v}")?;
+    }
+    f.write_str(")")
+}
+
+impl fmt::Display for Expr {
+    /// The expression in source form, with parentheses only where precedence needs them:
+    /// parsing the output gives the same tree (spans aside).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ExprKind::Name(n) => f.write_str(n),
+            ExprKind::Int(i) => write!(f, "{i}"),
+            ExprKind::Float(x) => {
+                // `{:?}` keeps a `.0` or exponent, so the text reads back as a float.
+                if x.is_finite() {
+                    write!(f, "{x:?}")
+                } else {
+                    write!(f, "{x}")
+                }
+            }
+            ExprKind::Str(s) => f.write_str(&quoted(s)),
+            ExprKind::Bool(b) => f.write_str(if *b { "true" } else { "false" }),
+            ExprKind::None => f.write_str("none"),
+            ExprKind::List(items) => {
+                f.write_str("[")?;
+                for (i, e) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{e}")?;
+                }
+                f.write_str("]")
+            }
+            ExprKind::Neg(e) => {
+                f.write_str("-")?;
+                e.fmt_at(f, PREC_UNARY)
+            }
+            ExprKind::Binary { op, lhs, rhs } => {
+                let p = op.precedence();
+                lhs.fmt_at(f, p)?;
+                write!(f, " {op} ")?;
+                // Left-associative: a right operand of the same strength needs parentheses.
+                rhs.fmt_at(f, p + 1)
+            }
+            ExprKind::Call { func, args, kwargs } => {
+                f.write_str(func)?;
+                fmt_args(f, args, kwargs)
+            }
+            ExprKind::Method {
+                recv,
+                name,
+                args,
+                kwargs,
+            } => {
+                recv.fmt_at(f, PREC_POSTFIX)?;
+                write!(f, ".{name}")?;
+                fmt_args(f, args, kwargs)
+            }
+            ExprKind::Attr { recv, name } => {
+                recv.fmt_at(f, PREC_POSTFIX)?;
+                write!(f, ".{name}")
+            }
+            ExprKind::Index { recv, items } => {
+                recv.fmt_at(f, PREC_POSTFIX)?;
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+impl fmt::Display for IndexItem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IndexItem::Expr(e) => write!(f, "{e}"),
+            IndexItem::Slice { start, stop, step } => {
+                if let Some(e) = start {
+                    write!(f, "{e}")?;
+                }
+                f.write_str(":")?;
+                if let Some(e) = stop {
+                    write!(f, "{e}")?;
+                }
+                if let Some(e) = step {
+                    write!(f, ":{e}")?;
+                }
+                Ok(())
+            }
+            IndexItem::Ellipsis => f.write_str("..."),
+            IndexItem::NewAxis => f.write_str("none"),
+        }
+    }
+}

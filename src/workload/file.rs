@@ -1,0 +1,241 @@
+//! The TOML layer of a workload file: the `[workload]` keys, their checks, and the hand-off of
+//! `setup` and `body` to the line-language parser with their positions in the file.
+
+use serde::Deserialize;
+use toml::{Spanned, Value};
+
+use super::ast::{Device, Span, Stmt, Workload};
+use super::error::{PResult, SyntaxError};
+use super::parser::parse_stmts;
+use super::source::{locate, LineIndex};
+use crate::alloc::AllocConf;
+use crate::units::parse_size;
+
+/// The keys of `[workload]`, in the order the format's documentation lists them.
+pub const KNOWN_KEYS: &[&str] = &[
+    "name",
+    "iterations",
+    "capacity",
+    "alloc_conf",
+    "device",
+    "description",
+    "setup",
+    "body",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    workload: Option<Spanned<RawWorkload>>,
+}
+
+/// Every value is read as any TOML value so that a wrong type gets a message naming the key.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkload {
+    name: Option<Spanned<Value>>,
+    iterations: Option<Spanned<Value>>,
+    capacity: Option<Spanned<Value>>,
+    alloc_conf: Option<Spanned<Value>>,
+    device: Option<Spanned<Value>>,
+    description: Option<Spanned<Value>>,
+    setup: Option<Spanned<Value>>,
+    body: Option<Spanned<Value>>,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a float",
+        Value::Boolean(_) => "a boolean",
+        Value::Datetime(_) => "a date-time",
+        Value::Array(_) => "an array",
+        Value::Table(_) => "a table",
+    }
+}
+
+/// Turns `toml`'s error into one at its position, with gpumem's wording for unknown keys.
+fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
+    let span = e.span().map_or(Span::new(1, 1), |r| index.span(r.start));
+    let msg = e.message().trim();
+    let unknown = msg.strip_prefix("unknown field `").and_then(|rest| {
+        let end = rest
+            .find("`, expected")
+            .or_else(|| rest.find("`, there are no fields"))?;
+        Some((rest.get(..end)?, rest.get(end..)?))
+    });
+    let message = match unknown {
+        Some((key, rest)) if rest.starts_with("`, expected `workload`") => format!(
+            "unknown key '{key}' at the top level: a workload file has one table, [workload], \
+             and every key goes in it"
+        ),
+        Some((key, _)) => format!(
+            "unknown key '{key}' in [workload] (known: {})",
+            KNOWN_KEYS.join(", ")
+        ),
+        None if msg.contains("expected struct RawWorkload") => format!(
+            "'workload' must be a table: write [workload] on a line of its own and its keys \
+             below it ({})",
+            msg.replace("struct RawWorkload", "a table")
+        ),
+        None => format!("invalid TOML: {msg}"),
+    };
+    SyntaxError::new(span, message)
+}
+
+/// Parses and checks the whole file.
+pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
+    let index = LineIndex::new(text);
+    let raw: RawFile = toml::from_str(text).map_err(|e| toml_error(&index, &e))?;
+    let Some(table) = raw.workload else {
+        return Err(SyntaxError::new(
+            Span::new(1, 1),
+            "missing the [workload] table: a workload file starts with [workload], then \
+             name = \"...\" and a body = \"\"\"...\"\"\"",
+        ));
+    };
+    let header = index.span(table.span().start);
+    let w = table.into_inner();
+    let at = |v: &Spanned<Value>| index.span(v.span().start);
+    let string = |v: &Spanned<Value>, key: &str| -> PResult<String> {
+        match v.get_ref() {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(SyntaxError::new(
+                at(v),
+                format!("'{key}' must be a string, found {}", type_name(other)),
+            )),
+        }
+    };
+
+    let name =
+        match &w.name {
+            None => return Err(SyntaxError::new(
+                header,
+                "missing required key 'name' in [workload] (name = \"what this workload shows\")",
+            )),
+            Some(v) => {
+                let s = string(v, "name")?;
+                if s.trim().is_empty() {
+                    return Err(SyntaxError::new(at(v), "'name' must not be empty"));
+                }
+                s
+            }
+        };
+
+    let iterations = match &w.iterations {
+        None => 1,
+        Some(v) => match v.get_ref() {
+            Value::Integer(i) => match u32::try_from(*i) {
+                Ok(n) if n >= 1 => n,
+                _ if *i < 1 => {
+                    return Err(SyntaxError::new(
+                        at(v),
+                        format!("'iterations' must be at least 1, found {i}"),
+                    ))
+                }
+                _ => {
+                    return Err(SyntaxError::new(
+                        at(v),
+                        format!("'iterations' must be at most {}, found {i}", u32::MAX),
+                    ))
+                }
+            },
+            other => {
+                return Err(SyntaxError::new(
+                    at(v),
+                    format!(
+                        "'iterations' must be an integer of at least 1, found {}",
+                        type_name(other)
+                    ),
+                ))
+            }
+        },
+    };
+
+    let capacity = match &w.capacity {
+        None => None,
+        Some(v) => {
+            let bytes = match v.get_ref() {
+                Value::String(s) => parse_size(s)
+                    .map_err(|m| SyntaxError::new(at(v), format!("'capacity': {m}")))?,
+                Value::Integer(i) => u64::try_from(*i).unwrap_or(0),
+                other => {
+                    return Err(SyntaxError::new(
+                        at(v),
+                        format!(
+                            "'capacity' must be a size: a string such as \"24GiB\" or an \
+                             integer number of bytes, found {}",
+                            type_name(other)
+                        ),
+                    ))
+                }
+            };
+            if bytes == 0 {
+                return Err(SyntaxError::new(
+                    at(v),
+                    "'capacity' must be more than 0 bytes (e.g. \"24GiB\")",
+                ));
+            }
+            Some(bytes)
+        }
+    };
+
+    let alloc_conf = match &w.alloc_conf {
+        None => AllocConf::default(),
+        Some(v) => AllocConf::parse(&string(v, "alloc_conf")?)
+            .map_err(|e| SyntaxError::new(at(v), format!("bad 'alloc_conf': {e}")))?,
+    };
+
+    let device = match &w.device {
+        None => Device::default(),
+        Some(v) => match string(v, "device")?.as_str() {
+            "sim" => Device::Sim,
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda,
+            other => {
+                return Err(SyntaxError::new(
+                    at(v),
+                    format!("unknown device '{other}': expected \"sim\", \"cpu\" or \"cuda\""),
+                ))
+            }
+        },
+    };
+
+    let description = w
+        .description
+        .as_ref()
+        .map(|v| string(v, "description"))
+        .transpose()?;
+
+    let statements = |v: &Option<Spanned<Value>>, key: &str| -> PResult<Vec<Stmt>> {
+        let Some(v) = v else {
+            return Ok(Vec::new());
+        };
+        let value = string(v, key)?;
+        let range = v.span();
+        let raw = text.get(range.clone()).unwrap_or("");
+        let located = locate(&index, raw, range.start, &value);
+        parse_stmts(&located, key)
+    };
+    let setup = statements(&w.setup, "setup")?;
+    let body = statements(&w.body, "body")?;
+    if setup.is_empty() && body.is_empty() {
+        return Err(SyntaxError::new(
+            header,
+            "the workload has no statements: give 'setup' or 'body' (or both) at least one \
+             statement",
+        ));
+    }
+
+    Ok(Workload {
+        name,
+        iterations,
+        capacity,
+        alloc_conf,
+        device,
+        description,
+        setup,
+        body,
+    })
+}

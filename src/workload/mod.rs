@@ -1,0 +1,107 @@
+//! Workload files: what `gpumem run` will execute, parsed and checked here (nothing is run).
+//!
+//! A workload is a TOML file with one table, `[workload]`:
+//!
+//! ```toml
+//! [workload]
+//! name = "eval loop keeps the loss"        # required, non-empty
+//! iterations = 3                           # optional, default 1, at least 1: body runs this often
+//! capacity = "24GiB"                       # optional: the device size, "24GiB" or bytes (25769803776)
+//! alloc_conf = "expandable_segments:True"  # optional: PYTORCH_CUDA_ALLOC_CONF, PyTorch's syntax
+//! device = "sim"                           # optional: "sim" (default), "cpu" or "cuda"
+//! description = "..."                      # optional free text
+//!
+//! setup = """
+//! w = randn(4096, 4096, dtype=bf16)        # statements run once
+//! """
+//! body = """
+//! y = x @ w                                # statements run every iteration
+//! """
+//! ```
+//!
+//! Any other key, in `[workload]` or outside it, is an error naming the key. At least one of
+//! `setup` and `body` must hold a statement.
+//!
+//! # The line language of `setup` and `body`
+//!
+//! One statement per line; `#` starts a comment; blank lines are ignored; a line that ends
+//! inside open `(` or `[` continues on the next line.
+//!
+//! - `x = EXPR`, `a, b = EXPR` (plain names only on the left; several names unpack the value)
+//! - `del x` or `del x, y`
+//! - a bare expression: `loss.backward()`, `keep(loss)`, `mark("after forward")`
+//! - blocks, each closed by a line `}`, nesting freely: `no_grad {`, `autocast {`,
+//!   `autocast(bf16) {`, `autocast(dtype=f16) {`, `checkpoint {`, `scope "encoder.layer3" {`,
+//!   `phase "forward" {`
+//!
+//! Expressions, from loosest to tightest: `+ -`; `* / @`; unary `-`; calls `f(a, k=v)`, methods
+//! `x.f(a, k=v)`, attributes `x.T`, indexing `x[0, 1:3, ::2, ..., none]`; atoms: integers
+//! (`1_024`), floats (`0.5`, `1e-3`), strings (`"..."`, escapes `\"` and `\\` only), `true`,
+//! `false`, `none`, names, `(expr)` and lists `[a, b]`. Keyword arguments follow positional
+//! ones and may not repeat. The block keywords are ordinary names elsewhere (`checkpoint(f, x)`);
+//! `del`, `true`, `false` and `none` are reserved.
+//!
+//! Strings in the line language are the line language's: inside a TOML `"""` string write
+//! `\"` as `\\"` (or use a `'''` string, where TOML leaves backslashes alone).
+//!
+//! # Positions and errors
+//!
+//! Every statement and expression has a [`Span`]: the line and column of its first character
+//! in the TOML file (columns count characters from 1; a parenthesised expression starts at its
+//! `(`, `a + b` at `a`, `x.f()` at `x`). Every error is an [`Error::Input`] that reads
+//! `FILE: line L column C: what is wrong, and what was expected`.
+//!
+//! Layout: [`ast`] the types; `source` positions in the TOML text; `lexer` and `parser` the
+//! line language; `file` the TOML keys.
+
+pub mod ast;
+mod error;
+mod file;
+mod lexer;
+mod parser;
+mod source;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+pub use ast::{
+    BinOp, BlockKind, Device, Expr, ExprKind, IndexItem, Span, Stmt, StmtKind, Workload,
+};
+pub use file::KNOWN_KEYS;
+pub use parser::{MAX_DEPTH, MAX_NESTING};
+
+use crate::error::{Error, Result};
+
+/// Reads and parses the workload file at `path`.
+pub fn load(path: &Path) -> Result<Workload> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_bytes(&bytes, path)
+}
+
+/// Parses the text of a workload file; `path` is only used in error messages.
+pub fn parse(text: &str, path: &Path) -> Result<Workload> {
+    file::parse_file(text).map_err(|e| e.into_error(path))
+}
+
+/// Parses a file's bytes: they must be UTF-8, as TOML requires.
+fn parse_bytes(bytes: &[u8], path: &Path) -> Result<Workload> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse(text, path),
+        Err(e) => {
+            let valid = e.valid_up_to();
+            let prefix = std::str::from_utf8(bytes.get(..valid).unwrap_or(&[])).unwrap_or("");
+            let at = source::LineIndex::new(prefix).span(valid);
+            let byte = bytes.get(valid).copied().unwrap_or(0);
+            Err(Error::input(
+                path,
+                at.location(),
+                format!("the file is not valid UTF-8 (byte 0x{byte:02x}); TOML files are UTF-8"),
+            ))
+        }
+    }
+}

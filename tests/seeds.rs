@@ -1,0 +1,236 @@
+//! Issue 3: the memory effects the seed articles (../shared/seeds) describe, each written as a
+//! workload in fixtures/seeds/ and checked through `gpumem run --json`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn run(name: &str) -> (i32, Value, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/seeds")
+        .join(name);
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .arg("run")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .expect("gpumem runs");
+    let code = out.status.code().unwrap_or(-1);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (code, v, stderr)
+}
+
+/// (allocated, reserved) at each mark, by label (the last one wins for repeated labels).
+fn marks(v: &Value) -> HashMap<String, (u64, u64)> {
+    v["marks"]
+        .as_array()
+        .expect("marks")
+        .iter()
+        .map(|m| {
+            (
+                m["label"].as_str().unwrap().to_string(),
+                (
+                    m["allocated"].as_u64().unwrap(),
+                    m["reserved"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn ok(name: &str) -> (Value, HashMap<String, (u64, u64)>) {
+    let (code, v, err) = run(name);
+    assert_eq!(code, 0, "{name}: {err}");
+    let m = marks(&v);
+    (v, m)
+}
+
+#[test]
+fn issue3_seed000_transpose_is_a_view_and_contiguous_copies() {
+    let (_, m) = ok("000_contiguity.toml");
+    assert_eq!(m["after t()"].0, m["a"].0, "a transpose allocates nothing");
+    assert_eq!(
+        m["after contiguous()"].0,
+        m["after t()"].0 + 512,
+        "contiguous() of a transpose copies (48 B -> 512 B)"
+    );
+    assert_eq!(
+        m["after slice"].0, m["after contiguous()"].0,
+        "a slice shares storage"
+    );
+}
+
+#[test]
+fn issue3_seed000_view_of_a_transpose_fails_with_pytorchs_reason() {
+    let (code, _, err) = run("000_view_of_transpose_fails.toml");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("000_view_of_transpose_fails.toml: line 8 column 5"),
+        "{err}"
+    );
+    assert!(
+        err.contains("view size is not compatible with input tensor's size and stride"),
+        "{err}"
+    );
+    assert!(err.contains("Use .reshape(...) instead."), "{err}");
+}
+
+#[test]
+fn issue3_seed000_dtype_sizes() {
+    let (_, m) = ok("000_dtype_sizes.toml");
+    assert_eq!(m["float32"].0, 4 << 20);
+    assert_eq!(m["float16"].0 - m["float32"].0, 2 << 20);
+    assert_eq!(m["int64"].0 - m["float16"].0, 8 << 20);
+}
+
+#[test]
+fn issue3_seed000_del_keeps_reserved_and_empty_cache_returns_it() {
+    let (_, m) = ok("000_del_and_empty_cache.toml");
+    assert_eq!(m["initial"], (0, 0));
+    assert_eq!(m["after allocation"].0, (4 << 20) + (1 << 20));
+    assert_eq!(m["after del"].0, 0, "del drops allocated");
+    assert_eq!(
+        m["after del"].1, m["after allocation"].1,
+        "but not reserved"
+    );
+    assert_eq!(
+        m["after empty_cache"],
+        (0, 0),
+        "empty_cache returns reserved"
+    );
+}
+
+#[test]
+fn issue3_seed000_autograd_keeps_activations_and_no_grad_does_not() {
+    let (_, m) = ok("000_autograd_and_no_grad.toml");
+    let t = 40448; // 100 x 100 float32, rounded to 512 B
+    assert_eq!(m["inputs"].0, 2 * t);
+    assert_eq!(
+        m["forward, names deleted"].0,
+        2 * t + t + 512,
+        "c is kept for sin's backward (and a, b for mul's) though its name is gone; d is freed"
+    );
+    assert_eq!(
+        m["after backward"].0,
+        2 * t + 2 * t + 512,
+        "backward frees c and adds a.grad and b.grad"
+    );
+    assert_eq!(
+        m["no_grad forward, names deleted"].0,
+        m["after del loss"].0 + 512,
+        "no_grad keeps only the result"
+    );
+}
+
+#[test]
+fn issue3_seed000_del_of_an_intermediate_frees_it() {
+    let (_, m) = ok("000_del_intermediate.toml");
+    assert_eq!(
+        m["intermediate alive"].0 - m["after del intermediate"].0,
+        4_000_256
+    );
+}
+
+#[test]
+fn issue3_seed000_in_place_add_allocates_nothing() {
+    let (_, m) = ok("000_inplace.toml");
+    assert_eq!(m["after z = x + y"].0 - m["x, y"].0, 4_000_256);
+    assert_eq!(m["after x.add_(y)"].0, m["after z = x + y"].0);
+}
+
+#[test]
+fn issue3_seed000_keeping_the_loss_grows_every_iteration_and_item_does_not() {
+    let (leak, _) = ok("000_loss_list_leak.toml");
+    let ends: Vec<u64> = leak["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["end"].as_u64().unwrap())
+        .collect();
+    let growth: Vec<u64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        growth.iter().all(|&g| g == growth[0] && g >= 1 << 20),
+        "steady growth of the kept graph: {ends:?}"
+    );
+    let (fixed, _) = ok("000_loss_item_no_leak.toml");
+    let ends: Vec<u64> = fixed["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["end"].as_u64().unwrap())
+        .collect();
+    assert!(
+        ends.windows(2).all(|w| w[0] == w[1]),
+        "no growth with .item(): {ends:?}"
+    );
+}
+
+#[test]
+fn issue3_seed001_freed_memory_stays_reserved_until_empty_cache() {
+    let (_, m) = ok("001_caching_allocator.toml");
+    assert_eq!(m["after zeros"].0, 800_000_000);
+    assert_eq!(
+        m["after del"],
+        (0, 801_112_064),
+        "the seed's numbers: allocated 0, reserved 801112064"
+    );
+    assert_eq!(m["after empty_cache"], (0, 0));
+}
+
+#[test]
+fn issue3_seed002_detach_shares_storage() {
+    let (_, m) = ok("002_detach.toml");
+    assert_eq!(m["after detach"].0, m["x"].0, "detach allocates nothing");
+    assert_eq!(m["after del x"].0, m["x"].0, "y still holds the storage");
+    assert_eq!(m["after del y"].0, 0);
+    assert_eq!(m["after empty_cache"].1, 0);
+}
+
+#[test]
+fn issue3_seed003_inference_under_no_grad_keeps_no_activations() {
+    let (_, m) = ok("003_no_grad_inference.toml");
+    let kept_with_grad = m["forward with grad"].0 - m["weights"].0;
+    let kept_no_grad = m["forward under no_grad"].0 - m["after del out"].0;
+    assert_eq!(kept_no_grad, 512, "only the scalar result");
+    assert!(
+        kept_with_grad > (8 << 20),
+        "the relu output is kept for backward: {kept_with_grad}"
+    );
+}
+
+#[test]
+fn issue3_seed004_gradient_accumulation_adds_no_memory_after_the_first_micro_batch() {
+    let (v, m) = ok("004_grad_accumulation.toml");
+    let ends: Vec<u64> = v["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["end"].as_u64().unwrap())
+        .collect();
+    assert!(ends.windows(2).all(|w| w[0] == w[1]), "{ends:?}");
+    assert!(m.contains_key("after micro-batch"));
+    let first = &v["iterations"][0];
+    assert!(
+        first["after_forward"].as_u64().is_some() && first["after_backward"].as_u64().is_some()
+    );
+}
+
+#[test]
+fn issue3_retain_graph_keeps_activations_until_a_plain_backward() {
+    let (_, m) = ok("004_retain_graph.toml");
+    let grad = 4_194_304; // w.grad
+    assert_eq!(
+        m["after backward(retain_graph=true)"].0,
+        m["forward"].0 + grad,
+        "nothing freed, w.grad added"
+    );
+    assert_eq!(
+        m["after second backward"].0,
+        m["after backward(retain_graph=true)"].0 - 2_097_152,
+        "the plain backward frees the saved input of sin"
+    );
+}
