@@ -12,6 +12,7 @@ pub mod autograd;
 pub mod dtype;
 pub mod layout;
 pub mod ops;
+pub mod optim;
 pub mod tensor;
 
 pub use dtype::DType;

@@ -51,6 +51,7 @@ pub fn write_text(
                 format_bytes(i.start),
                 opt(i.after_forward),
                 opt(i.after_backward),
+                opt(i.after_step),
                 format_bytes(i.end),
                 format_bytes(i.peak_allocated),
                 format_bytes(i.peak_reserved),

@@ -3,11 +3,15 @@
 use super::{engine_err, script, Flow, Mark, Runner, Value};
 use crate::engine::layout::Layout;
 use crate::engine::ops::Unary;
+use crate::engine::optim::{OptimKind, Optimizer};
 use crate::engine::{Category, DType, TensorId};
 use crate::workload::ast::{Expr, IndexItem, Span};
 
 /// Functions a script may call, for the error message when a name is unknown.
 const FUNCTIONS: &[&str] = &[
+    "sgd",
+    "adam",
+    "adamw",
     "randn",
     "rand",
     "zeros",
@@ -202,6 +206,52 @@ impl Runner {
                 })
                 .map(Value::Tensor)
             }
+            "sgd" | "adam" | "adamw" => {
+                let mut params = Vec::new();
+                for v in &a.pos {
+                    match v {
+                        Value::Tensor(t) => params.push(*t),
+                        Value::List(items) => params.extend(items.iter().filter_map(|i| match i {
+                            Value::Tensor(t) => Some(*t),
+                            _ => None,
+                        })),
+                        other => {
+                            return script(
+                                span,
+                                format!("{func} takes tensors to optimize, not {}", other.kind()),
+                            )
+                        }
+                    }
+                }
+                if params.is_empty() {
+                    return script(span, "optimizer got an empty parameter list");
+                }
+                for &p in &params {
+                    if !self.dev.info(p).requires_grad {
+                        return script(span, "can't optimize a tensor that does not require grad");
+                    }
+                }
+                let momentum = a.kw("momentum").and_then(|v| v.as_f64()).unwrap_or(0.0);
+                let kind = match func {
+                    "sgd" if momentum != 0.0 => OptimKind::SgdMomentum,
+                    "sgd" => OptimKind::Sgd,
+                    "adam" => OptimKind::Adam,
+                    _ => OptimKind::AdamW,
+                };
+                let foreach = match a.kw("foreach") {
+                    None | Some(Value::None) => true,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return script(
+                            span,
+                            format!("foreach must be true or false, not {}", v.kind()),
+                        )
+                    }
+                };
+                let handles = params.iter().map(|&p| self.dev.retain(p)).collect();
+                self.optimizers.push(Optimizer::new(kind, handles, foreach));
+                Ok(Value::Optimizer(self.optimizers.len() - 1))
+            }
             "keep" => {
                 for v in &a.pos {
                     if let Value::Tensor(t) = v {
@@ -286,6 +336,12 @@ impl Runner {
         args: &[Expr],
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
+        if let Value::Optimizer(i) = recv {
+            let a = self.args(args, kwargs)?;
+            let r = self.optimizer_method(span, *i, name, &a);
+            self.drop_args(a);
+            return r;
+        }
         let Value::Tensor(t) = recv else {
             return script(span, format!("{} has no method '{name}'", recv.kind()));
         };
@@ -293,6 +349,44 @@ impl Runner {
         let r = self.tensor_method(span, *t, name, &a);
         self.drop_args(a);
         r
+    }
+
+    fn optimizer_method(&mut self, span: Span, i: usize, name: &str, a: &Args) -> Flow<Value> {
+        match name {
+            "step" => {
+                let mut opt = std::mem::replace(
+                    &mut self.optimizers[i],
+                    Optimizer::new(OptimKind::Sgd, Vec::new(), true),
+                );
+                self.dev.alloc.recorder_mut().push_tag("optimizer.step");
+                let r = opt.step(&mut self.dev);
+                self.dev.alloc.recorder_mut().pop_tag();
+                self.optimizers[i] = opt;
+                r.map_err(|e| engine_err(span, e))?;
+                if self.iteration.is_some() {
+                    self.current.after_step = Some(self.allocated());
+                }
+                Ok(Value::None)
+            }
+            "zero_grad" => {
+                let set_to_none = match a.kw("set_to_none") {
+                    None => true,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return script(
+                            span,
+                            format!("set_to_none must be true or false, not {}", v.kind()),
+                        )
+                    }
+                };
+                self.optimizers[i].zero_grad(&mut self.dev, set_to_none);
+                Ok(Value::None)
+            }
+            other => script(
+                span,
+                format!("optimizers have no method '{other}' (step, zero_grad)"),
+            ),
+        }
     }
 
     fn view(
@@ -510,6 +604,27 @@ impl Runner {
     }
 
     pub(super) fn index(&mut self, span: Span, recv: &Value, items: &[IndexItem]) -> Flow<Value> {
+        if let Value::List(values) = recv {
+            // a list (a tensor's shape, or split/chunk results) by one integer index
+            let [IndexItem::Expr(e)] = items else {
+                return script(span, "a list takes one integer index");
+            };
+            let v = self.eval(e)?;
+            let Some(i) = v.as_i64() else {
+                self.drop_value(v);
+                return script(e.span, "list indices must be integers");
+            };
+            let n = values.len() as i64;
+            let k = if i < 0 { i + n } else { i };
+            if k < 0 || k >= n {
+                return script(
+                    e.span,
+                    format!("list index {i} out of range for a list of {n}"),
+                );
+            }
+            let item = values[k as usize].clone();
+            return Ok(self.share(item));
+        }
         let Value::Tensor(t) = recv else {
             return script(span, format!("{} cannot be indexed", recv.kind()));
         };

@@ -112,6 +112,7 @@ struct Runner {
     current: IterationStats,
     /// The highest allocated memory seen (peaks are reset at each iteration start).
     run_peak: u64,
+    optimizers: Vec<crate::engine::optim::Optimizer>,
 }
 
 fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
@@ -147,6 +148,7 @@ pub fn run(workload: &Workload, path: &Path, opts: &RunOptions) -> Result<RunOut
         iteration: None,
         current: IterationStats::default(),
         run_peak: 0,
+        optimizers: Vec::new(),
     };
     let mut iterations = Vec::new();
     let mut oom = None;
@@ -539,6 +541,13 @@ impl Runner {
                 });
                 self.dev.release(x);
                 r.map(Value::Tensor)
+            }
+            (Value::Int(x), Value::Int(y)) if op != BinOp::Div && op != BinOp::MatMul => {
+                Ok(Value::Int(match op {
+                    BinOp::Add => x.wrapping_add(y),
+                    BinOp::Sub => x.wrapping_sub(y),
+                    _ => x.wrapping_mul(y),
+                }))
             }
             (a, b) => match (a.as_f64(), b.as_f64()) {
                 (Some(x), Some(y)) => Ok(Value::Float(match op {

@@ -13,6 +13,8 @@ pub enum Value {
     None,
     List(Vec<Value>),
     DType(DType),
+    /// An optimizer, by index in the runner.
+    Optimizer(usize),
 }
 
 impl Value {
@@ -44,6 +46,7 @@ impl Value {
             Value::None => "none",
             Value::List(_) => "a list",
             Value::DType(_) => "a dtype",
+            Value::Optimizer(_) => "an optimizer",
         }
     }
 }

@@ -1,0 +1,195 @@
+//! Optimizers, for memory: the state they create at their first step and the temporaries a
+//! step allocates.
+//!
+//! - SGD keeps no state; with momentum, one buffer per parameter, made at the first step.
+//! - Adam and AdamW make `exp_avg` and `exp_avg_sq` (zeros, parameter-sized) per parameter at
+//!   the first step, in parameter order; their `step` counters live on the CPU.
+//! - With `foreach` (PyTorch's default on CUDA), an Adam step allocates one parameter-sized
+//!   temporary per parameter at once (`_foreach_sqrt` of `exp_avg_sq`) and frees them at the end
+//!   of the step; without it, each parameter's update allocates two temporaries (`sqrt`, then the
+//!   division) that are freed before the next parameter.
+//! - `zero_grad(set_to_none=True)` drops the gradients; with `False` they are zeroed in place.
+
+use super::tensor::{Category, EngineError, TensorId, Tensors};
+use crate::alloc::SegmentSource;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimKind {
+    Sgd,
+    SgdMomentum,
+    Adam,
+    AdamW,
+}
+
+impl OptimKind {
+    pub fn parse(name: &str) -> Option<OptimKind> {
+        Some(match name {
+            "sgd" => OptimKind::Sgd,
+            "sgd_momentum" => OptimKind::SgdMomentum,
+            "adam" => OptimKind::Adam,
+            "adamw" => OptimKind::AdamW,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Optimizer {
+    pub kind: OptimKind,
+    pub foreach: bool,
+    /// Handles on the parameters.
+    pub params: Vec<TensorId>,
+    /// Per parameter, its state tensors (empty until the first step).
+    pub state: Vec<Vec<TensorId>>,
+}
+
+impl Optimizer {
+    pub fn new(kind: OptimKind, params: Vec<TensorId>, foreach: bool) -> Self {
+        let state = vec![Vec::new(); params.len()];
+        Optimizer {
+            kind,
+            foreach,
+            params,
+            state,
+        }
+    }
+
+    /// `optimizer.step()`.
+    pub fn step<S: SegmentSource>(&mut self, d: &mut Tensors<S>) -> Result<(), EngineError> {
+        // parameters without a gradient are skipped, as PyTorch's `_init_group` does
+        let with_grad: Vec<usize> = (0..self.params.len())
+            .filter(|&i| d.grad(self.params[i]).is_some())
+            .collect();
+        for &i in &with_grad {
+            if self.state[i].is_empty() {
+                let p = self.params[i];
+                let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
+                let n = match self.kind {
+                    OptimKind::Sgd => 0,
+                    OptimKind::SgdMomentum => 1,
+                    OptimKind::Adam | OptimKind::AdamW => 2,
+                };
+                for _ in 0..n {
+                    let s = d.empty(&shape, dtype, Category::OptimizerState)?;
+                    self.state[i].push(s);
+                }
+            }
+        }
+        if matches!(self.kind, OptimKind::Adam | OptimKind::AdamW) {
+            if self.foreach {
+                let mut temps = Vec::with_capacity(with_grad.len());
+                for &i in &with_grad {
+                    let p = self.params[i];
+                    let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
+                    match d.empty(&shape, dtype, Category::Temporary) {
+                        Ok(t) => temps.push(t),
+                        Err(e) => {
+                            for t in temps {
+                                d.release(t);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                for t in temps {
+                    d.release(t);
+                }
+            } else {
+                for &i in &with_grad {
+                    let p = self.params[i];
+                    let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
+                    let sqrt = d.empty(&shape, dtype, Category::Temporary)?;
+                    let denom = d.empty(&shape, dtype, Category::Temporary);
+                    d.release(sqrt);
+                    d.release(denom?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `optimizer.zero_grad(set_to_none=...)`.
+    pub fn zero_grad<S: SegmentSource>(&self, d: &mut Tensors<S>, set_to_none: bool) {
+        if set_to_none {
+            for &p in &self.params {
+                d.clear_grad(p);
+            }
+        }
+    }
+
+    /// Gives back every handle (parameters and state).
+    pub fn release<S: SegmentSource>(self, d: &mut Tensors<S>) {
+        for s in self.state.into_iter().flatten() {
+            d.release(s);
+        }
+        for p in self.params {
+            d.release(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::engine::DType;
+    use crate::units::GIB;
+
+    fn dev() -> Tensors<SimSource> {
+        Tensors::new(SimAllocator::new(
+            AllocConf::default(),
+            SimSource::new(24 * GIB, 0),
+        ))
+    }
+
+    #[test]
+    fn adam_state_appears_at_the_first_step_and_foreach_temporaries_vanish() {
+        let mut d = dev();
+        let w = d
+            .factory(&[1024, 1024], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let b = d
+            .factory(&[1024], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let mut opt = Optimizer::new(OptimKind::AdamW, vec![d.retain(w), d.retain(b)], true);
+        // no gradients yet: no state
+        opt.step(&mut d).unwrap();
+        assert!(opt.state.iter().all(|s| s.is_empty()));
+        for p in [w, b] {
+            let g = d
+                .factory(
+                    d.shape(p).to_vec().as_slice(),
+                    DType::F32,
+                    false,
+                    Category::Gradient,
+                )
+                .unwrap();
+            d.info_mut(p).grad = Some(g);
+        }
+        let before = d.alloc.stats().allocated_bytes.all().current;
+        d.alloc.reset_peak_stats();
+        opt.step(&mut d).unwrap();
+        let s = d.alloc.stats();
+        let params = (4 << 20) + 4096;
+        assert_eq!(
+            s.allocated_bytes.all().current - before,
+            2 * params,
+            "exp_avg and exp_avg_sq"
+        );
+        assert_eq!(
+            s.allocated_bytes.all().peak - before,
+            3 * params,
+            "plus one foreach temporary each"
+        );
+        opt.zero_grad(&mut d, true);
+        assert!(d.grad(w).is_none());
+        let before = d.alloc.stats().allocated_bytes.all().current;
+        opt.step(&mut d).unwrap();
+        assert_eq!(
+            d.alloc.stats().allocated_bytes.all().current,
+            before,
+            "no gradients: nothing to do"
+        );
+        opt.release(&mut d);
+    }
+}
