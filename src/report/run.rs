@@ -40,6 +40,7 @@ pub fn write_text(
             "start",
             "after forward",
             "after backward",
+            "after step",
             "end",
             "peak allocated",
             "peak reserved",
