@@ -234,3 +234,137 @@ fn issue3_retain_graph_keeps_activations_until_a_plain_backward() {
         "the plain backward frees the saved input of sin"
     );
 }
+
+fn gpumem() -> Command {
+    Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+}
+
+#[test]
+fn issue3_snapshot_is_versioned_json_written_atomically() {
+    let dir = std::env::temp_dir().join(format!("gpumem-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let snap = dir.join("run.json");
+    std::fs::write(&snap, "previous contents").unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/seeds/000_autograd_and_no_grad.toml");
+    gpumem()
+        .arg("run")
+        .arg(&path)
+        .arg("--snapshot")
+        .arg(&snap)
+        .assert()
+        .success();
+    let v: Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+    assert_eq!(
+        (v["format"].as_str(), v["version"].as_u64()),
+        (Some("gpumem-snapshot"), Some(1))
+    );
+    assert_eq!(v["memory_stats"].as_object().unwrap().len(), 122);
+    let stacks = v["stacks"].as_array().unwrap();
+    let events = v["trace"]["events"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["action"] == "alloc"));
+    let tagged = |tag: &str| {
+        events.iter().any(|e| {
+            e["action"] == "alloc"
+                && stacks[e["stack"].as_u64().unwrap() as usize]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t == tag)
+        })
+    };
+    assert!(
+        tagged("category:parameter") && tagged("category:gradient") && tagged("sin"),
+        "{stacks:?}"
+    );
+    // no temporary file is left beside it
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    // an unwritable destination is an error that names it, and nothing is lost
+    let bad = dir.join("no/such/dir/x.json");
+    let out = gpumem()
+        .arg("run")
+        .arg(&path)
+        .arg("--snapshot")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/dir/x.json"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn issue3_script_errors_are_located_and_oom_stops_the_run() {
+    let dir = std::env::temp_dir().join(format!("gpumem-script-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[workload]\nname = \"x\"\nsetup = \"\"\"\na = randn(4, 4)\nb = frobnicate(a)\n\"\"\"\n",
+    )
+    .unwrap();
+    let out = gpumem().arg("run").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml: line 5 column 5: unknown function 'frobnicate'"),
+        "{err}"
+    );
+    let oom = dir.join("oom.toml");
+    std::fs::write(&oom, "[workload]\nname = \"too big\"\ncapacity = \"1536MiB\"\nsetup = \"\"\"\na = zeros(1024, 1024, 256)\nb = zeros(1024, 1024, 256)\n\"\"\"\n").unwrap();
+    let out = gpumem()
+        .arg("run")
+        .arg(&oom)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "an OOM is a finding");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["oom"]["line"], 6);
+    assert!(v["oom"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("CUDA out of memory. Tried to allocate 1024.00 MiB."));
+    let out = gpumem()
+        .arg("run")
+        .arg(&oom)
+        .arg("--capacity")
+        .arg("3GiB")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "--capacity overrides the workload's"
+    );
+    let out = gpumem()
+        .arg("run")
+        .arg(&oom)
+        .arg("--capacity")
+        .arg("lots")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn issue3_every_seed_fixture_runs() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/seeds");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            let (code, _, err) = run(&name);
+            let expected = if name.contains("fails") { 2 } else { 0 };
+            assert_eq!(code, expected, "{name}: {err}");
+            n += 1;
+        }
+    }
+    assert!(n >= 14, "{n}");
+}

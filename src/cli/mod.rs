@@ -68,6 +68,11 @@ pub struct RunArgs {
     /// With the text output: PyTorch's memory_summary() text instead of the table.
     #[arg(long)]
     pub torch_style: bool,
+
+    /// Also write a gpumem snapshot (versioned JSON: segments, blocks, the event trace with
+    /// tags and categories, settings) to FILE, atomically.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Option<PathBuf>,
 }
 
 /// Replay a recorded PyTorch allocator trace and compare every step with PyTorch.

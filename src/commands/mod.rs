@@ -19,6 +19,38 @@ pub enum Outcome {
     Finding,
 }
 
+/// Writes `bytes` to `path` so that a reader never sees a half-written file and a failed write
+/// never clobbers an existing one: a temporary file beside it, synced, then renamed over it.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let err = |source| crate::error::Error::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| err(std::io::Error::other("not a file name")))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
 pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
     match cmd {
         Command::Run(a) => run::run(a, out),

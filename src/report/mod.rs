@@ -5,9 +5,12 @@
 //! - [`stats_table`]: the same figures as a readable table.
 //! - [`replay`]: the verdict and mismatches of a trace replay, as text or JSON.
 //! - [`bench`]: allocator benchmark results.
+//! - [`run`]: what `gpumem run` prints.
+//! - [`snapshot`]: the versioned gpumem snapshot (JSON).
 
 pub mod bench;
 pub mod replay;
 pub mod run;
+pub mod snapshot;
 pub mod stats_table;
 pub mod torch_summary;

@@ -128,18 +128,24 @@ fn engine_err(span: Span, e: EngineError) -> Stop {
 
 /// Runs `workload` (from `path`, which only names it in errors).
 pub fn run(workload: &Workload, path: &Path, opts: &RunOptions) -> Result<RunOutcome, Error> {
+    run_with_progress(workload, path, opts, &mut |_, _| {})
+}
+
+/// [`run`], calling `progress(done, total)` after each iteration.
+pub fn run_with_progress(
+    workload: &Workload,
+    path: &Path,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(u32, u32),
+) -> Result<RunOutcome, Error> {
     let capacity = opts
         .capacity
         .or(workload.capacity)
         .unwrap_or(DEFAULT_CAPACITY);
     let conf: AllocConf = workload.alloc_conf.clone();
-    let alloc = SimAllocator::new(
-        conf,
-        SimSource::new(
-            capacity + DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8),
-            DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8),
-        ),
-    );
+    // `capacity` is the card's total memory; the CUDA context takes its share of it
+    let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
+    let alloc = SimAllocator::new(conf, SimSource::new(capacity, overhead));
     let mut r = Runner {
         dev: Tensors::new(alloc),
         vars: HashMap::new(),
@@ -191,6 +197,7 @@ pub fn run(workload: &Workload, path: &Path, opts: &RunOptions) -> Result<RunOut
             r.current.peak_reserved = s.reserved_bytes.all().peak as u64;
             r.current.reserved_end = s.reserved_bytes.all().current as u64;
             iterations.push(std::mem::take(&mut r.current));
+            progress(it + 1, iters);
             match res {
                 Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
                 Err(Stop::Oom(span, e)) => {

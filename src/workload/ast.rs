@@ -372,6 +372,8 @@ impl fmt::Display for Expr {
 impl fmt::Display for IndexItem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // a lone `none` would read back as a new axis
+            IndexItem::Expr(e) if e.kind == ExprKind::None => write!(f, "({e})"),
             IndexItem::Expr(e) => write!(f, "{e}"),
             IndexItem::Slice { start, stop, step } => {
                 if let Some(e) = start {
