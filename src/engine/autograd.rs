@@ -81,10 +81,10 @@ impl<S: SegmentSource> Tensors<S> {
         let mut saved = Vec::new();
         for s in saves {
             match *s {
-                Save::Input(i) => saved.push(self.retain(inputs[i])),
+                Save::Input(i) => saved.push(self.save(inputs[i])),
                 Save::InputFor(i, j) => {
                     if needs(self, j) {
-                        saved.push(self.retain(inputs[i]));
+                        saved.push(self.save(inputs[i]));
                     }
                 }
                 Save::Output => {
@@ -92,6 +92,7 @@ impl<S: SegmentSource> Tensors<S> {
                         let l = self.info(o).layout.clone();
                         let h = self.view_with(o, l);
                         self.set_requires_grad(h, false);
+                        self.recategorize(h, Category::Activation);
                         saved.push(h);
                     }
                 }
@@ -141,6 +142,16 @@ impl<S: SegmentSource> Tensors<S> {
             info.grad_fn = Some(NodeId(id));
             info.requires_grad = true;
         }
+    }
+
+    /// A handle for a node's saved tensors; a temporary saved for backward becomes an activation
+    /// (parameters and inputs keep their category).
+    fn save(&mut self, t: TensorId) -> TensorId {
+        let (_, _, cat) = self.storage_of(t);
+        if cat == Category::Temporary {
+            self.recategorize(t, Category::Activation);
+        }
+        self.retain(t)
     }
 
     pub(crate) fn node_mut(&mut self, n: NodeId) -> &mut Node {

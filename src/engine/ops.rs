@@ -423,8 +423,13 @@ mod tests {
         d.release(r);
         let with_graph = allocated(&d);
         // detaching (or .item()) lets the graph go
+        let cat = |d: &Tensors<SimSource>, c: Category| d.by_category().into_iter().find(|(k, _)| *k == c).unwrap().1;
+        assert_eq!(cat(&d, Category::Activation), 64 * 256 * 4, "the relu output, saved for backward, is an activation");
+        assert_eq!(cat(&d, Category::Workspace), CUBLAS_WORKSPACE);
+        assert_eq!(cat(&d, Category::Parameter), 256 * 256 * 4);
         let kept = d.detach(loss);
         d.release(loss);
+        assert_eq!(cat(&d, Category::Activation), 0);
         assert!(
             allocated(&d) < with_graph,
             "the relu output saved for backward is freed"

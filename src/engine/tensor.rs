@@ -65,6 +65,8 @@ pub struct TensorId(pub u32);
 struct Storage {
     addr: u64,
     nbytes: u64,
+    /// Bytes the allocator handed out for it (the block: rounded, maybe a whole segment).
+    block: u64,
     /// Tensors over this storage.
     refs: u32,
     category: Category,
@@ -120,6 +122,10 @@ pub struct Tensors<S: SegmentSource> {
     pub(crate) seq: u64,
     /// The cuBLAS workspace, once the first matrix product took it.
     pub workspace: Option<TensorId>,
+    /// Allocated bytes by category now (indexed by `Category as usize`).
+    by_category: [u64; 7],
+    /// The highest allocated memory so far and the split by category at that moment.
+    peak: (u64, [u64; 7]),
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -135,6 +141,8 @@ impl<S: SegmentSource> Tensors<S> {
             grad_enabled: true,
             seq: 0,
             workspace: None,
+            by_category: [0; 7],
+            peak: (0, [0; 7]),
         }
     }
 
@@ -177,12 +185,20 @@ impl<S: SegmentSource> Tensors<S> {
         let nbytes = layout.numel() as u64 * dtype.size();
         let rec = self.alloc.recorder_mut();
         rec.push_tag(&category.tag());
+        let before = self.alloc.stats().allocated_bytes.all().current;
         let r = self.alloc.malloc(nbytes, 0);
         self.alloc.recorder_mut().pop_tag();
         let addr = r?;
+        let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
+        self.by_category[category as usize] += block;
+        let allocated = self.alloc.stats().allocated_bytes.all().current as u64;
+        if allocated > self.peak.0 {
+            self.peak = (allocated, self.by_category);
+        }
         let storage = Storage {
             addr,
             nbytes,
+            block,
             refs: 0,
             category,
             live: true,
@@ -244,6 +260,33 @@ impl<S: SegmentSource> Tensors<S> {
         self.tensors[t.0 as usize].requires_grad = on;
     }
 
+    /// A storage's role changed (e.g. a temporary is saved for backward: an activation).
+    pub(crate) fn recategorize(&mut self, t: TensorId, to: Category) {
+        let sid = self.info(t).storage as usize;
+        let s = &mut self.storages[sid];
+        if s.category != to {
+            self.by_category[s.category as usize] -= s.block;
+            self.by_category[to as usize] += s.block;
+            s.category = to;
+        }
+    }
+
+    /// Allocated bytes by category now.
+    pub fn by_category(&self) -> Vec<(Category, u64)> {
+        Category::ALL.iter().map(|&c| (c, self.by_category[c as usize])).collect()
+    }
+
+    /// The highest allocated memory since the last [`Tensors::reset_peak`] and what it held, by
+    /// category.
+    pub fn peak_by_category(&self) -> (u64, Vec<(Category, u64)>) {
+        (self.peak.0, Category::ALL.iter().map(|&c| (c, self.peak.1[c as usize])).collect())
+    }
+
+    pub fn reset_peak(&mut self) {
+        let now = self.alloc.stats().allocated_bytes.all().current as u64;
+        self.peak = (now, self.by_category);
+    }
+
     pub(crate) fn info_mut(&mut self, t: TensorId) -> &mut TensorInfo {
         &mut self.tensors[t.0 as usize]
     }
@@ -287,6 +330,7 @@ impl<S: SegmentSource> Tensors<S> {
         if s.refs == 0 {
             s.live = false;
             let addr = s.addr;
+            self.by_category[s.category as usize] -= s.block;
             self.free_storages.push(sid);
             self.alloc
                 .free(addr)
