@@ -358,9 +358,10 @@ impl Runner {
                     &mut self.optimizers[i],
                     Optimizer::new(OptimKind::Sgd, Vec::new(), true),
                 );
+                let saved = self.enter_phase("phase:optimizer");
                 self.dev.alloc.recorder_mut().push_tag("optimizer.step");
                 let r = opt.step(&mut self.dev);
-                self.dev.alloc.recorder_mut().pop_tag();
+                self.dev.alloc.recorder_mut().set_current(saved);
                 self.optimizers[i] = opt;
                 r.map_err(|e| engine_err(span, e))?;
                 if self.iteration.is_some() {
@@ -502,12 +503,9 @@ impl Runner {
                 if self.current.after_forward.is_none() && self.iteration.is_some() {
                     self.current.after_forward = Some(self.allocated());
                 }
-                self.dev.alloc.recorder_mut().push_tag("phase:backward");
-                let r = self
-                    .dev
-                    .backward(t, retain)
-                    .map_err(|e| engine_err(span, e));
-                self.dev.alloc.recorder_mut().pop_tag();
+                let saved = self.enter_phase("phase:backward");
+                let r = self.dev.backward(t, retain).map_err(|e| engine_err(span, e));
+                self.dev.alloc.recorder_mut().set_current(saved);
                 r?;
                 if self.iteration.is_some() {
                     self.current.after_backward = Some(self.allocated());

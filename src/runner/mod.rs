@@ -21,6 +21,7 @@ use crate::alloc::{
 use crate::engine::ops::{Binary, Unary};
 use crate::engine::{Category, DType, EngineError, TensorId, Tensors};
 use crate::error::Error;
+use crate::trace::StackId;
 use crate::units::GIB;
 use crate::workload::ast::{BinOp, BlockKind, Expr, ExprKind, Span, Stmt, StmtKind, Workload};
 
@@ -113,6 +114,8 @@ struct Runner {
     /// The highest allocated memory seen (peaks are reset at each iteration start).
     run_peak: u64,
     optimizers: Vec<crate::engine::optim::Optimizer>,
+    /// The tag stack of the current iteration (or of setup), under which phases go.
+    iter_stack: StackId,
 }
 
 fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
@@ -155,6 +158,7 @@ pub fn run_with_progress(
         current: IterationStats::default(),
         run_peak: 0,
         optimizers: Vec::new(),
+        iter_stack: StackId::ROOT,
     };
     let mut iterations = Vec::new();
     let mut oom = None;
@@ -162,7 +166,7 @@ pub fn run_with_progress(
     let to_error =
         |path: &PathBuf, span: Span, msg: String| Error::input(path.clone(), span.location(), msg);
     let path = path.to_path_buf();
-    r.dev.alloc.recorder_mut().push_tag("setup");
+    r.iter_stack = r.dev.alloc.recorder_mut().push_tag("setup");
     let setup = r.block(&workload.setup);
     r.dev.alloc.recorder_mut().pop_tag();
     r.note_peak();
@@ -187,9 +191,11 @@ pub fn run_with_progress(
                 start: r.allocated(),
                 ..Default::default()
             };
-            r.dev.alloc.recorder_mut().push_tag(&format!("iter:{it}"));
+            r.dev.alloc.recorder_mut().set_current(StackId::ROOT);
+            r.iter_stack = r.dev.alloc.recorder_mut().push_tag(&format!("iter:{it}"));
+            r.dev.alloc.recorder_mut().push_tag("phase:forward");
             let res = r.block(&workload.body);
-            r.dev.alloc.recorder_mut().pop_tag();
+            r.dev.alloc.recorder_mut().set_current(StackId::ROOT);
             r.note_peak();
             let s = r.dev.alloc.stats();
             r.current.end = s.allocated_bytes.all().current as u64;
@@ -374,12 +380,9 @@ impl Runner {
                     r?;
                 }
                 BlockKind::Phase(name) => {
-                    self.dev
-                        .alloc
-                        .recorder_mut()
-                        .push_tag(&format!("phase:{name}"));
+                    let saved = self.enter_phase(&format!("phase:{name}"));
                     let r = self.block(body);
-                    self.dev.alloc.recorder_mut().pop_tag();
+                    self.dev.alloc.recorder_mut().set_current(saved);
                     r?;
                     let now = self.allocated();
                     match name.as_str() {
@@ -398,6 +401,16 @@ impl Runner {
             },
         }
         Ok(())
+    }
+
+    /// Replaces the current phase tag (forward, backward, optimizer) under the iteration's tag;
+    /// returns the stack to restore.
+    fn enter_phase(&mut self, phase: &str) -> StackId {
+        let rec = self.dev.alloc.recorder_mut();
+        let saved = rec.current();
+        rec.set_current(self.iter_stack);
+        rec.push_tag(phase);
+        saved
     }
 
     fn assign(&mut self, name: &str, v: Value) {
