@@ -368,3 +368,44 @@ fn issue3_every_seed_fixture_runs() {
     }
     assert!(n >= 14, "{n}");
 }
+
+/// A GPT-2 small training step with AdamW: parameters, then Adam's state (two tensors per
+/// parameter) and the cuBLAS workspace from the first iteration on, and a steady state after.
+#[test]
+fn issue3_gpt2_small_adamw_runs_and_settles() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/workloads/gpt2_small_adamw.toml");
+    let out = gpumem()
+        .arg("run")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let it = v["iterations"].as_array().unwrap();
+    let u = |i: usize, k: &str| it[i][k].as_u64().unwrap();
+    // 124,439,808 float32 parameters (497,759,232 bytes; the allocator hands some tensors a
+    // whole unsplit block, so allow 0.5%)
+    let near = |got: u64, want: u64| got >= want && got - want <= want / 200;
+    let params = u(0, "start");
+    assert!(near(params, 497_759_232), "{params}");
+    let state = u(0, "end") - params - 32 * 1024 * 1024;
+    assert!(
+        near(state, 2 * 497_759_232),
+        "Adam's state: two tensors per parameter: {state}"
+    );
+    assert_eq!(u(1, "end"), u(2, "end"), "steady after the first step");
+    let grads = u(1, "after_step") - u(1, "end");
+    assert!(
+        near(grads, 497_759_232),
+        "zero_grad(set_to_none) drops one gradient per parameter: {grads}"
+    );
+    let cats = v["peak"]["by_category"].as_object().unwrap();
+    assert!(cats["activation"].as_u64().unwrap() > cats["parameter"].as_u64().unwrap());
+}

@@ -151,6 +151,11 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+
+    /// Time running this workload instead (ms per iteration and allocator events per
+    /// iteration, over --repeat runs of its setup and iterations).
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<PathBuf>,
 }
 
 /// The clap command, for man pages and completions.

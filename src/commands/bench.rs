@@ -88,12 +88,62 @@ pub fn bench_batch(a: &mut SimAllocator, sizes: &[u64], reps: usize) -> f64 {
     t0.elapsed().as_nanos() as f64 / (reps * n) as f64
 }
 
+/// `gpumem bench --workload FILE`: how long simulating the workload takes.
+fn bench_workload(
+    path: &std::path::Path,
+    args: &BenchArgs,
+    out: &mut dyn Write,
+) -> Result<Outcome> {
+    use crate::runner::{run as run_workload, RunOptions};
+    let w = crate::workload::load(path)?;
+    let iters = w.iterations.max(1);
+    let opts = |n: u32| RunOptions {
+        capacity: None,
+        iterations: Some(n),
+    };
+    let mut per_iter_ms = Vec::new();
+    let mut events = 0u64;
+    for _ in 0..args.repeat {
+        // a run of iters + 1 iterations minus a run of 1 is iters iterations, without setup
+        let t0 = Instant::now();
+        let full = run_workload(&w, path, &opts(iters + 1))?;
+        let full_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let one = run_workload(&w, path, &opts(1))?;
+        let one_ms = t1.elapsed().as_secs_f64() * 1e3;
+        per_iter_ms.push(((full_ms - one_ms) / iters as f64).max(0.0));
+        events = (full.allocator.recorder().ring.total() - one.allocator.recorder().ring.total())
+            / iters as u64;
+    }
+    let med = crate::report::bench::median(&per_iter_ms);
+    if args.json {
+        let v = serde_json::json!({"workload": path.display().to_string(), "ms_per_iteration": per_iter_ms,
+            "median_ms_per_iteration": med, "allocator_events_per_iteration": events});
+        serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "{}: {:.2} ms per iteration (median of {}), {} allocator events per iteration ({:.0} ns per event)",
+            path.display(),
+            med,
+            per_iter_ms.len(),
+            events,
+            med * 1e6 / events.max(1) as f64
+        )?;
+    }
+    Ok(Outcome::Ok)
+}
+
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.repeat == 0 || args.pairs_reps == 0 || args.batch_reps == 0 {
         return Err(Error::usage(
             "--repeat/--pairs-reps/--batch-reps",
             "must be at least 1",
         ));
+    }
+    if let Some(w) = &args.workload {
+        return bench_workload(w, args, out);
     }
     let (torch, source): (TorchBench, String) = match &args.pytorch {
         Some(path) => {

@@ -423,8 +423,18 @@ mod tests {
         d.release(r);
         let with_graph = allocated(&d);
         // detaching (or .item()) lets the graph go
-        let cat = |d: &Tensors<SimSource>, c: Category| d.by_category().into_iter().find(|(k, _)| *k == c).unwrap().1;
-        assert_eq!(cat(&d, Category::Activation), 64 * 256 * 4, "the relu output, saved for backward, is an activation");
+        let cat = |d: &Tensors<SimSource>, c: Category| {
+            d.by_category()
+                .into_iter()
+                .find(|(k, _)| *k == c)
+                .unwrap()
+                .1
+        };
+        assert_eq!(
+            cat(&d, Category::Activation),
+            64 * 256 * 4,
+            "the relu output, saved for backward, is an activation"
+        );
         assert_eq!(cat(&d, Category::Workspace), CUBLAS_WORKSPACE);
         assert_eq!(cat(&d, Category::Parameter), 256 * 256 * 4);
         let kept = d.detach(loss);
@@ -454,5 +464,307 @@ mod tests {
         let e = d.matmul(a, b).unwrap_err().to_string();
         assert_eq!(e, "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)");
         assert!(d.factory(&[2], DType::I64, true, Category::Input).is_err());
+    }
+}
+
+/// The transformer ops: their outputs, and exactly what their backward keeps (derivatives.yaml
+/// and the CUDA kernels' saved buffers).
+impl<S: SegmentSource> Tensors<S> {
+    /// `F.linear(x, w, b)`: `x @ w.T + b` as one addmm/matmul; keeps `x` (for `w`'s gradient)
+    /// and `w` (for `x`'s). The bias needs nothing.
+    pub fn linear(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        b: Option<TensorId>,
+    ) -> Result<TensorId, EngineError> {
+        let (sx, sw) = (self.shape(x).to_vec(), self.shape(w).to_vec());
+        if sw.len() != 2 || sx.is_empty() || sx[sx.len() - 1] != sw[1] {
+            let rows: usize = sx[..sx.len().saturating_sub(1)].iter().product();
+            return Err(EngineError::Invalid(format!(
+                "mat1 and mat2 shapes cannot be multiplied ({rows}x{} and {}x{})",
+                sx.last().copied().unwrap_or(0),
+                sw.get(1).copied().unwrap_or(0),
+                sw.first().copied().unwrap_or(0)
+            )));
+        }
+        self.ensure_cublas_workspace()?;
+        let mut shape = sx.clone();
+        *shape.last_mut().expect("non-empty") = sw[0];
+        let dtype = promote(self.dtype(x), self.dtype(w));
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        let mut inputs = vec![x, w];
+        inputs.extend(b);
+        self.record(
+            "linear",
+            &inputs,
+            &[out],
+            &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
+        );
+        Ok(out)
+    }
+
+    /// `F.layer_norm(x, [d], w, b)`: keeps `x`, `w`, `b` and the per-row `mean` and `rstd`
+    /// (float32, one per normalized row).
+    pub fn layer_norm(
+        &mut self,
+        x: TensorId,
+        w: Option<TensorId>,
+        b: Option<TensorId>,
+    ) -> Result<TensorId, EngineError> {
+        let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
+        if shape.is_empty() {
+            return Err(EngineError::Invalid(
+                "layer_norm needs at least one dimension".into(),
+            ));
+        }
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        let rows: usize = shape[..shape.len() - 1].iter().product();
+        let need = self.grad_enabled
+            && [Some(x), w, b]
+                .iter()
+                .flatten()
+                .any(|&t| self.info(t).requires_grad);
+        if !need {
+            return Ok(out);
+        }
+        let mean = self.empty(&[rows], DType::F32, Category::Temporary)?;
+        let rstd = self.empty(&[rows], DType::F32, Category::Temporary)?;
+        let mut inputs = vec![x];
+        inputs.extend(w);
+        inputs.extend(b);
+        let mut saves = vec![Save::Input(0)];
+        saves.extend((1..inputs.len()).map(Save::Input));
+        self.record("layer_norm", &inputs, &[out], &saves);
+        // mean and rstd are extra outputs only the node holds
+        let node = self.info(out).grad_fn.expect("recorded");
+        for t in [mean, rstd] {
+            self.recategorize(t, Category::Activation);
+            self.node_mut(node).saved.push(t);
+        }
+        Ok(out)
+    }
+
+    /// `F.embedding(idx, table)`: keeps the indices.
+    pub fn embedding(&mut self, idx: TensorId, table: TensorId) -> Result<TensorId, EngineError> {
+        let st = self.shape(table).to_vec();
+        if st.len() != 2 {
+            return Err(EngineError::Invalid("embedding weight must be 2-D".into()));
+        }
+        if self.dtype(idx).is_floating() {
+            return Err(EngineError::Invalid(
+                "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int".into(),
+            ));
+        }
+        let mut shape = self.shape(idx).to_vec();
+        shape.push(st[1]);
+        let out = self.empty(&shape, self.dtype(table), Category::Temporary)?;
+        self.record("embedding", &[idx, table], &[out], &[Save::InputFor(0, 1)]);
+        Ok(out)
+    }
+
+    /// `F.dropout(x, p)` in training: the output and a bool mask (kept for backward).
+    pub fn dropout(&mut self, x: TensorId, p: f64) -> Result<TensorId, EngineError> {
+        if p <= 0.0 {
+            return Ok(self.retain(x));
+        }
+        let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        let mask = self.empty(&shape, DType::Bool, Category::Temporary)?;
+        self.record("dropout", &[x], &[out], &[]);
+        match self.info(out).grad_fn {
+            Some(node) => {
+                self.recategorize(mask, Category::Activation);
+                self.node_mut(node).saved.push(mask);
+            }
+            None => self.release(mask),
+        }
+        Ok(out)
+    }
+
+    /// `x.masked_fill(mask, value)`: keeps the mask.
+    pub fn masked_fill(&mut self, x: TensorId, mask: TensorId) -> Result<TensorId, EngineError> {
+        let shape = broadcast(self.shape(x), self.shape(mask))?;
+        let out = self.empty(&shape, self.dtype(x), Category::Temporary)?;
+        self.record("masked_fill", &[x, mask], &[out], &[Save::Input(1)]);
+        Ok(out)
+    }
+
+    /// `F.cross_entropy(logits [N, C], target [N])`: log_softmax (keeps its result) then
+    /// nll_loss (keeps the target and a total_weight scalar); returns the scalar loss.
+    pub fn cross_entropy(
+        &mut self,
+        logits: TensorId,
+        target: TensorId,
+    ) -> Result<TensorId, EngineError> {
+        let s = self.shape(logits).to_vec();
+        if s.len() != 2 || self.shape(target) != [s[0]] {
+            return Err(EngineError::Invalid(format!(
+                "cross_entropy expects logits [N, C] and target [N], got {} and {}",
+                Dims(&s),
+                Dims(self.shape(target))
+            )));
+        }
+        let lsm = self.softmax("log_softmax", logits, 1)?;
+        let dtype = self.dtype(logits);
+        let loss = self.empty(&[], dtype, Category::Temporary)?;
+        let total_weight = self.empty(&[], dtype, Category::Temporary)?;
+        self.record("nll_loss", &[lsm, target], &[loss], &[Save::Input(1)]);
+        match self.info(loss).grad_fn {
+            Some(node) => {
+                self.recategorize(total_weight, Category::Activation);
+                self.node_mut(node).saved.push(total_weight);
+            }
+            None => self.release(total_weight),
+        }
+        self.release(lsm);
+        Ok(loss)
+    }
+
+    /// `F.scaled_dot_product_attention(q, k, v, is_causal)` on the flash path: the output, and
+    /// for backward `q`, `k`, `v`, the output, the float32 log-sum-exp `[B, H, L]` and the
+    /// philox seed and offset.
+    pub fn sdpa_flash(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+    ) -> Result<TensorId, EngineError> {
+        let sq = self.shape(q).to_vec();
+        if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
+            return Err(EngineError::Invalid(
+                "scaled_dot_product_attention expects [B, H, L, D] tensors".into(),
+            ));
+        }
+        let mut out_shape = sq.clone();
+        out_shape[3] = self.shape(v)[3];
+        let out = self.empty(&out_shape, self.dtype(q), Category::Temporary)?;
+        let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
+        if !need {
+            return Ok(out);
+        }
+        let lse = self.empty(&sq[..3], DType::F32, Category::Temporary)?;
+        let seed = self.empty(&[], DType::I64, Category::Temporary)?;
+        let offset = self.empty(&[], DType::I64, Category::Temporary)?;
+        self.record(
+            "sdpa_flash",
+            &[q, k, v],
+            &[out],
+            &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
+        );
+        let node = self.info(out).grad_fn.expect("recorded");
+        for t in [lse, seed, offset] {
+            self.recategorize(t, Category::Activation);
+            self.node_mut(node).saved.push(t);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod transformer_tests {
+    use super::*;
+    use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::units::GIB;
+
+    fn dev() -> Tensors<SimSource> {
+        Tensors::new(SimAllocator::new(
+            AllocConf::default(),
+            SimSource::new(24 * GIB, 0),
+        ))
+    }
+
+    fn activation(d: &Tensors<SimSource>) -> u64 {
+        d.by_category()
+            .into_iter()
+            .find(|(c, _)| *c == Category::Activation)
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn layer_norm_keeps_input_mean_and_rstd() {
+        let mut d = dev();
+        let x = d
+            .factory(&[8, 1024, 768], DType::F32, false, Category::Input)
+            .unwrap();
+        let w = d
+            .factory(&[768], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let y = d.layer_norm(x, Some(w), None).unwrap();
+        // x (an input) is saved as it is; mean and rstd are float32 per row (8192 rows)
+        assert_eq!(activation(&d), 2 * 8192 * 4);
+        assert_eq!(d.saved_tensors(), 4, "x, w, mean, rstd");
+        d.release(y);
+        assert_eq!(activation(&d), 0);
+        d.grad_enabled = false;
+        let y = d.layer_norm(x, Some(w), None).unwrap();
+        assert_eq!(d.saved_tensors(), 0, "no grad: no statistics kept");
+        d.release(y);
+    }
+
+    #[test]
+    fn flash_attention_keeps_qkv_out_and_logsumexp() {
+        let mut d = dev();
+        let q = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let k = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let v = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let o = d.sdpa_flash(q, k, v).unwrap();
+        assert_eq!(d.shape(o), &[2, 12, 256, 64]);
+        // the output (saved) and the float32 logsumexp [2, 12, 256] and the rng seed/offset
+        assert_eq!(
+            activation(&d),
+            2 * 12 * 256 * 64 * 2 + 2 * 12 * 256 * 4 + 2 * 512
+        );
+        assert_eq!(d.saved_tensors(), 7);
+    }
+
+    #[test]
+    fn cross_entropy_keeps_log_probs_and_target() {
+        let mut d = dev();
+        let logits = d
+            .factory(&[16, 1000], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let target = d
+            .factory(&[16], DType::I64, false, Category::Input)
+            .unwrap();
+        let loss = d.cross_entropy(logits, target).unwrap();
+        assert!(d.shape(loss).is_empty());
+        // log_softmax's result (16 x 1000 float32) and nll_loss's total_weight
+        assert_eq!(activation(&d), 64000 + 512);
+        d.backward(loss, false).unwrap();
+        assert_eq!(activation(&d), 0);
+        assert!(d.grad(logits).is_some());
+        let e = d.cross_entropy(logits, logits).unwrap_err().to_string();
+        assert!(e.contains("expects logits [N, C] and target [N]"), "{e}");
+    }
+
+    #[test]
+    fn embedding_keeps_indices_and_dropout_a_bool_mask() {
+        let mut d = dev();
+        let table = d
+            .factory(&[50257, 768], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let idx = d
+            .factory(&[4, 128], DType::I64, false, Category::Input)
+            .unwrap();
+        let e = d.embedding(idx, table).unwrap();
+        assert_eq!(d.shape(e), &[4, 128, 768]);
+        assert_eq!(d.saved_tensors(), 1, "the indices");
+        let y = d.dropout(e, 0.1).unwrap();
+        assert_eq!(
+            activation(&d),
+            4 * 128 * 768,
+            "the bool mask, 1 byte per element"
+        );
+        d.release(y);
+        d.release(e);
+        assert!(d.embedding(table, table).is_err());
     }
 }

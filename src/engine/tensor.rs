@@ -273,13 +273,22 @@ impl<S: SegmentSource> Tensors<S> {
 
     /// Allocated bytes by category now.
     pub fn by_category(&self) -> Vec<(Category, u64)> {
-        Category::ALL.iter().map(|&c| (c, self.by_category[c as usize])).collect()
+        Category::ALL
+            .iter()
+            .map(|&c| (c, self.by_category[c as usize]))
+            .collect()
     }
 
     /// The highest allocated memory since the last [`Tensors::reset_peak`] and what it held, by
     /// category.
     pub fn peak_by_category(&self) -> (u64, Vec<(Category, u64)>) {
-        (self.peak.0, Category::ALL.iter().map(|&c| (c, self.peak.1[c as usize])).collect())
+        (
+            self.peak.0,
+            Category::ALL
+                .iter()
+                .map(|&c| (c, self.peak.1[c as usize]))
+                .collect(),
+        )
     }
 
     pub fn reset_peak(&mut self) {

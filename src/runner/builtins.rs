@@ -9,6 +9,12 @@ use crate::workload::ast::{Expr, IndexItem, Span};
 
 /// Functions a script may call, for the error message when a name is unknown.
 const FUNCTIONS: &[&str] = &[
+    "linear",
+    "layer_norm",
+    "embedding",
+    "dropout",
+    "cross_entropy",
+    "scaled_dot_product_attention",
     "sgd",
     "adam",
     "adamw",
@@ -203,6 +209,74 @@ impl Runner {
                 let rg = Self::bool_kw(span, a, "requires_grad")?;
                 self.op(span, "arange", |d| {
                     d.factory(&[n], dtype, rg, Category::Input)
+                })
+                .map(Value::Tensor)
+            }
+            "linear" => {
+                let (x, w) = (
+                    Self::tensor_arg(span, a, 0, "linear")?,
+                    Self::tensor_arg(span, a, 1, "linear")?,
+                );
+                let b = match a.pos.get(2) {
+                    Some(Value::Tensor(t)) => Some(*t),
+                    _ => None,
+                };
+                self.op(span, "linear", |d| d.linear(x, w, b))
+                    .map(Value::Tensor)
+            }
+            "layer_norm" => {
+                let x = Self::tensor_arg(span, a, 0, "layer_norm")?;
+                let opt = |i: usize| match a.pos.get(i) {
+                    Some(Value::Tensor(t)) => Some(*t),
+                    _ => None,
+                };
+                let (w, b) = (opt(1), opt(2));
+                self.op(span, "layer_norm", |d| d.layer_norm(x, w, b))
+                    .map(Value::Tensor)
+            }
+            "embedding" => {
+                let (i, t) = (
+                    Self::tensor_arg(span, a, 0, "embedding")?,
+                    Self::tensor_arg(span, a, 1, "embedding")?,
+                );
+                self.op(span, "embedding", |d| d.embedding(i, t))
+                    .map(Value::Tensor)
+            }
+            "dropout" => {
+                let x = Self::tensor_arg(span, a, 0, "dropout")?;
+                let p = a
+                    .pos
+                    .get(1)
+                    .or(a.kw("p"))
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.5);
+                if !(0.0..=1.0).contains(&p) {
+                    return script(
+                        span,
+                        format!("dropout probability has to be between 0 and 1, but got {p}"),
+                    );
+                }
+                let training = !matches!(a.kw("training"), Some(Value::Bool(false)));
+                if !training {
+                    return Ok(Value::Tensor(self.dev.retain(x)));
+                }
+                self.op(span, "dropout", |d| d.dropout(x, p))
+                    .map(Value::Tensor)
+            }
+            "cross_entropy" => {
+                let (x, t) = (
+                    Self::tensor_arg(span, a, 0, "cross_entropy")?,
+                    Self::tensor_arg(span, a, 1, "cross_entropy")?,
+                );
+                self.op(span, "cross_entropy", |d| d.cross_entropy(x, t))
+                    .map(Value::Tensor)
+            }
+            "scaled_dot_product_attention" => {
+                let q = Self::tensor_arg(span, a, 0, "scaled_dot_product_attention")?;
+                let k = Self::tensor_arg(span, a, 1, "scaled_dot_product_attention")?;
+                let v = Self::tensor_arg(span, a, 2, "scaled_dot_product_attention")?;
+                self.op(span, "scaled_dot_product_attention", |d| {
+                    d.sdpa_flash(q, k, v)
                 })
                 .map(Value::Tensor)
             }
@@ -504,7 +578,10 @@ impl Runner {
                     self.current.after_forward = Some(self.allocated());
                 }
                 let saved = self.enter_phase("phase:backward");
-                let r = self.dev.backward(t, retain).map_err(|e| engine_err(span, e));
+                let r = self
+                    .dev
+                    .backward(t, retain)
+                    .map_err(|e| engine_err(span, e));
                 self.dev.alloc.recorder_mut().set_current(saved);
                 r?;
                 if self.iteration.is_some() {
@@ -557,6 +634,11 @@ impl Runner {
             "matmul" => {
                 let y = Self::tensor_arg(span, a, 0, "matmul")?;
                 self.op(span, "matmul", |d| d.matmul(t, y))
+                    .map(Value::Tensor)
+            }
+            "masked_fill" => {
+                let m = Self::tensor_arg(span, a, 0, "masked_fill")?;
+                self.op(span, "masked_fill", |d| d.masked_fill(t, m))
                     .map(Value::Tensor)
             }
             // in-place ops write into the tensor's own storage: nothing is allocated

@@ -225,7 +225,8 @@ pub fn run_with_progress(
     let (peak_allocated, by_category) = r.dev.peak_by_category();
     peak.peak_allocated = peak_allocated;
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
-    peak.by_category.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    peak.by_category
+        .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(RunOutcome {
         name: workload.name.clone(),
         capacity,
