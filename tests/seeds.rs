@@ -409,3 +409,15 @@ fn issue3_gpt2_small_adamw_runs_and_settles() {
     let cats = v["peak"]["by_category"].as_object().unwrap();
     assert!(cats["activation"].as_u64().unwrap() > cats["parameter"].as_u64().unwrap());
 }
+
+#[test]
+fn issue3_seed000_in_place_write_to_a_saved_tensor_is_refused_at_backward() {
+    let (code, _, err) = run("000_inplace_clobbers_saved_fails.toml");
+    assert_eq!(code, 2);
+    assert!(err.contains("line 11 column 1"), "{err}");
+    assert!(
+        err.contains("modified by an inplace operation")
+            && err.contains("is at version 1; expected version 0 instead"),
+        "{err}"
+    );
+}

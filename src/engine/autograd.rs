@@ -48,6 +48,8 @@ pub enum Save {
 pub(crate) struct Node {
     pub op: &'static str,
     pub saved: Vec<TensorId>,
+    /// The version of each saved tensor's storage when it was saved.
+    pub saved_versions: Vec<u32>,
     pub next: Vec<Edge>,
     /// Shape and dtype of each input: the shape of its gradient.
     pub input_meta: Vec<(Vec<usize>, DType)>,
@@ -115,9 +117,11 @@ impl<S: SegmentSource> Tensors<S> {
         }
         self.seq += 1;
         let had_saved = !saved.is_empty();
+        let saved_versions = saved.iter().map(|&t| self.version(t)).collect();
         let node = Node {
             op,
             saved,
+            saved_versions,
             next,
             input_meta,
             seq: self.seq,
@@ -234,6 +238,27 @@ impl<S: SegmentSource> Tensors<S> {
                 .expect("non-empty");
             let n = ready.swap_remove(i);
             let grad_out = buffers.remove(&n).expect("a ready node has its gradient");
+            let stale = {
+                let node = &self.nodes[n.0 as usize];
+                node.saved
+                    .iter()
+                    .zip(&node.saved_versions)
+                    .find(|(&t, &v)| self.version(t) != v)
+                    .map(|(&t, &v)| (t, v, node.op))
+            };
+            if let Some((t, v, op)) = stale {
+                self.release(grad_out);
+                for (_, g) in buffers.drain() {
+                    self.release(g);
+                }
+                return Err(EngineError::Invalid(format!(
+                    "one of the variables needed for gradient computation has been modified by an inplace operation: \
+                     [{} {}], which is saved by {op}, is at version {}; expected version {v} instead.",
+                    self.dtype(t),
+                    super::layout::Dims(self.shape(t)),
+                    self.version(t)
+                )));
+            }
             let (next, meta, passthrough, op) = {
                 let node = &self.nodes[n.0 as usize];
                 (

@@ -71,6 +71,8 @@ struct Storage {
     refs: u32,
     category: Category,
     live: bool,
+    /// PyTorch's version counter: bumped by every in-place write to the storage.
+    version: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -202,6 +204,7 @@ impl<S: SegmentSource> Tensors<S> {
             refs: 0,
             category,
             live: true,
+            version: 0,
         };
         let sid = match self.free_storages.pop() {
             Some(i) => {
@@ -294,6 +297,18 @@ impl<S: SegmentSource> Tensors<S> {
     pub fn reset_peak(&mut self) {
         let now = self.alloc.stats().allocated_bytes.all().current as u64;
         self.peak = (now, self.by_category);
+    }
+
+    /// The storage's version counter (shared with every view of it).
+    pub fn version(&self, t: TensorId) -> u32 {
+        self.storages[self.info(t).storage as usize].version
+    }
+
+    /// An in-place op wrote into the tensor (`add_`, `relu_`...): nothing is allocated, but
+    /// any node that saved this storage can no longer compute its gradient.
+    pub fn bump_version(&mut self, t: TensorId) {
+        let sid = self.info(t).storage as usize;
+        self.storages[sid].version += 1;
     }
 
     pub(crate) fn info_mut(&mut self, t: TensorId) -> &mut TensorInfo {

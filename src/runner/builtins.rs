@@ -647,6 +647,7 @@ impl Runner {
                 if self.dev.grad_enabled && self.dev.is_leaf(t) && self.dev.info(t).requires_grad {
                     return script(span, "a leaf Variable that requires grad is being used in an in-place operation.");
                 }
+                self.dev.bump_version(t);
                 Ok(Value::Tensor(self.dev.retain(t)))
             }
             other => script(
