@@ -421,3 +421,18 @@ fn issue3_seed000_in_place_write_to_a_saved_tensor_is_refused_at_backward() {
         "{err}"
     );
 }
+
+#[test]
+fn issue3_seed004_autocast_keeps_bf16_activations() {
+    let (_, m) = ok("004_autocast_halves_activations.toml");
+    let fp32 = m["float32 forward"].0 - m["start"].0;
+    let bf16 = m["bf16 forward"].0 - m["float32 freed"].0;
+    // three relu outputs of 16384 x 1024 in float32 (64 MiB each) against bfloat16 ones, plus
+    // the bf16 copy of x and of the two weights whose products need them for backward
+    assert_eq!(fp32, 3 * (64 << 20) + 512);
+    assert_eq!(bf16, (32 << 20) + 3 * (32 << 20) + 2 * (2 << 20) + 512);
+    assert!(
+        bf16 * 4 < fp32 * 3,
+        "autocast keeps well under 3/4 of the float32 activations"
+    );
+}

@@ -8,6 +8,7 @@
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack.
 
+pub mod autocast;
 pub mod autograd;
 pub mod dtype;
 pub mod layout;

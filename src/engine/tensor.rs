@@ -128,6 +128,8 @@ pub struct Tensors<S: SegmentSource> {
     by_category: [u64; 7],
     /// The highest allocated memory so far and the split by category at that moment.
     peak: (u64, [u64; 7]),
+    /// Autocast region state and cast cache.
+    pub(crate) autocast: super::autocast::Autocast,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -145,6 +147,7 @@ impl<S: SegmentSource> Tensors<S> {
             workspace: None,
             by_category: [0; 7],
             peak: (0, [0; 7]),
+            autocast: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The functions, methods, attributes and indexing a workload script can use.
 
 use super::{engine_err, script, Flow, Mark, Runner, Value};
+use crate::engine::autocast::CastPolicy;
 use crate::engine::layout::Layout;
 use crate::engine::ops::Unary;
 use crate::engine::optim::{OptimKind, Optimizer};
@@ -221,8 +222,14 @@ impl Runner {
                     Some(Value::Tensor(t)) => Some(*t),
                     _ => None,
                 };
-                self.op(span, "linear", |d| d.linear(x, w, b))
-                    .map(Value::Tensor)
+                self.op(span, "linear", |d| {
+                    let mut ins = vec![x, w];
+                    ins.extend(b);
+                    d.autocast_op(CastPolicy::Lower, &ins, |d, i| {
+                        d.linear(i[0], i[1], i.get(2).copied())
+                    })
+                })
+                .map(Value::Tensor)
             }
             "layer_norm" => {
                 let x = Self::tensor_arg(span, a, 0, "layer_norm")?;
@@ -231,8 +238,18 @@ impl Runner {
                     _ => None,
                 };
                 let (w, b) = (opt(1), opt(2));
-                self.op(span, "layer_norm", |d| d.layer_norm(x, w, b))
-                    .map(Value::Tensor)
+                self.op(span, "layer_norm", |d| {
+                    let mut ins = vec![x];
+                    ins.extend(w);
+                    ins.extend(b);
+                    let (nw, nb) = (w.is_some(), b.is_some());
+                    d.autocast_op(CastPolicy::Float32, &ins, |d, i| {
+                        let w = nw.then(|| i[1]);
+                        let b = nb.then(|| i[if nw { 2 } else { 1 }]);
+                        d.layer_norm(i[0], w, b)
+                    })
+                })
+                .map(Value::Tensor)
             }
             "embedding" => {
                 let (i, t) = (
@@ -268,15 +285,21 @@ impl Runner {
                     Self::tensor_arg(span, a, 0, "cross_entropy")?,
                     Self::tensor_arg(span, a, 1, "cross_entropy")?,
                 );
-                self.op(span, "cross_entropy", |d| d.cross_entropy(x, t))
-                    .map(Value::Tensor)
+                self.op(span, "cross_entropy", |d| {
+                    d.autocast_op(CastPolicy::Float32, &[x, t], |d, i| {
+                        d.cross_entropy(i[0], i[1])
+                    })
+                })
+                .map(Value::Tensor)
             }
             "scaled_dot_product_attention" => {
                 let q = Self::tensor_arg(span, a, 0, "scaled_dot_product_attention")?;
                 let k = Self::tensor_arg(span, a, 1, "scaled_dot_product_attention")?;
                 let v = Self::tensor_arg(span, a, 2, "scaled_dot_product_attention")?;
                 self.op(span, "scaled_dot_product_attention", |d| {
-                    d.sdpa_flash(q, k, v)
+                    d.autocast_op(CastPolicy::Lower, &[q, k, v], |d, i| {
+                        d.sdpa_flash(i[0], i[1], i[2])
+                    })
                 })
                 .map(Value::Tensor)
             }
@@ -367,8 +390,10 @@ impl Runner {
                     Self::tensor_arg(span, a, 0, "matmul")?,
                     Self::tensor_arg(span, a, 1, "matmul")?,
                 );
-                self.op(span, "matmul", |d| d.matmul(x, y))
-                    .map(Value::Tensor)
+                self.op(span, "matmul", |d| {
+                    d.autocast_op(CastPolicy::Lower, &[x, y], |d, i| d.matmul(i[0], i[1]))
+                })
+                .map(Value::Tensor)
             }
             "sum" | "mean" | "softmax" | "log_softmax" => {
                 let x = Self::tensor_arg(span, a, 0, func)?;
@@ -509,8 +534,10 @@ impl Runner {
                 } else {
                     "log_softmax"
                 };
-                self.op(span, op, |d| d.softmax(op, t, dim))
-                    .map(Value::Tensor)
+                self.op(span, op, |d| {
+                    d.autocast_op(CastPolicy::Float32, &[t], |d, i| d.softmax(op, i[0], dim))
+                })
+                .map(Value::Tensor)
             }
             "view" => {
                 let s = ints(&a.pos)?;
@@ -633,8 +660,10 @@ impl Runner {
             }
             "matmul" => {
                 let y = Self::tensor_arg(span, a, 0, "matmul")?;
-                self.op(span, "matmul", |d| d.matmul(t, y))
-                    .map(Value::Tensor)
+                self.op(span, "matmul", |d| {
+                    d.autocast_op(CastPolicy::Lower, &[t, y], |d, i| d.matmul(i[0], i[1]))
+                })
+                .map(Value::Tensor)
             }
             "masked_fill" => {
                 let m = Self::tensor_arg(span, a, 0, "masked_fill")?;

@@ -393,10 +393,29 @@ impl Runner {
                         _ => {}
                     }
                 }
-                BlockKind::Autocast { .. } | BlockKind::Checkpoint => {
+                BlockKind::Autocast { dtype } => {
+                    let d = match dtype.as_deref() {
+                        // torch.autocast("cuda") defaults to float16
+                        None => DType::F16,
+                        Some(name) => match DType::parse(name) {
+                            Some(d @ (DType::BF16 | DType::F16)) => d,
+                            _ => return script(
+                                s.span,
+                                format!(
+                                    "autocast dtype must be bf16 or f16 (float16), not '{name}'"
+                                ),
+                            ),
+                        },
+                    };
+                    let prev = self.dev.autocast_enter(d);
+                    let r = self.block(body);
+                    self.dev.autocast_exit(prev);
+                    r?;
+                }
+                BlockKind::Checkpoint => {
                     return script(
                         s.span,
-                        format!("`{kind}` blocks are not supported yet in this version of gpumem (the engine has no autocast or checkpointing yet)"),
+                        "`checkpoint` blocks are not supported yet in this version of gpumem (no activation checkpointing in the engine yet)",
                     );
                 }
             },
@@ -544,7 +563,13 @@ impl Runner {
         match (a, b) {
             (Value::Tensor(x), Value::Tensor(y)) => {
                 let r = match op {
-                    BinOp::MatMul => self.op(span, "matmul", |d| d.matmul(x, y)),
+                    BinOp::MatMul => self.op(span, "matmul", |d| {
+                        d.autocast_op(
+                            crate::engine::autocast::CastPolicy::Lower,
+                            &[x, y],
+                            |d, i| d.matmul(i[0], i[1]),
+                        )
+                    }),
                     _ => {
                         let bop = binop(op);
                         self.op(span, bop_name(op), |d| d.binary(bop, x, y))

@@ -1,0 +1,168 @@
+//! Autocast (`torch.autocast`), for memory: which ops run in the low-precision dtype, which are
+//! forced to float32, and the cast cache.
+//!
+//! Inside an autocast region, matrix products (`matmul`, `linear`, attention) cast their
+//! floating inputs to the region's dtype; `softmax`, `log_softmax`, `layer_norm` and the losses
+//! cast theirs to float32; everything else runs in its inputs' dtype. A cast is a new tensor
+//! (recorded in the graph; it keeps nothing itself, but the op that consumes it may save it).
+//! Casts of leaf tensors that require grad (the parameters) are cached for the whole region, as
+//! PyTorch's autocast cache does, so each weight is cast once per forward; the cache is emptied
+//! when the outermost region ends.
+
+use std::collections::HashMap;
+
+use super::dtype::DType;
+use super::tensor::{Category, EngineError, TensorId, Tensors};
+use crate::alloc::SegmentSource;
+
+/// What autocast does to an op's floating inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CastPolicy {
+    /// Run in the region's dtype (bf16/f16): matmul, linear, attention.
+    Lower,
+    /// Run in float32: softmax, log_softmax, layer_norm, losses.
+    Float32,
+}
+
+/// The autocast state: the region's dtype and the cast cache.
+#[derive(Debug, Clone, Default)]
+pub struct Autocast {
+    pub dtype: Option<DType>,
+    /// Nesting depth of autocast regions.
+    pub depth: u32,
+    cache: HashMap<TensorId, TensorId>,
+}
+
+impl<S: SegmentSource> Tensors<S> {
+    /// Enters an autocast region with `dtype` (bf16 or f16).
+    pub fn autocast_enter(&mut self, dtype: DType) -> Option<DType> {
+        let prev = self.autocast.dtype.replace(dtype);
+        self.autocast.depth += 1;
+        prev
+    }
+
+    /// Leaves a region, restoring `prev`; the outermost exit empties the cast cache.
+    pub fn autocast_exit(&mut self, prev: Option<DType>) {
+        self.autocast.dtype = prev;
+        self.autocast.depth = self.autocast.depth.saturating_sub(1);
+        if self.autocast.depth == 0 {
+            let cached: Vec<TensorId> = self.autocast.cache.drain().map(|(_, c)| c).collect();
+            for c in cached {
+                self.release(c);
+            }
+        }
+    }
+
+    /// A handle on `t` in `dtype`: itself, a cached cast, or a new recorded cast.
+    fn cast(&mut self, t: TensorId, dtype: DType) -> Result<TensorId, EngineError> {
+        if self.dtype(t) == dtype || !self.dtype(t).is_floating() {
+            return Ok(self.retain(t));
+        }
+        let cacheable = self.is_leaf(t) && self.info(t).requires_grad && self.grad_enabled;
+        if cacheable {
+            if let Some(&c) = self.autocast.cache.get(&t) {
+                return Ok(self.retain(c));
+            }
+        }
+        let shape = self.shape(t).to_vec();
+        let c = self.empty(&shape, dtype, Category::Temporary)?;
+        self.record("to", &[t], &[c], &[]);
+        if cacheable {
+            self.autocast.cache.insert(t, c);
+            return Ok(self.retain(c));
+        }
+        Ok(c)
+    }
+
+    /// Runs `op` on `inputs` cast as the autocast region requires (unchanged outside one).
+    pub fn autocast_op(
+        &mut self,
+        policy: CastPolicy,
+        inputs: &[TensorId],
+        op: impl FnOnce(&mut Self, &[TensorId]) -> Result<TensorId, EngineError>,
+    ) -> Result<TensorId, EngineError> {
+        let Some(region) = self.autocast.dtype else {
+            return op(self, inputs);
+        };
+        let to = match policy {
+            CastPolicy::Lower => region,
+            CastPolicy::Float32 => DType::F32,
+        };
+        let mut cast = Vec::with_capacity(inputs.len());
+        for &t in inputs {
+            match self.cast(t, to) {
+                Ok(c) => cast.push(c),
+                Err(e) => {
+                    for c in cast {
+                        self.release(c);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let r = op(self, &cast);
+        for c in cast {
+            self.release(c);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::units::GIB;
+
+    #[test]
+    fn weights_are_cast_once_per_region_and_freed_after() {
+        let mut d = Tensors::new(SimAllocator::new(
+            AllocConf::default(),
+            SimSource::new(24 * GIB, 0),
+        ));
+        let w = d
+            .factory(&[1024, 1024], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let x = d
+            .factory(&[64, 1024], DType::F32, false, Category::Input)
+            .unwrap();
+        let base = d.alloc.stats().allocated_bytes.all().current;
+        let prev = d.autocast_enter(DType::BF16);
+        let y1 = d
+            .autocast_op(CastPolicy::Lower, &[x, w], |d, i| {
+                d.linear(i[0], i[1], None)
+            })
+            .unwrap();
+        assert_eq!(d.dtype(y1), DType::BF16);
+        let after_one = d.alloc.stats().allocated_bytes.all().current;
+        let y2 = d
+            .autocast_op(CastPolicy::Lower, &[x, w], |d, i| {
+                d.linear(i[0], i[1], None)
+            })
+            .unwrap();
+        let after_two = d.alloc.stats().allocated_bytes.all().current;
+        // the second product casts x again but reuses w's bf16 copy
+        let x_bf16 = 64 * 1024 * 2;
+        assert_eq!(after_two - after_one, x_bf16 + 64 * 1024 * 2);
+        let s = d
+            .autocast_op(CastPolicy::Float32, &[y1], |d, i| {
+                d.softmax("softmax", i[0], 1)
+            })
+            .unwrap();
+        assert_eq!(
+            d.dtype(s),
+            DType::F32,
+            "softmax runs in float32 under autocast"
+        );
+        for t in [y1, y2, s] {
+            d.release(t);
+        }
+        d.autocast_exit(prev);
+        assert_eq!(d.saved_tensors(), 0);
+        assert_eq!(
+            d.alloc.stats().allocated_bytes.all().current - base,
+            32 << 20,
+            "only the cuBLAS workspace remains"
+        );
+    }
+}
