@@ -436,3 +436,32 @@ fn issue3_seed004_autocast_keeps_bf16_activations() {
         "autocast keeps well under 3/4 of the float32 activations"
     );
 }
+
+#[test]
+fn issue3_checkpointing_keeps_only_inputs_and_recomputes_in_backward() {
+    let (v, m) = ok("004_checkpointing.toml");
+    let acts = 3 * (32 << 20); // three relu outputs of 8192 x 1024 float32
+    assert_eq!(m["plain forward"].0 - m["start"].0, acts + 512);
+    assert_eq!(
+        m["checkpointed forward"].0 - m["plain backward"].0,
+        512,
+        "the checkpointed region kept nothing"
+    );
+    assert_eq!(m["checkpointed backward"].0, m["plain backward"].0);
+    let recompute = v["peak"]["top_tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| {
+            t["tags"]
+                .as_str()
+                .unwrap()
+                .ends_with("checkpoint_recompute")
+        })
+        .expect("the recompute is tagged");
+    assert_eq!(
+        recompute["bytes"].as_u64().unwrap(),
+        acts as u64,
+        "backward recomputed the same activations"
+    );
+}

@@ -44,6 +44,20 @@ pub enum Save {
     Output,
 }
 
+/// An activation-checkpoint region: the nodes made inside it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Region {
+    pub nodes: Vec<NodeId>,
+    pub recomputed: bool,
+}
+
+/// Checkpoint state: the region being recorded, and all regions by id.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Checkpoints {
+    pub current: Option<u32>,
+    pub regions: Vec<Region>,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub op: &'static str,
@@ -64,6 +78,13 @@ pub(crate) struct Node {
     /// The backward passes the incoming gradient through as a view (view, t, clone...) instead
     /// of allocating the input's gradient.
     pub passthrough: bool,
+    /// The activation-checkpoint region the node was made in, if any.
+    pub region: Option<u32>,
+    /// In a checkpoint region: (shape, dtype) of each saved tensor dropped after the forward,
+    /// to be recomputed when backward reaches the node.
+    /// Tensors saved by several nodes (an op's output and the next op's input) share a key, so
+    /// the recompute makes them once.
+    pub deferred: Vec<(u32, Vec<usize>, DType)>,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -130,6 +151,8 @@ impl<S: SegmentSource> Tensors<S> {
             released: false,
             had_saved,
             passthrough: false,
+            region: self.checkpoint.current,
+            deferred: Vec::new(),
         };
         let id = match self.free_nodes.pop() {
             Some(i) => {
@@ -146,6 +169,102 @@ impl<S: SegmentSource> Tensors<S> {
             info.grad_fn = Some(NodeId(id));
             info.requires_grad = true;
         }
+        if let Some(r) = self.checkpoint.current {
+            self.checkpoint.regions[r as usize].nodes.push(NodeId(id));
+        }
+    }
+
+    /// `checkpoint(fn, ...)` (non-reentrant) begins: ops from here on record their graph, but
+    /// what they save is dropped when the region ends and recomputed in backward.
+    pub fn checkpoint_enter(&mut self) -> Option<u32> {
+        let prev = self.checkpoint.current;
+        self.checkpoint.regions.push(Region::default());
+        self.checkpoint.current = Some((self.checkpoint.regions.len() - 1) as u32);
+        prev
+    }
+
+    /// The region ends: every tensor its nodes saved that was made inside the region is
+    /// released (remembering its shape); tensors from outside (the region's inputs, the
+    /// parameters) stay saved, as the checkpoint keeps its inputs.
+    pub fn checkpoint_exit(&mut self, prev: Option<u32>) {
+        let Some(r) = self.checkpoint.current else {
+            return;
+        };
+        self.checkpoint.current = prev;
+        let nodes = self.checkpoint.regions[r as usize].nodes.clone();
+        let mut keys: HashMap<u32, u32> = HashMap::new();
+        for n in nodes {
+            let (saved, versions) = {
+                let node = self.node_mut(n);
+                (
+                    std::mem::take(&mut node.saved),
+                    std::mem::take(&mut node.saved_versions),
+                )
+            };
+            let mut keep = Vec::new();
+            let mut keep_v = Vec::new();
+            let mut deferred = Vec::new();
+            for (t, v) in saved.into_iter().zip(versions) {
+                if self.made_in_region(t) == Some(r) {
+                    let n_keys = keys.len() as u32;
+                    let key = *keys.entry(self.storage_index(t)).or_insert(n_keys);
+                    deferred.push((key, self.shape(t).to_vec(), self.dtype(t)));
+                    self.release(t);
+                } else {
+                    keep.push(t);
+                    keep_v.push(v);
+                }
+            }
+            let node = self.node_mut(n);
+            node.saved = keep;
+            node.saved_versions = keep_v;
+            node.deferred = deferred;
+        }
+    }
+
+    /// Backward reached a checkpointed node: recompute the region's forward once, making again
+    /// every tensor its nodes had saved.
+    fn recompute_region(&mut self, r: u32) -> Result<(), EngineError> {
+        if std::mem::replace(&mut self.checkpoint.regions[r as usize].recomputed, true) {
+            return Ok(());
+        }
+        self.alloc.recorder_mut().push_tag("checkpoint_recompute");
+        let nodes = self.checkpoint.regions[r as usize].nodes.clone();
+        let mut made: HashMap<u32, TensorId> = HashMap::new();
+        for n in nodes {
+            if !self.nodes[n.0 as usize].live {
+                continue;
+            }
+            let deferred = std::mem::take(&mut self.node_mut(n).deferred);
+            for (key, shape, dtype) in deferred {
+                let t = match made.get(&key) {
+                    Some(&t) => self.retain(t),
+                    None => match self.empty(&shape, dtype, Category::Activation) {
+                        Ok(t) => {
+                            made.insert(key, t);
+                            self.retain(t)
+                        }
+                        Err(e) => {
+                            self.alloc.recorder_mut().pop_tag();
+                            for (_, t) in made {
+                                self.release(t);
+                            }
+                            return Err(e);
+                        }
+                    },
+                };
+                let v = self.version(t);
+                let node = self.node_mut(n);
+                node.saved.push(t);
+                node.saved_versions.push(v);
+            }
+        }
+        // the nodes hold the recomputed tensors now
+        for (_, t) in made {
+            self.release(t);
+        }
+        self.alloc.recorder_mut().pop_tag();
+        Ok(())
     }
 
     /// A handle for a node's saved tensors; a temporary saved for backward becomes an activation
@@ -238,6 +357,15 @@ impl<S: SegmentSource> Tensors<S> {
                 .expect("non-empty");
             let n = ready.swap_remove(i);
             let grad_out = buffers.remove(&n).expect("a ready node has its gradient");
+            if let Some(r) = self.nodes[n.0 as usize].region {
+                if let Err(e) = self.recompute_region(r) {
+                    self.release(grad_out);
+                    for (_, g) in buffers.drain() {
+                        self.release(g);
+                    }
+                    return Err(e);
+                }
+            }
             let stale = {
                 let node = &self.nodes[n.0 as usize];
                 node.saved

@@ -73,6 +73,8 @@ struct Storage {
     live: bool,
     /// PyTorch's version counter: bumped by every in-place write to the storage.
     version: u32,
+    /// The checkpoint region it was allocated in, if any.
+    region: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +132,8 @@ pub struct Tensors<S: SegmentSource> {
     peak: (u64, [u64; 7]),
     /// Autocast region state and cast cache.
     pub(crate) autocast: super::autocast::Autocast,
+    /// Activation-checkpoint regions.
+    pub(crate) checkpoint: super::autograd::Checkpoints,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -148,6 +152,7 @@ impl<S: SegmentSource> Tensors<S> {
             by_category: [0; 7],
             peak: (0, [0; 7]),
             autocast: Default::default(),
+            checkpoint: Default::default(),
         }
     }
 
@@ -208,6 +213,7 @@ impl<S: SegmentSource> Tensors<S> {
             category,
             live: true,
             version: 0,
+            region: self.checkpoint.current,
         };
         let sid = match self.free_storages.pop() {
             Some(i) => {
@@ -300,6 +306,16 @@ impl<S: SegmentSource> Tensors<S> {
     pub fn reset_peak(&mut self) {
         let now = self.alloc.stats().allocated_bytes.all().current as u64;
         self.peak = (now, self.by_category);
+    }
+
+    /// The index of the tensor's storage (equal for views of one storage).
+    pub(crate) fn storage_index(&self, t: TensorId) -> u32 {
+        self.info(t).storage
+    }
+
+    /// The checkpoint region the tensor's storage was allocated in.
+    pub(crate) fn made_in_region(&self, t: TensorId) -> Option<u32> {
+        self.storages[self.info(t).storage as usize].region
     }
 
     /// The storage's version counter (shared with every view of it).

@@ -399,12 +399,14 @@ impl Runner {
                         None => DType::F16,
                         Some(name) => match DType::parse(name) {
                             Some(d @ (DType::BF16 | DType::F16)) => d,
-                            _ => return script(
-                                s.span,
-                                format!(
+                            _ => {
+                                return script(
+                                    s.span,
+                                    format!(
                                     "autocast dtype must be bf16 or f16 (float16), not '{name}'"
                                 ),
-                            ),
+                                )
+                            }
                         },
                     };
                     let prev = self.dev.autocast_enter(d);
@@ -413,10 +415,10 @@ impl Runner {
                     r?;
                 }
                 BlockKind::Checkpoint => {
-                    return script(
-                        s.span,
-                        "`checkpoint` blocks are not supported yet in this version of gpumem (no activation checkpointing in the engine yet)",
-                    );
+                    let prev = self.dev.checkpoint_enter();
+                    let r = self.block(body);
+                    self.dev.checkpoint_exit(prev);
+                    r?;
                 }
             },
         }
