@@ -461,7 +461,7 @@ fn issue3_checkpointing_keeps_only_inputs_and_recomputes_in_backward() {
         .expect("the recompute is tagged");
     assert_eq!(
         recompute["bytes"].as_u64().unwrap(),
-        acts as u64,
+        acts,
         "backward recomputed the same activations"
     );
 }
