@@ -66,6 +66,7 @@ impl<S: SegmentSource> Tensors<S> {
         }
         let shape = self.shape(t).to_vec();
         let c = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch("to", &[t], &[c])?;
         self.record("to", &[t], &[c], &[]);
         if cacheable {
             self.autocast.cache.insert(t, c);

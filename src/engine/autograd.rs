@@ -100,6 +100,16 @@ impl<S: SegmentSource> Tensors<S> {
         if !self.grad_enabled || !inputs.iter().any(|&t| self.info(t).requires_grad) {
             return;
         }
+        self.record_node(op, inputs, outputs, saves);
+    }
+
+    fn record_node(
+        &mut self,
+        op: &'static str,
+        inputs: &[TensorId],
+        outputs: &[TensorId],
+        saves: &[Save],
+    ) {
         let needs = |s: &Self, i: usize| s.info(inputs[i]).requires_grad;
         let mut saved = Vec::new();
         for s in saves {

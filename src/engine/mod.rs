@@ -10,12 +10,14 @@
 
 pub mod autocast;
 pub mod autograd;
+pub mod backend;
 pub mod dtype;
 pub mod layout;
 pub mod ops;
 pub mod optim;
 pub mod tensor;
 
+pub use backend::{Backend, Buffer, SimBackend};
 pub use dtype::DType;
 pub use layout::{Layout, LayoutError};
 pub use tensor::{Category, EngineError, TensorId, Tensors};

@@ -151,6 +151,7 @@ impl<S: SegmentSource> Tensors<S> {
             ));
         }
         let t = self.empty(shape, dtype, category)?;
+        self.launch("fill", &[], &[t])?;
         self.set_requires_grad(t, requires_grad);
         Ok(t)
     }
@@ -158,6 +159,7 @@ impl<S: SegmentSource> Tensors<S> {
     pub fn unary(&mut self, op: Unary, x: TensorId) -> Result<TensorId, EngineError> {
         let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch(op.name(), &[x], &[out])?;
         self.record(op.name(), &[x], &[out], op.saves());
         Ok(out)
     }
@@ -171,6 +173,7 @@ impl<S: SegmentSource> Tensors<S> {
         let shape = broadcast(self.shape(a), self.shape(b))?;
         let dtype = promote(self.dtype(a), self.dtype(b));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch(op.name(), &[a, b], &[out])?;
         self.record(op.name(), &[a, b], &[out], op.saves());
         Ok(out)
     }
@@ -217,6 +220,7 @@ impl<S: SegmentSource> Tensors<S> {
         self.ensure_cublas_workspace()?;
         let dtype = promote(self.dtype(a), self.dtype(b));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch("matmul", &[a, b], &[out])?;
         self.record(
             "matmul",
             &[a, b],
@@ -256,6 +260,7 @@ impl<S: SegmentSource> Tensors<S> {
         }
         let dtype = self.dtype(x);
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch(op, &[x], &[out])?;
         self.record(op, &[x], &[out], &[]);
         Ok(out)
     }
@@ -270,6 +275,7 @@ impl<S: SegmentSource> Tensors<S> {
         super::layout::wrap_dim(dim, self.shape(x).len())?;
         let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch(op, &[x], &[out])?;
         self.record(op, &[x], &[out], &[Save::Output]);
         Ok(out)
     }
@@ -301,6 +307,7 @@ impl<S: SegmentSource> Tensors<S> {
     /// `clone()`: a fresh contiguous copy; its backward passes the gradient through.
     pub fn clone_op(&mut self, x: TensorId) -> Result<TensorId, EngineError> {
         let out = self.clone_tensor(x, Category::Temporary)?;
+        self.launch("clone", &[x], &[out])?;
         self.record("clone", &[x], &[out], &[]);
         if let Some(n) = self.info(out).grad_fn {
             self.node_mut(n).passthrough = true;
@@ -495,6 +502,7 @@ impl<S: SegmentSource> Tensors<S> {
         let out = self.empty(&shape, dtype, Category::Temporary)?;
         let mut inputs = vec![x, w];
         inputs.extend(b);
+        self.launch("linear", &inputs, &[out])?;
         self.record(
             "linear",
             &inputs,
@@ -535,6 +543,7 @@ impl<S: SegmentSource> Tensors<S> {
         inputs.extend(b);
         let mut saves = vec![Save::Input(0)];
         saves.extend((1..inputs.len()).map(Save::Input));
+        self.launch("layer_norm", &inputs, &[out])?;
         self.record("layer_norm", &inputs, &[out], &saves);
         // mean and rstd are extra outputs only the node holds
         let node = self.info(out).grad_fn.expect("recorded");
@@ -559,6 +568,7 @@ impl<S: SegmentSource> Tensors<S> {
         let mut shape = self.shape(idx).to_vec();
         shape.push(st[1]);
         let out = self.empty(&shape, self.dtype(table), Category::Temporary)?;
+        self.launch("embedding", &[idx, table], &[out])?;
         self.record("embedding", &[idx, table], &[out], &[Save::InputFor(0, 1)]);
         Ok(out)
     }
@@ -571,6 +581,7 @@ impl<S: SegmentSource> Tensors<S> {
         let (shape, dtype) = (self.shape(x).to_vec(), self.dtype(x));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
         let mask = self.empty(&shape, DType::Bool, Category::Temporary)?;
+        self.launch("dropout", &[x], &[out])?;
         self.record("dropout", &[x], &[out], &[]);
         match self.info(out).grad_fn {
             Some(node) => {
@@ -586,6 +597,7 @@ impl<S: SegmentSource> Tensors<S> {
     pub fn masked_fill(&mut self, x: TensorId, mask: TensorId) -> Result<TensorId, EngineError> {
         let shape = broadcast(self.shape(x), self.shape(mask))?;
         let out = self.empty(&shape, self.dtype(x), Category::Temporary)?;
+        self.launch("masked_fill", &[x, mask], &[out])?;
         self.record("masked_fill", &[x, mask], &[out], &[Save::Input(1)]);
         Ok(out)
     }
@@ -609,6 +621,7 @@ impl<S: SegmentSource> Tensors<S> {
         let dtype = self.dtype(logits);
         let loss = self.empty(&[], dtype, Category::Temporary)?;
         let total_weight = self.empty(&[], dtype, Category::Temporary)?;
+        self.launch("nll_loss", &[lsm, target], &[loss])?;
         self.record("nll_loss", &[lsm, target], &[loss], &[Save::Input(1)]);
         match self.info(loss).grad_fn {
             Some(node) => {
@@ -646,6 +659,7 @@ impl<S: SegmentSource> Tensors<S> {
         let lse = self.empty(&sq[..3], DType::F32, Category::Temporary)?;
         let seed = self.empty(&[], DType::I64, Category::Temporary)?;
         let offset = self.empty(&[], DType::I64, Category::Temporary)?;
+        self.launch("sdpa_flash", &[q, k, v], &[out])?;
         self.record(
             "sdpa_flash",
             &[q, k, v],

@@ -75,6 +75,8 @@ impl Optimizer {
                 }
             }
         }
+        let updated: Vec<TensorId> = with_grad.iter().map(|&i| self.params[i]).collect();
+        d.launch("optimizer_step", &updated, &updated)?;
         if matches!(self.kind, OptimKind::Adam | OptimKind::AdamW) {
             if self.foreach {
                 let mut temps = Vec::with_capacity(with_grad.len());

@@ -134,6 +134,8 @@ pub struct Tensors<S: SegmentSource> {
     pub(crate) autocast: super::autocast::Autocast,
     /// Activation-checkpoint regions.
     pub(crate) checkpoint: super::autograd::Checkpoints,
+    /// Where kernels run (the simulated device by default).
+    pub backend: std::sync::Arc<dyn super::backend::Backend>,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -153,6 +155,7 @@ impl<S: SegmentSource> Tensors<S> {
             peak: (0, [0; 7]),
             autocast: Default::default(),
             checkpoint: Default::default(),
+            backend: std::sync::Arc::new(super::backend::SimBackend),
         }
     }
 
@@ -306,6 +309,28 @@ impl<S: SegmentSource> Tensors<S> {
     pub fn reset_peak(&mut self) {
         let now = self.alloc.stats().allocated_bytes.all().current as u64;
         self.peak = (now, self.by_category);
+    }
+
+    /// Hands an op to the backend: its inputs and outputs as device buffers.
+    pub fn launch(
+        &self,
+        op: &str,
+        inputs: &[TensorId],
+        outputs: &[TensorId],
+    ) -> Result<(), EngineError> {
+        let buf = |t: &TensorId| {
+            let i = self.info(*t);
+            super::backend::Buffer {
+                addr: self.storages[i.storage as usize].addr,
+                layout: &i.layout,
+                dtype: i.dtype,
+            }
+        };
+        let ins: Vec<_> = inputs.iter().map(buf).collect();
+        let outs: Vec<_> = outputs.iter().map(buf).collect();
+        self.backend.launch(op, &ins, &outs).map_err(|e| {
+            EngineError::Invalid(format!("{} backend: {op}: {e}", self.backend.name()))
+        })
     }
 
     /// The index of the tensor's storage (equal for views of one storage).

@@ -653,6 +653,7 @@ impl Runner {
                 let shape = layout.shape.clone();
                 self.op(span, "to", |d| {
                     let out = d.empty(&shape, dtype, Category::Temporary)?;
+                    d.launch("to", &[t], &[out])?;
                     d.record("to", &[t], &[out], &[]);
                     Ok(out)
                 })

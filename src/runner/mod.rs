@@ -590,6 +590,7 @@ impl Runner {
                 let r = self.op(span, bop_name(op), |d| {
                     let (shape, dtype) = (d.shape(x).to_vec(), d.dtype(x));
                     let out = d.empty(&shape, dtype, Category::Temporary)?;
+                    d.launch(bop_name(op), &[x], &[out])?;
                     d.record(bop_name(op), &[x], &[out], &[]);
                     Ok(out)
                 });
