@@ -53,8 +53,11 @@ mod tests {
     use crate::units::GIB;
 
     /// A backend that notes each kernel: what a data-carrying backend would be asked to run.
+    /// (op, inputs, outputs, output addresses)
+    type Call = (String, usize, usize, Vec<u64>);
+
     #[derive(Debug, Default)]
-    struct Log(Mutex<Vec<(String, usize, usize, Vec<u64>)>>);
+    struct Log(Mutex<Vec<Call>>);
 
     impl Backend for Log {
         fn name(&self) -> &'static str {
