@@ -53,6 +53,11 @@ pub struct RunArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,
 
+    /// Where to run: `sim`, the simulated device (the default; no GPU needed). The `cpu` and
+    /// `cuda` backends are not built yet.
+    #[arg(long, value_name = "DEVICE", default_value = "sim")]
+    pub device: String,
+
     /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB).
     #[arg(long, value_name = "SIZE")]
     pub capacity: Option<String>,

@@ -21,7 +21,25 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.iterations == Some(0) {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }
+    match args.device.as_str() {
+        "sim" => {}
+        "cpu" | "cuda" => {
+            return Err(Error::usage(
+                "--device",
+                format!("the {} backend is not built yet in this version of gpumem; use --device sim", args.device),
+            ))
+        }
+        other => return Err(Error::usage("--device", format!("unknown device '{other}'; use sim"))),
+    }
     let w = workload::load(&args.workload)?;
+    if w.device != workload::Device::Sim && args.device == "sim" {
+        // the workload asks for a real device this build does not have: say so, run simulated
+        eprintln!(
+            "gpumem: note: {} asks for device \"{}\"; running it on the simulated device",
+            args.workload.display(),
+            w.device
+        );
+    }
     // a progress bar on stderr, only for a person watching
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(args.iterations.unwrap_or(w.iterations) as u64);
