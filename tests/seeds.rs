@@ -465,3 +465,42 @@ fn issue3_checkpointing_keeps_only_inputs_and_recomputes_in_backward() {
         "backward recomputed the same activations"
     );
 }
+
+#[test]
+fn issue3_seed000_a_small_tensor_takes_one_512_byte_block() {
+    let (_, m) = ok("000_tensor_basics.toml");
+    assert_eq!(m["x"].0, 512);
+}
+
+#[test]
+fn issue3_seed003_a_preallocated_buffer_keeps_memory_flat() {
+    let (v, m) = ok("003_preallocate.toml");
+    assert_eq!(m["pre-allocated"].0, 64 * 3 * 224 * 224 * 4);
+    let marks: Vec<u64> = v["marks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["allocated"].as_u64().unwrap())
+        .collect();
+    assert!(marks.iter().all(|&a| a == marks[0]), "{marks:?}");
+}
+
+#[test]
+fn issue3_seed004_adam_keeps_two_states_momentum_one_sgd_none() {
+    let (_, m) = ok("004_optimizer_state.toml");
+    let p = 4 << 20; // one 1024 x 1024 float32 parameter
+    assert_eq!(
+        m["after sgd step"].0, m["gradients"].0,
+        "plain SGD keeps no state"
+    );
+    assert_eq!(
+        m["after momentum step"].0 - m["after sgd step"].0,
+        p,
+        "a momentum buffer"
+    );
+    assert_eq!(
+        m["after adam step"].0 - m["after momentum step"].0,
+        2 * p,
+        "exp_avg and exp_avg_sq"
+    );
+}

@@ -26,10 +26,18 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         "cpu" | "cuda" => {
             return Err(Error::usage(
                 "--device",
-                format!("the {} backend is not built yet in this version of gpumem; use --device sim", args.device),
+                format!(
+                    "the {} backend is not built yet in this version of gpumem; use --device sim",
+                    args.device
+                ),
             ))
         }
-        other => return Err(Error::usage("--device", format!("unknown device '{other}'; use sim"))),
+        other => {
+            return Err(Error::usage(
+                "--device",
+                format!("unknown device '{other}'; use sim"),
+            ))
+        }
     }
     let w = workload::load(&args.workload)?;
     if w.device != workload::Device::Sim && args.device == "sim" {

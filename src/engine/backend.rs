@@ -65,7 +65,10 @@ mod tests {
         }
         fn launch(&self, op: &str, inputs: &[Buffer], outputs: &[Buffer]) -> Result<(), String> {
             let addrs = outputs.iter().map(|b| b.addr).collect();
-            self.0.lock().unwrap().push((op.to_string(), inputs.len(), outputs.len(), addrs));
+            self.0
+                .lock()
+                .unwrap()
+                .push((op.to_string(), inputs.len(), outputs.len(), addrs));
             Ok(())
         }
     }
@@ -73,18 +76,33 @@ mod tests {
     #[test]
     fn every_op_reaches_the_backend_with_its_buffers() {
         let log = Arc::new(Log::default());
-        let mut d = Tensors::new(SimAllocator::new(AllocConf::default(), SimSource::new(24 * GIB, 0)));
+        let mut d = Tensors::new(SimAllocator::new(
+            AllocConf::default(),
+            SimSource::new(24 * GIB, 0),
+        ));
         d.backend = log.clone();
-        let w = d.factory(&[64, 64], DType::F32, true, Category::Parameter).unwrap();
-        let x = d.factory(&[8, 64], DType::F32, false, Category::Input).unwrap();
+        let w = d
+            .factory(&[64, 64], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let x = d
+            .factory(&[8, 64], DType::F32, false, Category::Input)
+            .unwrap();
         let h = d.matmul(x, w).unwrap();
         let y = d.unary(Unary::Relu, h).unwrap();
         let v = d.view_op("view", y, d.info(y).layout.view(&[-1]).unwrap());
         let calls = log.0.lock().unwrap().clone();
         let names: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
-        assert_eq!(names, vec!["fill", "fill", "matmul", "relu"], "views run no kernel");
+        assert_eq!(
+            names,
+            vec!["fill", "fill", "matmul", "relu"],
+            "views run no kernel"
+        );
         assert_eq!((calls[2].1, calls[2].2), (2, 1));
-        assert_eq!(calls[3].3, vec![d.storage_of(y).0], "the output buffer is the allocator's block");
+        assert_eq!(
+            calls[3].3,
+            vec![d.storage_of(y).0],
+            "the output buffer is the allocator's block"
+        );
         d.release(v);
     }
 }
