@@ -225,8 +225,8 @@ fn issue3_retain_graph_keeps_activations_until_a_plain_backward() {
     let grad = 4_194_304; // w.grad
     assert_eq!(
         m["after backward(retain_graph=true)"].0,
-        m["forward"].0 + grad,
-        "nothing freed, w.grad added"
+        m["forward"].0 + grad + (32 << 20),
+        "nothing freed; w.grad and the autograd thread's cuBLAS workspace added"
     );
     assert_eq!(
         m["after second backward"].0,
@@ -391,11 +391,13 @@ fn issue3_gpt2_small_adamw_runs_and_settles() {
     let it = v["iterations"].as_array().unwrap();
     let u = |i: usize, k: &str| it[i][k].as_u64().unwrap();
     // 124,439,808 float32 parameters (497,759,232 bytes; the allocator hands some tensors a
-    // whole unsplit block, so allow 0.5%)
-    let near = |got: u64, want: u64| got >= want && got - want <= want / 200;
+    // whole unsplit block, so allow 1%)
+    let near = |got: u64, want: u64| got >= want && got - want <= want / 100;
     let params = u(0, "start");
     assert!(near(params, 497_759_232), "{params}");
-    let state = u(0, "end") - params - 32 * 1024 * 1024;
+    // workspaces: cuBLAS (32 MiB) and cuBLASLt (1 MiB) at the first product, and the autograd
+    // thread's cuBLAS one (32 MiB) at backward's first product
+    let state = u(0, "end") - params - 65 * 1024 * 1024;
     assert!(
         near(state, 2 * 497_759_232),
         "Adam's state: two tensors per parameter: {state}"

@@ -421,7 +421,20 @@ impl<S: SegmentSource> Tensors<S> {
                 let g = if passthrough {
                     self.view_with(grad_out, super::layout::Layout::contiguous(&shape))
                 } else {
-                    match self.empty(&shape, dtype, cat) {
+                    let g = self.empty(&shape, dtype, cat).and_then(|g| {
+                        // the autograd thread's first matrix product takes its own cuBLAS
+                        // workspace, right after that product's first output
+                        if matches!(op, "matmul" | "linear") && self.backward_workspace.is_none() {
+                            let w = self.empty(
+                                &[super::ops::CUBLAS_WORKSPACE as usize],
+                                DType::U8,
+                                Category::Workspace,
+                            )?;
+                            self.backward_workspace = Some(w);
+                        }
+                        Ok(g)
+                    });
+                    match g {
                         Ok(g) => g,
                         Err(e) => {
                             self.alloc.recorder_mut().pop_tag();
@@ -452,7 +465,10 @@ impl<S: SegmentSource> Tensors<S> {
                 }
             }
             self.alloc.recorder_mut().pop_tag();
-            self.release(grad_out);
+            // the seed is the caller's (`grad_tensors`): it lives until backward returns
+            if grad_out != seed {
+                self.release(grad_out);
+            }
             if !retain_graph {
                 let node = self.node_mut(n);
                 node.released = true;
@@ -462,6 +478,7 @@ impl<S: SegmentSource> Tensors<S> {
                 }
             }
         }
+        self.release(seed);
         Ok(())
     }
 

@@ -15,6 +15,9 @@ use crate::alloc::SegmentSource;
 /// on a stream (`CUBLAS_WORKSPACE_CONFIG` default `:4096:8` on Hopper), kept for the process.
 pub const CUBLAS_WORKSPACE: u64 = 8 * 4096 * 1024;
 
+/// The cuBLASLt workspace taken right after the cuBLAS one (1 MiB; seen in PyTorch's traces).
+pub const CUBLASLT_WORKSPACE: u64 = 1 << 20;
+
 /// Elementwise unary ops and what their backward keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unary {
@@ -217,9 +220,9 @@ impl<S: SegmentSource> Tensors<S> {
         let mut shape = broadcast(ba, bb)?;
         shape.extend(n);
         shape.extend(m);
-        self.ensure_cublas_workspace()?;
         let dtype = promote(self.dtype(a), self.dtype(b));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.ensure_cublas_workspace()?;
         self.launch("matmul", &[a, b], &[out])?;
         self.record(
             "matmul",
@@ -230,10 +233,18 @@ impl<S: SegmentSource> Tensors<S> {
         Ok(out)
     }
 
+    /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
+    /// one, right after allocating its output (as PyTorch 2.11 does on an H200).
     fn ensure_cublas_workspace(&mut self) -> Result<(), EngineError> {
         if self.workspace.is_none() {
             let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
             self.workspace = Some(w);
+            let lt = self.empty(
+                &[CUBLASLT_WORKSPACE as usize],
+                DType::U8,
+                Category::Workspace,
+            )?;
+            self.lt_workspace = Some(lt);
         }
         Ok(())
     }
@@ -442,7 +453,10 @@ mod tests {
             64 * 256 * 4,
             "the relu output, saved for backward, is an activation"
         );
-        assert_eq!(cat(&d, Category::Workspace), CUBLAS_WORKSPACE);
+        assert_eq!(
+            cat(&d, Category::Workspace),
+            CUBLAS_WORKSPACE + CUBLASLT_WORKSPACE
+        );
         assert_eq!(cat(&d, Category::Parameter), 256 * 256 * 4);
         let kept = d.detach(loss);
         d.release(loss);
@@ -495,11 +509,11 @@ impl<S: SegmentSource> Tensors<S> {
                 sw.first().copied().unwrap_or(0)
             )));
         }
-        self.ensure_cublas_workspace()?;
         let mut shape = sx.clone();
         *shape.last_mut().expect("non-empty") = sw[0];
         let dtype = promote(self.dtype(x), self.dtype(w));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.ensure_cublas_workspace()?;
         let mut inputs = vec![x, w];
         inputs.extend(b);
         self.launch("linear", &inputs, &[out])?;

@@ -126,6 +126,10 @@ pub struct Tensors<S: SegmentSource> {
     pub(crate) seq: u64,
     /// The cuBLAS workspace, once the first matrix product took it.
     pub workspace: Option<TensorId>,
+    /// The cuBLASLt workspace (taken with the first cuBLAS one).
+    pub lt_workspace: Option<TensorId>,
+    /// The autograd thread's cuBLAS workspace, once backward's first matrix product took it.
+    pub backward_workspace: Option<TensorId>,
     /// Allocated bytes by category now (indexed by `Category as usize`).
     by_category: [u64; 7],
     /// The highest allocated memory so far and the split by category at that moment.
@@ -151,6 +155,8 @@ impl<S: SegmentSource> Tensors<S> {
             grad_enabled: true,
             seq: 0,
             workspace: None,
+            backward_workspace: None,
+            lt_workspace: None,
             by_category: [0; 7],
             peak: (0, [0; 7]),
             autocast: Default::default(),
