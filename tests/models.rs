@@ -23,7 +23,7 @@ fn root() -> PathBuf {
 }
 
 /// (fields compared, fields equal, first differences)
-fn compare(name: &str) -> (usize, usize, Vec<String>) {
+fn compare(dir: &str, name: &str) -> (usize, usize, Vec<String>) {
     let reference: Value = serde_json::from_slice(
         &std::fs::read(root().join(format!("fixtures/models/case_{name}.json"))).unwrap(),
     )
@@ -34,7 +34,7 @@ fn compare(name: &str) -> (usize, usize, Vec<String>) {
         .clone();
     let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
         .arg("run")
-        .arg(root().join(format!("fixtures/workloads/models/{name}.toml")))
+        .arg(root().join(format!("fixtures/workloads/{dir}/{name}.toml")))
         .arg("--json")
         .output()
         .unwrap();
@@ -75,8 +75,139 @@ fn issue4_mlp_cases_match_pytorch_to_the_byte() {
         "mlp_eval_leak",
         "mlp_leak",
     ] {
-        let (n, eq, diffs) = compare(name);
+        let (n, eq, diffs) = compare("models", name);
         assert!(n >= 18, "{name}: {n} fields");
         assert_eq!(eq, n, "{name}: {diffs:?}");
     }
+}
+
+/// The same five cases written as `[model]`/`[train]` presets: the expansion must build exactly
+/// what reference_models.py runs.
+#[test]
+fn issue4_mlp_presets_match_pytorch_to_the_byte() {
+    for name in [
+        "mlp_sgd",
+        "mlp_adam",
+        "mlp_inference",
+        "mlp_eval_leak",
+        "mlp_leak",
+    ] {
+        let (n, eq, diffs) = compare("presets", name);
+        assert!(n >= 18, "{name}: {n} fields");
+        assert_eq!(eq, n, "{name}: {diffs:?}");
+    }
+}
+
+/// A file path of this test process's own (tests run in parallel threads).
+fn scratch(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpumem-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{what}.toml"))
+}
+
+fn run_err(text: &str) -> (Option<i32>, String) {
+    let path = scratch("err");
+    std::fs::write(&path, text).unwrap();
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .arg("run")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn preset_errors_name_the_line_and_key() {
+    let mlp = "[model]\nkind = \"mlp\"\nd_in = 8\nhidden = 16\nlayers = 2\nd_out = 4\n";
+    let cases = [
+        (
+            format!("{mlp}[train]\nbatch = 4\noptimizer = \"lion\"\n"),
+            "line 9",
+            "unknown optimizer \"lion\"",
+        ),
+        (
+            format!("{mlp}[train]\nbatch = 0\n"),
+            "line 8",
+            "'batch' in [train] must be at least 1",
+        ),
+        (
+            format!("{mlp}[train]\nbatch = 4\nlr = 1\n"),
+            "line 9",
+            "unknown key 'lr' in [train]",
+        ),
+        (mlp.to_string(), "line 1", "missing key 'batch' in [train]"),
+        (
+            format!("{mlp}[train]\nbatch = 4\ncheckpointing = true\n"),
+            "line 9",
+            "checkpointing is per transformer block",
+        ),
+        (
+            "[model]\nkind = \"mlp\"\nd_in = 8\n[train]\nbatch = 2\n".to_string(),
+            "line 1",
+            "missing key 'hidden' in [model]",
+        ),
+        (
+            "[model]\nkind = \"gpt\"\nvocab = 10\n[train]\nbatch = 2\n".to_string(),
+            "line 1",
+            "kind = \"gpt\" presets are not available yet",
+        ),
+        (
+            "[train]\nbatch = 2\n".to_string(),
+            "line 1",
+            "add a [model] table",
+        ),
+        (
+            format!("[workload]\nname = \"x\"\nbody = \"y = 1\"\n{mlp}[train]\nbatch = 2\n"),
+            "line 3",
+            "'body' in [workload] can't be combined",
+        ),
+    ];
+    for (text, line, msg) in cases {
+        let (code, err) = run_err(&text);
+        assert_eq!(code, Some(2), "{text}\n{err}");
+        assert!(
+            err.contains(line) && err.contains(msg),
+            "{text}\n---\n{err}"
+        );
+    }
+}
+
+#[test]
+fn mlp_preset_grad_accum_and_bf16_run_and_tag_module_paths() {
+    let path = scratch("accum");
+    std::fs::write(
+        &path,
+        "[model]\nkind = \"mlp\"\nd_in = 64\nhidden = 128\nlayers = 3\nd_out = 10\n\
+         [train]\nbatch = 16\niterations = 2\ngrad_accum = 2\nprecision = \"bf16-autocast\"\n\
+         optimizer = \"sgd_momentum\"\n",
+    )
+    .unwrap();
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .arg("run")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["iterations"].as_array().unwrap().len(), 2);
+    // The human report lists the tag stacks holding memory at the peak: module paths are in them.
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .arg("run")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("phase:forward/layers.0/linear"),
+        "module paths as tags:\n{text}"
+    );
 }

@@ -44,6 +44,9 @@ pub enum Command {
 /// small Python-like language (`x = randn(1024, 1024, requires_grad=true)`, `y = (x * x).sin()`,
 /// `loss = y.mean()`, `loss.backward()`, `del y`, `keep(loss)`, `empty_cache()`,
 /// `mark("label")`, blocks `no_grad { ... }`, `scope "encoder" { ... }`, `phase "forward" { ... }`).
+/// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out) and
+/// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
+/// retain_graph) build PyTorch's reference model and loop.
 /// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
 /// and the peaks; then what was live at the run's peak by category and by tag, and the
 /// allocator's final state. An out-of-memory stops the run as PyTorch would (exit 1).

@@ -7,7 +7,8 @@ use toml::{Spanned, Value};
 use super::ast::{Device, Span, Stmt, Workload};
 use super::error::{PResult, SyntaxError};
 use super::parser::parse_stmts;
-use super::source::{locate, LineIndex};
+use super::preset::{self, Table};
+use super::source::{locate, LineIndex, Text};
 use crate::alloc::AllocConf;
 use crate::units::parse_size;
 
@@ -27,10 +28,12 @@ pub const KNOWN_KEYS: &[&str] = &[
 #[serde(deny_unknown_fields)]
 struct RawFile {
     workload: Option<Spanned<RawWorkload>>,
+    model: Option<Spanned<Table>>,
+    train: Option<Spanned<Table>>,
 }
 
 /// Every value is read as any TOML value so that a wrong type gets a message naming the key.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawWorkload {
     name: Option<Spanned<Value>>,
@@ -66,9 +69,10 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
         Some((rest.get(..end)?, rest.get(end..)?))
     });
     let message = match unknown {
-        Some((key, rest)) if rest.starts_with("`, expected `workload`") => format!(
-            "unknown key '{key}' at the top level: a workload file has one table, [workload], \
-             and every key goes in it"
+        Some((key, rest)) if rest.contains("`workload`") => format!(
+            "unknown table or key '{key}' at the top level: a workload file has [workload] \
+             (setup and body), or [model] and [train] (a preset), and every key goes in one \
+             of them"
         ),
         Some((key, _)) => format!(
             "unknown key '{key}' in [workload] (known: {})",
@@ -88,15 +92,64 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
 pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
     let index = LineIndex::new(text);
     let raw: RawFile = toml::from_str(text).map_err(|e| toml_error(&index, &e))?;
-    let Some(table) = raw.workload else {
-        return Err(SyntaxError::new(
-            Span::new(1, 1),
-            "missing the [workload] table: a workload file starts with [workload], then \
-             name = \"...\" and a body = \"\"\"...\"\"\"",
-        ));
+    let span_of = |offset: usize| index.span(offset);
+    let preset = match &raw.model {
+        Some(model) => {
+            let model_at = index.span(model.span().start);
+            let train_at = raw
+                .train
+                .as_ref()
+                .map_or(model_at, |t| index.span(t.span().start));
+            let expanded = preset::expand(
+                model.get_ref(),
+                model_at,
+                raw.train.as_ref().map(|t| t.get_ref()),
+                train_at,
+                &span_of,
+            )?;
+            Some((model_at, expanded))
+        }
+        None => {
+            if let Some(t) = &raw.train {
+                return Err(SyntaxError::new(
+                    index.span(t.span().start),
+                    "[train] describes the loop of a model preset: add a [model] table \
+                     (kind = \"mlp\" or \"gpt\") or remove [train]",
+                ));
+            }
+            None
+        }
     };
-    let header = index.span(table.span().start);
-    let w = table.into_inner();
+    let (header, w) = match (raw.workload, &preset) {
+        (Some(table), _) => (index.span(table.span().start), table.into_inner()),
+        (None, Some((at, _))) => (*at, RawWorkload::default()),
+        (None, None) => {
+            return Err(SyntaxError::new(
+                Span::new(1, 1),
+                "missing the [workload] table: a workload file starts with [workload], then \
+                 name = \"...\" and a body = \"\"\"...\"\"\" (or describes a standard model \
+                 with [model] and [train])",
+            ))
+        }
+    };
+    if let Some((_, p)) = &preset {
+        for (key, v, instead) in [
+            ("setup", &w.setup, "the preset builds the model"),
+            ("body", &w.body, "the preset runs the loop"),
+            ("iterations", &w.iterations, "give it in [train]"),
+        ] {
+            if let Some(v) = v {
+                return Err(SyntaxError::new(
+                    index.span(v.span().start),
+                    format!(
+                        "'{key}' in [workload] can't be combined with a [model] preset \
+                         ({instead}; kind = \"{}\")",
+                        p.kind
+                    ),
+                ));
+            }
+        }
+    }
     let at = |v: &Spanned<Value>| index.span(v.span().start);
     let string = |v: &Spanned<Value>, key: &str| -> PResult<String> {
         match v.get_ref() {
@@ -110,6 +163,10 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
 
     let name =
         match &w.name {
+            None if preset.is_some() => preset
+                .as_ref()
+                .map(|(_, p)| format!("{} preset", p.kind))
+                .unwrap_or_default(),
             None => return Err(SyntaxError::new(
                 header,
                 "missing required key 'name' in [workload] (name = \"what this workload shows\")",
@@ -124,7 +181,7 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         };
 
     let iterations = match &w.iterations {
-        None => 1,
+        None => preset.as_ref().map_or(1, |(_, p)| p.iterations),
         Some(v) => match v.get_ref() {
             Value::Integer(i) => match u32::try_from(*i) {
                 Ok(n) if n >= 1 => n,
@@ -218,8 +275,20 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         let located = locate(&index, raw, range.start, &value);
         parse_stmts(&located, key)
     };
-    let setup = statements(&w.setup, "setup")?;
-    let body = statements(&w.body, "body")?;
+    let (setup, body) = match &preset {
+        Some((at, p)) => {
+            // Generated text: every position is the [model] table's.
+            let text = |src: &str| Text {
+                chars: src.chars().map(|c| (c, *at)).collect(),
+                end: *at,
+            };
+            (
+                parse_stmts(&text(&p.setup), "setup")?,
+                parse_stmts(&text(&p.body), "body")?,
+            )
+        }
+        None => (statements(&w.setup, "setup")?, statements(&w.body, "body")?),
+    };
     if setup.is_empty() && body.is_empty() {
         return Err(SyntaxError::new(
             header,

@@ -59,6 +59,7 @@ mod error;
 mod file;
 mod lexer;
 mod parser;
+mod preset;
 mod source;
 
 #[cfg(test)]

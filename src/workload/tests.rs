@@ -438,8 +438,9 @@ const ERRORS: &[(&str, &str)] = &[
     ),
     (
         "title = \"x\"\n[workload]\nname = \"x\"\n",
-        "fixtures/x.toml: line 1 column 1: unknown key 'title' at the top level: a workload file \
-         has one table, [workload], and every key goes in it",
+        "fixtures/x.toml: line 1 column 1: unknown table or key 'title' at the top level: a \
+         workload file has [workload] (setup and body), or [model] and [train] (a preset), and \
+         every key goes in one of them",
     ),
     (
         "[workload]\nname = \"x\"\nbody = \"f()\"\n[workload.extra]\nk = 1\n",
@@ -526,7 +527,8 @@ const ERRORS: &[(&str, &str)] = &[
     (
         "# nothing\n",
         "fixtures/x.toml: line 1 column 1: missing the [workload] table: a workload file starts \
-         with [workload], then name = \"...\" and a body = \"\"\"...\"\"\"",
+         with [workload], then name = \"...\" and a body = \"\"\"...\"\"\" (or describes a \
+         standard model with [model] and [train])",
     ),
     (
         "[workload]\nname = \"x\"\nname = \"y\"\n",
