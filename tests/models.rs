@@ -24,10 +24,12 @@ fn root() -> PathBuf {
 
 /// (fields compared, fields equal, first differences)
 fn compare(dir: &str, name: &str) -> (usize, usize, Vec<String>) {
-    let reference: Value = serde_json::from_slice(
-        &std::fs::read(root().join(format!("fixtures/models/case_{name}.json"))).unwrap(),
-    )
-    .unwrap();
+    compare_with(dir, name, &format!("fixtures/models/case_{name}.json"))
+}
+
+fn compare_with(dir: &str, name: &str, case: &str) -> (usize, usize, Vec<String>) {
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(root().join(case)).unwrap()).unwrap();
     let theirs = reference["cases"][0]["iterations"]
         .as_array()
         .unwrap()
@@ -96,6 +98,34 @@ fn issue4_mlp_presets_match_pytorch_to_the_byte() {
         assert!(n >= 18, "{name}: {n} fields");
         assert_eq!(eq, n, "{name}: {diffs:?}");
     }
+}
+
+/// Configurations beyond the ground truth of ../shared (scripts/extra_model_cases.py, recorded
+/// on an H200 with PyTorch 2.11 into fixtures/models/extra/): other widths and depths, odd
+/// sizes, SGD with momentum, AdamW, bf16 autocast (training and inference), gradient
+/// accumulation, retain_graph. Every `x_mlp_*` preset there must match to the byte.
+#[test]
+fn issue4_mlp_presets_match_pytorch_on_further_configurations() {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("fixtures/workloads/presets"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let stem = name.strip_suffix(".toml")?;
+            stem.starts_with("x_mlp_").then(|| stem.to_string())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 9, "{names:?}");
+    let (mut total, mut equal) = (0, 0);
+    for name in &names {
+        let case = format!("fixtures/models/extra/case_{name}.json");
+        let (n, eq, diffs) = compare_with("presets", name, &case);
+        assert!(n >= 18, "{name}: {n} fields");
+        assert_eq!(eq, n, "{name}: {diffs:?}");
+        total += n;
+        equal += eq;
+    }
+    assert_eq!(equal, total);
 }
 
 /// A file path of this test process's own (tests run in parallel threads).

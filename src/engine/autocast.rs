@@ -5,11 +5,11 @@
 //! floating inputs to the region's dtype; `softmax`, `log_softmax`, `layer_norm` and the losses
 //! cast theirs to float32; everything else runs in its inputs' dtype. A cast is a new tensor
 //! (recorded in the graph; it keeps nothing itself, but the op that consumes it may save it).
-//! Casts of leaf tensors that require grad (the parameters) are cached for the whole region, as
-//! PyTorch's autocast cache does, so each weight is cast once per forward; the cache is emptied
-//! when the outermost region ends.
+//! Casts of float32 leaf tensors that require grad (the parameters) to the low dtype are cached
+//! for the whole region, as PyTorch's autocast cache does, so each weight is cast once per
+//! forward (under `no_grad` too); the cache is emptied when the outermost region ends.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use super::dtype::DType;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
@@ -30,7 +30,7 @@ pub struct Autocast {
     pub dtype: Option<DType>,
     /// Nesting depth of autocast regions.
     pub depth: u32,
-    cache: HashMap<TensorId, TensorId>,
+    cache: BTreeMap<TensorId, TensorId>,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -46,7 +46,9 @@ impl<S: SegmentSource> Tensors<S> {
         self.autocast.dtype = prev;
         self.autocast.depth = self.autocast.depth.saturating_sub(1);
         if self.autocast.depth == 0 {
-            let cached: Vec<TensorId> = self.autocast.cache.drain().map(|(_, c)| c).collect();
+            let cached: Vec<TensorId> = std::mem::take(&mut self.autocast.cache)
+                .into_values()
+                .collect();
             for c in cached {
                 self.release(c);
             }
@@ -58,7 +60,13 @@ impl<S: SegmentSource> Tensors<S> {
         if self.dtype(t) == dtype || !self.dtype(t).is_floating() {
             return Ok(self.retain(t));
         }
-        let cacheable = self.is_leaf(t) && self.info(t).requires_grad && self.grad_enabled;
+        // PyTorch's rule (autocast_mode.h, cached_cast): a float32 leaf that requires grad, cast
+        // to the low-precision dtype. Grad mode plays no part: under `no_grad` the weights'
+        // copies are cached (and held) for the region just the same.
+        let cacheable = self.dtype(t) == DType::F32
+            && dtype != DType::F32
+            && self.is_leaf(t)
+            && self.info(t).requires_grad;
         if cacheable {
             if let Some(&c) = self.autocast.cache.get(&t) {
                 return Ok(self.retain(c));
@@ -89,8 +97,11 @@ impl<S: SegmentSource> Tensors<S> {
             CastPolicy::Lower => region,
             CastPolicy::Float32 => DType::F32,
         };
+        // PyTorch's autocast wrappers cast the arguments in one call expression, which GCC
+        // evaluates right to left: `linear(x, w, b)` casts b, then w, then x (the traces show
+        // it). The casts die in reverse order of their making: x's first.
         let mut cast = Vec::with_capacity(inputs.len());
-        for &t in inputs {
+        for &t in inputs.iter().rev() {
             match self.cast(t, to) {
                 Ok(c) => cast.push(c),
                 Err(e) => {
@@ -101,6 +112,7 @@ impl<S: SegmentSource> Tensors<S> {
                 }
             }
         }
+        cast.reverse();
         let r = op(self, &cast);
         for c in cast {
             self.release(c);

@@ -1,0 +1,28 @@
+"""Cases beyond the ten of ../shared/groundtruth/models/models.json, recorded with the same
+model definitions and loop (.gpu/reference_models.py, a copy of ../shared/tools'), one fresh
+process per case: `python3 extra_model_cases.py OUTDIR CASE` (or `--list`)."""
+import sys
+
+import reference_models as R
+
+MLP_S = dict(model="mlp", d_in=512, hidden=2048, layers=4, d_out=100, batch=256)
+MLP = dict(model="mlp", d_in=1024, hidden=4096, layers=8, d_out=1000, batch=512)
+R.CASES.clear()
+R.case("x_mlp_s_sgd_momentum", **MLP_S, opt="sgd_momentum")
+R.case("x_mlp_s_adamw", **MLP_S, opt="adamw")
+R.case("x_mlp_adamw_bf16", **MLP, opt="adamw", amp="bf16")
+R.case("x_mlp_adam_accum2", **dict(MLP, batch=128), opt="adam", accum=2)
+R.case("x_mlp_sgd_retain", **MLP_S, opt="sgd", retain=True, iters=4)
+R.case("x_mlp_inference_bf16", **MLP, opt="none", no_grad=True, amp="bf16")
+R.case("x_mlp_odd_adam", model="mlp", d_in=1000, hidden=3000, layers=3, d_out=10, batch=100, opt="adam")
+R.case("x_mlp_tiny_adamw", model="mlp", d_in=13, hidden=37, layers=2, d_out=5, batch=7, opt="adamw")
+R.case("x_mlp_sgd_bf16_accum3", **MLP_S, opt="sgd", amp="bf16", accum=3)
+R.case("x_gpt_tiny_sdpa_adamw", model="gpt", vocab=1000, seq=64, d=128, h=4, L=2, batch=4, attn="sdpa", opt="adamw")
+R.case("x_gpt_small_math_sgd", model="gpt", vocab=5000, seq=128, d=256, h=8, L=4, batch=2, attn="math", opt="sgd")
+R.case("x_gpt_tiny_sdpa_bf16_ckpt", model="gpt", vocab=1000, seq=64, d=128, h=4, L=2, batch=4, attn="sdpa", opt="adamw", amp="bf16", ckpt=True)
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--list"]:
+        print(" ".join(R.CASES))
+    else:
+        R.main()
