@@ -241,3 +241,86 @@ fn mlp_preset_grad_accum_and_bf16_run_and_tag_module_paths() {
         "module paths as tags:\n{text}"
     );
 }
+
+fn compare_torch(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .current_dir(root())
+        .arg("compare-torch")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn compare_torch_reports_every_case_and_fails_on_unmodelled_ones() {
+    // the ten ground-truth cases: the MLP ones exact, the GPT ones not modelled yet (exit 1)
+    let (code, out, err) = compare_torch(&["fixtures/models/models.json"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("5 of 10 cases modelled; 5 exact to the byte (136 of 136 fields)"),
+        "{out}"
+    );
+    assert!(out.contains("not modelled: kind = \"gpt\""), "{out}");
+
+    // MLP cases only, from two files: all exact, exit 0, JSON for machines
+    let (code, out, err) = compare_torch(&[
+        "fixtures/models/models.json",
+        "fixtures/models/extra/case_x_mlp_sgd_bf16_accum3.json",
+        "--case",
+        "mlp_adam",
+        "--case",
+        "x_mlp_sgd_bf16_accum3",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["all_within_tolerance"], true);
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 2);
+    for c in cases {
+        for f in c["fields"].as_array().unwrap() {
+            assert_eq!(f["gpumem"], f["pytorch"], "{f}");
+        }
+    }
+}
+
+#[test]
+fn compare_torch_flags_figures_off_by_more_than_the_tolerance() {
+    let text = std::fs::read_to_string(root().join("fixtures/models/case_mlp_sgd.json")).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    let it = &mut v["cases"][0]["iterations"][1];
+    // 0.05% off an allocated field: within tolerance, no longer exact
+    let pa = it["peak_allocated"].as_u64().unwrap();
+    it["peak_allocated"] = Value::from(pa + pa / 2000);
+    let path = scratch("near").with_extension("json");
+    std::fs::write(&path, v.to_string()).unwrap();
+    let (code, out, _) = compare_torch(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("within tolerance") && out.contains("23/24"),
+        "{out}"
+    );
+    // 1% off: a finding
+    let it = &mut v["cases"][0]["iterations"][1];
+    it["peak_allocated"] = Value::from(pa + pa / 100);
+    std::fs::write(&path, v.to_string()).unwrap();
+    let (code, out, _) = compare_torch(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("OFF") && out.contains("iter 1 peak_allocated"),
+        "{out}"
+    );
+    // bad input: exit 2, the file named
+    std::fs::write(&path, "{\"cases\": ").unwrap();
+    let (code, _, err) = compare_torch(&[path.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("near.json") && err.contains("not JSON"),
+        "{err}"
+    );
+}

@@ -35,6 +35,7 @@ pub enum Command {
     Run(RunArgs),
     Replay(ReplayArgs),
     Bench(BenchArgs),
+    CompareTorch(CompareTorchArgs),
 }
 
 /// Run a workload on the simulated device and show where the memory went.
@@ -193,4 +194,40 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
         pages.push((format!("{name}.1"), buf));
     }
     pages
+}
+
+/// Check gpumem's model presets against PyTorch: run every case of reference_models.py result
+/// files and compare each iteration's figures.
+///
+/// MODELS.json is what ../shared/tools/reference_models.py writes (the ground truth
+/// ../shared/groundtruth/models/models.json, or one case_NAME.json): per case, its config and,
+/// per iteration, allocated bytes at the start, after forward, backward and the optimizer step,
+/// at the end, and the peaks. Each case runs as a `[model]`/`[train]` preset from an empty
+/// device, as PyTorch's did in a fresh process. The table gives, per case, PyTorch's peak and
+/// gpumem's with the error, how many fields are exact to the byte, and the worst one. A case
+/// passes when every allocated field is within 0.1% and every reserved field within 1% or
+/// 2 MiB; cases without a preset yet (kind = "gpt") are listed as not modelled.
+#[derive(Debug, Args)]
+#[command(after_long_help = "\
+Exit codes:
+  0  every case passes
+  1  a case is off or not modelled
+  2  usage, input or I/O error (an unreadable or malformed file)")]
+pub struct CompareTorchArgs {
+    /// Result files of reference_models.py (JSON with a "cases" list); several are compared as
+    /// one list, e.g. fixtures/models/models.json fixtures/models/extra/case_*.json.
+    #[arg(required = true, value_name = "MODELS.json")]
+    pub models: Vec<PathBuf>,
+
+    /// Only this case (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub case: Vec<String>,
+
+    /// The simulated device's capacity (default: 80GiB).
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+
+    /// Print JSON (every field of every iteration) instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -2,6 +2,7 @@
 //! it found something the user asked to fail on; `main.rs` turns that into the exit code.
 
 pub mod bench;
+pub mod compare_torch;
 pub mod replay;
 pub mod run;
 
@@ -56,5 +57,6 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
         Command::Run(a) => run::run(a, out),
         Command::Replay(a) => replay::run(a, out),
         Command::Bench(a) => bench::run(a, out),
+        Command::CompareTorch(a) => compare_torch::run_cmd(a, out),
     }
 }

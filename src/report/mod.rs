@@ -9,6 +9,7 @@
 //! - [`snapshot`]: the versioned gpumem snapshot (JSON).
 
 pub mod bench;
+pub mod compare_torch;
 pub mod replay;
 pub mod run;
 pub mod snapshot;
