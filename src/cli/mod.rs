@@ -45,7 +45,8 @@ pub enum Command {
 /// small Python-like language (`x = randn(1024, 1024, requires_grad=true)`, `y = (x * x).sin()`,
 /// `loss = y.mean()`, `loss.backward()`, `del y`, `keep(loss)`, `empty_cache()`,
 /// `mark("label")`, blocks `no_grad { ... }`, `scope "encoder" { ... }`, `phase "forward" { ... }`).
-/// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out) and
+/// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out;
+/// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
 /// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
 /// retain_graph) build PyTorch's reference model and loop.
 /// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
@@ -206,7 +207,7 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
 /// device, as PyTorch's did in a fresh process. The table gives, per case, PyTorch's peak and
 /// gpumem's with the error, how many fields are exact to the byte, and the worst one. A case
 /// passes when every allocated field is within 0.1% and every reserved field within 1% or
-/// 2 MiB; cases without a preset yet (kind = "gpt") are listed as not modelled.
+/// 2 MiB; a case gpumem cannot run (or PyTorch could not) is listed as not modelled.
 #[derive(Debug, Args)]
 #[command(after_long_help = "\
 Exit codes:

@@ -29,6 +29,10 @@ pub enum Unary {
     Gelu,
     Sigmoid,
     Tanh,
+    /// `tril()`: the lower triangle (of a mask, say); saves nothing.
+    Tril,
+    /// `~x` / `bitwise_not()`; saves nothing.
+    BitwiseNot,
 }
 
 impl Unary {
@@ -42,6 +46,8 @@ impl Unary {
             "gelu" => Unary::Gelu,
             "sigmoid" => Unary::Sigmoid,
             "tanh" => Unary::Tanh,
+            "tril" => Unary::Tril,
+            "bitwise_not" | "logical_not" => Unary::BitwiseNot,
             _ => return None,
         })
     }
@@ -56,13 +62,15 @@ impl Unary {
             Unary::Gelu => "gelu",
             Unary::Sigmoid => "sigmoid",
             Unary::Tanh => "tanh",
+            Unary::Tril => "tril",
+            Unary::BitwiseNot => "bitwise_not",
         }
     }
 
     /// derivatives.yaml: sin/cos/gelu need the input; exp/relu/sigmoid/tanh the result.
     fn saves(self) -> &'static [Save] {
         match self {
-            Unary::Neg => &[],
+            Unary::Neg | Unary::Tril | Unary::BitwiseNot => &[],
             Unary::Sin | Unary::Cos | Unary::Gelu => &[Save::Input(0)],
             Unary::Exp | Unary::Relu | Unary::Sigmoid | Unary::Tanh => &[Save::Output],
         }

@@ -169,7 +169,14 @@ pub fn write_text(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()> 
 /// first parenthesis or semicolon (the JSON output has all of it).
 fn first_line(s: &str) -> &str {
     let s = s.lines().next().unwrap_or("");
-    let s = s.rfind(": ").map_or(s, |i| s.get(i + 2..).unwrap_or(s));
+    let s = match s.find(" column ") {
+        Some(c) => s
+            .get(c..)
+            .and_then(|rest| rest.find(": ").map(|i| c + i + 2))
+            .and_then(|i| s.get(i..))
+            .unwrap_or(s),
+        None => s,
+    };
     let end = s.find([';', '(']).unwrap_or(s.len());
     s.get(..end).unwrap_or(s).trim_end()
 }

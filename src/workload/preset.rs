@@ -5,8 +5,10 @@
 //! order, `F.relu(linear(x))` per layer, the loss as `cross_entropy(out.float(), y) / grad_accum`,
 //! the step after the last micro-batch, then `zero_grad(set_to_none=True)`.
 //!
-//! Built so far: `kind = "mlp"`. `kind = "gpt"` is refused with a clear error until its ops
-//! match PyTorch's (issue 4).
+//! `kind = "mlp"`: `MLPNet` (Linear+ReLU layers, a head). `kind = "gpt"`: `GPT` (token and
+//! position embeddings, pre-norm blocks with fused qkv, `math` or `sdpa` attention, GELU MLP,
+//! final LayerNorm, a head tied to the token embedding), each block inside `checkpoint` when
+//! `checkpointing = true`. Variables die where the Python function's locals would.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -234,14 +236,274 @@ pub(crate) fn expand(
         }
         _ => {
             m.check_keys(MODEL_KEYS_GPT, " for kind = \"gpt\"")?;
-            Err(SyntaxError::new(
-                model_at,
-                "kind = \"gpt\" presets are not available yet (they must first match PyTorch's \
-                 allocations op by op); describe the model with [workload] setup and body, as \
-                 fixtures/workloads/gpt2_small_adamw.toml does, or use kind = \"mlp\"",
-            ))
+            let g = Gpt {
+                vocab: m.int("vocab", None, "the vocabulary size, e.g. vocab = 50257")?,
+                seq: m.int("seq", None, "the sequence length, e.g. seq = 1024")?,
+                d: m.int("d_model", None, "the model width, e.g. d_model = 768")?,
+                heads: m.int("heads", None, "the attention heads, e.g. heads = 12")?,
+                layers: m.int("layers", None, "the transformer blocks, e.g. layers = 12")?,
+                math: m.choice("attention", "sdpa", &["math", "sdpa"])? == "math",
+            };
+            if !g.d.is_multiple_of(g.heads) {
+                let at = model.get("heads").map_or(model_at, |v| m.pos(v));
+                return Err(SyntaxError::new(
+                    at,
+                    format!(
+                        "d_model ({}) must be a multiple of heads ({})",
+                        g.d, g.heads
+                    ),
+                ));
+            }
+            Ok(Expanded {
+                kind: "gpt",
+                iterations: train.iterations,
+                setup: gpt_setup(&g, train.optimizer),
+                body: gpt_body(&g, &train),
+            })
         }
     }
+}
+
+struct Gpt {
+    vocab: u64,
+    seq: u64,
+    d: u64,
+    heads: u64,
+    layers: u64,
+    math: bool,
+}
+
+/// `(variable, module path, shape)` of every parameter, in `model.parameters()` order; the
+/// head's weight is the token embedding's (tied), so it is not a parameter of its own.
+fn gpt_params(g: &Gpt) -> Vec<(String, String, Vec<u64>)> {
+    let d = g.d;
+    let mut p = vec![
+        ("wte".to_string(), "wte".to_string(), vec![g.vocab, d]),
+        ("wpe".to_string(), "wpe".to_string(), vec![g.seq, d]),
+    ];
+    for i in 0..g.layers {
+        for (name, shape) in [
+            ("ln1_weight", vec![d]),
+            ("ln1_bias", vec![d]),
+            ("qkv_weight", vec![3 * d, d]),
+            ("qkv_bias", vec![3 * d]),
+            ("proj_weight", vec![d, d]),
+            ("proj_bias", vec![d]),
+            ("ln2_weight", vec![d]),
+            ("ln2_bias", vec![d]),
+            ("fc_weight", vec![4 * d, d]),
+            ("fc_bias", vec![4 * d]),
+            ("fc_proj_weight", vec![d, 4 * d]),
+            ("fc_proj_bias", vec![d]),
+        ] {
+            let module = name.rsplit_once('_').map_or(name, |(m, _)| m);
+            p.push((
+                format!("b{i}_{name}"),
+                format!("blocks.{i}.{module}"),
+                shape,
+            ));
+        }
+    }
+    p.push(("ln_f_weight".into(), "ln_f".into(), vec![d]));
+    p.push(("ln_f_bias".into(), "ln_f".into(), vec![d]));
+    p
+}
+
+fn gpt_setup(g: &Gpt, optimizer: &str) -> String {
+    let mut s = String::new();
+    let params = gpt_params(g);
+    for (var, path, shape) in &params {
+        let dims = shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(s, "scope \"{path}\" {{");
+        let _ = writeln!(s, "  {var} = randn({dims}, requires_grad=true)");
+        let _ = writeln!(s, "}}");
+    }
+    let list = params
+        .iter()
+        .map(|(v, _, _)| v.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    optimizer_line(&mut s, optimizer, &list);
+    s
+}
+
+fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
+    match optimizer {
+        "none" => {}
+        "sgd" => {
+            let _ = writeln!(s, "opt = sgd([{list}])");
+        }
+        "sgd_momentum" => {
+            let _ = writeln!(s, "opt = sgd([{list}], momentum=0.9)");
+        }
+        other => {
+            let _ = writeln!(s, "opt = {other}([{list}], foreach=true)");
+        }
+    }
+}
+
+/// One transformer block, `x` to `x`, as reference_models.py's `Block.forward`.
+fn gpt_block(s: &mut String, g: &Gpt, t: &Train, i: u64, indent: &str) {
+    let (b, tt, c, h) = (t.batch, g.seq, g.d, g.heads);
+    let hd = c / h;
+    let p = |n: &str| format!("b{i}_{n}");
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.ln1\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t1 = layer_norm(x, {}, {})",
+        p("ln1_weight"),
+        p("ln1_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.qkv\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t2 = linear(t1, {}, {})",
+        p("qkv_weight"),
+        p("qkv_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}del t1");
+    let _ = writeln!(s, "{indent}q, k, v = t2.split({c}, 2)");
+    let _ = writeln!(s, "{indent}del t2");
+    for n in ["q", "k", "v"] {
+        let _ = writeln!(
+            s,
+            "{indent}{n} = {n}.view({b}, {tt}, {h}, {hd}).transpose(1, 2)"
+        );
+    }
+    if g.math {
+        let scale = 1.0 / (hd as f64).sqrt();
+        let _ = writeln!(s, "{indent}att = (q @ k.transpose(2, 3)) * {scale:?}");
+        let _ = writeln!(s, "{indent}mask = ones({tt}, {tt}, dtype=bool).tril()");
+        let _ = writeln!(s, "{indent}att = att.masked_fill(mask.bitwise_not())");
+        let _ = writeln!(s, "{indent}att = softmax(att, -1)");
+        let _ = writeln!(s, "{indent}y = att @ v");
+    } else {
+        let _ = writeln!(s, "{indent}y = scaled_dot_product_attention(q, k, v)");
+    }
+    let _ = writeln!(
+        s,
+        "{indent}y = y.transpose(1, 2).contiguous().view({b}, {tt}, {c})"
+    );
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.proj\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t3 = linear(y, {}, {})",
+        p("proj_weight"),
+        p("proj_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}x = x + t3");
+    let _ = writeln!(s, "{indent}del t3");
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.ln2\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t4 = layer_norm(x, {}, {})",
+        p("ln2_weight"),
+        p("ln2_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.fc\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t5 = linear(t4, {}, {})",
+        p("fc_weight"),
+        p("fc_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}del t4");
+    let _ = writeln!(s, "{indent}t6 = t5.gelu()");
+    let _ = writeln!(s, "{indent}del t5");
+    let _ = writeln!(s, "{indent}scope \"blocks.{i}.fc_proj\" {{");
+    let _ = writeln!(
+        s,
+        "{indent}  t7 = linear(t6, {}, {})",
+        p("fc_proj_weight"),
+        p("fc_proj_bias")
+    );
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}del t6");
+    let _ = writeln!(s, "{indent}x = x + t7");
+    let _ = writeln!(s, "{indent}del t7");
+    // the function's locals die at its return
+    if g.math {
+        let _ = writeln!(s, "{indent}del q, k, v, att, mask, y");
+    } else {
+        let _ = writeln!(s, "{indent}del q, k, v, y");
+    }
+}
+
+fn gpt_forward(s: &mut String, g: &Gpt, t: &Train, indent: &str) {
+    let _ = writeln!(s, "{indent}pos = arange({})", g.seq);
+    let _ = writeln!(s, "{indent}scope \"wte\" {{");
+    let _ = writeln!(s, "{indent}  e1 = embedding(idx, wte)");
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}scope \"wpe\" {{");
+    let _ = writeln!(s, "{indent}  e2 = embedding(pos, wpe)");
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}x = e1 + e2");
+    let _ = writeln!(s, "{indent}del e1, e2");
+    for i in 0..g.layers {
+        let _ = writeln!(s, "{indent}scope \"blocks.{i}\" {{");
+        if t.checkpointing {
+            let _ = writeln!(s, "{indent}  checkpoint {{");
+            gpt_block(s, g, t, i, &format!("{indent}    "));
+            let _ = writeln!(s, "{indent}  }}");
+        } else {
+            gpt_block(s, g, t, i, &format!("{indent}  "));
+        }
+        let _ = writeln!(s, "{indent}}}");
+    }
+    let _ = writeln!(s, "{indent}scope \"ln_f\" {{");
+    let _ = writeln!(s, "{indent}  t8 = layer_norm(x, ln_f_weight, ln_f_bias)");
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}scope \"head\" {{");
+    let _ = writeln!(s, "{indent}  out = linear(t8, wte)");
+    let _ = writeln!(s, "{indent}}}");
+    let _ = writeln!(s, "{indent}del t8, pos, x");
+}
+
+fn gpt_body(g: &Gpt, t: &Train) -> String {
+    let (b, tt, v) = (t.batch, g.seq, g.vocab);
+    let mut s = String::new();
+    for micro in 0..t.grad_accum {
+        if t.grad_accum > 1 {
+            let _ = writeln!(s, "# micro-batch {micro}");
+        }
+        let _ = writeln!(s, "idx = zeros({b}, {tt}, dtype=int64)");
+        let _ = writeln!(s, "tgt = zeros({b}, {tt}, dtype=int64)");
+        let (open, mut indent) = open_context(&mut s, t);
+        gpt_forward(&mut s, g, t, &indent);
+        match t.mode {
+            Mode::Train => {
+                let _ = writeln!(
+                    s,
+                    "{indent}loss = cross_entropy(out.view({}, {v}).float(), tgt.view({})) / {}",
+                    b * tt,
+                    b * tt,
+                    t.grad_accum
+                );
+            }
+            Mode::EvalWithGraph => {
+                let _ = writeln!(
+                    s,
+                    "{indent}loss = cross_entropy(out.view({}, {v}), tgt.view({}))",
+                    b * tt,
+                    b * tt
+                );
+            }
+            Mode::Inference => {}
+        }
+        close_context(&mut s, open, &mut indent);
+        end_micro(&mut s, t, "idx, tgt");
+    }
+    end_step(&mut s, t);
+    s
 }
 
 fn train_value(t: &Reader<'_>, key: &str) -> Span {
@@ -323,18 +585,7 @@ fn mlp_setup(d_in: u64, hidden: u64, layers: u64, d_out: u64, optimizer: &str) -
         .flat_map(|(w, b)| [w.as_str(), b.as_str()])
         .collect::<Vec<_>>()
         .join(", ");
-    match optimizer {
-        "none" => {}
-        "sgd" => {
-            let _ = writeln!(s, "opt = sgd([{list}])");
-        }
-        "sgd_momentum" => {
-            let _ = writeln!(s, "opt = sgd([{list}], momentum=0.9)");
-        }
-        other => {
-            let _ = writeln!(s, "opt = {other}([{list}], foreach=true)");
-        }
-    }
+    optimizer_line(&mut s, optimizer, &list);
     s
 }
 
@@ -363,6 +614,57 @@ fn mlp_forward(s: &mut String, layers: u64, indent: &str) {
     }
 }
 
+/// Opens `phase "forward"` and the mode's and precision's blocks; returns how many it opened
+/// and the indentation inside.
+fn open_context(s: &mut String, t: &Train) -> (usize, String) {
+    let _ = writeln!(s, "phase \"forward\" {{");
+    let mut indent = String::from("  ");
+    let mut open = 1;
+    if t.mode == Mode::Inference {
+        let _ = writeln!(s, "{indent}no_grad {{");
+        indent.push_str("  ");
+        open += 1;
+    }
+    if t.bf16 {
+        let _ = writeln!(s, "{indent}autocast(dtype=bf16) {{");
+        indent.push_str("  ");
+        open += 1;
+    }
+    (open, indent)
+}
+
+fn close_context(s: &mut String, open: usize, indent: &mut String) {
+    for _ in 0..open {
+        indent.truncate(indent.len().saturating_sub(2));
+        let _ = writeln!(s, "{indent}}}");
+    }
+}
+
+/// After a micro-batch's forward: backward, what is kept of the loss, and the deletions of the
+/// loop's locals (`inputs`: the input variables).
+fn end_micro(s: &mut String, t: &Train, inputs: &str) {
+    if t.mode == Mode::Train {
+        let _ = writeln!(s, "loss.backward(retain_graph={})", t.retain_graph);
+    }
+    if t.mode != Mode::Inference {
+        if t.keep_tensor || t.retain_graph {
+            let _ = writeln!(s, "keep(loss)");
+        } else {
+            let _ = writeln!(s, "value = loss.item()");
+        }
+        let _ = writeln!(s, "del out, loss, {inputs}");
+    } else {
+        let _ = writeln!(s, "del out, {inputs}");
+    }
+}
+
+fn end_step(s: &mut String, t: &Train) {
+    if t.optimizer != "none" && t.mode != Mode::Inference {
+        let _ = writeln!(s, "opt.step()");
+        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
+    }
+}
+
 fn mlp_body(d_in: u64, layers: u64, t: &Train) -> String {
     let mut s = String::new();
     for micro in 0..t.grad_accum {
@@ -371,19 +673,7 @@ fn mlp_body(d_in: u64, layers: u64, t: &Train) -> String {
         }
         let _ = writeln!(s, "x = randn({}, {d_in})", t.batch);
         let _ = writeln!(s, "y = zeros({}, dtype=int64)", t.batch);
-        let _ = writeln!(s, "phase \"forward\" {{");
-        let mut indent = String::from("  ");
-        let mut close = 1;
-        if t.mode == Mode::Inference {
-            let _ = writeln!(s, "{indent}no_grad {{");
-            indent.push_str("  ");
-            close += 1;
-        }
-        if t.bf16 {
-            let _ = writeln!(s, "{indent}autocast(dtype=bf16) {{");
-            indent.push_str("  ");
-            close += 1;
-        }
+        let (open, mut indent) = open_context(&mut s, t);
         mlp_forward(&mut s, layers, &indent);
         match t.mode {
             Mode::Train => {
@@ -398,27 +688,9 @@ fn mlp_body(d_in: u64, layers: u64, t: &Train) -> String {
             }
             Mode::Inference => {}
         }
-        for _ in 0..close {
-            indent.truncate(indent.len().saturating_sub(2));
-            let _ = writeln!(s, "{indent}}}");
-        }
-        if t.mode == Mode::Train {
-            let _ = writeln!(s, "loss.backward(retain_graph={})", t.retain_graph);
-        }
-        if t.mode != Mode::Inference {
-            if t.keep_tensor || t.retain_graph {
-                let _ = writeln!(s, "keep(loss)");
-            } else {
-                let _ = writeln!(s, "value = loss.item()");
-            }
-            let _ = writeln!(s, "del out, loss, x, y");
-        } else {
-            let _ = writeln!(s, "del out, x, y");
-        }
+        close_context(&mut s, open, &mut indent);
+        end_micro(&mut s, t, "x, y");
     }
-    if t.optimizer != "none" && t.mode != Mode::Inference {
-        let _ = writeln!(s, "opt.step()");
-        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
-    }
+    end_step(&mut s, t);
     s
 }
