@@ -348,24 +348,33 @@ fn compare_torch_flags_figures_off_by_more_than_the_tolerance() {
     );
 }
 
-/// GPT presets: the math-attention cases are where gpumem already models every op PyTorch runs.
-/// x_gpt_small_math_sgd (4 blocks, d_model 256, seq 128, SGD) is exact to the byte; GPT-2 small
-/// (math, AdamW) and the tiny math/Adam case are within issue 4's tolerances.
+/// GPT presets against PyTorch (checkpointing is the one configuration not yet within
+/// tolerance, and is not asserted here).
 #[test]
-fn gpt_math_presets_match_pytorch() {
+fn gpt_presets_match_pytorch() {
+    // exact to the byte: math attention (4 blocks, SGD) and float32 sdpa (memory-efficient
+    // kernel, AdamW)
     let (code, out, err) = compare_torch(&[
         "fixtures/models/extra/case_x_gpt_small_math_sgd.json",
+        "fixtures/models/extra/case_x_gpt_tiny_sdpa_adamw.json",
         "--json",
     ]);
     assert_eq!(code, Some(0), "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
-    for f in v["cases"][0]["fields"].as_array().unwrap() {
-        assert_eq!(f["gpumem"], f["pytorch"], "{f}");
+    for c in v["cases"].as_array().unwrap() {
+        for f in c["fields"].as_array().unwrap() {
+            assert_eq!(f["gpumem"], f["pytorch"], "{}: {f}", c["name"]);
+        }
     }
+    // within tolerance: GPT-2 small with math, sdpa and sdpa + bf16 autocast
     let (code, out, err) = compare_torch(&[
         "fixtures/models/models.json",
         "--case",
         "gpt2s_b8_math_adamw",
+        "--case",
+        "gpt2s_b8_sdpa_adamw",
+        "--case",
+        "gpt2s_b8_sdpa_adamw_bf16",
         "--case",
         "gpt_tiny_math_adam",
     ]);

@@ -464,6 +464,27 @@ impl<S: SegmentSource> Tensors<S> {
                     Edge::None => unreachable!(),
                 }
             }
+            // the memory-efficient attention kernel's backward computes, after its three
+            // gradients, delta = (grad_out * out).sum(-1): a product the size of the output and
+            // a [B, H, T] float32 sum, copied; the sum and the product are freed at once.
+            // (Its transient workspace, freed before the kernel returns, is not modelled.)
+            if op == "sdpa_efficient" {
+                let shape = self.shape(grad_out).to_vec();
+                let rows = shape[..shape.len().saturating_sub(1)].to_vec();
+                let r = (|| {
+                    let prod = self.empty(&shape, DType::F32, Category::Temporary)?;
+                    let sum = self.empty(&rows, DType::F32, Category::Temporary)?;
+                    let copy = self.empty(&rows, DType::F32, Category::Temporary)?;
+                    self.release(sum);
+                    self.release(prod);
+                    self.release(copy);
+                    Ok(())
+                })();
+                if let Err(e) = r {
+                    self.alloc.recorder_mut().pop_tag();
+                    return Err(e);
+                }
+            }
             self.alloc.recorder_mut().pop_tag();
             // the seed is the caller's (`grad_tensors`): it lives until backward returns
             if grad_out != seed {

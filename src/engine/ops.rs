@@ -659,6 +659,13 @@ impl<S: SegmentSource> Tensors<S> {
     /// `F.scaled_dot_product_attention(q, k, v, is_causal)` on the flash path: the output, and
     /// for backward `q`, `k`, `v`, the output, the float32 log-sum-exp `[B, H, L]` and the
     /// philox seed and offset.
+    /// `scaled_dot_product_attention(q, k, v, is_causal=True)` on [B, H, T, D] inputs, as
+    /// PyTorch 2.11 runs it on an H200 (the traces in fixtures/models show which kernel):
+    /// float32 inputs take the memory-efficient kernel (output, and a logsumexp of
+    /// [B, H, T rounded up to 32] float32 kept for backward); bf16/f16 inputs take cuDNN's
+    /// (an 8-byte philox seed and offset first, then the output, then a [B, H, T] float32
+    /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
+    /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
     pub fn sdpa_flash(
         &mut self,
         q: TensorId,
@@ -671,27 +678,44 @@ impl<S: SegmentSource> Tensors<S> {
                 "scaled_dot_product_attention expects [B, H, L, D] tensors".into(),
             ));
         }
-        let mut out_shape = sq.clone();
-        out_shape[3] = self.shape(v)[3];
-        let out = self.empty(&out_shape, self.dtype(q), Category::Temporary)?;
+        let (b, h, t, dv) = (sq[0], sq[1], sq[2], self.shape(v)[3]);
+        let dtype = self.dtype(q);
+        let cudnn = dtype != DType::F32;
         let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
+        let mut extra = Vec::new();
+        if cudnn {
+            for _ in 0..2 {
+                extra.push(self.empty(&[], DType::I64, Category::Temporary)?);
+            }
+        }
+        // allocated as [B, T, H, D], seen as its transpose [B, H, T, D]
+        let out = self.empty(&[b, t, h, dv], dtype, Category::Temporary)?;
+        let seen = self.info(out).layout.transpose(1, 2)?;
+        self.info_mut(out).layout = seen;
+        let lse_len = if cudnn { t } else { t.div_ceil(32) * 32 };
+        extra.push(self.empty(&[b, h, lse_len], DType::F32, Category::Temporary)?);
+        if cudnn {
+            let scratch = self.empty(&[256], DType::U8, Category::Temporary)?;
+            self.release(scratch);
+        }
+        let op = if cudnn { "sdpa_cudnn" } else { "sdpa_efficient" };
+        self.launch(op, &[q, k, v], &[out])?;
         if !need {
+            for e in extra {
+                self.release(e);
+            }
             return Ok(out);
         }
-        let lse = self.empty(&sq[..3], DType::F32, Category::Temporary)?;
-        let seed = self.empty(&[], DType::I64, Category::Temporary)?;
-        let offset = self.empty(&[], DType::I64, Category::Temporary)?;
-        self.launch("sdpa_flash", &[q, k, v], &[out])?;
         self.record(
-            "sdpa_flash",
+            op,
             &[q, k, v],
             &[out],
             &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
         );
         let node = self.info(out).grad_fn.expect("recorded");
-        for t in [lse, seed, offset] {
-            self.recategorize(t, Category::Activation);
-            self.node_mut(node).saved.push(t);
+        for e in extra {
+            self.recategorize(e, Category::Activation);
+            self.node_mut(node).saved.push(e);
         }
         Ok(out)
     }
