@@ -698,7 +698,11 @@ impl<S: SegmentSource> Tensors<S> {
             let scratch = self.empty(&[256], DType::U8, Category::Temporary)?;
             self.release(scratch);
         }
-        let op = if cudnn { "sdpa_cudnn" } else { "sdpa_efficient" };
+        let op = if cudnn {
+            "sdpa_cudnn"
+        } else {
+            "sdpa_efficient"
+        };
         self.launch(op, &[q, k, v], &[out])?;
         if !need {
             for e in extra {
