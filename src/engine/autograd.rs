@@ -193,6 +193,16 @@ impl<S: SegmentSource> Tensors<S> {
         prev
     }
 
+    /// Adds `t` (an op's extra output kept for backward: layer_norm's mean and rstd, a loss's
+    /// weight total, attention's statistics) to what `node` saves, with its version, so a
+    /// checkpoint region drops and recomputes it like any saved tensor.
+    pub(crate) fn save_extra(&mut self, node: NodeId, t: TensorId) {
+        let v = self.version(t);
+        let n = self.node_mut(node);
+        n.saved.push(t);
+        n.saved_versions.push(v);
+    }
+
     /// The region ends: every tensor its nodes saved that was made inside the region is
     /// released (remembering its shape); tensors from outside (the region's inputs, the
     /// parameters) stay saved, as the checkpoint keeps its inputs.
@@ -268,6 +278,25 @@ impl<S: SegmentSource> Tensors<S> {
                 node.saved.push(t);
                 node.saved_versions.push(v);
             }
+            // the recomputed forward runs on the autograd thread: its first `linear` with a
+            // bias (addmm, through cuBLASLt) takes that thread's cuBLASLt workspace
+            let node = &self.nodes[n.0 as usize];
+            if node.op == "linear" && node.next.len() == 3 && self.backward_lt_workspace.is_none() {
+                match self.empty(
+                    &[super::ops::CUBLASLT_WORKSPACE as usize],
+                    DType::U8,
+                    Category::Workspace,
+                ) {
+                    Ok(w) => self.backward_lt_workspace = Some(w),
+                    Err(e) => {
+                        self.alloc.recorder_mut().pop_tag();
+                        for (_, t) in made {
+                            self.release(t);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
         }
         // the nodes hold the recomputed tensors now
         for (_, t) in made {
@@ -326,6 +355,17 @@ impl<S: SegmentSource> Tensors<S> {
     /// `root.backward(retain_graph=...)` for a scalar (or any) root: allocates its gradient of
     /// ones, runs every reachable node, accumulates into leaves' `.grad`.
     pub fn backward(&mut self, root: TensorId, retain_graph: bool) -> Result<(), EngineError> {
+        let was = std::mem::replace(&mut self.on_autograd_thread, true);
+        let r = self.backward_on_autograd_thread(root, retain_graph);
+        self.on_autograd_thread = was;
+        r
+    }
+
+    fn backward_on_autograd_thread(
+        &mut self,
+        root: TensorId,
+        retain_graph: bool,
+    ) -> Result<(), EngineError> {
         let Some(root_fn) = self.info(root).grad_fn else {
             return Err(EngineError::Invalid(
                 "element 0 of tensors does not require grad and does not have a grad_fn".into(),

@@ -230,7 +230,7 @@ impl<S: SegmentSource> Tensors<S> {
         shape.extend(m);
         let dtype = promote(self.dtype(a), self.dtype(b));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
-        self.ensure_cublas_workspace()?;
+        self.ensure_cublas_workspace(false)?;
         self.launch("matmul", &[a, b], &[out])?;
         self.record(
             "matmul",
@@ -242,8 +242,26 @@ impl<S: SegmentSource> Tensors<S> {
     }
 
     /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
-    /// one, right after allocating its output (as PyTorch 2.11 does on an H200).
-    fn ensure_cublas_workspace(&mut self) -> Result<(), EngineError> {
+    /// one, right after allocating its output (as PyTorch 2.11 does on an H200). On the autograd
+    /// thread (in backward, a checkpoint's recomputation included) the handles are that
+    /// thread's: its first product takes a cuBLAS workspace, and its first product with a bias
+    /// (`addmm`, which goes through cuBLASLt) a cuBLASLt one.
+    fn ensure_cublas_workspace(&mut self, with_bias: bool) -> Result<(), EngineError> {
+        if self.on_autograd_thread {
+            if self.backward_workspace.is_none() {
+                let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
+                self.backward_workspace = Some(w);
+            }
+            if with_bias && self.backward_lt_workspace.is_none() {
+                let lt = self.empty(
+                    &[CUBLASLT_WORKSPACE as usize],
+                    DType::U8,
+                    Category::Workspace,
+                )?;
+                self.backward_lt_workspace = Some(lt);
+            }
+            return Ok(());
+        }
         if self.workspace.is_none() {
             let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
             self.workspace = Some(w);
@@ -521,7 +539,7 @@ impl<S: SegmentSource> Tensors<S> {
         *shape.last_mut().expect("non-empty") = sw[0];
         let dtype = promote(self.dtype(x), self.dtype(w));
         let out = self.empty(&shape, dtype, Category::Temporary)?;
-        self.ensure_cublas_workspace()?;
+        self.ensure_cublas_workspace(b.is_some())?;
         let mut inputs = vec![x, w];
         inputs.extend(b);
         self.launch("linear", &inputs, &[out])?;
@@ -571,7 +589,7 @@ impl<S: SegmentSource> Tensors<S> {
         let node = self.info(out).grad_fn.expect("recorded");
         for t in [mean, rstd] {
             self.recategorize(t, Category::Activation);
-            self.node_mut(node).saved.push(t);
+            self.save_extra(node, t);
         }
         Ok(out)
     }
@@ -608,7 +626,7 @@ impl<S: SegmentSource> Tensors<S> {
         match self.info(out).grad_fn {
             Some(node) => {
                 self.recategorize(mask, Category::Activation);
-                self.node_mut(node).saved.push(mask);
+                self.save_extra(node, mask);
             }
             None => self.release(mask),
         }
@@ -648,7 +666,7 @@ impl<S: SegmentSource> Tensors<S> {
         match self.info(loss).grad_fn {
             Some(node) => {
                 self.recategorize(total_weight, Category::Activation);
-                self.node_mut(node).saved.push(total_weight);
+                self.save_extra(node, total_weight);
             }
             None => self.release(total_weight),
         }
@@ -719,7 +737,7 @@ impl<S: SegmentSource> Tensors<S> {
         let node = self.info(out).grad_fn.expect("recorded");
         for e in extra {
             self.recategorize(e, Category::Activation);
-            self.node_mut(node).saved.push(e);
+            self.save_extra(node, e);
         }
         Ok(out)
     }

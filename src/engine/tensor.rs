@@ -130,6 +130,12 @@ pub struct Tensors<S: SegmentSource> {
     pub lt_workspace: Option<TensorId>,
     /// The autograd thread's cuBLAS workspace, once backward's first matrix product took it.
     pub backward_workspace: Option<TensorId>,
+    /// The autograd thread's cuBLASLt workspace, once a product with a bias ran there (a
+    /// checkpointed region's recomputed `linear`).
+    pub backward_lt_workspace: Option<TensorId>,
+    /// True while backward runs: PyTorch runs it on the autograd thread, whose cuBLAS handles
+    /// (and workspaces) are its own.
+    pub(crate) on_autograd_thread: bool,
     /// Allocated bytes by category now (indexed by `Category as usize`).
     by_category: [u64; 7],
     /// The highest allocated memory so far and the split by category at that moment.
@@ -156,6 +162,8 @@ impl<S: SegmentSource> Tensors<S> {
             seq: 0,
             workspace: None,
             backward_workspace: None,
+            backward_lt_workspace: None,
+            on_autograd_thread: false,
             lt_workspace: None,
             by_category: [0; 7],
             peak: (0, [0; 7]),
