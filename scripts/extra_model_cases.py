@@ -20,6 +20,18 @@ R.case("x_mlp_sgd_bf16_accum3", **MLP_S, opt="sgd", amp="bf16", accum=3)
 R.case("x_gpt_tiny_sdpa_adamw", model="gpt", vocab=1000, seq=64, d=128, h=4, L=2, batch=4, attn="sdpa", opt="adamw")
 R.case("x_gpt_small_math_sgd", model="gpt", vocab=5000, seq=128, d=256, h=8, L=4, batch=2, attn="math", opt="sgd")
 R.case("x_gpt_tiny_sdpa_bf16_ckpt", model="gpt", vocab=1000, seq=64, d=128, h=4, L=2, batch=4, attn="sdpa", opt="adamw", amp="bf16", ckpt=True)
+# second batch: GPT modes, optimizers, accumulation, precisions, a GPT-2 medium
+TINY = dict(model="gpt", vocab=1000, seq=64, d=128, h=4, L=2, batch=4)
+MID = dict(model="gpt", vocab=8000, seq=256, d=384, h=6, L=3, batch=4)
+R.case("x_gpt_tiny_math_inference", **TINY, attn="math", opt="none", no_grad=True)
+R.case("x_gpt_tiny_sdpa_eval_leak", **TINY, attn="sdpa", opt="none", eval_leak=True, iters=4)
+R.case("x_gpt_tiny_sdpa_leak_sgd", **TINY, attn="sdpa", opt="sgd", leak=True, iters=4)
+R.case("x_gpt_tiny_math_retain_sgd", **TINY, attn="math", opt="sgd", retain=True)
+R.case("x_gpt_mid_sdpa_sgdm_accum2", **MID, attn="sdpa", opt="sgd_momentum", accum=2)
+R.case("x_gpt_mid_math_bf16_adam", **MID, attn="math", opt="adam", amp="bf16")
+R.case("x_gpt_mid_sdpa_ckpt_adamw", **MID, attn="sdpa", opt="adamw", ckpt=True)
+R.case("x_gpt_mid_sdpa_bf16_inference", **MID, attn="sdpa", opt="none", no_grad=True, amp="bf16")
+R.case("x_gpt2m_b2_sdpa_adamw", model="gpt", vocab=50257, seq=1024, d=1024, h=16, L=24, batch=2, attn="sdpa", opt="adamw")
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--list"]:
