@@ -18,6 +18,15 @@ const FIELDS: [&str; 8] = [
     "reserved_end",
 ];
 
+/// The five MLP cases of the ground truth.
+const MLP_CASES: [&str; 5] = [
+    "mlp_sgd",
+    "mlp_adam",
+    "mlp_inference",
+    "mlp_eval_leak",
+    "mlp_leak",
+];
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -70,13 +79,7 @@ fn compare_with(dir: &str, name: &str, case: &str) -> (usize, usize, Vec<String>
 
 #[test]
 fn issue4_mlp_cases_match_pytorch_to_the_byte() {
-    for name in [
-        "mlp_sgd",
-        "mlp_adam",
-        "mlp_inference",
-        "mlp_eval_leak",
-        "mlp_leak",
-    ] {
+    for name in MLP_CASES {
         let (n, eq, diffs) = compare("models", name);
         assert!(n >= 18, "{name}: {n} fields");
         assert_eq!(eq, n, "{name}: {diffs:?}");
@@ -87,13 +90,7 @@ fn issue4_mlp_cases_match_pytorch_to_the_byte() {
 /// what reference_models.py runs.
 #[test]
 fn issue4_mlp_presets_match_pytorch_to_the_byte() {
-    for name in [
-        "mlp_sgd",
-        "mlp_adam",
-        "mlp_inference",
-        "mlp_eval_leak",
-        "mlp_leak",
-    ] {
+    for name in MLP_CASES {
         let (n, eq, diffs) = compare("presets", name);
         assert!(n >= 18, "{name}: {n} fields");
         assert_eq!(eq, n, "{name}: {diffs:?}");
@@ -423,16 +420,12 @@ fn issue4_all_cases_within_tolerance_and_exact_ones_stay_exact() {
         })
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    for must in [
-        "mlp_sgd",
-        "mlp_adam",
-        "mlp_inference",
-        "mlp_eval_leak",
-        "mlp_leak",
+    for must in MLP_CASES.into_iter().chain([
         "x_gpt_small_math_sgd",
         "x_gpt_tiny_sdpa_adamw",
         "x_gpt_tiny_sdpa_bf16_ckpt",
-    ] {
+        "x_gpt_tiny_sdpa_leak_sgd",
+    ]) {
         assert!(
             exact.contains(&must),
             "{must} is no longer exact: {exact:?}"

@@ -281,20 +281,13 @@ impl<S: SegmentSource> Tensors<S> {
             // the recomputed forward runs on the autograd thread: its first `linear` with a
             // bias (addmm, through cuBLASLt) takes that thread's cuBLASLt workspace
             let node = &self.nodes[n.0 as usize];
-            if node.op == "linear" && node.next.len() == 3 && self.backward_lt_workspace.is_none() {
-                match self.empty(
-                    &[super::ops::CUBLASLT_WORKSPACE as usize],
-                    DType::U8,
-                    Category::Workspace,
-                ) {
-                    Ok(w) => self.backward_lt_workspace = Some(w),
-                    Err(e) => {
-                        self.alloc.recorder_mut().pop_tag();
-                        for (_, t) in made {
-                            self.release(t);
-                        }
-                        return Err(e);
+            if node.op == "linear" && node.next.len() == 3 {
+                if let Err(e) = self.ensure_cublas_workspace(true) {
+                    self.alloc.recorder_mut().pop_tag();
+                    for (_, t) in made {
+                        self.release(t);
                     }
+                    return Err(e);
                 }
             }
         }
@@ -463,14 +456,10 @@ impl<S: SegmentSource> Tensors<S> {
                 } else {
                     let g = self.empty(&shape, dtype, cat).and_then(|g| {
                         // the autograd thread's first matrix product takes its own cuBLAS
-                        // workspace, right after that product's first output
-                        if matches!(op, "matmul" | "linear") && self.backward_workspace.is_none() {
-                            let w = self.empty(
-                                &[super::ops::CUBLAS_WORKSPACE as usize],
-                                DType::U8,
-                                Category::Workspace,
-                            )?;
-                            self.backward_workspace = Some(w);
+                        // workspace, right after that product's first output (backward's
+                        // products are plain mm: no cuBLASLt)
+                        if matches!(op, "matmul" | "linear") {
+                            self.ensure_cublas_workspace(false)?;
                         }
                         Ok(g)
                     });

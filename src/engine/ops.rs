@@ -246,7 +246,7 @@ impl<S: SegmentSource> Tensors<S> {
     /// thread (in backward, a checkpoint's recomputation included) the handles are that
     /// thread's: its first product takes a cuBLAS workspace, and its first product with a bias
     /// (`addmm`, which goes through cuBLASLt) a cuBLASLt one.
-    fn ensure_cublas_workspace(&mut self, with_bias: bool) -> Result<(), EngineError> {
+    pub(crate) fn ensure_cublas_workspace(&mut self, with_bias: bool) -> Result<(), EngineError> {
         if self.on_autograd_thread {
             if self.backward_workspace.is_none() {
                 let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
@@ -674,9 +674,6 @@ impl<S: SegmentSource> Tensors<S> {
         Ok(loss)
     }
 
-    /// `F.scaled_dot_product_attention(q, k, v, is_causal)` on the flash path: the output, and
-    /// for backward `q`, `k`, `v`, the output, the float32 log-sum-exp `[B, H, L]` and the
-    /// philox seed and offset.
     /// `scaled_dot_product_attention(q, k, v, is_causal=True)` on [B, H, T, D] inputs, as
     /// PyTorch 2.11 runs it on an H200 (the traces in fixtures/models show which kernel):
     /// float32 inputs take the memory-efficient kernel (output, and a logsumexp of
@@ -684,12 +681,7 @@ impl<S: SegmentSource> Tensors<S> {
     /// (an 8-byte philox seed and offset first, then the output, then a [B, H, T] float32
     /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
     /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
-    pub fn sdpa_flash(
-        &mut self,
-        q: TensorId,
-        k: TensorId,
-        v: TensorId,
-    ) -> Result<TensorId, EngineError> {
+    pub fn sdpa(&mut self, q: TensorId, k: TensorId, v: TensorId) -> Result<TensorId, EngineError> {
         let sq = self.shape(q).to_vec();
         if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
             return Err(EngineError::Invalid(
@@ -797,7 +789,7 @@ mod transformer_tests {
         let v = d
             .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
             .unwrap();
-        let o = d.sdpa_flash(q, k, v).unwrap();
+        let o = d.sdpa(q, k, v).unwrap();
         assert_eq!(d.shape(o), &[2, 12, 256, 64]);
         // the output (saved) and the float32 logsumexp [2, 12, 256] and the rng seed/offset
         assert_eq!(

@@ -298,7 +298,7 @@ impl Runner {
                 let v = Self::tensor_arg(span, a, 2, "scaled_dot_product_attention")?;
                 self.op(span, "scaled_dot_product_attention", |d| {
                     d.autocast_op(CastPolicy::Lower, &[q, k, v], |d, i| {
-                        d.sdpa_flash(i[0], i[1], i[2])
+                        d.sdpa(i[0], i[1], i[2])
                     })
                 })
                 .map(Value::Tensor)
