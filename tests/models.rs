@@ -433,3 +433,59 @@ fn issue4_all_cases_within_tolerance_and_exact_ones_stay_exact() {
     }
     assert!(exact.len() >= 18, "{exact:?}");
 }
+
+#[test]
+fn gpt_preset_tags_each_op_with_one_module_path() {
+    let path = scratch("gpt_tags");
+    std::fs::write(
+        &path,
+        "[model]\nkind = \"gpt\"\nvocab = 1000\nseq = 64\nd_model = 128\nheads = 4\nlayers = 2\n\
+         attention = \"math\"\n[train]\nbatch = 4\niterations = 1\noptimizer = \"sgd\"\n",
+    )
+    .unwrap();
+    let out = Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .arg("run")
+        .arg(&path)
+        .arg("--snapshot")
+        .arg(path.with_extension("snap.json"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap: Value =
+        serde_json::from_slice(&std::fs::read(path.with_extension("snap.json")).unwrap()).unwrap();
+    let stacks: Vec<String> = snap["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .collect();
+    for want in [
+        "phase:forward/blocks.1.qkv/linear",
+        "phase:forward/blocks.0.fc_proj/linear",
+        "phase:forward/blocks.1/softmax",
+        "setup/blocks.0.ln2/randn",
+        "phase:forward/head/linear",
+    ] {
+        assert!(
+            stacks.iter().any(|s| s.contains(want)),
+            "{want}: {stacks:?}"
+        );
+    }
+    // a tag is one module path, not a nesting of the block and its submodule
+    assert!(
+        !stacks.iter().any(|s| s.contains("blocks.0/blocks.0")),
+        "{stacks:?}"
+    );
+}

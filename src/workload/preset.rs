@@ -346,95 +346,89 @@ fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
     }
 }
 
-/// One transformer block, `x` to `x`, as reference_models.py's `Block.forward`.
+/// Writes `stmt` under the tag of module `path` (each statement its own scope, so a tag is one
+/// module path, `blocks.3.qkv`, not a nesting of them).
+fn at(s: &mut String, indent: &str, path: &str, stmt: &str) {
+    let _ = writeln!(s, "{indent}scope \"{path}\" {{");
+    let _ = writeln!(s, "{indent}  {stmt}");
+    let _ = writeln!(s, "{indent}}}");
+}
+
+/// One transformer block, `x` to `x`, as reference_models.py's `Block.forward`: the
+/// submodules' ops tagged `blocks.i.<module>`, the block's own ops `blocks.i`.
 fn gpt_block(s: &mut String, g: &Gpt, t: &Train, i: u64, indent: &str) {
     let (b, tt, c, h) = (t.batch, g.seq, g.d, g.heads);
     let hd = c / h;
+    let blk = format!("blocks.{i}");
+    let m = |n: &str| format!("blocks.{i}.{n}");
     let p = |n: &str| format!("b{i}_{n}");
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.ln1\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t1 = layer_norm(x, {}, {})",
-        p("ln1_weight"),
-        p("ln1_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.qkv\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t2 = linear(t1, {}, {})",
-        p("qkv_weight"),
-        p("qkv_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}del t1");
-    let _ = writeln!(s, "{indent}q, k, v = t2.split({c}, 2)");
-    let _ = writeln!(s, "{indent}del t2");
+    let del = |s: &mut String, names: &str| {
+        let _ = writeln!(s, "{indent}del {names}");
+    };
+    let ln = |n: &str, input: &str, out: &str| {
+        format!(
+            "{out} = layer_norm({input}, {}, {})",
+            p(&format!("{n}_weight")),
+            p(&format!("{n}_bias"))
+        )
+    };
+    let lin = |n: &str, input: &str, out: &str| {
+        format!(
+            "{out} = linear({input}, {}, {})",
+            p(&format!("{n}_weight")),
+            p(&format!("{n}_bias"))
+        )
+    };
+    at(s, indent, &m("ln1"), &ln("ln1", "x", "t1"));
+    at(s, indent, &m("qkv"), &lin("qkv", "t1", "t2"));
+    del(s, "t1");
+    at(s, indent, &blk, &format!("q, k, v = t2.split({c}, 2)"));
+    del(s, "t2");
     for n in ["q", "k", "v"] {
-        let _ = writeln!(
+        at(
             s,
-            "{indent}{n} = {n}.view({b}, {tt}, {h}, {hd}).transpose(1, 2)"
+            indent,
+            &blk,
+            &format!("{n} = {n}.view({b}, {tt}, {h}, {hd}).transpose(1, 2)"),
         );
     }
     if g.math {
         let scale = 1.0 / (hd as f64).sqrt();
-        let _ = writeln!(s, "{indent}att = (q @ k.transpose(2, 3)) * {scale:?}");
-        let _ = writeln!(s, "{indent}mask = ones({tt}, {tt}, dtype=bool).tril()");
-        let _ = writeln!(s, "{indent}att = att.masked_fill(mask.bitwise_not())");
-        let _ = writeln!(s, "{indent}att = softmax(att, -1)");
-        let _ = writeln!(s, "{indent}y = att @ v");
+        for stmt in [
+            format!("att = (q @ k.transpose(2, 3)) * {scale:?}"),
+            format!("mask = ones({tt}, {tt}, dtype=bool).tril()"),
+            "att = att.masked_fill(mask.bitwise_not())".to_string(),
+            "att = softmax(att, -1)".to_string(),
+            "y = att @ v".to_string(),
+        ] {
+            at(s, indent, &blk, &stmt);
+        }
     } else {
-        let _ = writeln!(s, "{indent}y = scaled_dot_product_attention(q, k, v)");
+        at(s, indent, &blk, "y = scaled_dot_product_attention(q, k, v)");
     }
-    let _ = writeln!(
+    at(
         s,
-        "{indent}y = y.transpose(1, 2).contiguous().view({b}, {tt}, {c})"
+        indent,
+        &blk,
+        &format!("y = y.transpose(1, 2).contiguous().view({b}, {tt}, {c})"),
     );
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.proj\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t3 = linear(y, {}, {})",
-        p("proj_weight"),
-        p("proj_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}x = x + t3");
-    let _ = writeln!(s, "{indent}del t3");
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.ln2\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t4 = layer_norm(x, {}, {})",
-        p("ln2_weight"),
-        p("ln2_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.fc\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t5 = linear(t4, {}, {})",
-        p("fc_weight"),
-        p("fc_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}del t4");
-    let _ = writeln!(s, "{indent}t6 = t5.gelu()");
-    let _ = writeln!(s, "{indent}del t5");
-    let _ = writeln!(s, "{indent}scope \"blocks.{i}.fc_proj\" {{");
-    let _ = writeln!(
-        s,
-        "{indent}  t7 = linear(t6, {}, {})",
-        p("fc_proj_weight"),
-        p("fc_proj_bias")
-    );
-    let _ = writeln!(s, "{indent}}}");
-    let _ = writeln!(s, "{indent}del t6");
-    let _ = writeln!(s, "{indent}x = x + t7");
-    let _ = writeln!(s, "{indent}del t7");
+    at(s, indent, &m("proj"), &lin("proj", "y", "t3"));
+    at(s, indent, &blk, "x = x + t3");
+    del(s, "t3");
+    at(s, indent, &m("ln2"), &ln("ln2", "x", "t4"));
+    at(s, indent, &m("fc"), &lin("fc", "t4", "t5"));
+    del(s, "t4");
+    at(s, indent, &blk, "t6 = t5.gelu()");
+    del(s, "t5");
+    at(s, indent, &m("fc_proj"), &lin("fc_proj", "t6", "t7"));
+    del(s, "t6");
+    at(s, indent, &blk, "x = x + t7");
+    del(s, "t7");
     // the function's locals die at its return
     if g.math {
-        let _ = writeln!(s, "{indent}del q, k, v, att, mask, y");
+        del(s, "q, k, v, att, mask, y");
     } else {
-        let _ = writeln!(s, "{indent}del q, k, v, y");
+        del(s, "q, k, v, y");
     }
 }
 
@@ -449,15 +443,13 @@ fn gpt_forward(s: &mut String, g: &Gpt, t: &Train, indent: &str) {
     let _ = writeln!(s, "{indent}x = e1 + e2");
     let _ = writeln!(s, "{indent}del e1, e2");
     for i in 0..g.layers {
-        let _ = writeln!(s, "{indent}scope \"blocks.{i}\" {{");
         if t.checkpointing {
-            let _ = writeln!(s, "{indent}  checkpoint {{");
-            gpt_block(s, g, t, i, &format!("{indent}    "));
-            let _ = writeln!(s, "{indent}  }}");
-        } else {
+            let _ = writeln!(s, "{indent}checkpoint {{");
             gpt_block(s, g, t, i, &format!("{indent}  "));
+            let _ = writeln!(s, "{indent}}}");
+        } else {
+            gpt_block(s, g, t, i, indent);
         }
-        let _ = writeln!(s, "{indent}}}");
     }
     let _ = writeln!(s, "{indent}scope \"ln_f\" {{");
     let _ = writeln!(s, "{indent}  t8 = layer_norm(x, ln_f_weight, ln_f_bias)");
