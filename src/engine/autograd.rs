@@ -27,8 +27,8 @@ pub struct NodeId(pub u32);
 pub(crate) enum Edge {
     /// The input needs no gradient.
     None,
-    /// The input was made by this node.
-    Node(NodeId),
+    /// The input was made by this node, as its output number `.1`.
+    Node(NodeId, u32),
     /// The input is a leaf requiring grad: accumulate into its `.grad` (handle held).
     Leaf(TensorId),
 }
@@ -42,6 +42,34 @@ pub enum Save {
     InputFor(usize, usize),
     /// The op's output (saved without its grad_fn).
     Output,
+}
+
+/// Gradients of leaves waiting for the rest of their contributions.
+struct Leaves {
+    pending: HashMap<TensorId, u32>,
+    buffers: HashMap<TensorId, TensorId>,
+}
+
+/// What a node's backward does with the incoming gradient, as PyTorch's derivative formulas do
+/// for memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Back {
+    /// A fresh gradient per differentiable input, contiguous in the input's shape.
+    Alloc,
+    /// The gradient itself, as it is (`clone`, `contiguous`, `expand` to the same shape).
+    Pass,
+    /// `grad.reshape(input shape)` (`view`, `reshape`, `unsqueeze`): a view when the
+    /// gradient's strides allow, else a copy.
+    Reshape,
+    /// The gradient permuted back (`t`, `transpose`, `permute`: output dim i was input dim
+    /// `perm[i]`): always a view.
+    Permute(Vec<usize>),
+    /// `a + b`: the gradient itself for an input of the same shape and dtype, a cast copy for
+    /// one of another dtype, a sum for a broadcast one.
+    Add,
+    /// `split`/`chunk`: once every part's gradient is in (zeros for those with none), one
+    /// `cat` into the input's shape.
+    Split,
 }
 
 /// An activation-checkpoint region: the nodes made inside it.
@@ -75,9 +103,12 @@ pub(crate) struct Node {
     pub released: bool,
     /// The node saved tensors when it was made (so it cannot run again once they are freed).
     pub had_saved: bool,
-    /// The backward passes the incoming gradient through as a view (view, t, clone...) instead
-    /// of allocating the input's gradient.
-    pub passthrough: bool,
+    /// What the backward makes of the incoming gradient (see [`Back`]).
+    pub back: Back,
+    /// How many outputs the op made (a split's parts); each has its own gradient slot.
+    pub outputs: u32,
+    /// A split's parts' shapes (for the zeros of parts no gradient reached).
+    pub out_shapes: Vec<Vec<usize>>,
     /// The activation-checkpoint region the node was made in, if any.
     pub region: Option<u32>,
     /// In a checkpoint region: (shape, dtype) of each saved tensor dropped after the forward,
@@ -138,8 +169,9 @@ impl<S: SegmentSource> Tensors<S> {
             input_meta.push((info.layout.shape.clone(), info.dtype));
             let edge = match (info.grad_fn, info.requires_grad) {
                 (Some(n), _) => {
+                    let slot = info.output_nr;
                     self.node_mut(n).refs += 1;
-                    Edge::Node(n)
+                    Edge::Node(n, slot)
                 }
                 (None, true) => Edge::Leaf(self.retain(t)),
                 (None, false) => Edge::None,
@@ -160,7 +192,9 @@ impl<S: SegmentSource> Tensors<S> {
             live: true,
             released: false,
             had_saved,
-            passthrough: false,
+            back: Back::Alloc,
+            outputs: outputs.len() as u32,
+            out_shapes: Vec::new(),
             region: self.checkpoint.current,
             deferred: Vec::new(),
         };
@@ -174,9 +208,10 @@ impl<S: SegmentSource> Tensors<S> {
                 (self.nodes.len() - 1) as u32
             }
         };
-        for &o in outputs {
+        for (k, &o) in outputs.iter().enumerate() {
             let info = self.info_mut(o);
             info.grad_fn = Some(NodeId(id));
+            info.output_nr = k as u32;
             info.requires_grad = true;
         }
         if let Some(r) = self.checkpoint.current {
@@ -329,7 +364,7 @@ impl<S: SegmentSource> Tensors<S> {
         }
         for e in next {
             match e {
-                Edge::Node(m) => self.node_decref(m),
+                Edge::Node(m, _) => self.node_decref(m),
                 Edge::Leaf(t) => self.release(t),
                 Edge::None => {}
             }
@@ -366,6 +401,7 @@ impl<S: SegmentSource> Tensors<S> {
         };
         // dependencies: how many gradient contributions each node waits for
         let mut pending: HashMap<NodeId, u32> = HashMap::new();
+        let mut leaf_pending: HashMap<TensorId, u32> = HashMap::new();
         let mut stack = vec![root_fn];
         let mut seen = vec![root_fn];
         while let Some(n) = stack.pop() {
@@ -378,146 +414,83 @@ impl<S: SegmentSource> Tensors<S> {
                 ));
             }
             for e in node.next.clone() {
-                if let Edge::Node(m) = e {
-                    *pending.entry(m).or_insert(0) += 1;
-                    if !seen.contains(&m) {
-                        seen.push(m);
-                        stack.push(m);
+                match e {
+                    Edge::Node(m, _) => {
+                        *pending.entry(m).or_insert(0) += 1;
+                        if !seen.contains(&m) {
+                            seen.push(m);
+                            stack.push(m);
+                        }
                     }
+                    Edge::Leaf(t) => *leaf_pending.entry(t).or_insert(0) += 1,
+                    Edge::None => {}
                 }
             }
         }
         let (shape, dtype) = (self.shape(root).to_vec(), self.dtype(root));
         let seed = self.empty(&shape, dtype, Category::Temporary)?;
-        let mut buffers: HashMap<NodeId, TensorId> = HashMap::from([(root_fn, seed)]);
+        // the seed is the caller's (`grad_tensors`): it lives until backward returns, and the
+        // root's buffer holds another handle on it
+        let mut buffers: HashMap<NodeId, Vec<Option<TensorId>>> = HashMap::new();
+        let root_slot = self.info(root).output_nr as usize;
+        let mut first = vec![None; self.nodes[root_fn.0 as usize].outputs as usize];
+        first[root_slot] = Some(self.retain(seed));
+        buffers.insert(root_fn, first);
         let mut ready = vec![root_fn];
+        let mut leaves = Leaves {
+            pending: leaf_pending,
+            buffers: HashMap::new(),
+        };
+        let r = self.run_ready(&mut ready, &mut buffers, &mut pending, &mut leaves, retain_graph);
+        for (_, slots) in buffers.drain() {
+            for g in slots.into_iter().flatten() {
+                self.release(g);
+            }
+        }
+        for (_, g) in leaves.buffers.drain() {
+            self.release(g);
+        }
+        self.release(seed);
+        r
+    }
+
+    /// Runs ready nodes, newest first, until none is left; routes each input's gradient to the
+    /// buffer of the node that made the input (or the leaf's `.grad`).
+    fn run_ready(
+        &mut self,
+        ready: &mut Vec<NodeId>,
+        buffers: &mut HashMap<NodeId, Vec<Option<TensorId>>>,
+        pending: &mut HashMap<NodeId, u32>,
+        leaves: &mut Leaves,
+        retain_graph: bool,
+    ) -> Result<(), EngineError> {
         while !ready.is_empty() {
-            // newest ready node first
             let (i, _) = ready
                 .iter()
                 .enumerate()
                 .max_by_key(|(_, n)| self.nodes[n.0 as usize].seq)
                 .expect("non-empty");
             let n = ready.swap_remove(i);
-            let grad_out = buffers.remove(&n).expect("a ready node has its gradient");
-            if let Some(r) = self.nodes[n.0 as usize].region {
-                if let Err(e) = self.recompute_region(r) {
-                    self.release(grad_out);
-                    for (_, g) in buffers.drain() {
+            let grads = buffers.remove(&n).expect("a ready node has its gradient");
+            let op = self.nodes[n.0 as usize].op;
+            self.alloc
+                .recorder_mut()
+                .push_tag(&format!("{op}_backward"));
+            let out = self.run_node(n, &grads, retain_graph);
+            self.alloc.recorder_mut().pop_tag();
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => {
+                    for g in grads.into_iter().flatten() {
                         self.release(g);
                     }
                     return Err(e);
                 }
-            }
-            let stale = {
-                let node = &self.nodes[n.0 as usize];
-                node.saved
-                    .iter()
-                    .zip(&node.saved_versions)
-                    .find(|(&t, &v)| self.version(t) != v)
-                    .map(|(&t, &v)| (t, v, node.op))
             };
-            if let Some((t, v, op)) = stale {
-                self.release(grad_out);
-                for (_, g) in buffers.drain() {
-                    self.release(g);
-                }
-                return Err(EngineError::Invalid(format!(
-                    "one of the variables needed for gradient computation has been modified by an inplace operation: \
-                     [{} {}], which is saved by {op}, is at version {}; expected version {v} instead.",
-                    self.dtype(t),
-                    super::layout::Dims(self.shape(t)),
-                    self.version(t)
-                )));
-            }
-            let (next, meta, passthrough, op) = {
-                let node = &self.nodes[n.0 as usize];
-                (
-                    node.next.clone(),
-                    node.input_meta.clone(),
-                    node.passthrough,
-                    node.op,
-                )
-            };
-            // gradients are tagged with the op whose backward made them
-            self.alloc
-                .recorder_mut()
-                .push_tag(&format!("{op}_backward"));
-            for (e, (shape, dtype)) in next.iter().zip(meta) {
-                let cat = match e {
-                    Edge::Leaf(t) if self.grad(*t).is_none() => Category::Gradient,
-                    _ => Category::Temporary,
-                };
-                if *e == Edge::None {
-                    continue;
-                }
-                let g = if passthrough {
-                    self.view_with(grad_out, super::layout::Layout::contiguous(&shape))
-                } else {
-                    let g = self.empty(&shape, dtype, cat).and_then(|g| {
-                        // the autograd thread's first matrix product takes its own cuBLAS
-                        // workspace, right after that product's first output (backward's
-                        // products are plain mm: no cuBLASLt)
-                        if matches!(op, "matmul" | "linear") {
-                            self.ensure_cublas_workspace(false)?;
-                        }
-                        Ok(g)
-                    });
-                    match g {
-                        Ok(g) => g,
-                        Err(e) => {
-                            self.alloc.recorder_mut().pop_tag();
-                            return Err(e);
-                        }
-                    }
-                };
-                match *e {
-                    Edge::Node(m) => {
-                        match buffers.get(&m) {
-                            // a second contribution is summed into the first, in place
-                            Some(_) => self.release(g),
-                            None => {
-                                buffers.insert(m, g);
-                            }
-                        }
-                        let p = pending.get_mut(&m).expect("counted");
-                        *p -= 1;
-                        if *p == 0 {
-                            ready.push(m);
-                        }
-                    }
-                    Edge::Leaf(t) => match self.grad(t) {
-                        None => self.info_mut(t).grad = Some(g),
-                        Some(_) => self.release(g),
-                    },
-                    Edge::None => unreachable!(),
-                }
-            }
-            // the memory-efficient attention kernel's backward computes, after its three
-            // gradients, delta = (grad_out * out).sum(-1): a product the size of the output and
-            // a [B, H, T] float32 sum, copied; the sum and the product are freed at once.
-            // (Its transient workspace, freed before the kernel returns, is not modelled.)
-            if op == "sdpa_efficient" {
-                let shape = self.shape(grad_out).to_vec();
-                let rows = shape[..shape.len().saturating_sub(1)].to_vec();
-                let r = (|| {
-                    let prod = self.empty(&shape, DType::F32, Category::Temporary)?;
-                    let sum = self.empty(&rows, DType::F32, Category::Temporary)?;
-                    let copy = self.empty(&rows, DType::F32, Category::Temporary)?;
-                    self.release(sum);
-                    self.release(prod);
-                    self.release(copy);
-                    Ok(())
-                })();
-                if let Err(e) = r {
-                    self.alloc.recorder_mut().pop_tag();
-                    return Err(e);
-                }
-            }
-            self.alloc.recorder_mut().pop_tag();
-            // the seed is the caller's (`grad_tensors`): it lives until backward returns
-            if grad_out != seed {
-                self.release(grad_out);
+            // the incoming gradients go when the node's function returns, then (without
+            // retain_graph) what it saved
+            for g in grads.into_iter().flatten() {
+                self.release(g);
             }
             if !retain_graph {
                 let node = self.node_mut(n);
@@ -527,8 +500,399 @@ impl<S: SegmentSource> Tensors<S> {
                     self.release(t);
                 }
             }
+            let mut out = out.into_iter();
+            while let Some((e, g)) = out.next() {
+                let r = match e {
+                    Edge::Node(m, slot) => {
+                        let outputs = self.nodes[m.0 as usize].outputs as usize;
+                        let slots = buffers.entry(m).or_insert_with(|| vec![None; outputs]);
+                        let r = match slots[slot as usize].take() {
+                            None => Ok(g),
+                            Some(old) => self.accumulate(old, g),
+                        };
+                        r.map(|acc| {
+                            buffers.get_mut(&m).expect("inserted")[slot as usize] = Some(acc);
+                            let p = pending.get_mut(&m).expect("counted");
+                            *p -= 1;
+                            if *p == 0 {
+                                ready.push(m);
+                            }
+                        })
+                    }
+                    Edge::Leaf(t) => self.leaf_gradient(leaves, t, g),
+                    Edge::None => unreachable!("no gradient is made for an input without one"),
+                };
+                if let Err(e) = r {
+                    for (_, g) in out {
+                        self.release(g);
+                    }
+                    return Err(e);
+                }
+            }
         }
-        self.release(seed);
+        Ok(())
+    }
+
+    /// A gradient for a leaf. A leaf used by several ops (a tied embedding) gathers them in
+    /// its input buffer first; with all of them in, `AccumulateGrad` runs.
+    fn leaf_gradient(&mut self, leaves: &mut Leaves, t: TensorId, g: TensorId) -> Result<(), EngineError> {
+        let g = match leaves.buffers.remove(&t) {
+            None => g,
+            Some(old) => self.accumulate(old, g)?,
+        };
+        let left = leaves.pending.get_mut(&t).expect("counted");
+        *left -= 1;
+        if *left > 0 {
+            leaves.buffers.insert(t, g);
+            return Ok(());
+        }
+        self.accumulate_grad(t, g)
+    }
+
+    /// A second gradient for the same input, summed as PyTorch 2.11's input buffer does: into
+    /// the first when nothing else holds it or its storage, else into a new tensor (the H200
+    /// traces: a tied embedding's weight gradient, which arrives first as a view of the
+    /// product's output, is summed out of place; a residual stream's, in place).
+    fn accumulate(&mut self, old: TensorId, new: TensorId) -> Result<TensorId, EngineError> {
+        if self.sole_owner(old) {
+            self.release(new);
+            return Ok(old);
+        }
+        let (shape, dtype) = (self.shape(old).to_vec(), self.dtype(old));
+        let sum = self.empty(&shape, dtype, Category::Temporary);
+        self.release(old);
+        self.release(new);
+        sum
+    }
+
+    /// `AccumulateGrad`: the first gradient of a leaf becomes its `.grad` when nothing else
+    /// holds it and it is laid out like the leaf (else a copy does); later ones add in place.
+    fn accumulate_grad(&mut self, leaf: TensorId, g: TensorId) -> Result<(), EngineError> {
+        if self.grad(leaf).is_some() {
+            self.release(g);
+            return Ok(());
+        }
+        let steal = self.handles(g) == 1
+            && self.info(g).layout.strides == self.info(leaf).layout.strides;
+        let grad = if steal {
+            if self.sole_owner(g) {
+                self.recategorize(g, Category::Gradient);
+            }
+            g
+        } else {
+            let (shape, dtype) = (self.shape(leaf).to_vec(), self.dtype(leaf));
+            let c = self.empty(&shape, dtype, Category::Gradient);
+            self.release(g);
+            c?
+        };
+        self.info_mut(leaf).grad = Some(grad);
+        Ok(())
+    }
+
+    /// One node's backward: checks and recomputes what it needs, then makes a gradient for each
+    /// input that needs one, in the order PyTorch's derivative makes them. Returns them with
+    /// their edges; the caller frees the incoming gradients.
+    fn run_node(
+        &mut self,
+        n: NodeId,
+        grads: &[Option<TensorId>],
+        retain_graph: bool,
+    ) -> Result<Vec<(Edge, TensorId)>, EngineError> {
+        let _ = retain_graph;
+        if let Some(r) = self.nodes[n.0 as usize].region {
+            self.recompute_region(r)?;
+        }
+        let stale = {
+            let node = &self.nodes[n.0 as usize];
+            node.saved
+                .iter()
+                .zip(&node.saved_versions)
+                .find(|(&t, &v)| self.version(t) != v)
+                .map(|(&t, &v)| (t, v, node.op))
+        };
+        if let Some((t, v, op)) = stale {
+            return Err(EngineError::Invalid(format!(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: \
+                 [{} {}], which is saved by {op}, is at version {}; expected version {v} instead.",
+                self.dtype(t),
+                super::layout::Dims(self.shape(t)),
+                self.version(t)
+            )));
+        }
+        let (next, meta, back, op) = {
+            let node = &self.nodes[n.0 as usize];
+            (
+                node.next.clone(),
+                node.input_meta.clone(),
+                node.back.clone(),
+                node.op,
+            )
+        };
+        let mut made: Vec<(Edge, TensorId)> = Vec::new();
+        let r = self.node_grads(op, &back, &next, &meta, grads, n, &mut made);
+        if let Err(e) = r {
+            for (_, g) in made {
+                self.release(g);
+            }
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    /// The gradients of one node's inputs (pushed to `made` as they are allocated).
+    #[allow(clippy::too_many_arguments)]
+    fn node_grads(
+        &mut self,
+        op: &'static str,
+        back: &Back,
+        next: &[Edge],
+        meta: &[(Vec<usize>, DType)],
+        grads: &[Option<TensorId>],
+        n: NodeId,
+        made: &mut Vec<(Edge, TensorId)>,
+    ) -> Result<(), EngineError> {
+        let cat_for = |s: &Self, e: &Edge| match e {
+            Edge::Leaf(t) if s.grad(*t).is_none() => Category::Gradient,
+            _ => Category::Temporary,
+        };
+        if *back == Back::Split {
+            // zeros for the parts no gradient reached, then one cat into the input's shape
+            let shapes = self.nodes[n.0 as usize].out_shapes.clone();
+            let mut zeros = Vec::new();
+            for (k, g) in grads.iter().enumerate() {
+                if g.is_none() {
+                    match self.empty(&shapes[k], meta[0].1, Category::Temporary) {
+                        Ok(z) => zeros.push(z),
+                        Err(e) => {
+                            for z in zeros {
+                                self.release(z);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            let g = self.empty(&meta[0].0, meta[0].1, cat_for(self, &next[0]));
+            for z in zeros {
+                self.release(z);
+            }
+            made.push((next[0], g?));
+            return Ok(());
+        }
+        let mut grad_out = grads[0].expect("a single-output node has its gradient");
+        let mut copied = None;
+        let release_copy = |s: &mut Self, c: Option<TensorId>| {
+            if let Some(c) = c {
+                s.release(c);
+            }
+        };
+        match back {
+            Back::Pass => {
+                for (e, _) in next.iter().zip(meta) {
+                    if *e != Edge::None {
+                        made.push((*e, self.retain(grad_out)));
+                    }
+                }
+                return Ok(());
+            }
+            Back::Reshape => {
+                let (shape, dtype) = &meta[0];
+                if next[0] != Edge::None {
+                    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                    let (_, view) = self.info(grad_out).layout.reshape(&dims)?;
+                    let g = match view {
+                        Some(l) => self.view_with(grad_out, l),
+                        None => self.empty(shape, *dtype, cat_for(self, &next[0]))?,
+                    };
+                    made.push((next[0], g));
+                }
+                return Ok(());
+            }
+            Back::Permute(perm) => {
+                if next[0] != Edge::None {
+                    let mut inv = vec![0i64; perm.len()];
+                    for (i, &p) in perm.iter().enumerate() {
+                        inv[p] = i as i64;
+                    }
+                    let l = self.info(grad_out).layout.permute(&inv)?;
+                    made.push((next[0], self.view_with(grad_out, l)));
+                }
+                return Ok(());
+            }
+            Back::Add => {
+                let (gshape, gdtype) = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
+                for (e, (shape, dtype)) in next.iter().zip(meta) {
+                    if *e == Edge::None {
+                        continue;
+                    }
+                    let g = if *shape == gshape && *dtype == gdtype {
+                        self.retain(grad_out)
+                    } else {
+                        self.empty(shape, *dtype, cat_for(self, e))?
+                    };
+                    made.push((*e, g));
+                }
+                return Ok(());
+            }
+            Back::Alloc | Back::Split => {}
+        }
+        // a batched product's (or a folded linear's) gradient is reshaped to the rows the
+        // product saw: a copy when its strides do not allow a view
+        let batched = op == "matmul" && meta.len() == 2 && meta.iter().all(|(s, _)| s.len() >= 3);
+        let folded = op == "linear" && self.shape(grad_out).len() >= 3;
+        if batched || folded {
+            let l = self.info(grad_out).layout.clone();
+            let nd = l.ndim();
+            let dims: Vec<i64> = if batched {
+                let prod: usize = l.shape[..nd - 2].iter().product();
+                vec![prod as i64, l.shape[nd - 2] as i64, l.shape[nd - 1] as i64]
+            } else {
+                vec![-1, l.shape[nd - 1] as i64]
+            };
+            if l.reshape(&dims)?.1.is_none() {
+                let c = self.empty(&l.shape, self.dtype(grad_out), Category::Temporary)?;
+                copied = Some(c);
+                grad_out = c;
+            }
+        }
+        // bmm's derivative makes the second operand's gradient first
+        let mut order: Vec<usize> = (0..next.len()).collect();
+        if batched {
+            order.reverse();
+        }
+        let r = (|| {
+            for slot in order {
+                let e = &next[slot];
+                if *e == Edge::None {
+                    continue;
+                }
+                let (shape, dtype) = &meta[slot];
+                let g = self.empty(shape, *dtype, cat_for(self, e))?;
+                // a linear's weight gradient reaches the weight through `t()`: a view whose
+                // base lives as long as it does
+                let g = if op == "linear" && slot == 1 {
+                    let l = self.info(g).layout.clone();
+                    let v = self.view_with(g, l);
+                    self.info_mut(v).base = Some(g);
+                    v
+                } else {
+                    g
+                };
+                // attention kernels write q, k and v gradients as [B, T, H, D], handed back
+                // transposed to the inputs' [B, H, T, D]
+                let g = if matches!(op, "sdpa_efficient" | "sdpa_cudnn") && shape.len() == 4 {
+                    let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
+                    let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;
+                    let v = self.view_with(g, l);
+                    self.release(g);
+                    v
+                } else {
+                    g
+                };
+                made.push((*e, g));
+                // the autograd thread's first matrix product takes its own cuBLAS workspace,
+                // right after that product's first output (backward's products are plain mm:
+                // no cuBLASLt)
+                if matches!(op, "matmul" | "linear") {
+                    self.ensure_cublas_workspace(false)?;
+                }
+                // a linear's bias gradient sums the incoming gradient over its rows
+                if op == "linear" && slot == 2 {
+                    let rows = self.info(grad_out).layout.numel() / shape[0].max(1);
+                    self.column_sum_scratch(rows, shape[0])?;
+                }
+            }
+            // softmax's backward computes grad * output into a temporary first
+            if op == "softmax" {
+                let (shape, dtype) = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
+                let tmp = self.empty(&shape, dtype, Category::Temporary)?;
+                self.release(tmp);
+            }
+            // the memory-efficient attention kernel's backward computes, after its three
+            // gradients, delta = (grad_out * out).sum(-1): a product the size of the output and
+            // a [B, H, T] float32 sum, copied; the sum and the product are freed at once. Then
+            // the kernel's float32 workspace, per batch and head: a query-gradient accumulator
+            // of T rows by the head size rounded up to 64, and 4 words per block of 64 queries;
+            // it goes before the kernel returns, after the copy.
+            if op == "sdpa_efficient" {
+                let shape = self.shape(grad_out).to_vec();
+                let rows = shape[..shape.len().saturating_sub(1)].to_vec();
+                let prod = self.empty(&shape, DType::F32, Category::Temporary)?;
+                let sum = self.empty(&rows, DType::F32, Category::Temporary);
+                let sum = match sum {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.release(prod);
+                        return Err(e);
+                    }
+                };
+                let copy = self.empty(&rows, DType::F32, Category::Temporary);
+                self.release(sum);
+                self.release(prod);
+                let copy = copy?;
+                let nd = shape.len();
+                let (bh, t, d) = (
+                    shape[..nd.saturating_sub(2)].iter().product::<usize>(),
+                    shape[nd - 2],
+                    shape[nd - 1],
+                );
+                let per_bh = t * d.div_ceil(64) * 64 + 4 * t.div_ceil(64);
+                let ws = self.empty(&[bh * per_bh], DType::F32, Category::Workspace);
+                self.release(copy);
+                self.release(ws?);
+            }
+            Ok(())
+        })();
+        release_copy(self, copied);
+        r
+    }
+
+    /// The scratch PyTorch's reduction kernel takes to sum a contiguous `[rows, cols]` over its
+    /// rows when the sum is split across thread blocks (float accumulators: per output, block
+    /// and lane of a block row; an int semaphore per block column), allocated and freed within the kernel.
+    /// The split follows the kernel's launch configuration on an H200 (132 SMs, 2,048 threads
+    /// each): outputs vectorized by 4 into 32-wide, 4-high blocks; each thread sums at least
+    /// 256 rows before the rows are spread over blocks, to fill the device, at least 16 rows
+    /// a thread.
+    pub(crate) fn column_sum_scratch(&mut self, rows: usize, cols: usize) -> Result<(), EngineError> {
+        const SMS: usize = 132;
+        const THREADS_PER_SM: usize = 2048;
+        let vec = match cols {
+            c if c % 4 == 0 => 4,
+            c if c % 2 == 0 => 2,
+            _ => 1,
+        };
+        let max_threads = 512 / vec;
+        let pow2_below = |n: usize| if n == 0 { 1 } else { 1usize << (usize::BITS - 1 - n.leading_zeros()) };
+        let dim0 = cols.div_ceil(vec);
+        let dim0_pow2 = if dim0 < max_threads { pow2_below(dim0) } else { max_threads };
+        let dim1_pow2 = if rows < max_threads { pow2_below(rows) } else { max_threads };
+        let width = dim0_pow2.min(32);
+        let height = dim1_pow2.min(max_threads / width);
+        let width = dim0_pow2.min(max_threads / height);
+        let grid = dim0.div_ceil(width);
+        let per_thread = rows.div_ceil(height);
+        let target = SMS * (THREADS_PER_SM / (width * height));
+        if per_thread < 256 || grid > target {
+            return Ok(());
+        }
+        let ctas = target
+            .div_ceil(grid)
+            .min(per_thread.div_ceil(16))
+            .max(per_thread.div_ceil(256));
+        if ctas <= 1 {
+            return Ok(());
+        }
+        let buf = self.empty(&[cols * ctas * width * vec], DType::F32, Category::Temporary)?;
+        let sem = match self.empty(&[grid], DType::I32, Category::Temporary) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release(buf);
+                return Err(e);
+            }
+        };
+        self.release(sem);
+        self.release(buf);
         Ok(())
     }
 

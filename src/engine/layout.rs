@@ -146,6 +146,27 @@ impl Layout {
     }
 
     /// Elements of storage the view reaches: offset + the farthest element + 1.
+    /// Non-overlapping and dense: some order of the dimensions is contiguous (PyTorch's
+    /// `is_non_overlapping_and_dense`).
+    pub fn is_dense(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&n, _)| n != 1)
+            .map(|(&n, &st)| (st, n))
+            .collect();
+        dims.sort_unstable();
+        let mut expect = 1;
+        for (st, n) in dims {
+            if st != expect {
+                return false;
+            }
+            expect *= n;
+        }
+        true
+    }
+
     pub fn storage_extent(&self) -> usize {
         if self.numel() == 0 {
             return self.offset;

@@ -5,7 +5,7 @@
 //! device computes nothing, so an op is its shape function plus these facts; the data-carrying
 //! backends will add kernels beside them without changing the engine.
 
-use super::autograd::Save;
+use super::autograd::{Back, Save};
 use super::dtype::DType;
 use super::layout::{Dims, Layout, LayoutError};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
@@ -186,6 +186,11 @@ impl<S: SegmentSource> Tensors<S> {
         let out = self.empty(&shape, dtype, Category::Temporary)?;
         self.launch(op.name(), &[a, b], &[out])?;
         self.record(op.name(), &[a, b], &[out], op.saves());
+        if op.name() == "add" {
+            if let Some(n) = self.info(out).grad_fn {
+                self.node_mut(n).back = Back::Add;
+            }
+        }
         Ok(out)
     }
 
@@ -225,20 +230,73 @@ impl<S: SegmentSource> Tensors<S> {
         } else {
             &[][..]
         };
-        let mut shape = broadcast(ba, bb)?;
+        let batch = broadcast(ba, bb)?;
+        let mut shape = batch.clone();
         shape.extend(n);
         shape.extend(m);
+        // Both batched: PyTorch expands both to the common batch and reshapes them to
+        // [batch, rows, cols] for bmm; an operand that is no view of that shape (a transposed
+        // head split, say) is copied first, and the copies are what bmm keeps for backward.
+        let (a, b, copies) = if sa.len() >= 3 && sb.len() >= 3 {
+            let ca = self.bmm_operand(a, &batch)?;
+            let cb = match self.bmm_operand(b, &batch) {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(c) = ca {
+                        self.release(c);
+                    }
+                    return Err(e);
+                }
+            };
+            (ca.unwrap_or(a), cb.unwrap_or(b), [cb, ca])
+        } else {
+            (a, b, [None, None])
+        };
         let dtype = promote(self.dtype(a), self.dtype(b));
-        let out = self.empty(&shape, dtype, Category::Temporary)?;
-        self.ensure_cublas_workspace(false)?;
-        self.launch("matmul", &[a, b], &[out])?;
-        self.record(
-            "matmul",
-            &[a, b],
-            &[out],
-            &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
-        );
-        Ok(out)
+        let r = (|| {
+            let out = self.empty(&shape, dtype, Category::Temporary)?;
+            self.ensure_cublas_workspace(false)?;
+            self.launch("matmul", &[a, b], &[out])?;
+            self.record(
+                "matmul",
+                &[a, b],
+                &[out],
+                &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
+            );
+            Ok(out)
+        })();
+        // the copies go when the product returns (the second first), unless bmm kept them
+        for c in copies.into_iter().flatten() {
+            self.release(c);
+        }
+        r
+    }
+
+    /// The copy `matmul` makes of a batched operand expanded to `batch` that cannot be viewed as
+    /// `[prod(batch), rows, cols]`, or `None` when a view does.
+    fn bmm_operand(
+        &mut self,
+        x: TensorId,
+        batch: &[usize],
+    ) -> Result<Option<TensorId>, EngineError> {
+        let layout = self.info(x).layout.clone();
+        let nd = layout.ndim();
+        let (r, c) = (layout.shape[nd - 2], layout.shape[nd - 1]);
+        let mut sizes: Vec<i64> = batch.iter().map(|&d| d as i64).collect();
+        sizes.extend([r as i64, c as i64]);
+        let expanded = layout.expand(&sizes)?;
+        let prod: usize = batch.iter().product();
+        let (_, view) = expanded.reshape(&[prod as i64, r as i64, c as i64])?;
+        if view.is_some() {
+            return Ok(None);
+        }
+        if expanded.shape == layout.shape {
+            return self.clone_op(x).map(Some);
+        }
+        let e = self.view_op("expand", x, expanded);
+        let copy = self.clone_op(e);
+        self.release(e);
+        copy.map(Some)
     }
 
     /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
@@ -322,15 +380,49 @@ impl<S: SegmentSource> Tensors<S> {
     /// the gradient through (`view`, `t`...) or scatters it into a new input-sized buffer
     /// (`slice`, `select`, `expand`'s sum).
     pub fn view_op(&mut self, op: &'static str, x: TensorId, layout: Layout) -> TensorId {
+        let same_shape = layout.shape == self.info(x).layout.shape;
+        let back = match op {
+            "view" | "reshape" | "unsqueeze" | "squeeze" | "flatten" => Back::Reshape,
+            "t" if self.info(x).layout.ndim() == 2 => Back::Permute(vec![1, 0]),
+            "t" => Back::Pass,
+            "expand" if same_shape => Back::Pass,
+            _ => Back::Alloc,
+        };
+        self.view_op_back(op, x, layout, back)
+    }
+
+    /// `transpose`/`permute`: output dimension i is input dimension `perm[i]`.
+    pub fn permute_op(
+        &mut self,
+        op: &'static str,
+        x: TensorId,
+        layout: Layout,
+        perm: Vec<usize>,
+    ) -> TensorId {
+        self.view_op_back(op, x, layout, Back::Permute(perm))
+    }
+
+    fn view_op_back(&mut self, op: &'static str, x: TensorId, layout: Layout, back: Back) -> TensorId {
         let out = self.view_with(x, layout);
         self.record(op, &[x], &[out], &[]);
         if let Some(n) = self.info(out).grad_fn {
-            self.node_mut(n).passthrough = matches!(
-                op,
-                "view" | "reshape" | "t" | "transpose" | "permute" | "unsqueeze"
-            );
+            self.node_mut(n).back = back;
         }
         out
+    }
+
+    /// `split`/`chunk`: views of the parts, made by one node whose backward concatenates the
+    /// parts' gradients.
+    pub fn split_op(&mut self, op: &'static str, x: TensorId, parts: Vec<Layout>) -> Vec<TensorId> {
+        let shapes: Vec<Vec<usize>> = parts.iter().map(|l| l.shape.clone()).collect();
+        let outs: Vec<TensorId> = parts.into_iter().map(|l| self.view_with(x, l)).collect();
+        self.record(op, &[x], &outs, &[]);
+        if let Some(n) = outs.first().and_then(|&o| self.info(o).grad_fn) {
+            let node = self.node_mut(n);
+            node.back = Back::Split;
+            node.out_shapes = shapes;
+        }
+        outs
     }
 
     /// `contiguous()`: itself when contiguous, else a recorded copy.
@@ -347,7 +439,7 @@ impl<S: SegmentSource> Tensors<S> {
         self.launch("clone", &[x], &[out])?;
         self.record("clone", &[x], &[out], &[]);
         if let Some(n) = self.info(out).grad_fn {
-            self.node_mut(n).passthrough = true;
+            self.node_mut(n).back = Back::Pass;
         }
         Ok(out)
     }
@@ -573,11 +665,16 @@ impl<S: SegmentSource> Tensors<S> {
                 .iter()
                 .flatten()
                 .any(|&t| self.info(t).requires_grad);
-        if !need {
-            return Ok(out);
-        }
+        // the CUDA kernel always writes the per-row mean and rstd (float32); without a graph
+        // they are freed as the op returns
         let mean = self.empty(&[rows], DType::F32, Category::Temporary)?;
         let rstd = self.empty(&[rows], DType::F32, Category::Temporary)?;
+        if !need {
+            self.launch("layer_norm", &[x], &[out])?;
+            self.release(mean);
+            self.release(rstd);
+            return Ok(out);
+        }
         let mut inputs = vec![x];
         inputs.extend(w);
         inputs.extend(b);

@@ -87,6 +87,10 @@ pub struct TensorInfo {
     pub grad_fn: Option<NodeId>,
     /// `.grad` of a leaf that requires grad.
     pub grad: Option<TensorId>,
+    /// Which of its grad_fn's outputs it is.
+    pub output_nr: u32,
+    /// The tensor this view keeps alive (PyTorch's view base), released with it.
+    pub base: Option<TensorId>,
     /// Handles held on this tensor.
     refs: u32,
     live: bool,
@@ -260,6 +264,8 @@ impl<S: SegmentSource> Tensors<S> {
             requires_grad,
             grad_fn: None,
             grad: None,
+            output_nr: 0,
+            base: None,
             refs: 1,
             live: true,
         };
@@ -383,6 +389,20 @@ impl<S: SegmentSource> Tensors<S> {
         self.info(t).grad
     }
 
+    /// PyTorch's test before it reuses a gradient's memory in place: this is the only handle on
+    /// the tensor, the tensor the only one on its storage, and its layout dense.
+    pub(crate) fn sole_owner(&self, t: TensorId) -> bool {
+        let i = self.info(t);
+        i.refs == 1
+            && self.storages[i.storage as usize].refs == 1
+            && i.layout.is_dense()
+    }
+
+    /// Handles on the tensor.
+    pub(crate) fn handles(&self, t: TensorId) -> u32 {
+        self.info(t).refs
+    }
+
     /// Another handle on the same tensor.
     pub fn retain(&mut self, t: TensorId) -> TensorId {
         self.tensors[t.0 as usize].refs += 1;
@@ -399,7 +419,7 @@ impl<S: SegmentSource> Tensors<S> {
         }
         info.live = false;
         let sid = info.storage;
-        let (grad_fn, grad) = (info.grad_fn.take(), info.grad.take());
+        let (grad_fn, grad, base) = (info.grad_fn.take(), info.grad.take(), info.base.take());
         self.free_tensors.push(t.0);
         if let Some(g) = grad {
             self.release(g);
@@ -417,6 +437,9 @@ impl<S: SegmentSource> Tensors<S> {
             self.alloc
                 .free(addr)
                 .expect("a live storage's address is allocated");
+        }
+        if let Some(b) = base {
+            self.release(b);
         }
     }
 

@@ -501,6 +501,8 @@ impl Runner {
     }
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
+        // a dimension already checked by the layout, as an index
+        let wrap = |d: i64, nd: usize| crate::engine::layout::wrap_dim(d, nd).unwrap_or(0);
         let layout = self.dev.info(t).layout.clone();
         let ints = |v: &[Value]| Self::shape_of(span, v);
         match name {
@@ -554,11 +556,23 @@ impl Runner {
                 if s.len() != 2 {
                     return script(span, "transpose expects two dimensions");
                 }
-                self.view(span, t, "transpose", layout.transpose(s[0], s[1]))
+                let l = layout
+                    .transpose(s[0], s[1])
+                    .map_err(|e| super::Stop::Script(span, e.0))?;
+                let nd = layout.ndim();
+                let (d0, d1) = (wrap(s[0], nd), wrap(s[1], nd));
+                let mut perm: Vec<usize> = (0..nd).collect();
+                perm.swap(d0, d1);
+                Ok(Value::Tensor(self.dev.permute_op("transpose", t, l, perm)))
             }
             "permute" => {
                 let s = ints(&a.pos)?;
-                self.view(span, t, "permute", layout.permute(&s))
+                let l = layout
+                    .permute(&s)
+                    .map_err(|e| super::Stop::Script(span, e.0))?;
+                let nd = layout.ndim();
+                let perm = s.iter().map(|&d| wrap(d, nd)).collect();
+                Ok(Value::Tensor(self.dev.permute_op("permute", t, l, perm)))
             }
             "expand" => {
                 let s = ints(&a.pos)?;
@@ -593,9 +607,10 @@ impl Runner {
                 let parts = parts.map_err(|e| super::Stop::Script(span, e.0))?;
                 let op: &'static str = if name == "split" { "split" } else { "chunk" };
                 Ok(Value::List(
-                    parts
+                    self.dev
+                        .split_op(op, t, parts)
                         .into_iter()
-                        .map(|l| Value::Tensor(self.dev.view_op(op, t, l)))
+                        .map(Value::Tensor)
                         .collect(),
                 ))
             }

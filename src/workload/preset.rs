@@ -379,6 +379,8 @@ fn gpt_block(s: &mut String, g: &Gpt, t: &Train, i: u64, indent: &str) {
             p(&format!("{n}_bias"))
         )
     };
+    // the caller's `x` holds the block's input until the block returns
+    let _ = writeln!(s, "{indent}x_in = x");
     at(s, indent, &m("ln1"), &ln("ln1", "x", "t1"));
     at(s, indent, &m("qkv"), &lin("qkv", "t1", "t2"));
     del(s, "t1");
@@ -430,6 +432,7 @@ fn gpt_block(s: &mut String, g: &Gpt, t: &Train, i: u64, indent: &str) {
     } else {
         del(s, "q, k, v, y");
     }
+    del(s, "x_in");
 }
 
 fn gpt_forward(s: &mut String, g: &Gpt, t: &Train, indent: &str) {
