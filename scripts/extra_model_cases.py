@@ -32,6 +32,18 @@ R.case("x_gpt_mid_math_bf16_adam", **MID, attn="math", opt="adam", amp="bf16")
 R.case("x_gpt_mid_sdpa_ckpt_adamw", **MID, attn="sdpa", opt="adamw", ckpt=True)
 R.case("x_gpt_mid_sdpa_bf16_inference", **MID, attn="sdpa", opt="none", no_grad=True, amp="bf16")
 R.case("x_gpt2m_b2_sdpa_adamw", model="gpt", vocab=50257, seq=1024, d=1024, h=16, L=24, batch=2, attn="sdpa", opt="adamw")
+# third batch (recorded after the autograd rework, to check it on shapes it was not built from):
+# a sequence length off the 64 grid, a head size of 32, math with checkpointing, bf16 with
+# accumulation and momentum, math bf16 inference, 8,192-row bias sums of narrow layers, an MLP
+# whose bias sums split across blocks, a kept-loss math GPT
+R.case("x3_gpt_t200_sdpa_adamw", model="gpt", vocab=3000, seq=200, d=192, h=3, L=2, batch=3, attn="sdpa", opt="adamw")
+R.case("x3_gpt_d96_sdpa_sgd", model="gpt", vocab=2000, seq=128, d=96, h=3, L=3, batch=8, attn="sdpa", opt="sgd")
+R.case("x3_gpt_math_ckpt_adam", model="gpt", vocab=4000, seq=128, d=256, h=4, L=3, batch=4, attn="math", opt="adam", ckpt=True)
+R.case("x3_gpt_sdpa_bf16_sgdm_accum2", model="gpt", vocab=10000, seq=256, d=512, h=8, L=2, batch=2, attn="sdpa", opt="sgd_momentum", amp="bf16", accum=2)
+R.case("x3_gpt_math_bf16_inference", model="gpt", vocab=2000, seq=128, d=256, h=4, L=2, batch=8, attn="math", opt="none", no_grad=True, amp="bf16")
+R.case("x3_gpt_rows8k_sdpa_adamw", model="gpt", vocab=8192, seq=512, d=256, h=4, L=2, batch=16, attn="sdpa", opt="adamw")
+R.case("x3_mlp_b2048_sgdm", model="mlp", d_in=256, hidden=1024, layers=3, d_out=10, batch=2048, opt="sgd_momentum")
+R.case("x3_gpt_math_leak_sgd", model="gpt", vocab=1500, seq=96, d=160, h=5, L=2, batch=3, attn="math", opt="sgd", leak=True, iters=4)
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--list"]:

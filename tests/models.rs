@@ -345,25 +345,10 @@ fn compare_torch_flags_figures_off_by_more_than_the_tolerance() {
     );
 }
 
-/// GPT presets against PyTorch (checkpointing is the one configuration not yet within
-/// tolerance, and is not asserted here).
+/// GPT presets against PyTorch: GPT-2 small with math attention, sdpa (the memory-efficient
+/// kernel) and sdpa under bf16 autocast (cuDNN's), and the tiny math one, to the byte.
 #[test]
 fn gpt_presets_match_pytorch() {
-    // exact to the byte: math attention (4 blocks, SGD) and float32 sdpa (memory-efficient
-    // kernel, AdamW)
-    let (code, out, err) = compare_torch(&[
-        "fixtures/models/extra/case_x_gpt_small_math_sgd.json",
-        "fixtures/models/extra/case_x_gpt_tiny_sdpa_adamw.json",
-        "--json",
-    ]);
-    assert_eq!(code, Some(0), "{out}{err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    for c in v["cases"].as_array().unwrap() {
-        for f in c["fields"].as_array().unwrap() {
-            assert_eq!(f["gpumem"], f["pytorch"], "{}: {f}", c["name"]);
-        }
-    }
-    // within tolerance: GPT-2 small with math, sdpa and sdpa + bf16 autocast
     let (code, out, err) = compare_torch(&[
         "fixtures/models/models.json",
         "--case",
@@ -374,64 +359,110 @@ fn gpt_presets_match_pytorch() {
         "gpt2s_b8_sdpa_adamw_bf16",
         "--case",
         "gpt_tiny_math_adam",
+        "--json",
     ]);
     assert_eq!(code, Some(0), "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["cases"].as_array().unwrap().len(), 4);
+    for c in v["cases"].as_array().unwrap() {
+        for f in c["fields"].as_array().unwrap() {
+            assert_eq!(f["gpumem"], f["pytorch"], "{}: {f}", c["name"]);
+        }
+    }
 }
 
-/// Issue 4's bar, on the ten cases of the ground truth and the recorded further cases gpumem
-/// meets it on: every allocated-bytes field of every iteration within 0.1% of PyTorch's, every
-/// reserved one within 1% or 2 MiB; and the cases exact to the byte stay exact. (The other
-/// recorded cases in fixtures/models/extra are known gaps; `gpumem compare-torch` shows them.)
+/// The cases whose event sequences match PyTorch's but whose segments the H200's driver placed
+/// in another address order than the simulated device does: a best-fit tie between two
+/// same-size free blocks goes the other way, and a block's unsplit remainder moves with it.
+const PLACEMENT_GAPS: [&str; 4] = [
+    "x_gpt_mid_math_bf16_adam",
+    "x_gpt_mid_sdpa_ckpt_adamw",
+    "x_gpt_mid_sdpa_sgdm_accum2",
+    "x3_gpt_sdpa_bf16_sgdm_accum2",
+];
+
+/// Issue 4's bar, on the ten cases of the ground truth and every recorded further case
+/// (fixtures/models/extra: 38 in all): every allocated-bytes field of every iteration within 0.1%
+/// of PyTorch's and every reserved one within 1% or 2 MiB, except the placement gaps above (held
+/// to their peak within 0.6% and every field within 1.1%); the cases exact to the byte stay exact.
 #[test]
 fn issue4_all_cases_within_tolerance_and_exact_ones_stay_exact() {
     let mut args = vec!["fixtures/models/models.json".to_string()];
     let mut extra: Vec<String> = std::fs::read_dir(root().join("fixtures/models/extra"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with("case_x_mlp_") && n.ends_with(".json"))
+        .filter(|n| n.starts_with("case_") && n.ends_with(".json"))
         .map(|n| format!("fixtures/models/extra/{n}"))
         .collect();
     extra.sort();
     args.extend(extra);
-    for gpt in [
-        "x_gpt_small_math_sgd",
-        "x_gpt_tiny_sdpa_adamw",
-        "x_gpt_tiny_sdpa_bf16_ckpt",
-        "x_gpt_tiny_sdpa_leak_sgd",
-        "x_gpt_tiny_math_retain_sgd",
-    ] {
-        args.push(format!("fixtures/models/extra/case_{gpt}.json"));
-    }
     args.push("--json".into());
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, out, err) = compare_torch(&refs);
     let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    assert_eq!(code, Some(0), "{err}{out}");
+    // the placement gaps are off by more than the tolerance: exit 1
+    assert_eq!(code, Some(1), "{err}{out}");
     let cases = v["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 24);
-    let exact: Vec<&str> = cases
-        .iter()
-        .filter(|c| {
-            c["fields"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|f| f["gpumem"] == f["pytorch"])
-        })
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    assert_eq!(cases.len(), 38);
+    let rel = |f: &Value| {
+        let (g, p) = (
+            f["gpumem"].as_f64().unwrap(),
+            f["pytorch"].as_f64().unwrap(),
+        );
+        (g - p).abs() / p.max(1.0)
+    };
+    let mut exact = Vec::new();
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        assert!(c["not_modelled"].is_null(), "{name} not modelled");
+        let fields = c["fields"].as_array().unwrap();
+        if fields.iter().all(|f| f["gpumem"] == f["pytorch"]) {
+            exact.push(name);
+        }
+        if PLACEMENT_GAPS.contains(&name) {
+            for f in fields {
+                let limit = if f["field"] == "peak_allocated" {
+                    0.006
+                } else {
+                    0.011
+                };
+                assert!(rel(f) <= limit, "{name}: {f}");
+            }
+        } else {
+            for f in fields {
+                assert_eq!(f["within_tolerance"], true, "{name}: {f}");
+            }
+        }
+    }
+    // 33 of 38 exact to the byte; the fifth that is not is GPT-2 small with checkpointing
+    // (the same placement effect, within tolerance)
     for must in MLP_CASES.into_iter().chain([
+        "gpt2s_b8_math_adamw",
+        "gpt2s_b8_sdpa_adamw",
+        "gpt2s_b8_sdpa_adamw_bf16",
+        "gpt_tiny_math_adam",
+        "x_gpt2m_b2_sdpa_adamw",
+        "x_gpt_mid_sdpa_bf16_inference",
         "x_gpt_small_math_sgd",
+        "x_gpt_tiny_math_inference",
+        "x_gpt_tiny_math_retain_sgd",
         "x_gpt_tiny_sdpa_adamw",
         "x_gpt_tiny_sdpa_bf16_ckpt",
         "x_gpt_tiny_sdpa_leak_sgd",
+        "x3_gpt_d96_sdpa_sgd",
+        "x3_gpt_math_bf16_inference",
+        "x3_gpt_math_ckpt_adam",
+        "x3_gpt_math_leak_sgd",
+        "x3_gpt_rows8k_sdpa_adamw",
+        "x3_gpt_t200_sdpa_adamw",
+        "x3_mlp_b2048_sgdm",
     ]) {
         assert!(
             exact.contains(&must),
             "{must} is no longer exact: {exact:?}"
         );
     }
-    assert!(exact.len() >= 18, "{exact:?}");
+    assert_eq!(exact.len(), 33, "{exact:?}");
 }
 
 #[test]

@@ -77,6 +77,25 @@ pub enum Back {
 pub(crate) struct Region {
     pub nodes: Vec<NodeId>,
     pub recomputed: bool,
+    /// The forward's allocations and frees inside the region, in order: what the recompute
+    /// replays.
+    pub tape: Vec<TapeEvent>,
+}
+
+/// One step of a checkpoint region's forward, for its recompute.
+#[derive(Debug, Clone)]
+pub(crate) enum TapeEvent {
+    /// A storage made in the region (by its serial).
+    Alloc {
+        serial: u64,
+        shape: Vec<usize>,
+        dtype: DType,
+        category: Category,
+    },
+    /// A storage made in the region went.
+    Free { serial: u64 },
+    /// A matrix product ran (with a bias: through cuBLASLt).
+    Product { with_bias: bool },
 }
 
 /// Checkpoint state: the region being recorded, and all regions by id.
@@ -115,7 +134,7 @@ pub(crate) struct Node {
     /// to be recomputed when backward reaches the node.
     /// Tensors saved by several nodes (an op's output and the next op's input) share a key, so
     /// the recompute makes them once.
-    pub deferred: Vec<(u32, Vec<usize>, DType)>,
+    pub deferred: Vec<(u64, Vec<usize>, DType)>,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -180,6 +199,26 @@ impl<S: SegmentSource> Tensors<S> {
         }
         self.seq += 1;
         let had_saved = !saved.is_empty();
+        // Inside a (non-reentrant) checkpoint, the saved-tensor hooks keep nothing made in the
+        // region: such a tensor goes as soon as nothing else holds it, and backward recomputes
+        // it. What came from outside (the region's inputs, parameters) stays saved.
+        let mut deferred = Vec::new();
+        if let Some(r) = self.checkpoint.current {
+            let mut keep = Vec::with_capacity(saved.len());
+            for t in saved {
+                if self.made_in_region(t) == Some(r) {
+                    deferred.push((
+                        self.storage_serial(t),
+                        self.shape(t).to_vec(),
+                        self.dtype(t),
+                    ));
+                    self.release(t);
+                } else {
+                    keep.push(t);
+                }
+            }
+            saved = keep;
+        }
         let saved_versions = saved.iter().map(|&t| self.version(t)).collect();
         let node = Node {
             op,
@@ -196,7 +235,7 @@ impl<S: SegmentSource> Tensors<S> {
             outputs: outputs.len() as u32,
             out_shapes: Vec::new(),
             region: self.checkpoint.current,
-            deferred: Vec::new(),
+            deferred,
         };
         let id = match self.free_nodes.pop() {
             Some(i) => {
@@ -232,6 +271,18 @@ impl<S: SegmentSource> Tensors<S> {
     /// weight total, attention's statistics) to what `node` saves, with its version, so a
     /// checkpoint region drops and recomputes it like any saved tensor.
     pub(crate) fn save_extra(&mut self, node: NodeId, t: TensorId) {
+        let region = self.nodes[node.0 as usize].region;
+        if region.is_some() && self.made_in_region(t) == region {
+            // a checkpoint's pack hook keeps only what is needed to recompute it
+            let key = (
+                self.storage_serial(t),
+                self.shape(t).to_vec(),
+                self.dtype(t),
+            );
+            self.node_mut(node).deferred.push(key);
+            self.release(t);
+            return;
+        }
         let v = self.version(t);
         let n = self.node_mut(node);
         n.saved.push(t);
@@ -247,7 +298,6 @@ impl<S: SegmentSource> Tensors<S> {
         };
         self.checkpoint.current = prev;
         let nodes = self.checkpoint.regions[r as usize].nodes.clone();
-        let mut keys: HashMap<u32, u32> = HashMap::new();
         for n in nodes {
             let (saved, versions) = {
                 let node = self.node_mut(n);
@@ -261,9 +311,11 @@ impl<S: SegmentSource> Tensors<S> {
             let mut deferred = Vec::new();
             for (t, v) in saved.into_iter().zip(versions) {
                 if self.made_in_region(t) == Some(r) {
-                    let n_keys = keys.len() as u32;
-                    let key = *keys.entry(self.storage_index(t)).or_insert(n_keys);
-                    deferred.push((key, self.shape(t).to_vec(), self.dtype(t)));
+                    deferred.push((
+                        self.storage_serial(t),
+                        self.shape(t).to_vec(),
+                        self.dtype(t),
+                    ));
                     self.release(t);
                 } else {
                     keep.push(t);
@@ -273,56 +325,96 @@ impl<S: SegmentSource> Tensors<S> {
             let node = self.node_mut(n);
             node.saved = keep;
             node.saved_versions = keep_v;
-            node.deferred = deferred;
+            node.deferred.extend(deferred);
         }
     }
 
-    /// Backward reached a checkpointed node: recompute the region's forward once, making again
-    /// every tensor its nodes had saved.
+    /// Backward reached a checkpointed node: recompute the region's forward once, as PyTorch's
+    /// non-reentrant checkpoint does: the forward's allocations and frees again, in order (the
+    /// autograd thread's cuBLAS handles taking their workspaces at their first product), the
+    /// tensors the nodes saved handed to them instead of freed, and the recompute stopped right
+    /// after the last of those is made (early stop), what else it made freed then.
     fn recompute_region(&mut self, r: u32) -> Result<(), EngineError> {
         if std::mem::replace(&mut self.checkpoint.regions[r as usize].recomputed, true) {
             return Ok(());
         }
         self.alloc.recorder_mut().push_tag("checkpoint_recompute");
         let nodes = self.checkpoint.regions[r as usize].nodes.clone();
-        let mut made: HashMap<u32, TensorId> = HashMap::new();
-        for n in nodes {
-            if !self.nodes[n.0 as usize].live {
-                continue;
-            }
-            let deferred = std::mem::take(&mut self.node_mut(n).deferred);
-            for (key, shape, dtype) in deferred {
-                let t = match made.get(&key) {
-                    Some(&t) => self.retain(t),
-                    None => match self.empty(&shape, dtype, Category::Activation) {
+        let needed: std::collections::HashSet<u64> = nodes
+            .iter()
+            .filter(|n| self.nodes[n.0 as usize].live)
+            .flat_map(|n| self.nodes[n.0 as usize].deferred.iter().map(|d| d.0))
+            .collect();
+        let tape = std::mem::take(&mut self.checkpoint.regions[r as usize].tape);
+        let last = tape
+            .iter()
+            .rposition(|e| matches!(e, TapeEvent::Alloc { serial, .. } if needed.contains(serial)));
+        let mut made: HashMap<u64, TensorId> = HashMap::new();
+        let mut order: Vec<u64> = Vec::new();
+        let mut result = Ok(());
+        for e in tape.iter().take(last.map_or(0, |l| l + 1)) {
+            match e {
+                TapeEvent::Alloc {
+                    serial,
+                    shape,
+                    dtype,
+                    category,
+                } => {
+                    let cat = if needed.contains(serial) {
+                        Category::Activation
+                    } else {
+                        *category
+                    };
+                    match self.empty(shape, *dtype, cat) {
                         Ok(t) => {
-                            made.insert(key, t);
-                            self.retain(t)
+                            // recomputed for the region (a node hands it over after its use)
+                            self.set_region(t, r);
+                            made.insert(*serial, t);
+                            order.push(*serial);
                         }
-                        Err(e) => {
-                            self.alloc.recorder_mut().pop_tag();
-                            for (_, t) in made {
-                                self.release(t);
-                            }
-                            return Err(e);
+                        Err(err) => {
+                            result = Err(err);
+                            break;
                         }
-                    },
-                };
-                let v = self.version(t);
-                let node = self.node_mut(n);
-                node.saved.push(t);
-                node.saved_versions.push(v);
-            }
-            // the recomputed forward runs on the autograd thread: its first `linear` with a
-            // bias (addmm, through cuBLASLt) takes that thread's cuBLASLt workspace
-            let node = &self.nodes[n.0 as usize];
-            if node.op == "linear" && node.next.len() == 3 {
-                if let Err(e) = self.ensure_cublas_workspace(true) {
-                    self.alloc.recorder_mut().pop_tag();
-                    for (_, t) in made {
-                        self.release(t);
                     }
-                    return Err(e);
+                }
+                TapeEvent::Free { serial } => {
+                    if !needed.contains(serial) {
+                        if let Some(t) = made.remove(serial) {
+                            self.release(t);
+                        }
+                    }
+                }
+                TapeEvent::Product { with_bias } => {
+                    if let Err(err) = self.ensure_cublas_workspace(*with_bias) {
+                        result = Err(err);
+                        break;
+                    }
+                }
+            }
+        }
+        // early stop: what the recompute made and no node saved goes now
+        for serial in order.iter().rev() {
+            if !needed.contains(serial) {
+                if let Some(t) = made.remove(serial) {
+                    self.release(t);
+                }
+            }
+        }
+        if result.is_ok() {
+            for n in nodes {
+                if !self.nodes[n.0 as usize].live {
+                    continue;
+                }
+                let deferred = std::mem::take(&mut self.node_mut(n).deferred);
+                for (key, _, _) in deferred {
+                    if let Some(&t) = made.get(&key) {
+                        let t = self.retain(t);
+                        let v = self.version(t);
+                        let node = self.node_mut(n);
+                        node.saved.push(t);
+                        node.saved_versions.push(v);
+                    }
                 }
             }
         }
@@ -331,7 +423,7 @@ impl<S: SegmentSource> Tensors<S> {
             self.release(t);
         }
         self.alloc.recorder_mut().pop_tag();
-        Ok(())
+        result
     }
 
     /// A handle for a node's saved tensors; a temporary saved for backward becomes an activation
@@ -441,7 +533,13 @@ impl<S: SegmentSource> Tensors<S> {
             pending: leaf_pending,
             buffers: HashMap::new(),
         };
-        let r = self.run_ready(&mut ready, &mut buffers, &mut pending, &mut leaves, retain_graph);
+        let r = self.run_ready(
+            &mut ready,
+            &mut buffers,
+            &mut pending,
+            &mut leaves,
+            retain_graph,
+        );
         for (_, slots) in buffers.drain() {
             for g in slots.into_iter().flatten() {
                 self.release(g);
@@ -471,12 +569,12 @@ impl<S: SegmentSource> Tensors<S> {
                 .max_by_key(|(_, n)| self.nodes[n.0 as usize].seq)
                 .expect("non-empty");
             let n = ready.swap_remove(i);
-            let grads = buffers.remove(&n).expect("a ready node has its gradient");
+            let mut grads = buffers.remove(&n).expect("a ready node has its gradient");
             let op = self.nodes[n.0 as usize].op;
             self.alloc
                 .recorder_mut()
                 .push_tag(&format!("{op}_backward"));
-            let out = self.run_node(n, &grads, retain_graph);
+            let out = self.run_node(n, &mut grads, retain_graph);
             self.alloc.recorder_mut().pop_tag();
             let out = match out {
                 Ok(out) => out,
@@ -535,7 +633,12 @@ impl<S: SegmentSource> Tensors<S> {
 
     /// A gradient for a leaf. A leaf used by several ops (a tied embedding) gathers them in
     /// its input buffer first; with all of them in, `AccumulateGrad` runs.
-    fn leaf_gradient(&mut self, leaves: &mut Leaves, t: TensorId, g: TensorId) -> Result<(), EngineError> {
+    fn leaf_gradient(
+        &mut self,
+        leaves: &mut Leaves,
+        t: TensorId,
+        g: TensorId,
+    ) -> Result<(), EngineError> {
         let g = match leaves.buffers.remove(&t) {
             None => g,
             Some(old) => self.accumulate(old, g)?,
@@ -572,8 +675,8 @@ impl<S: SegmentSource> Tensors<S> {
             self.release(g);
             return Ok(());
         }
-        let steal = self.handles(g) == 1
-            && self.info(g).layout.strides == self.info(leaf).layout.strides;
+        let steal =
+            self.handles(g) == 1 && self.info(g).layout.strides == self.info(leaf).layout.strides;
         let grad = if steal {
             if self.sole_owner(g) {
                 self.recategorize(g, Category::Gradient);
@@ -595,7 +698,7 @@ impl<S: SegmentSource> Tensors<S> {
     fn run_node(
         &mut self,
         n: NodeId,
-        grads: &[Option<TensorId>],
+        grads: &mut [Option<TensorId>],
         retain_graph: bool,
     ) -> Result<Vec<(Edge, TensorId)>, EngineError> {
         let _ = retain_graph;
@@ -647,7 +750,7 @@ impl<S: SegmentSource> Tensors<S> {
         back: &Back,
         next: &[Edge],
         meta: &[(Vec<usize>, DType)],
-        grads: &[Option<TensorId>],
+        grads: &mut [Option<TensorId>],
         n: NodeId,
         made: &mut Vec<(Edge, TensorId)>,
     ) -> Result<(), EngineError> {
@@ -750,14 +853,19 @@ impl<S: SegmentSource> Tensors<S> {
                 vec![-1, l.shape[nd - 1] as i64]
             };
             if l.reshape(&dims)?.1.is_none() {
+                // (the reshape is its own node in PyTorch: the gradient it copied goes at once)
                 let c = self.empty(&l.shape, self.dtype(grad_out), Category::Temporary)?;
+                if let Some(g) = grads[0].take() {
+                    self.release(g);
+                }
                 copied = Some(c);
                 grad_out = c;
             }
         }
-        // bmm's derivative makes the second operand's gradient first
+        // bmm's and mm's derivatives make the second operand's gradient first (a linear
+        // without bias is an mm; with one, addmm makes the input's first)
         let mut order: Vec<usize> = (0..next.len()).collect();
-        if batched {
+        if batched || (op == "linear" && next.len() == 2) {
             order.reverse();
         }
         let r = (|| {
@@ -796,6 +904,26 @@ impl<S: SegmentSource> Tensors<S> {
                 if matches!(op, "matmul" | "linear") {
                     self.ensure_cublas_workspace(false)?;
                 }
+                // in a checkpointed region the recomputed input is handed over once: the
+                // weight's gradient is its last use, and it goes before the bias's sum
+                if op == "linear" && slot == 1 {
+                    if let Some(r) = self.nodes[n.0 as usize].region {
+                        let saved = std::mem::take(&mut self.node_mut(n).saved);
+                        let versions = std::mem::take(&mut self.node_mut(n).saved_versions);
+                        let mut keep = (Vec::new(), Vec::new());
+                        for (t, v) in saved.into_iter().zip(versions) {
+                            if self.made_in_region(t) == Some(r) {
+                                self.release(t);
+                            } else {
+                                keep.0.push(t);
+                                keep.1.push(v);
+                            }
+                        }
+                        let node = self.node_mut(n);
+                        node.saved = keep.0;
+                        node.saved_versions = keep.1;
+                    }
+                }
                 // a linear's bias gradient sums the incoming gradient over its rows
                 if op == "linear" && slot == 2 {
                     let rows = self.info(grad_out).layout.numel() / shape[0].max(1);
@@ -807,6 +935,20 @@ impl<S: SegmentSource> Tensors<S> {
                 let (shape, dtype) = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
                 let tmp = self.empty(&shape, dtype, Category::Temporary)?;
                 self.release(tmp);
+            }
+            // cuDNN's attention backward takes a workspace after its three gradients, freed
+            // before it returns: a float32 accumulator for the query gradient, a float32 word
+            // per query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256 in the H200 traces)
+            if op == "sdpa_cudnn" {
+                let shape = self.shape(grad_out).to_vec();
+                let elems: usize = shape.iter().product();
+                let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+                let ws = self.empty(
+                    &[elems * 4 + rows * 4 + 256],
+                    DType::U8,
+                    Category::Workspace,
+                )?;
+                self.release(ws);
             }
             // the memory-efficient attention kernel's backward computes, after its three
             // gradients, delta = (grad_out * out).sum(-1): a product the size of the output and
@@ -854,7 +996,11 @@ impl<S: SegmentSource> Tensors<S> {
     /// each): outputs vectorized by 4 into 32-wide, 4-high blocks; each thread sums at least
     /// 256 rows before the rows are spread over blocks, to fill the device, at least 16 rows
     /// a thread.
-    pub(crate) fn column_sum_scratch(&mut self, rows: usize, cols: usize) -> Result<(), EngineError> {
+    pub(crate) fn column_sum_scratch(
+        &mut self,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), EngineError> {
         const SMS: usize = 132;
         const THREADS_PER_SM: usize = 2048;
         let vec = match cols {
@@ -863,10 +1009,24 @@ impl<S: SegmentSource> Tensors<S> {
             _ => 1,
         };
         let max_threads = 512 / vec;
-        let pow2_below = |n: usize| if n == 0 { 1 } else { 1usize << (usize::BITS - 1 - n.leading_zeros()) };
+        let pow2_below = |n: usize| {
+            if n == 0 {
+                1
+            } else {
+                1usize << (usize::BITS - 1 - n.leading_zeros())
+            }
+        };
         let dim0 = cols.div_ceil(vec);
-        let dim0_pow2 = if dim0 < max_threads { pow2_below(dim0) } else { max_threads };
-        let dim1_pow2 = if rows < max_threads { pow2_below(rows) } else { max_threads };
+        let dim0_pow2 = if dim0 < max_threads {
+            pow2_below(dim0)
+        } else {
+            max_threads
+        };
+        let dim1_pow2 = if rows < max_threads {
+            pow2_below(rows)
+        } else {
+            max_threads
+        };
         let width = dim0_pow2.min(32);
         let height = dim1_pow2.min(max_threads / width);
         let width = dim0_pow2.min(max_threads / height);
@@ -883,7 +1043,11 @@ impl<S: SegmentSource> Tensors<S> {
         if ctas <= 1 {
             return Ok(());
         }
-        let buf = self.empty(&[cols * ctas * width * vec], DType::F32, Category::Temporary)?;
+        let buf = self.empty(
+            &[cols * ctas * width * vec],
+            DType::F32,
+            Category::Temporary,
+        )?;
         let sem = match self.empty(&[grid], DType::I32, Category::Temporary) {
             Ok(t) => t,
             Err(e) => {

@@ -320,6 +320,10 @@ impl<S: SegmentSource> Tensors<S> {
             }
             return Ok(());
         }
+        if let Some(r) = self.checkpoint.current {
+            let ev = super::autograd::TapeEvent::Product { with_bias };
+            self.checkpoint.regions[r as usize].tape.push(ev);
+        }
         if self.workspace.is_none() {
             let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
             self.workspace = Some(w);
@@ -402,7 +406,13 @@ impl<S: SegmentSource> Tensors<S> {
         self.view_op_back(op, x, layout, Back::Permute(perm))
     }
 
-    fn view_op_back(&mut self, op: &'static str, x: TensorId, layout: Layout, back: Back) -> TensorId {
+    fn view_op_back(
+        &mut self,
+        op: &'static str,
+        x: TensorId,
+        layout: Layout,
+        back: Back,
+    ) -> TensorId {
         let out = self.view_with(x, layout);
         self.record(op, &[x], &[out], &[]);
         if let Some(n) = self.info(out).grad_fn {
@@ -827,6 +837,14 @@ impl<S: SegmentSource> Tensors<S> {
         for e in extra {
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e);
+        }
+        // the memory-efficient kernel's node frees its logsumexp before its output
+        if !cudnn {
+            let n = self.node_mut(node);
+            if n.saved.len() == 5 {
+                n.saved.swap(3, 4);
+                n.saved_versions.swap(3, 4);
+            }
         }
         Ok(out)
     }

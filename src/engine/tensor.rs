@@ -75,6 +75,8 @@ struct Storage {
     version: u32,
     /// The checkpoint region it was allocated in, if any.
     region: Option<u32>,
+    /// Unique over the device's life (a storage slot is reused; its serial is not).
+    serial: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -150,6 +152,8 @@ pub struct Tensors<S: SegmentSource> {
     pub(crate) checkpoint: super::autograd::Checkpoints,
     /// Where kernels run (the simulated device by default).
     pub backend: std::sync::Arc<dyn super::backend::Backend>,
+    /// Storages made so far (each one's serial).
+    storage_serials: u64,
 }
 
 impl<S: SegmentSource> Tensors<S> {
@@ -174,6 +178,7 @@ impl<S: SegmentSource> Tensors<S> {
             autocast: Default::default(),
             checkpoint: Default::default(),
             backend: std::sync::Arc::new(super::backend::SimBackend),
+            storage_serials: 0,
         }
     }
 
@@ -235,7 +240,19 @@ impl<S: SegmentSource> Tensors<S> {
             live: true,
             version: 0,
             region: self.checkpoint.current,
+            serial: self.storage_serials,
         };
+        // (a cuBLAS workspace belongs to its thread's handle, not to the region's forward)
+        if let (Some(r), false) = (self.checkpoint.current, category == Category::Workspace) {
+            let ev = super::autograd::TapeEvent::Alloc {
+                serial: self.storage_serials,
+                shape: shape.to_vec(),
+                dtype,
+                category,
+            };
+            self.checkpoint.regions[r as usize].tape.push(ev);
+        }
+        self.storage_serials += 1;
         let sid = match self.free_storages.pop() {
             Some(i) => {
                 self.storages[i as usize] = storage;
@@ -353,12 +370,16 @@ impl<S: SegmentSource> Tensors<S> {
         })
     }
 
-    /// The index of the tensor's storage (equal for views of one storage).
-    pub(crate) fn storage_index(&self, t: TensorId) -> u32 {
-        self.info(t).storage
+    /// The checkpoint region the tensor's storage was allocated in.
+    pub(crate) fn storage_serial(&self, t: TensorId) -> u64 {
+        self.storages[self.info(t).storage as usize].serial
     }
 
-    /// The checkpoint region the tensor's storage was allocated in.
+    pub(crate) fn set_region(&mut self, t: TensorId, r: u32) {
+        let sid = self.info(t).storage as usize;
+        self.storages[sid].region = Some(r);
+    }
+
     pub(crate) fn made_in_region(&self, t: TensorId) -> Option<u32> {
         self.storages[self.info(t).storage as usize].region
     }
@@ -393,9 +414,7 @@ impl<S: SegmentSource> Tensors<S> {
     /// the tensor, the tensor the only one on its storage, and its layout dense.
     pub(crate) fn sole_owner(&self, t: TensorId) -> bool {
         let i = self.info(t);
-        i.refs == 1
-            && self.storages[i.storage as usize].refs == 1
-            && i.layout.is_dense()
+        i.refs == 1 && self.storages[i.storage as usize].refs == 1 && i.layout.is_dense()
     }
 
     /// Handles on the tensor.
@@ -432,6 +451,14 @@ impl<S: SegmentSource> Tensors<S> {
         if s.refs == 0 {
             s.live = false;
             let addr = s.addr;
+            if let (Some(r), Some(made)) = (self.checkpoint.current, s.region) {
+                if r == made {
+                    let serial = s.serial;
+                    let ev = super::autograd::TapeEvent::Free { serial };
+                    self.checkpoint.regions[r as usize].tape.push(ev);
+                }
+            }
+            let s = &mut self.storages[sid as usize];
             self.by_category[s.category as usize] -= s.block;
             self.free_storages.push(sid);
             self.alloc
