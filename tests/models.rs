@@ -7,16 +7,8 @@ use std::path::PathBuf;
 use assert_cmd::Command;
 use serde_json::Value;
 
-const FIELDS: [&str; 8] = [
-    "start",
-    "after_forward",
-    "after_backward",
-    "after_step",
-    "end",
-    "peak_allocated",
-    "peak_reserved",
-    "reserved_end",
-];
+// The fields reference_models.py records per iteration (compare-torch's own list).
+use gpumem::commands::compare_torch::FIELDS;
 
 /// The five MLP cases of the ground truth.
 const MLP_CASES: [&str; 5] = [
@@ -77,23 +69,16 @@ fn compare_with(dir: &str, name: &str, case: &str) -> (usize, usize, Vec<String>
     (n, eq, diffs)
 }
 
+/// The five MLP cases, as scripts (fixtures/workloads/models) and as `[model]`/`[train]` presets
+/// (fixtures/workloads/presets: the expansion must build exactly what reference_models.py runs).
 #[test]
 fn issue4_mlp_cases_match_pytorch_to_the_byte() {
-    for name in MLP_CASES {
-        let (n, eq, diffs) = compare("models", name);
-        assert!(n >= 18, "{name}: {n} fields");
-        assert_eq!(eq, n, "{name}: {diffs:?}");
-    }
-}
-
-/// The same five cases written as `[model]`/`[train]` presets: the expansion must build exactly
-/// what reference_models.py runs.
-#[test]
-fn issue4_mlp_presets_match_pytorch_to_the_byte() {
-    for name in MLP_CASES {
-        let (n, eq, diffs) = compare("presets", name);
-        assert!(n >= 18, "{name}: {n} fields");
-        assert_eq!(eq, n, "{name}: {diffs:?}");
+    for dir in ["models", "presets"] {
+        for name in MLP_CASES {
+            let (n, eq, diffs) = compare(dir, name);
+            assert!(n >= 18, "{dir}/{name}: {n} fields");
+            assert_eq!(eq, n, "{dir}/{name}: {diffs:?}");
+        }
     }
 }
 

@@ -44,6 +44,20 @@ pub enum Save {
     Output,
 }
 
+/// Nodes whose gradients are all in, newest (highest sequence number) first.
+#[derive(Default)]
+struct Ready(std::collections::BinaryHeap<(u64, u32)>);
+
+impl Ready {
+    fn push<S: SegmentSource>(&mut self, t: &Tensors<S>, n: NodeId) {
+        self.0.push((t.nodes[n.0 as usize].seq, n.0));
+    }
+
+    fn pop(&mut self) -> Option<NodeId> {
+        self.0.pop().map(|(_, n)| NodeId(n))
+    }
+}
+
 /// Gradients of leaves waiting for the rest of their contributions.
 struct Leaves {
     pending: HashMap<TensorId, u32>,
@@ -199,26 +213,6 @@ impl<S: SegmentSource> Tensors<S> {
         }
         self.seq += 1;
         let had_saved = !saved.is_empty();
-        // Inside a (non-reentrant) checkpoint, the saved-tensor hooks keep nothing made in the
-        // region: such a tensor goes as soon as nothing else holds it, and backward recomputes
-        // it. What came from outside (the region's inputs, parameters) stays saved.
-        let mut deferred = Vec::new();
-        if let Some(r) = self.checkpoint.current {
-            let mut keep = Vec::with_capacity(saved.len());
-            for t in saved {
-                if self.made_in_region(t) == Some(r) {
-                    deferred.push((
-                        self.storage_serial(t),
-                        self.shape(t).to_vec(),
-                        self.dtype(t),
-                    ));
-                    self.release(t);
-                } else {
-                    keep.push(t);
-                }
-            }
-            saved = keep;
-        }
         let saved_versions = saved.iter().map(|&t| self.version(t)).collect();
         let node = Node {
             op,
@@ -235,7 +229,7 @@ impl<S: SegmentSource> Tensors<S> {
             outputs: outputs.len() as u32,
             out_shapes: Vec::new(),
             region: self.checkpoint.current,
-            deferred,
+            deferred: Vec::new(),
         };
         let id = match self.free_nodes.pop() {
             Some(i) => {
@@ -255,7 +249,39 @@ impl<S: SegmentSource> Tensors<S> {
         }
         if let Some(r) = self.checkpoint.current {
             self.checkpoint.regions[r as usize].nodes.push(NodeId(id));
+            // Inside a (non-reentrant) checkpoint, the saved-tensor hooks keep nothing made in
+            // the region: such a tensor goes as soon as nothing else holds it, and backward
+            // recomputes it. What came from outside (the region's inputs, parameters) stays.
+            self.drop_region_saved(NodeId(id), r, true);
         }
+    }
+
+    /// Releases what node `n` saved that was made in region `r` (or recomputed for it),
+    /// remembering it for the recompute when `defer`.
+    fn drop_region_saved(&mut self, n: NodeId, r: u32, defer: bool) {
+        let node = self.node_mut(n);
+        let saved = std::mem::take(&mut node.saved);
+        let versions = std::mem::take(&mut node.saved_versions);
+        let (mut keep, mut keep_v) = (Vec::new(), Vec::new());
+        for (t, v) in saved.into_iter().zip(versions) {
+            if self.made_in_region(t) != Some(r) {
+                keep.push(t);
+                keep_v.push(v);
+                continue;
+            }
+            if defer {
+                let key = (
+                    self.storage_serial(t),
+                    self.shape(t).to_vec(),
+                    self.dtype(t),
+                );
+                self.node_mut(n).deferred.push(key);
+            }
+            self.release(t);
+        }
+        let node = self.node_mut(n);
+        node.saved = keep;
+        node.saved_versions = keep_v;
     }
 
     /// `checkpoint(fn, ...)` (non-reentrant) begins: ops from here on record their graph, but
@@ -289,43 +315,10 @@ impl<S: SegmentSource> Tensors<S> {
         n.saved_versions.push(v);
     }
 
-    /// The region ends: every tensor its nodes saved that was made inside the region is
-    /// released (remembering its shape); tensors from outside (the region's inputs, the
-    /// parameters) stay saved, as the checkpoint keeps its inputs.
+    /// The region ends (its nodes dropped what they saved from inside it as they were made).
     pub fn checkpoint_exit(&mut self, prev: Option<u32>) {
-        let Some(r) = self.checkpoint.current else {
-            return;
-        };
-        self.checkpoint.current = prev;
-        let nodes = self.checkpoint.regions[r as usize].nodes.clone();
-        for n in nodes {
-            let (saved, versions) = {
-                let node = self.node_mut(n);
-                (
-                    std::mem::take(&mut node.saved),
-                    std::mem::take(&mut node.saved_versions),
-                )
-            };
-            let mut keep = Vec::new();
-            let mut keep_v = Vec::new();
-            let mut deferred = Vec::new();
-            for (t, v) in saved.into_iter().zip(versions) {
-                if self.made_in_region(t) == Some(r) {
-                    deferred.push((
-                        self.storage_serial(t),
-                        self.shape(t).to_vec(),
-                        self.dtype(t),
-                    ));
-                    self.release(t);
-                } else {
-                    keep.push(t);
-                    keep_v.push(v);
-                }
-            }
-            let node = self.node_mut(n);
-            node.saved = keep;
-            node.saved_versions = keep_v;
-            node.deferred.extend(deferred);
+        if self.checkpoint.current.is_some() {
+            self.checkpoint.current = prev;
         }
     }
 
@@ -495,7 +488,6 @@ impl<S: SegmentSource> Tensors<S> {
         let mut pending: HashMap<NodeId, u32> = HashMap::new();
         let mut leaf_pending: HashMap<TensorId, u32> = HashMap::new();
         let mut stack = vec![root_fn];
-        let mut seen = vec![root_fn];
         while let Some(n) = stack.pop() {
             let node = &self.nodes[n.0 as usize];
             if node.released && node.had_saved {
@@ -505,12 +497,13 @@ impl<S: SegmentSource> Tensors<S> {
                         .into(),
                 ));
             }
-            for e in node.next.clone() {
-                match e {
+            for k in 0..node.next.len() {
+                match self.nodes[n.0 as usize].next[k] {
                     Edge::Node(m, _) => {
-                        *pending.entry(m).or_insert(0) += 1;
-                        if !seen.contains(&m) {
-                            seen.push(m);
+                        // the root is nobody's input: a node is new when its count starts
+                        let count = pending.entry(m).or_insert(0);
+                        *count += 1;
+                        if *count == 1 {
                             stack.push(m);
                         }
                     }
@@ -528,7 +521,8 @@ impl<S: SegmentSource> Tensors<S> {
         let mut first = vec![None; self.nodes[root_fn.0 as usize].outputs as usize];
         first[root_slot] = Some(self.retain(seed));
         buffers.insert(root_fn, first);
-        let mut ready = vec![root_fn];
+        let mut ready = Ready::default();
+        ready.push(self, root_fn);
         let mut leaves = Leaves {
             pending: leaf_pending,
             buffers: HashMap::new(),
@@ -556,19 +550,13 @@ impl<S: SegmentSource> Tensors<S> {
     /// buffer of the node that made the input (or the leaf's `.grad`).
     fn run_ready(
         &mut self,
-        ready: &mut Vec<NodeId>,
+        ready: &mut Ready,
         buffers: &mut HashMap<NodeId, Vec<Option<TensorId>>>,
         pending: &mut HashMap<NodeId, u32>,
         leaves: &mut Leaves,
         retain_graph: bool,
     ) -> Result<(), EngineError> {
-        while !ready.is_empty() {
-            let (i, _) = ready
-                .iter()
-                .enumerate()
-                .max_by_key(|(_, n)| self.nodes[n.0 as usize].seq)
-                .expect("non-empty");
-            let n = ready.swap_remove(i);
+        while let Some(n) = ready.pop() {
             let mut grads = buffers.remove(&n).expect("a ready node has its gradient");
             let op = self.nodes[n.0 as usize].op;
             self.alloc
@@ -613,7 +601,7 @@ impl<S: SegmentSource> Tensors<S> {
                             let p = pending.get_mut(&m).expect("counted");
                             *p -= 1;
                             if *p == 0 {
-                                ready.push(m);
+                                ready.push(self, m);
                             }
                         })
                     }
@@ -722,17 +710,19 @@ impl<S: SegmentSource> Tensors<S> {
                 self.version(t)
             )));
         }
-        let (next, meta, back, op) = {
-            let node = &self.nodes[n.0 as usize];
-            (
-                node.next.clone(),
-                node.input_meta.clone(),
-                node.back.clone(),
-                node.op,
-            )
-        };
-        let mut made: Vec<(Edge, TensorId)> = Vec::new();
+        // borrowed out of the node for the call (node_grads touches only its saved tensors and
+        // split shapes), and put back
+        let node = self.node_mut(n);
+        let op = node.op;
+        let next = std::mem::take(&mut node.next);
+        let meta = std::mem::take(&mut node.input_meta);
+        let back = std::mem::replace(&mut node.back, Back::Alloc);
+        let mut made: Vec<(Edge, TensorId)> = Vec::with_capacity(next.len());
         let r = self.node_grads(op, &back, &next, &meta, grads, n, &mut made);
+        let node = self.node_mut(n);
+        node.next = next;
+        node.input_meta = meta;
+        node.back = back;
         if let Err(e) = r {
             for (_, g) in made {
                 self.release(g);
@@ -908,20 +898,7 @@ impl<S: SegmentSource> Tensors<S> {
                 // weight's gradient is its last use, and it goes before the bias's sum
                 if op == "linear" && slot == 1 {
                     if let Some(r) = self.nodes[n.0 as usize].region {
-                        let saved = std::mem::take(&mut self.node_mut(n).saved);
-                        let versions = std::mem::take(&mut self.node_mut(n).saved_versions);
-                        let mut keep = (Vec::new(), Vec::new());
-                        for (t, v) in saved.into_iter().zip(versions) {
-                            if self.made_in_region(t) == Some(r) {
-                                self.release(t);
-                            } else {
-                                keep.0.push(t);
-                                keep.1.push(v);
-                            }
-                        }
-                        let node = self.node_mut(n);
-                        node.saved = keep.0;
-                        node.saved_versions = keep.1;
+                        self.drop_region_saved(n, r, false);
                     }
                 }
                 // a linear's bias gradient sums the incoming gradient over its rows

@@ -478,19 +478,8 @@ impl<S: SegmentSource> Tensors<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{AllocConf, SimAllocator, SimSource};
-    use crate::units::GIB;
-
-    fn dev() -> Tensors<SimSource> {
-        Tensors::new(SimAllocator::new(
-            AllocConf::default(),
-            SimSource::new(24 * GIB, 0),
-        ))
-    }
-
-    fn allocated(d: &Tensors<SimSource>) -> i64 {
-        d.alloc.stats().allocated_bytes.all().current
-    }
+    use crate::alloc::SimSource;
+    use crate::engine::tensor::testing::*;
 
     #[test]
     fn broadcasting_and_promotion() {
@@ -853,15 +842,8 @@ impl<S: SegmentSource> Tensors<S> {
 #[cfg(test)]
 mod transformer_tests {
     use super::*;
-    use crate::alloc::{AllocConf, SimAllocator, SimSource};
-    use crate::units::GIB;
-
-    fn dev() -> Tensors<SimSource> {
-        Tensors::new(SimAllocator::new(
-            AllocConf::default(),
-            SimSource::new(24 * GIB, 0),
-        ))
-    }
+    use crate::alloc::SimSource;
+    use crate::engine::tensor::testing::*;
 
     fn activation(d: &Tensors<SimSource>) -> u64 {
         d.by_category()

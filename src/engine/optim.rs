@@ -133,16 +133,8 @@ impl Optimizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::engine::tensor::testing::*;
     use crate::engine::DType;
-    use crate::units::GIB;
-
-    fn dev() -> Tensors<SimSource> {
-        Tensors::new(SimAllocator::new(
-            AllocConf::default(),
-            SimSource::new(24 * GIB, 0),
-        ))
-    }
 
     #[test]
     fn adam_state_appears_at_the_first_step_and_foreach_temporaries_vanish() {

@@ -506,22 +506,31 @@ impl<S: SegmentSource> Tensors<S> {
     }
 }
 
+/// What the engine's unit tests share.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
+    use super::Tensors;
     use crate::alloc::{AllocConf, SimAllocator, SimSource};
     use crate::units::GIB;
 
-    fn dev() -> Tensors<SimSource> {
+    /// A 24 GiB simulated device with PyTorch's default allocator settings.
+    pub(crate) fn dev() -> Tensors<SimSource> {
         Tensors::new(SimAllocator::new(
             AllocConf::default(),
             SimSource::new(24 * GIB, 0),
         ))
     }
 
-    fn allocated(d: &Tensors<SimSource>) -> i64 {
+    /// Allocated bytes now.
+    pub(crate) fn allocated(d: &Tensors<SimSource>) -> i64 {
         d.alloc.stats().allocated_bytes.all().current
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::tensor::testing::*;
 
     #[test]
     fn views_share_storage_and_copies_allocate() {
