@@ -341,17 +341,7 @@ mod tests {
 
     /// A text on file line 1 starting at column 1.
     fn text(s: &str) -> Text {
-        let mut pos = Span::new(1, 1);
-        let mut chars = Vec::new();
-        for c in s.chars() {
-            chars.push((c, pos));
-            pos = if c == '\n' {
-                Span::new(pos.line + 1, 1)
-            } else {
-                Span::new(pos.line, pos.col + 1)
-            };
-        }
-        Text { chars, end: pos }
+        Text::at(s, Span::new(1, 1))
     }
 
     fn toks(s: &str) -> Vec<Tok> {

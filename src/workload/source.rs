@@ -61,6 +61,17 @@ pub(crate) struct Text {
 
 #[cfg(test)]
 impl Text {
+    /// `s` as written from `start` on (lines and columns advancing as it goes).
+    pub(crate) fn at(s: &str, start: Span) -> Text {
+        let mut pos = start;
+        let mut chars = Vec::with_capacity(s.len());
+        for c in s.chars() {
+            chars.push((c, pos));
+            pos = advance(pos, c);
+        }
+        Text { chars, end: pos }
+    }
+
     pub fn as_string(&self) -> String {
         self.chars.iter().map(|&(c, _)| c).collect()
     }
