@@ -5,8 +5,10 @@
 //! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
 //! - [`workload`]: workload files (TOML and the line language of `setup`/`body`), parsed and checked.
-//! - [`engine`]: tensors, storages and layouts over the allocator (in progress).
-//! - [`analysis`]: pure functions over traces and allocator state (replay of PyTorch traces).
+//! - [`engine`]: tensors, storages, layouts, autograd and optimizers over the allocator.
+//! - [`runner`]: runs a workload on the engine; remedies and `fit` re-run it with changes.
+//! - [`analysis`]: pure functions over traces and allocator state: replay of PyTorch traces,
+//!   fragmentation, leaks, out-of-memory verdicts, the category timeline.
 //! - [`report`]: formatting only (PyTorch's `memory_summary`, tables, JSON).
 //! - [`cli`], [`commands`]: the command line, one file per subcommand.
 

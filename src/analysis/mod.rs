@@ -1,7 +1,23 @@
-//! Pure analysis over traces and allocator state. Nothing here prints.
+//! Pure analysis over traces and allocator state. Nothing here prints or runs a workload.
 //!
 //! - [`groundtruth`]: the recorded PyTorch allocator trace format (read and validated).
 //! - [`replay`]: runs such a trace through gpumem's allocator and compares step by step.
+//! - [`stacks`]: what a tag stack says (iteration, category, site, op).
+//! - [`state`]: the allocator's state at any moment of a trace, and the category timeline.
+//! - [`timeline`]: the timeline's data.
+//! - [`fragmentation`]: internal and external free space, per segment and pool.
+//! - [`leaks`]: memory born in one iteration and never freed, growing steadily.
+//! - [`oom`]: what an out-of-memory was: capacity or fragmentation, and what was live.
+//! - [`findings`]: all of the above for one recorded run.
+//! - [`snapshot_file`]: a gpumem snapshot read back as a trace.
 
+pub mod findings;
+pub mod fragmentation;
 pub mod groundtruth;
+pub mod leaks;
+pub mod oom;
 pub mod replay;
+pub mod snapshot_file;
+pub mod stacks;
+pub mod state;
+pub mod timeline;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -33,6 +33,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Run(RunArgs),
+    Fit(FitArgs),
+    Plot(PlotArgs),
     Replay(ReplayArgs),
     Bench(BenchArgs),
     CompareTorch(CompareTorchArgs),
@@ -49,11 +51,25 @@ pub enum Command {
 /// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
 /// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
 /// retain_graph) build PyTorch's reference model and loop.
+/// Script workloads may declare integer `[params]` (e.g. `batch = 32`) and use them as names.
+///
 /// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
-/// and the peaks; then what was live at the run's peak by category and by tag, and the
-/// allocator's final state. An out-of-memory stops the run as PyTorch would (exit 1).
+/// and the peaks; then what was live at the run's peak by category and by tag, leaks across
+/// iterations, and the allocator's final state.
+///
+/// An out-of-memory stops the run where PyTorch would raise it. gpumem then prints PyTorch's
+/// message, says whether it was capacity (the live tensors and the request do not fit) or
+/// fragmentation (they would, but free memory is in pieces), shows what was live, and runs the
+/// workload again under each remedy that applies (expandable_segments:True, max_split_size_mb,
+/// loss.item(), no_grad, bf16 autocast, checkpointing, SGD, the batch halved down to 1), with a
+/// table of their peaks and the smallest change that fits.
+///
+/// Examples:
+///   gpumem run fixtures/workloads/gpt2_small_adamw.toml --capacity 8GiB
+///   gpumem run train.toml --param batch=16 --report fragmentation --plot timeline.svg
+///   gpumem run train.toml --fail-on oom,leak      # exit 1 on either, for CI
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(after_long_help = RUN_EXIT_CODES)]
 pub struct RunArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,
@@ -83,6 +99,124 @@ pub struct RunArgs {
     /// tags and categories, settings) to FILE, atomically.
     #[arg(long, value_name = "FILE")]
     pub snapshot: Option<PathBuf>,
+
+    /// Set an integer parameter: a script's `[params]` entry or a preset's integer key
+    /// (batch, layers, seq, d_model, ...). Repeatable.
+    #[arg(long = "param", value_name = "NAME=VALUE")]
+    pub params: Vec<String>,
+
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax instead of the workload's
+    /// (e.g. "expandable_segments:True").
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+
+    /// Extra reports: `fragmentation` (per pool and segment, with fill maps, at the peak, at an
+    /// out-of-memory and at the end, and over the run), `leaks` (also say why none were
+    /// looked for), `all`. Comma-separated or repeated.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "REPORT")]
+    pub report: Vec<ReportKind>,
+
+    /// Write the memory timeline (allocated by category, stacked; reserved; iterations; the
+    /// peak) as an SVG picture to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+
+    /// Exit 1 when the run finds one of these: `oom`, `leak` (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "FINDINGS")]
+    pub fail_on: Vec<FailOn>,
+
+    /// On an out-of-memory, diagnose it but do not run the remedies.
+    #[arg(long)]
+    pub no_remedies: bool,
+}
+
+const RUN_EXIT_CODES: &str = "\
+Exit codes:
+  0  the run finished, or stopped on an out-of-memory or leaked without --fail-on asking to fail
+  1  a finding named in --fail-on: an out-of-memory (oom) or a leak across iterations (leak)
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed workload)";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportKind {
+    Fragmentation,
+    Leaks,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    Oom,
+    Leak,
+}
+
+/// Find the largest batch size (or another integer parameter) that fits on a device.
+///
+/// Runs the workload on the simulated device again and again, doubling the parameter from its
+/// value in the workload until it runs out of memory, then bisecting, so the answer is exact:
+/// the value fits and the value plus one does not. Then the same search under each remedy
+/// that applies (expandable_segments:True, max_split_size_mb, bf16 autocast, checkpointing,
+/// SGD, ...), so you see what each buys. This is "halve the batch until it fits", done in
+/// milliseconds and without a GPU.
+///
+/// Example:
+///   gpumem fit fixtures/workloads/gpt2_small_adamw.toml --capacity 24GiB
+#[derive(Debug, Args)]
+#[command(after_long_help = "\
+Exit codes:
+  0  the search finished (even when nothing fits)
+  2  usage, input or I/O error")]
+pub struct FitArgs {
+    /// The workload file (TOML).
+    pub workload: PathBuf,
+
+    /// The device's memory (e.g. 24GiB); default: the workload's capacity, or 80 GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
+
+    /// The integer parameter to search (default: batch, or batch_size).
+    #[arg(long, value_name = "NAME")]
+    pub param: Option<String>,
+
+    /// The largest value to try.
+    #[arg(long, default_value_t = 1 << 16, value_name = "N")]
+    pub max: i64,
+
+    /// Iterations of each run instead of the workload's (fewer is faster; a leak needs more).
+    #[arg(long, value_name = "N")]
+    pub iterations: Option<u32>,
+
+    /// Only the workload as it is, no remedies.
+    #[arg(long)]
+    pub no_remedies: bool,
+
+    /// Print JSON: `max_fitting` per remedy, with the peaks at that value.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Draw the memory timeline of a gpumem snapshot as an SVG picture.
+///
+/// Allocated memory by category (parameters, gradients, optimizer state, activations,
+/// temporaries, inputs, workspaces) as stacked areas over the allocator's events, reserved
+/// memory as a line, iteration starts, and the peak. The snapshot is what
+/// `gpumem run --snapshot FILE` writes.
+///
+/// Example:
+///   gpumem run w.toml --snapshot snap.json && gpumem plot snap.json -o timeline.svg
+#[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
+pub struct PlotArgs {
+    /// The gpumem snapshot (JSON).
+    pub snapshot: PathBuf,
+
+    /// Where to write the SVG.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+
+    /// Points kept along the x axis: each is the highest memory of its stretch of events, so
+    /// spikes such as the peak stay visible.
+    #[arg(long, default_value_t = 300, value_name = "N")]
+    pub samples: usize,
 }
 
 /// Replay a recorded PyTorch allocator trace and compare every step with PyTorch.

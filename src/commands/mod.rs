@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod compare_torch;
+pub mod fit;
+pub mod plot;
 pub mod replay;
 pub mod run;
 
@@ -52,9 +54,75 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     result.map_err(err)
 }
 
+/// `--param NAME=VALUE` flags and `--alloc-conf` as workload overrides (checked here; the
+/// names are checked against the workload by [`load_workload`]).
+pub fn parse_overrides(
+    params: &[String],
+    alloc_conf: Option<&str>,
+) -> Result<crate::workload::Overrides> {
+    let mut o = crate::workload::Overrides::default();
+    for p in params {
+        let Some((k, v)) = p.split_once('=') else {
+            return Err(crate::error::Error::usage(
+                "--param",
+                format!("'{p}' is not NAME=VALUE (e.g. --param batch=16)"),
+            ));
+        };
+        let v: i64 = v.trim().replace('_', "").parse().map_err(|_| {
+            crate::error::Error::usage("--param", format!("'{p}': the value must be an integer"))
+        })?;
+        o.params.push((k.trim().to_string(), v));
+    }
+    if let Some(c) = alloc_conf {
+        crate::alloc::AllocConf::parse(c)
+            .map_err(|e| crate::error::Error::usage("--alloc-conf", e.to_string()))?;
+        o.alloc_conf = Some(c.to_string());
+    }
+    Ok(o)
+}
+
+/// Loads a workload with overrides, first checking that every `--param` names one of its
+/// integer parameters (a usage error otherwise, listing them).
+pub fn load_workload(
+    path: &std::path::Path,
+    o: &crate::workload::Overrides,
+) -> Result<crate::workload::Workload> {
+    if o.params.is_empty() {
+        return crate::workload::load_with(path, o);
+    }
+    let plain = crate::workload::load(path)?;
+    let known = plain.integer_params();
+    for (k, v) in &o.params {
+        if !known.iter().any(|(n, _)| n == k) {
+            let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(crate::error::Error::usage(
+                "--param",
+                format!(
+                    "{} has no integer parameter '{k}' ({})",
+                    path.display(),
+                    if names.is_empty() {
+                        "it has none: declare one in a [params] table, e.g. batch = 32".into()
+                    } else {
+                        format!("it has: {}", names.join(", "))
+                    }
+                ),
+            ));
+        }
+        if *v < 1 && plain.preset.is_some() {
+            return Err(crate::error::Error::usage(
+                "--param",
+                format!("{k}={v}: a preset's parameters are at least 1"),
+            ));
+        }
+    }
+    crate::workload::load_with(path, o)
+}
+
 pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
     match cmd {
         Command::Run(a) => run::run(a, out),
+        Command::Fit(a) => fit::run(a, out),
+        Command::Plot(a) => plot::run(a, out),
         Command::Replay(a) => replay::run(a, out),
         Command::Bench(a) => bench::run(a, out),
         Command::CompareTorch(a) => compare_torch::run_cmd(a, out),

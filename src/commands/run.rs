@@ -1,14 +1,20 @@
-//! `gpumem run WORKLOAD.toml`: run a workload on the simulated device and report its memory.
+//! `gpumem run WORKLOAD.toml`: run a workload on the simulated device and report its memory:
+//! per iteration, at the peak, leaks, fragmentation, and for an out-of-memory its diagnosis
+//! with the remedies tried.
 
 use std::io::{IsTerminal, Write};
 
-use crate::cli::RunArgs;
-use crate::commands::{write_atomic, Outcome};
+use crate::analysis::findings::{self, RunRecord};
+use crate::cli::{FailOn, ReportKind, RunArgs};
+use crate::commands::{load_workload, parse_overrides, write_atomic, Outcome};
 use crate::error::{Error, Result};
 use crate::report;
+use crate::runner::remedies;
 use crate::runner::{run_with_progress, RunOptions};
 use crate::units::parse_size;
-use crate::workload;
+
+/// Points of the timeline kept for the picture.
+const PLOT_SAMPLES: usize = 300;
 
 pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     let capacity = match &args.capacity {
@@ -39,8 +45,9 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             ))
         }
     }
-    let w = workload::load(&args.workload)?;
-    if w.device != workload::Device::Sim && args.device == "sim" {
+    let overrides = parse_overrides(&args.params, args.alloc_conf.as_deref())?;
+    let w = load_workload(&args.workload, &overrides)?;
+    if w.device != crate::workload::Device::Sim && args.device == "sim" {
         // the workload asks for a real device this build does not have: say so, run simulated
         eprintln!(
             "gpumem: note: {} asks for device \"{}\"; running it on the simulated device",
@@ -48,8 +55,9 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             w.device
         );
     }
+    let tty = std::io::stderr().is_terminal();
     // a progress bar on stderr, only for a person watching
-    let bar = std::io::stderr().is_terminal().then(|| {
+    let bar = tty.then(|| {
         let b = indicatif::ProgressBar::new(args.iterations.unwrap_or(w.iterations) as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} iterations")
@@ -78,16 +86,80 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         let bytes = serde_json::to_vec(&v).map_err(std::io::Error::from)?;
         write_atomic(snap, &bytes)?;
     }
+    let found = findings::analyze(
+        &RunRecord {
+            allocator: &r.allocator,
+            title: &r.name,
+            iteration_ends: &r.iteration_ends,
+            oom: r.oom.as_ref().map(|o| &o.error),
+        },
+        PLOT_SAMPLES,
+    );
+    let tried = match (&r.oom, args.no_remedies) {
+        (Some(_), false) => {
+            let spinner = tty.then(|| {
+                let s = indicatif::ProgressBar::new_spinner();
+                s.enable_steady_tick(std::time::Duration::from_millis(120));
+                s
+            });
+            let t = remedies::try_all(&args.workload, &w, &overrides, &opts, &mut |name| {
+                if let Some(s) = &spinner {
+                    s.set_message(format!("out of memory: trying {name}"));
+                }
+            });
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+            Some(t)
+        }
+        _ => None,
+    };
+    if let Some(svg_path) = &args.plot {
+        let Some(t) = &found.timeline else {
+            return Err(Error::usage(
+                "--plot",
+                format!(
+                    "no timeline to draw: {}",
+                    found.replay_note.as_deref().unwrap_or("the trace is empty")
+                ),
+            ));
+        };
+        write_atomic(svg_path, report::timeline_svg::render(t).as_bytes())?;
+    }
+    let wants = |k: ReportKind| args.report.contains(&k) || args.report.contains(&ReportKind::All);
     if args.json {
-        let v = report::run::to_json(&path, &r);
+        let mut v = report::run::to_json(&path, &r);
+        v["leaks"] = report::findings::leaks_json(&found.leaks);
+        v["leak_check"] = serde_json::json!({
+            "iterations": found.leaks.iterations,
+            "checked": found.leaks.checked,
+            "note": found.leaks.note,
+        });
+        v["fragmentation"] = report::findings::fragmentation_json(&found);
+        if let (Some(o), Some(d)) = (&r.oom, &found.oom) {
+            let mut j = report::findings::oom_json(d, tried.as_deref());
+            j["message"] = serde_json::json!(o.error.to_string());
+            j["line"] = serde_json::json!(o.line);
+            j["column"] = serde_json::json!(o.column);
+            j["iteration"] = serde_json::json!(o.iteration);
+            v["oom"] = j;
+        }
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
         report::run::write_text(out, &path, &r, args.torch_style)?;
+        writeln!(out)?;
+        report::findings::write_leaks(out, &found.leaks, wants(ReportKind::Leaks))?;
+        if wants(ReportKind::Fragmentation) {
+            writeln!(out)?;
+            report::findings::write_fragmentation_report(out, &found)?;
+        }
+        if let Some(d) = &found.oom {
+            writeln!(out)?;
+            report::findings::write_oom(out, d, tried.as_deref())?;
+        }
     }
-    Ok(if r.oom.is_some() {
-        Outcome::Finding
-    } else {
-        Outcome::Ok
-    })
+    let fail = (args.fail_on.contains(&FailOn::Oom) && r.oom.is_some())
+        || (args.fail_on.contains(&FailOn::Leak) && !found.leaks.leaks.is_empty());
+    Ok(if fail { Outcome::Finding } else { Outcome::Ok })
 }

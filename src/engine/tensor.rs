@@ -320,6 +320,14 @@ impl<S: SegmentSource> Tensors<S> {
             self.by_category[s.category as usize] -= s.block;
             self.by_category[to as usize] += s.block;
             s.category = to;
+            let addr = s.addr;
+            if s.block > 0 {
+                // tell the trace, so analyses of it see the role the engine sees
+                let rec = self.alloc.recorder_mut();
+                rec.push_tag(&to.tag());
+                rec.record(crate::trace::EventKind::Retag, addr, 0, 0);
+                rec.pop_tag();
+            }
         }
     }
 

@@ -6,12 +6,16 @@
 //! - [`replay`]: the verdict and mismatches of a trace replay, as text or JSON.
 //! - [`bench`]: allocator benchmark results.
 //! - [`run`]: what `gpumem run` prints.
+//! - [`findings`]: leaks, fragmentation and an out-of-memory's diagnosis with its remedies.
 //! - [`snapshot`]: the versioned gpumem snapshot (JSON).
+//! - [`timeline_svg`]: the memory timeline as an SVG chart.
 
 pub mod bench;
 pub mod compare_torch;
+pub mod findings;
 pub mod replay;
 pub mod run;
 pub mod snapshot;
 pub mod stats_table;
+pub mod timeline_svg;
 pub mod torch_summary;

@@ -87,8 +87,9 @@ pub fn write_text(
     }
     writeln!(
         out,
-        "at the peak, {} allocated:",
-        format_bytes(r.peak.peak_allocated)
+        "at the peak, {} allocated (peak reserved {}):",
+        format_bytes(r.peak.peak_allocated),
+        format_bytes(r.peak.peak_reserved)
     )?;
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED)
@@ -135,6 +136,7 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "marks": r.marks,
         "peak": {
             "peak_allocated": r.peak.peak_allocated,
+            "peak_reserved": r.peak.peak_reserved,
             "by_category": r.peak.by_category.iter().map(|(c, b)| (c.name().to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
             "top_tags": r.peak.top_tags.iter().map(|(t, b)| json!({"tags": t, "bytes": b})).collect::<Vec<_>>(),
         },

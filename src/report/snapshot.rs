@@ -1,13 +1,15 @@
 //! The gpumem snapshot: the allocator's state and its recorded history as one JSON document.
 //!
-//! Format, version 1 (`"format": "gpumem-snapshot"`, `"version": 1`). Readers must check both
-//! and refuse versions they do not know; writers add fields only with a new version.
+//! Format, version 2 (`"format": "gpumem-snapshot"`, `"version": 2`). Readers must check both
+//! and refuse versions they do not know; writers add fields only with a new version. Version 2
+//! added `device.context_overhead` and the `retag` event; a version 1 snapshot is read with
+//! the runner's default overhead.
 //!
 //! ```text
 //! {
-//!   "format": "gpumem-snapshot", "version": 1, "generator": "gpumem <semver>",
+//!   "format": "gpumem-snapshot", "version": 2, "generator": "gpumem <semver>",
 //!   "source": {"kind": "run", "workload": <path>, "name": <workload name>},
-//!   "device": {"kind": "sim", "total_memory": <bytes>},
+//!   "device": {"kind": "sim", "total_memory": <bytes>, "context_overhead": <bytes>},
 //!   "allocator_settings": {
 //!     "PYTORCH_CUDA_ALLOC_CONF": <string as given>, "max_split_size": <bytes or -1>,
 //!     "max_non_split_rounding": <bytes>, "garbage_collection_threshold": <float>,
@@ -25,7 +27,7 @@
 //!                 "stack": <index into stacks>}]
 //!   }],
 //!   "trace": {"dropped": <events lost to the ring's bound>,
-//!             "events": [{"action": <PyTorch's action name or "empty_cache">,
+//!             "events": [{"action": <PyTorch's action name, "empty_cache" or "retag">,
 //!                         "addr": <int>, "size": <int>, "stream": <int>, "stack": <index>}]}
 //! }
 //! ```
@@ -40,7 +42,7 @@ use crate::alloc::{SegmentSource, SimAllocator};
 use crate::trace::StackId;
 
 pub const FORMAT: &str = "gpumem-snapshot";
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// Interns the stacks a snapshot mentions into a compact table.
 struct StackTable<'a> {
@@ -115,7 +117,11 @@ pub fn to_json(a: &SimAllocator, workload: &str, name: &str) -> Value {
         "version": VERSION,
         "generator": format!("gpumem {}", env!("CARGO_PKG_VERSION")),
         "source": {"kind": "run", "workload": workload, "name": name},
-        "device": {"kind": "sim", "total_memory": a.source().device_total()},
+        "device": {
+            "kind": "sim",
+            "total_memory": a.source().device_total(),
+            "context_overhead": a.source().device_total() - a.source().capacity(),
+        },
         "allocator_settings": {
             "PYTORCH_CUDA_ALLOC_CONF": c.raw,
             "max_split_size": c.max_split_size_stat(),

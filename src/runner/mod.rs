@@ -62,6 +62,8 @@ pub struct Mark {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PeakBreakdown {
     pub peak_allocated: u64,
+    /// The highest reserved memory of the run (not necessarily at the same moment).
+    pub peak_reserved: u64,
     pub by_category: Vec<(Category, u64)>,
     /// The tag stacks holding the most memory at the peak, largest first.
     pub top_tags: Vec<(String, u64)>,
@@ -81,6 +83,8 @@ pub struct RunOutcome {
     pub name: String,
     pub capacity: u64,
     pub iterations: Vec<IterationStats>,
+    /// (iteration, index in the event trace of its last event) per finished iteration.
+    pub iteration_ends: Vec<(u32, u64)>,
     pub marks: Vec<Mark>,
     pub oom: Option<RunOom>,
     pub peak: PeakBreakdown,
@@ -111,8 +115,10 @@ struct Runner {
     marks: Vec<Mark>,
     iteration: Option<u32>,
     current: IterationStats,
-    /// The highest allocated memory seen (peaks are reset at each iteration start).
+    /// The highest allocated and reserved memory seen (the allocator's peaks are reset at
+    /// each iteration start).
     run_peak: u64,
+    run_peak_reserved: u64,
     optimizers: Vec<crate::engine::optim::Optimizer>,
     /// The tag stack of the current iteration (or of setup), under which phases go.
     iter_stack: StackId,
@@ -157,15 +163,20 @@ pub fn run_with_progress(
         iteration: None,
         current: IterationStats::default(),
         run_peak: 0,
+        run_peak_reserved: 0,
         optimizers: Vec::new(),
         iter_stack: StackId::ROOT,
     };
     let mut iterations = Vec::new();
+    let mut iteration_ends = Vec::new();
     let mut oom = None;
     let iters = opts.iterations.unwrap_or(workload.iterations);
     let to_error =
         |path: &PathBuf, span: Span, msg: String| Error::input(path.clone(), span.location(), msg);
     let path = path.to_path_buf();
+    for (k, v) in &workload.params {
+        r.vars.insert(k.clone(), Value::Int(*v));
+    }
     r.iter_stack = r.dev.alloc.recorder_mut().push_tag("setup");
     let setup = r.block(&workload.setup);
     r.dev.alloc.recorder_mut().pop_tag();
@@ -203,6 +214,10 @@ pub fn run_with_progress(
             r.current.peak_reserved = s.reserved_bytes.all().peak as u64;
             r.current.reserved_end = s.reserved_bytes.all().current as u64;
             iterations.push(std::mem::take(&mut r.current));
+            let recorded = r.dev.alloc.recorder().ring.len() as u64;
+            if res.is_ok() && recorded > 0 {
+                iteration_ends.push((it, recorded - 1));
+            }
             progress(it + 1, iters);
             match res {
                 Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
@@ -224,6 +239,7 @@ pub fn run_with_progress(
     // saved for backward counts as an activation)
     let (peak_allocated, by_category) = r.dev.peak_by_category();
     peak.peak_allocated = peak_allocated;
+    peak.peak_reserved = r.run_peak_reserved;
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
     peak.by_category
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -231,6 +247,7 @@ pub fn run_with_progress(
         name: workload.name.clone(),
         capacity,
         iterations,
+        iteration_ends,
         marks: r.marks,
         oom,
         peak,
@@ -304,6 +321,7 @@ fn peak_breakdown(a: &SimAllocator, _hint: u64) -> PeakBreakdown {
     top_tags.truncate(10);
     PeakBreakdown {
         peak_allocated: best.0,
+        peak_reserved: 0,
         by_category,
         top_tags,
     }
@@ -315,9 +333,11 @@ impl Runner {
     }
 
     fn note_peak(&mut self) {
-        self.run_peak = self
-            .run_peak
-            .max(self.dev.alloc.stats().allocated_bytes.all().peak as u64);
+        let s = self.dev.alloc.stats();
+        self.run_peak = self.run_peak.max(s.allocated_bytes.all().peak as u64);
+        self.run_peak_reserved = self
+            .run_peak_reserved
+            .max(s.reserved_bytes.all().peak as u64);
     }
 
     fn block(&mut self, stmts: &[Stmt]) -> Flow<()> {
@@ -642,3 +662,4 @@ fn bop_name(op: BinOp) -> &'static str {
 }
 
 mod builtins;
+pub mod remedies;

@@ -25,6 +25,10 @@ pub enum EventKind {
     Oom,
     /// `empty_cache()` called (addr 0, size 0).
     EmptyCache,
+    /// gpumem's own: the live block at `addr` changed memory category (a temporary saved for
+    /// backward becomes an activation). The event's stack ends in the new `category:` tag;
+    /// size 0. PyTorch has no such event; exports leave it out.
+    Retag,
 }
 
 impl EventKind {
@@ -40,6 +44,7 @@ impl EventKind {
             EventKind::SegmentUnmap => "segment_unmap",
             EventKind::Oom => "oom",
             EventKind::EmptyCache => "empty_cache",
+            EventKind::Retag => "retag",
         }
     }
 
@@ -54,6 +59,7 @@ impl EventKind {
             "segment_unmap" => EventKind::SegmentUnmap,
             "oom" => EventKind::Oom,
             "empty_cache" => EventKind::EmptyCache,
+            "retag" => EventKind::Retag,
             _ => return None,
         })
     }
@@ -73,7 +79,7 @@ pub struct Event {
 
 const KIND_SHIFT: u32 = 60;
 const SIZE_MASK: u64 = (1 << KIND_SHIFT) - 1;
-const KINDS: [EventKind; 9] = [
+const KINDS: [EventKind; 10] = [
     EventKind::Alloc,
     EventKind::FreeRequested,
     EventKind::FreeCompleted,
@@ -83,6 +89,7 @@ const KINDS: [EventKind; 9] = [
     EventKind::SegmentUnmap,
     EventKind::Oom,
     EventKind::EmptyCache,
+    EventKind::Retag,
 ];
 
 impl Event {

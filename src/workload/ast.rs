@@ -27,6 +27,29 @@ pub struct Workload {
     pub setup: Vec<Stmt>,
     /// `body`: statements run on every iteration.
     pub body: Vec<Stmt>,
+    /// `[params]`: integer parameters, bound as names before `setup` runs (`randn(batch, 1024)`).
+    pub params: Vec<(String, i64)>,
+    /// For a `[model]` preset: what it is set to.
+    pub preset: Option<super::preset::PresetInfo>,
+}
+
+impl Workload {
+    /// The integer parameters `--param` and `gpumem fit --param` may set: a script's
+    /// `[params]`, or a preset's integer keys.
+    pub fn integer_params(&self) -> Vec<(String, i64)> {
+        match &self.preset {
+            Some(p) => p.ints.iter().map(|(k, v)| (k.clone(), *v as i64)).collect(),
+            None => self.params.clone(),
+        }
+    }
+
+    /// The batch-size parameter, when the workload has one (`batch`, or `batch_size`).
+    pub fn batch_param(&self) -> Option<(String, i64)> {
+        let ints = self.integer_params();
+        ["batch", "batch_size"]
+            .iter()
+            .find_map(|n| ints.iter().find(|(k, _)| k == n).cloned())
+    }
 }
 
 /// The `device` key.

@@ -9,6 +9,7 @@ use super::error::{PResult, SyntaxError};
 use super::parser::parse_stmts;
 use super::preset::{self, Table};
 use super::source::{locate, LineIndex, Text};
+use super::transform::{self, Overrides};
 use crate::alloc::AllocConf;
 use crate::units::parse_size;
 
@@ -30,6 +31,7 @@ struct RawFile {
     workload: Option<Spanned<RawWorkload>>,
     model: Option<Spanned<Table>>,
     train: Option<Spanned<Table>>,
+    params: Option<Spanned<Table>>,
 }
 
 /// Every value is read as any TOML value so that a wrong type gets a message naming the key.
@@ -71,8 +73,8 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
     let message = match unknown {
         Some((key, rest)) if rest.contains("`workload`") => format!(
             "unknown table or key '{key}' at the top level: a workload file has [workload] \
-             (setup and body), or [model] and [train] (a preset), and every key goes in one \
-             of them"
+             (setup and body, with integer [params]), or [model] and [train] (a preset), \
+             and every key goes in one of them"
         ),
         Some((key, _)) => format!(
             "unknown key '{key}' in [workload] (known: {})",
@@ -88,8 +90,45 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
     SyntaxError::new(span, message)
 }
 
-/// Parses and checks the whole file.
-pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
+/// A preset's tables with the overrides applied, as if the user had written them.
+fn override_preset(model: &mut Table, train: &mut Table, o: &Overrides, kind: &str) {
+    let set = |t: &mut Table, key: &str, v: Value| {
+        let range = t.get(key).map_or(0..0, |old| old.span());
+        t.insert(key.to_string(), Spanned::new(range, v));
+    };
+    for (k, v) in &o.params {
+        if preset::TRAIN_INTS.contains(&k.as_str()) {
+            set(train, k, Value::Integer(*v));
+        } else {
+            set(model, k, Value::Integer(*v));
+        }
+    }
+    let get = |t: &Table, key: &str| match t.get(key).map(|v| v.get_ref()) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    if o.bf16_autocast {
+        set(train, "precision", Value::String("bf16-autocast".into()));
+    }
+    if o.checkpointing && kind == "gpt" {
+        set(train, "checkpointing", Value::Boolean(true));
+    }
+    if o.sgd {
+        let opt = get(train, "optimizer").unwrap_or_else(|| "adamw".into());
+        if opt == "adam" || opt == "adamw" {
+            set(train, "optimizer", Value::String("sgd".into()));
+        }
+    }
+    if o.no_grad_eval && get(train, "mode").as_deref() == Some("eval-with-graph") {
+        set(train, "mode", Value::String("inference".into()));
+    }
+    if o.keep_item {
+        set(train, "keep_loss", Value::String("item".into()));
+    }
+}
+
+/// Parses and checks the whole file, with `overrides` applied.
+pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload> {
     let index = LineIndex::new(text);
     let raw: RawFile = toml::from_str(text).map_err(|e| toml_error(&index, &e))?;
     let span_of = |offset: usize| index.span(offset);
@@ -100,13 +139,20 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
                 .train
                 .as_ref()
                 .map_or(model_at, |t| index.span(t.span().start));
-            let expanded = preset::expand(
-                model.get_ref(),
-                model_at,
-                raw.train.as_ref().map(|t| t.get_ref()),
-                train_at,
-                &span_of,
-            )?;
+            let (mut model_t, mut train_t) = (
+                model.get_ref().clone(),
+                raw.train.as_ref().map(|t| t.get_ref().clone()),
+            );
+            if !overrides.is_empty() {
+                let kind = match model_t.get("kind").map(|v| v.get_ref()) {
+                    Some(Value::String(k)) => k.clone(),
+                    _ => String::new(),
+                };
+                let t = train_t.get_or_insert_with(Table::new);
+                override_preset(&mut model_t, t, overrides, &kind);
+            }
+            let expanded =
+                preset::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?;
             Some((model_at, expanded))
         }
         None => {
@@ -238,9 +284,12 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         }
     };
 
-    let alloc_conf = match &w.alloc_conf {
-        None => AllocConf::default(),
-        Some(v) => AllocConf::parse(&string(v, "alloc_conf")?)
+    let alloc_conf = match (&overrides.alloc_conf, &w.alloc_conf) {
+        (Some(conf), _) => AllocConf::parse(conf).map_err(|e| {
+            SyntaxError::new(header, format!("bad allocator settings '{conf}': {e}"))
+        })?,
+        (None, None) => AllocConf::default(),
+        (None, Some(v)) => AllocConf::parse(&string(v, "alloc_conf")?)
             .map_err(|e| SyntaxError::new(at(v), format!("bad 'alloc_conf': {e}")))?,
     };
 
@@ -275,7 +324,50 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         let located = locate(&index, raw, range.start, &value);
         parse_stmts(&located, key)
     };
-    let (setup, body) = match &preset {
+    let mut params: Vec<(String, i64)> = Vec::new();
+    if let Some(t) = &raw.params {
+        if preset.is_some() {
+            return Err(SyntaxError::new(
+                index.span(t.span().start),
+                "[params] is for workloads with setup and body scripts; a preset's parameters \
+                 are the integer keys of [model] and [train]",
+            ));
+        }
+        for (k, v) in t.get_ref() {
+            match v.get_ref() {
+                Value::Integer(i) => params.push((k.clone(), *i)),
+                other => {
+                    return Err(SyntaxError::new(
+                        at(v),
+                        format!(
+                            "parameter '{k}' in [params] must be an integer, found {}",
+                            type_name(other)
+                        ),
+                    ))
+                }
+            }
+            if !super::lexer::is_identifier(k) {
+                return Err(SyntaxError::new(
+                    at(v),
+                    format!("parameter '{k}' in [params] must be a name (letters, digits, _)"),
+                ));
+            }
+        }
+    }
+    if preset.is_none() {
+        for (k, v) in &overrides.params {
+            match params.iter_mut().find(|(n, _)| n == k) {
+                Some(p) => p.1 = *v,
+                None => {
+                    return Err(SyntaxError::new(
+                        header,
+                        format!("the workload has no parameter '{k}' in [params]"),
+                    ))
+                }
+            }
+        }
+    }
+    let (mut setup, mut body) = match &preset {
         Some((at, p)) => {
             // Generated text: every position is the [model] table's.
             let text = |src: &str| Text {
@@ -297,6 +389,10 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         ));
     }
 
+    if preset.is_none() {
+        apply_to_script(&mut setup, &mut body, overrides);
+    }
+
     Ok(Workload {
         name,
         iterations,
@@ -306,5 +402,30 @@ pub(crate) fn parse_file(text: &str) -> PResult<Workload> {
         description,
         setup,
         body,
+        params,
+        preset: preset.map(|(_, p)| p.info),
     })
+}
+
+/// The script-level remedies (see [`transform`]).
+fn apply_to_script(setup: &mut [Stmt], body: &mut Vec<Stmt>, o: &Overrides) {
+    use super::ast::BlockKind;
+    if o.sgd {
+        transform::adam_to_sgd(setup);
+        transform::adam_to_sgd(body);
+    }
+    if o.keep_item {
+        transform::keep_to_item(body);
+    }
+    if o.no_grad_eval && !transform::calls_method(body, "backward") {
+        *body = transform::wrap(std::mem::take(body), BlockKind::NoGrad);
+    }
+    if o.bf16_autocast {
+        *body = transform::wrap(
+            std::mem::take(body),
+            BlockKind::Autocast {
+                dtype: Some("bf16".into()),
+            },
+        );
+    }
 }

@@ -92,6 +92,14 @@ fn is_ident_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
+/// Whether `s` is a name of the line language (a keyword is not).
+pub(crate) fn is_identifier(s: &str) -> bool {
+    let mut cs = s.chars();
+    cs.next().is_some_and(is_ident_start)
+        && cs.all(is_ident_char)
+        && !matches!(s, "del" | "true" | "false" | "none")
+}
+
 struct Lexer<'a> {
     chars: &'a [(char, Span)],
     end: Span,

@@ -61,6 +61,7 @@ mod lexer;
 mod parser;
 mod preset;
 mod source;
+pub mod transform;
 
 #[cfg(test)]
 mod tests;
@@ -72,27 +73,40 @@ pub use ast::{
 };
 pub use file::KNOWN_KEYS;
 pub use parser::{MAX_DEPTH, MAX_NESTING};
+pub use preset::PresetInfo;
+pub use transform::Overrides;
 
 use crate::error::{Error, Result};
 
 /// Reads and parses the workload file at `path`.
 pub fn load(path: &Path) -> Result<Workload> {
+    load_with(path, &Overrides::default())
+}
+
+/// Reads and parses the workload file at `path` with `overrides` applied (parameters,
+/// allocator settings, remedies).
+pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
     let bytes = std::fs::read(path).map_err(|source| Error::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_bytes(&bytes, path)
+    parse_bytes(&bytes, path, overrides)
 }
 
 /// Parses the text of a workload file; `path` is only used in error messages.
 pub fn parse(text: &str, path: &Path) -> Result<Workload> {
-    file::parse_file(text).map_err(|e| e.into_error(path))
+    parse_with(text, path, &Overrides::default())
+}
+
+/// [`parse`] with `overrides` applied.
+pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<Workload> {
+    file::parse_file(text, overrides).map_err(|e| e.into_error(path))
 }
 
 /// Parses a file's bytes: they must be UTF-8, as TOML requires.
-fn parse_bytes(bytes: &[u8], path: &Path) -> Result<Workload> {
+fn parse_bytes(bytes: &[u8], path: &Path, overrides: &Overrides) -> Result<Workload> {
     match std::str::from_utf8(bytes) {
-        Ok(text) => parse(text, path),
+        Ok(text) => parse_with(text, path, overrides),
         Err(e) => {
             let valid = e.valid_up_to();
             let prefix = std::str::from_utf8(bytes.get(..valid).unwrap_or(&[])).unwrap_or("");

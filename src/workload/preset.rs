@@ -51,6 +51,46 @@ pub(crate) struct Expanded {
     pub iterations: u32,
     pub setup: String,
     pub body: String,
+    pub info: PresetInfo,
+}
+
+/// What a preset is set to, defaults included: what the remedies may change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresetInfo {
+    /// `mlp` or `gpt`.
+    pub kind: &'static str,
+    /// Every integer key of `[model]` and `[train]` with its value.
+    pub ints: Vec<(String, u64)>,
+    pub optimizer: &'static str,
+    pub bf16: bool,
+    pub checkpointing: bool,
+    /// `train`, `inference` or `eval-with-graph`.
+    pub mode: &'static str,
+    /// `keep_loss = "tensor"`.
+    pub keep_tensor: bool,
+}
+
+/// The integer keys of `[train]`.
+pub const TRAIN_INTS: &[&str] = &["batch", "iterations", "grad_accum"];
+
+fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
+    let mut ints: Vec<(String, u64)> = model.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    ints.push(("batch".into(), t.batch));
+    ints.push(("iterations".into(), t.iterations as u64));
+    ints.push(("grad_accum".into(), t.grad_accum));
+    PresetInfo {
+        kind,
+        ints,
+        optimizer: t.optimizer,
+        bf16: t.bf16,
+        checkpointing: t.checkpointing,
+        mode: match t.mode {
+            Mode::Train => "train",
+            Mode::Inference => "inference",
+            Mode::EvalWithGraph => "eval-with-graph",
+        },
+        keep_tensor: t.keep_tensor,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +272,16 @@ pub(crate) fn expand(
                 iterations: train.iterations,
                 setup: mlp_setup(d_in, hidden, layers, d_out, train.optimizer),
                 body: mlp_body(d_in, layers, &train),
+                info: info(
+                    "mlp",
+                    vec![
+                        ("d_in", d_in),
+                        ("hidden", hidden),
+                        ("layers", layers),
+                        ("d_out", d_out),
+                    ],
+                    &train,
+                ),
             })
         }
         _ => {
@@ -259,6 +309,17 @@ pub(crate) fn expand(
                 iterations: train.iterations,
                 setup: gpt_setup(&g, train.optimizer),
                 body: gpt_body(&g, &train),
+                info: info(
+                    "gpt",
+                    vec![
+                        ("vocab", g.vocab),
+                        ("seq", g.seq),
+                        ("d_model", g.d),
+                        ("heads", g.heads),
+                        ("layers", g.layers),
+                    ],
+                    &train,
+                ),
             })
         }
     }

@@ -439,8 +439,8 @@ const ERRORS: &[(&str, &str)] = &[
     (
         "title = \"x\"\n[workload]\nname = \"x\"\n",
         "fixtures/x.toml: line 1 column 1: unknown table or key 'title' at the top level: a \
-         workload file has [workload] (setup and body), or [model] and [train] (a preset), and \
-         every key goes in one of them",
+         workload file has [workload] (setup and body, with integer [params]), or [model] and \
+         [train] (a preset), and every key goes in one of them",
     ),
     (
         "[workload]\nname = \"x\"\nbody = \"f()\"\n[workload.extra]\nk = 1\n",
@@ -589,7 +589,12 @@ fn load_reports_unreadable_files_and_bad_utf8() {
         .to_string()
         .starts_with("cannot read fixtures/workloads/parse/does-not-exist.toml"));
 
-    let e = parse_bytes(b"[workload]\nname = \"a\xffb\"\n", Path::new(PATH)).unwrap_err();
+    let e = parse_bytes(
+        b"[workload]\nname = \"a\xffb\"\n",
+        Path::new(PATH),
+        &Default::default(),
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "fixtures/x.toml: line 2 column 10: the file is not valid UTF-8 (byte 0xff); TOML files \
@@ -759,7 +764,7 @@ proptest! {
 
     #[test]
     fn any_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
-        let _ = parse_bytes(&bytes, Path::new(PATH));
+        let _ = parse_bytes(&bytes, Path::new(PATH), &Default::default());
     }
 
     #[test]

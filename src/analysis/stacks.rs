@@ -1,0 +1,110 @@
+//! What a tag stack says about an allocation: its iteration, its memory category, the op that
+//! made it and its site (the stack without the iteration and category tags, so the same line
+//! of a loop is the same site in every iteration).
+//!
+//! gpumem's runner tags every allocation `setup` or `iter:N`, then `phase:...`, the scopes, the
+//! op, and innermost `category:NAME`. A trace from elsewhere may have none of these: every
+//! field is then empty and the analyses fall back on what the events alone say.
+
+use crate::trace::{StackId, Tags};
+
+/// When an allocation was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum When {
+    /// Before the first iteration (the `setup` script).
+    Setup,
+    /// In iteration N (from 0).
+    Iteration(u32),
+    /// The stack does not say.
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackMeta {
+    pub when: When,
+    /// The innermost `category:NAME` tag's NAME.
+    pub category: Option<String>,
+    /// The tags without `setup`, `iter:N` and `category:...`, joined with `/`.
+    pub site: String,
+    /// The innermost tag that is not a category (the op, for an allocation in an op).
+    pub op: Option<String>,
+}
+
+/// Resolves stacks once each.
+pub struct Annotator<'a> {
+    tags: &'a Tags,
+    cache: Vec<Option<std::rc::Rc<StackMeta>>>,
+}
+
+impl<'a> Annotator<'a> {
+    pub fn new(tags: &'a Tags) -> Self {
+        Annotator {
+            tags,
+            cache: Vec::new(),
+        }
+    }
+
+    pub fn meta(&mut self, s: StackId) -> std::rc::Rc<StackMeta> {
+        let i = s.0 as usize;
+        if i >= self.cache.len() {
+            self.cache.resize(i + 1, None);
+        }
+        if let Some(m) = &self.cache[i] {
+            return m.clone();
+        }
+        let m = std::rc::Rc::new(describe(&self.tags.resolve(s)));
+        self.cache[i] = Some(m.clone());
+        m
+    }
+}
+
+/// The meaning of a stack's tags, outermost first.
+pub fn describe(tags: &[&str]) -> StackMeta {
+    let mut when = When::Unknown;
+    let mut category = None;
+    let mut site = Vec::new();
+    for t in tags {
+        if *t == "setup" {
+            when = When::Setup;
+        } else if let Some(n) = t.strip_prefix("iter:").and_then(|n| n.parse().ok()) {
+            when = When::Iteration(n);
+        } else if let Some(c) = t.strip_prefix("category:") {
+            category = Some(c.to_string());
+        } else {
+            site.push(*t);
+        }
+    }
+    StackMeta {
+        when,
+        category,
+        op: site.last().map(|s| s.to_string()),
+        site: site.join("/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_runner_tags() {
+        let m = describe(&[
+            "iter:3",
+            "phase:forward",
+            "layers.1",
+            "linear",
+            "category:activation",
+        ]);
+        assert_eq!(m.when, When::Iteration(3));
+        assert_eq!(m.category.as_deref(), Some("activation"));
+        assert_eq!(m.site, "phase:forward/layers.1/linear");
+        assert_eq!(m.op.as_deref(), Some("linear"));
+        let s = describe(&["setup", "randn", "category:parameter"]);
+        assert_eq!((s.when, s.site.as_str()), (When::Setup, "randn"));
+        let none = describe(&[]);
+        assert_eq!(
+            (none.when, none.category, none.op),
+            (When::Unknown, None, None)
+        );
+    }
+}

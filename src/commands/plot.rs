@@ -1,0 +1,55 @@
+//! `gpumem plot SNAPSHOT -o timeline.svg`: the memory timeline of a gpumem snapshot as SVG.
+
+use std::io::Write;
+
+use crate::analysis::{snapshot_file, state};
+use crate::cli::PlotArgs;
+use crate::commands::{write_atomic, Outcome};
+use crate::error::{Error, Result};
+use crate::report::timeline_svg;
+use crate::units::format_bytes;
+
+pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
+    if args.samples < 2 {
+        return Err(Error::usage("--samples", "must be at least 2"));
+    }
+    let text = std::fs::read_to_string(&args.snapshot).map_err(|source| Error::Read {
+        path: args.snapshot.clone(),
+        source,
+    })?;
+    let snap =
+        snapshot_file::parse(&text).map_err(|m| Error::input(&args.snapshot, "snapshot", m))?;
+    if snap.dropped > 0 {
+        return Err(Error::input(
+            &args.snapshot,
+            "trace",
+            format!(
+                "the recording lost its first {} events to its bound, so the timeline cannot \
+                 be rebuilt from the start",
+                snap.dropped
+            ),
+        ));
+    }
+    let t = state::timeline(
+        &snap.events,
+        &snap.tags,
+        &snap.setup,
+        &snap.name,
+        args.samples,
+    )
+    .map_err(|d| Error::input(&args.snapshot, "trace", d.to_string()))?;
+    write_atomic(&args.output, timeline_svg::render(&t).as_bytes())?;
+    writeln!(
+        out,
+        "wrote {}: {} points over {} events, {} iterations, peak {}",
+        args.output.display(),
+        t.samples.len(),
+        snap.events.len(),
+        t.iterations.len(),
+        t.peak
+            .as_ref()
+            .map(|p| format_bytes(p.allocated))
+            .unwrap_or_else(|| "0 B".into())
+    )?;
+    Ok(Outcome::Ok)
+}

@@ -1,0 +1,312 @@
+//! The remedies for an out-of-memory, each tried by running the workload again with the
+//! change made, and the search for the largest parameter value that fits (`gpumem fit`).
+//!
+//! A remedy is a set of [`Overrides`]: the same workload file loaded with one change, so a
+//! remedy's figures are exactly those of `gpumem run` on the file with that change made by
+//! hand. Remedies are listed smallest change first: allocator settings (an environment
+//! variable), then fixes of a bug in the loop (`loss.item()`, `no_grad`), then changes to the
+//! model's numerics or memory plan (autocast, checkpointing, the optimizer), then a smaller
+//! batch, which changes the training itself.
+
+use std::path::Path;
+
+use super::{run, RunOptions, RunOutcome};
+use crate::error::Error;
+use crate::workload::{self, transform, BlockKind, Overrides, Workload};
+
+/// One change to try.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Remedy {
+    /// Short name, e.g. `expandable_segments:True` or `batch 4`.
+    pub name: String,
+    /// What to change in a PyTorch program.
+    pub change: String,
+    /// The workload's overrides with this change added.
+    pub overrides: Overrides,
+    /// Which kind of remedy (for `fit`, which tries each kind once).
+    pub kind: RemedyKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemedyKind {
+    ExpandableSegments,
+    MaxSplitSize,
+    KeepItem,
+    NoGrad,
+    Bf16Autocast,
+    Checkpointing,
+    Sgd,
+    SmallerBatch,
+}
+
+/// What running a remedy gave.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Tried {
+    pub name: String,
+    pub change: String,
+    pub kind: RemedyKind,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub fits: bool,
+    /// Where the remedy's run ran out of memory, when it did ("iteration 0, line 412").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_at: Option<String>,
+    /// Why the remedy could not run (the changed workload has an error), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn with_conf(w: &Workload, base: &Overrides, add: &str) -> Overrides {
+    let current = base
+        .alloc_conf
+        .clone()
+        .unwrap_or_else(|| w.alloc_conf.raw.clone());
+    let key = add.split(':').next().unwrap_or(add);
+    let mut parts: Vec<String> = current
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && p.split(':').next().map(str::trim) != Some(key))
+        .map(String::from)
+        .collect();
+    parts.push(add.to_string());
+    Overrides {
+        alloc_conf: Some(parts.join(",")),
+        ..base.clone()
+    }
+}
+
+/// The remedies that apply to `w` (loaded with `base`), except smaller batches.
+pub fn applicable(w: &Workload, base: &Overrides) -> Vec<Remedy> {
+    let mut out = Vec::new();
+    let p = w.preset.as_ref();
+    if !w.alloc_conf.expandable_segments {
+        out.push(Remedy {
+            name: "expandable_segments:True".into(),
+            change: "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(),
+            overrides: with_conf(w, base, "expandable_segments:True"),
+            kind: RemedyKind::ExpandableSegments,
+        });
+    }
+    for mb in [128u64, 512] {
+        out.push(Remedy {
+            name: format!("max_split_size_mb:{mb}"),
+            change: format!("set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{mb}"),
+            overrides: with_conf(w, base, &format!("max_split_size_mb:{mb}")),
+            kind: RemedyKind::MaxSplitSize,
+        });
+    }
+    let keeps = match p {
+        Some(p) => p.keep_tensor,
+        None => transform::calls(&w.body, "keep"),
+    };
+    if keeps {
+        out.push(Remedy {
+            name: "loss.item()".into(),
+            change: "keep loss.item() (a number), not the loss tensor".into(),
+            overrides: Overrides {
+                keep_item: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::KeepItem,
+        });
+    }
+    let eval_with_graph = match p {
+        Some(p) => p.mode == "eval-with-graph",
+        None => {
+            !transform::calls_method(&w.body, "backward")
+                && !transform::has_block(&w.body, &|k| *k == BlockKind::NoGrad)
+                && (transform::requires_grad(&w.setup) || transform::requires_grad(&w.body))
+        }
+    };
+    if eval_with_graph {
+        out.push(Remedy {
+            name: "no_grad".into(),
+            change: "evaluate under `with torch.no_grad():`".into(),
+            overrides: Overrides {
+                no_grad_eval: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::NoGrad,
+        });
+    }
+    let autocast = match p {
+        Some(p) => p.bf16,
+        None => {
+            transform::has_block(&w.body, &|k| matches!(k, BlockKind::Autocast { .. }))
+                || !transform::multiplies_matrices(&w.body)
+        }
+    };
+    if !autocast {
+        out.push(Remedy {
+            name: "bf16 autocast".into(),
+            change: "forward under torch.autocast(\"cuda\", dtype=torch.bfloat16)".into(),
+            overrides: Overrides {
+                bf16_autocast: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::Bf16Autocast,
+        });
+    }
+    if p.is_some_and(|p| p.kind == "gpt" && !p.checkpointing) {
+        out.push(Remedy {
+            name: "checkpointing".into(),
+            change: "checkpoint(block, x, use_reentrant=False) per block".into(),
+            overrides: Overrides {
+                checkpointing: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::Checkpointing,
+        });
+    }
+    let adam = match p {
+        Some(p) => p.optimizer == "adam" || p.optimizer == "adamw",
+        None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
+    };
+    if adam {
+        out.push(Remedy {
+            name: "SGD".into(),
+            change: "torch.optim.SGD instead of Adam (no optimizer state)".into(),
+            overrides: Overrides {
+                sgd: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::Sgd,
+        });
+    }
+    out
+}
+
+/// The peaks of a finished run, and whether it fit (no out-of-memory).
+fn outcome(r: &RunOutcome) -> (u64, u64, bool) {
+    (r.peak.peak_allocated, r.peak.peak_reserved, r.oom.is_none())
+}
+
+/// Runs the workload at `path` with `overrides`.
+pub fn run_with(
+    path: &Path,
+    overrides: &Overrides,
+    opts: &RunOptions,
+) -> Result<RunOutcome, Error> {
+    let w = workload::load_with(path, overrides)?;
+    run(&w, path, opts)
+}
+
+/// Tries one remedy. A workload error in the changed workload is reported, not returned.
+pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
+    let mut t = Tried {
+        name: r.name.clone(),
+        change: r.change.clone(),
+        kind: r.kind,
+        peak_allocated: 0,
+        peak_reserved: 0,
+        fits: false,
+        oom_at: None,
+        error: None,
+    };
+    match run_with(path, &r.overrides, opts) {
+        Ok(out) => {
+            (t.peak_allocated, t.peak_reserved, t.fits) = outcome(&out);
+            t.oom_at = out.oom.as_ref().map(|o| {
+                format!(
+                    "{}, line {}",
+                    o.iteration
+                        .map(|i| format!("iteration {i}"))
+                        .unwrap_or_else(|| "setup".into()),
+                    o.line
+                )
+            });
+        }
+        Err(e) => t.error = Some(e.to_string()),
+    }
+    t
+}
+
+/// Tries every applicable remedy, then the batch halved until it fits or reaches 1. Calls
+/// `progress(name)` before each run. Returns the results with the ones that fit first, each
+/// group in the order above (smallest change first).
+pub fn try_all(
+    path: &Path,
+    w: &Workload,
+    base: &Overrides,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Vec<Tried> {
+    let mut out = Vec::new();
+    for r in applicable(w, base) {
+        progress(&r.name);
+        out.push(try_one(path, &r, opts));
+    }
+    if let Some((name, mut b)) = w.batch_param() {
+        while b > 1 {
+            b /= 2;
+            let r = Remedy {
+                name: format!("{name} {b}"),
+                change: format!(
+                    "batch size {b} instead of {}",
+                    w.batch_param().map(|x| x.1).unwrap_or(b)
+                ),
+                overrides: base.with_param(&name, b),
+                kind: RemedyKind::SmallerBatch,
+            };
+            progress(&r.name);
+            let t = try_one(path, &r, opts);
+            let stop = t.fits || t.error.is_some();
+            out.push(t);
+            if stop {
+                break;
+            }
+        }
+    }
+    // stable: fitting ones first, each group in the order tried
+    out.sort_by_key(|t| !t.fits);
+    out
+}
+
+/// The largest value of parameter `param` in `1..=limit` for which the workload (with
+/// `overrides`) runs without out-of-memory, by doubling from `start` and bisecting; `None`
+/// when not even 1 fits. `runs` counts the runs made.
+pub fn max_fitting(
+    path: &Path,
+    overrides: &Overrides,
+    param: &str,
+    start: i64,
+    limit: i64,
+    opts: &RunOptions,
+    runs: &mut u32,
+) -> Result<Option<i64>, Error> {
+    let mut fits = |v: i64| -> Result<bool, Error> {
+        *runs += 1;
+        let out = run_with(path, &overrides.with_param(param, v), opts)?;
+        Ok(out.oom.is_none())
+    };
+    let start = start.clamp(1, limit);
+    // lo fits (or is 0: nothing known to fit), hi does not (or is limit + 1)
+    let (mut lo, mut hi) = if fits(start)? {
+        let mut lo = start;
+        let mut hi = limit + 1;
+        let mut v = start;
+        while v < limit {
+            let next = v.saturating_mul(2).min(limit);
+            if fits(next)? {
+                lo = next;
+                v = next;
+            } else {
+                hi = next;
+                break;
+            }
+        }
+        (lo, hi)
+    } else {
+        (0, start)
+    };
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok((lo >= 1).then_some(lo))
+}
