@@ -544,3 +544,84 @@ fn params_are_names_in_scripts_and_bad_params_are_usage_errors() {
         "{err}"
     );
 }
+
+/// PyTorch 2.11 on an H200, each run in a fresh process with the allocator allowed what
+/// `--capacity` gives gpumem's (scripts/gpu-fit-check.sh): GPT-2 small at the batch `gpumem fit`
+/// found for 24 GiB and one more, per remedy, and the planted fragmentation case on 4 GiB. Every
+/// outcome (fits or out of memory) must be gpumem's, with the same peaks when it fits and the
+/// same figures in the OOM message (the request, allocated, reserved but unallocated) when not.
+#[test]
+fn issue5_fit_boundaries_and_ooms_match_pytorch_on_an_h200() {
+    let text = std::fs::read_to_string(root().join("fixtures/groundtruth/fit/pytorch_h200.jsonl"))
+        .unwrap();
+    let preset = std::fs::read_to_string(
+        root().join("fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"),
+    )
+    .unwrap();
+    let s = Scratch::new("h200");
+    let allocator_part = |m: &str| {
+        let tried = m.split(". GPU").next().unwrap().to_string();
+        let of = m
+            .split("Of the allocated memory ")
+            .nth(1)
+            .unwrap()
+            .split(" reserved by PyTorch but unallocated")
+            .next()
+            .unwrap()
+            .to_string();
+        (tried, of)
+    };
+    let mut n = 0;
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let args: Vec<&str> = r["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let mut cmd: Vec<String> = vec!["run".into()];
+        if args[0] == "frag" {
+            cmd.push(FRAGMENTATION.into());
+        } else {
+            let mut t = preset.clone();
+            for f in &args[2..] {
+                t = match *f {
+                    "amp" => t.replace("[train]\n", "[train]\nprecision = \"bf16-autocast\"\n"),
+                    "ckpt" => t.replace("[train]\n", "[train]\ncheckpointing = true\n"),
+                    "sgd" => t.replace("optimizer = \"adamw\"", "optimizer = \"sgd\""),
+                    other => panic!("unknown flag {other}"),
+                };
+            }
+            let p = s.write(&format!("gpt{n}.toml"), &t);
+            cmd.extend([
+                p.to_str().unwrap().to_string(),
+                "--capacity".into(),
+                "24GiB".into(),
+                "--param".into(),
+                format!("batch={}", args[1]),
+            ]);
+        }
+        let conf = r["conf"].as_str().unwrap();
+        if !conf.is_empty() {
+            cmd.extend(["--alloc-conf".to_string(), conf.to_string()]);
+        }
+        cmd.push("--no-remedies".into());
+        let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let (_, v) = run_json(&refs);
+        let fits = r["fits"] == true;
+        assert_eq!(v["oom"].is_null(), fits, "{line}");
+        if fits {
+            assert_eq!(v["peak"]["peak_allocated"], r["peak_allocated"], "{line}");
+            assert_eq!(v["peak"]["peak_reserved"], r["peak_reserved"], "{line}");
+        } else {
+            assert_eq!(
+                allocator_part(v["oom"]["message"].as_str().unwrap()),
+                allocator_part(r["message"].as_str().unwrap()),
+                "{line}"
+            );
+        }
+        n += 1;
+    }
+    assert_eq!(n, 15);
+}
