@@ -9,6 +9,7 @@
 //! - [`runner`]: runs a workload on the engine; remedies and `fit` re-run it with changes.
 //! - [`analysis`]: pure functions over traces and allocator state: replay of PyTorch traces,
 //!   fragmentation, leaks, out-of-memory verdicts, the category timeline.
+//! - [`snapshot`]: snapshots from gpumem or PyTorch (pickle or JSON), read into one model.
 //! - [`report`]: formatting only (PyTorch's `memory_summary`, tables, JSON).
 //! - [`cli`], [`commands`]: the command line, one file per subcommand.
 
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod report;
 pub mod runner;
+pub mod snapshot;
 pub mod trace;
 pub mod units;
 pub mod workload;

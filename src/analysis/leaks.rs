@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::stacks::{describe, When};
+use super::stacks::When;
 use crate::trace::{EventKind, StackId, Tags};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,13 +86,8 @@ pub fn find(
     let mut live: FxHashMap<u64, Live> = FxHashMap::default();
     let mut last_iter: Option<u32> = None;
     let mut oom_in_last = false;
-    let mut metas: FxHashMap<StackId, super::stacks::StackMeta> = FxHashMap::default();
-    let mut meta = |s: StackId| -> super::stacks::StackMeta {
-        metas
-            .entry(s)
-            .or_insert_with(|| describe(&tags.resolve(s)))
-            .clone()
-    };
+    let mut ann = super::stacks::Annotator::new(tags);
+    let mut meta = |s: StackId| ann.meta(s);
     for e in events {
         match e.kind() {
             EventKind::Alloc => {
@@ -166,7 +161,7 @@ pub fn find(
         }
         let category = l
             .category
-            .and_then(|c| meta(c).category)
+            .and_then(|c| meta(c).category.clone())
             .or(m.category.clone())
             .unwrap_or_else(|| "other".into());
         let acc = sites.entry(m.site.clone()).or_insert_with(|| SiteAcc {

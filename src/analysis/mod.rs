@@ -2,6 +2,7 @@
 //!
 //! - [`groundtruth`]: the recorded PyTorch allocator trace format (read and validated).
 //! - [`replay`]: runs such a trace through gpumem's allocator and compares step by step.
+//! - [`blocks`]: block sizes from a trace's requests (its segments' blocks tracked).
 //! - [`stacks`]: what a tag stack says (iteration, category, site, op).
 //! - [`state`]: the allocator's state at any moment of a trace, and the category timeline.
 //! - [`timeline`]: the timeline's data.
@@ -10,7 +11,12 @@
 //! - [`oom`]: what an out-of-memory was: capacity or fragmentation, and what was live.
 //! - [`findings`]: all of the above for one recorded run.
 //! - [`snapshot_file`]: a gpumem snapshot read back as a trace.
+//! - [`summary`]: what a snapshot says (state, sites, peak, leaks, OOMs).
+//! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
+//! - [`diff`]: two snapshots' summaries side by side.
 
+pub mod blocks;
+pub mod diff;
 pub mod findings;
 pub mod fragmentation;
 pub mod groundtruth;
@@ -20,4 +26,6 @@ pub mod replay;
 pub mod snapshot_file;
 pub mod stacks;
 pub mod state;
+pub mod summary;
 pub mod timeline;
+pub mod whatif;

@@ -108,3 +108,44 @@ mod tests {
         );
     }
 }
+
+/// Whether a tag is a Python frame as snapshots name them (`file.py:LINE:function`).
+pub fn is_python_frame(tag: &str) -> bool {
+    let mut parts = tag.splitn(3, ':');
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(f), Some(l), Some(_)) if f.ends_with(".py") && l.parse::<u64>().is_ok()
+    )
+}
+
+/// A site as a person reads it. A site made of call-stack frames (a PyTorch snapshot's) is
+/// shown innermost frame first, Python frames only, at most `depth` of them with a count of the
+/// rest, unless `full` (every frame, C++ ones too). Other sites (gpumem's scopes and ops) are
+/// returned as they are.
+pub fn display_site(site: &str, full: bool, depth: usize) -> String {
+    let parts: Vec<&str> = site.split('/').collect();
+    let frames = parts
+        .iter()
+        .filter(|p| is_python_frame(p) || p.starts_with("[C++] "))
+        .count();
+    if frames == 0 {
+        return site.to_string();
+    }
+    let shown: Vec<&str> = parts
+        .iter()
+        .rev()
+        .copied()
+        .filter(|p| full || is_python_frame(p))
+        .collect();
+    if shown.is_empty() {
+        return "<non-python>".into();
+    }
+    if full || shown.len() <= depth {
+        return shown.join(" < ");
+    }
+    format!(
+        "{} < ... ({} more)",
+        shown[..depth].join(" < "),
+        shown.len() - depth
+    )
+}

@@ -33,6 +33,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Run(RunArgs),
+    Summary(SummaryArgs),
+    Export(ExportArgs),
+    Diff(DiffArgs),
     Fit(FitArgs),
     Plot(PlotArgs),
     Replay(ReplayArgs),
@@ -149,6 +152,111 @@ pub enum FailOn {
     Leak,
 }
 
+/// Summarize a memory snapshot: gpumem's, or one PyTorch wrote.
+///
+/// FILE is a gpumem snapshot (`gpumem run --snapshot`), a PyTorch snapshot pickle
+/// (`torch.cuda.memory._record_memory_history()` then `torch.cuda.memory._dump_snapshot(F)`,
+/// any pickle protocol), or a PyTorch snapshot saved as JSON; the format is read from the
+/// content. Prints the allocator's state (reserved, allocated, active, requested,
+/// inactive_split, by pool), what is live by allocation site (Python frames, innermost first;
+/// C++ frames folded unless --stacks), fragmentation per segment, and from the trace: the peak
+/// and who held memory then, leaks across iterations (iterations from the Optimizer.step
+/// annotations, or from the trace repeating itself) and each out-of-memory. The reader never
+/// runs code from a pickle: anything that would import or call Python is refused.
+///
+/// Example:
+///   gpumem summary fixtures/snapshots/snapshot_mlp_adam.pickle
+#[derive(Debug, Args)]
+#[command(after_long_help = "\
+Exit codes:
+  0  the snapshot was read (findings are reported, not failed on, without --fail-on)
+  1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak)
+  2  usage, input or I/O error (an unreadable, malformed or unsafe file)")]
+pub struct SummaryArgs {
+    /// The snapshot file.
+    pub snapshot: PathBuf,
+
+    /// Show whole call stacks, C++ frames included.
+    #[arg(long)]
+    pub stacks: bool,
+
+    /// How many sites to list.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+
+    /// Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Exit 1 when the snapshot shows one of these: `oom`, `leak`.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "FINDINGS")]
+    pub fail_on: Vec<FailOn>,
+}
+
+/// Write a snapshot in another tool's format.
+///
+/// `--to memory-viz` writes PyTorch's snapshot dict as a pickle, which PyTorch's memory viewer
+/// (https://pytorch.org/memory_viz) and `python -m torch.cuda._memory_viz` read; `--to
+/// torch-json` the same dict as JSON; `--to perfetto` a Chrome trace with a memory counter
+/// track per category and one for reserved memory, which https://ui.perfetto.dev opens. gpumem
+/// reads all three back (`gpumem summary`).
+///
+/// Example:
+///   gpumem run w.toml --snapshot run.json && gpumem export run.json --to memory-viz -o snap.pickle
+#[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
+pub struct ExportArgs {
+    /// The snapshot (gpumem JSON, or PyTorch pickle or JSON).
+    pub snapshot: PathBuf,
+
+    /// The format to write.
+    #[arg(long, value_enum)]
+    pub to: ExportFormat,
+
+    /// Where to write it (atomically).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// PyTorch's snapshot pickle (memory_viz).
+    MemoryViz,
+    /// PyTorch's snapshot dict as JSON.
+    TorchJson,
+    /// A Chrome/Perfetto trace with memory counters.
+    Perfetto,
+}
+
+/// Compare two snapshots or runs: peaks, categories, allocation sites, segments.
+///
+/// A and B are snapshots (gpumem's or PyTorch's) or workload files (run on the simulated
+/// device). The table gives each figure for A and B and the change, largest changes first;
+/// `--markdown` prints GitHub-flavoured markdown for a pull-request comment.
+///
+/// Example:
+///   gpumem diff before.pickle after.pickle --markdown
+#[derive(Debug, Args)]
+#[command(after_long_help = EXIT_CODES)]
+pub struct DiffArgs {
+    /// The first snapshot or workload (before).
+    pub a: PathBuf,
+    /// The second snapshot or workload (after).
+    pub b: PathBuf,
+
+    /// How many sites to list.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+
+    /// Print markdown tables (for a pull-request comment).
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Find the largest batch size (or another integer parameter) that fits on a device.
 ///
 /// Runs the workload on the simulated device again and again, doubling the parameter from its
@@ -219,7 +327,14 @@ pub struct PlotArgs {
     pub samples: usize,
 }
 
-/// Replay a recorded PyTorch allocator trace and compare every step with PyTorch.
+/// Replay a recorded PyTorch allocator trace and compare every step with PyTorch; or replay a
+/// snapshot's allocations under other allocator settings ("would this have saved my run?").
+///
+/// With a snapshot (gpumem's, or PyTorch's pickle or JSON) and --alloc-conf, the snapshot's
+/// recorded allocations and frees run through gpumem's allocator with those settings, and the
+/// table compares recorded and replayed: peak reserved, peak allocated, fragmentation, and
+/// out-of-memory errors avoided or caused (exit 1 when the replay still runs out):
+///   gpumem replay snap.pickle --alloc-conf expandable_segments:True
 ///
 /// The trace is JSON as ../shared/tools/alloc_traces.py writes it: `ops` (["a", id, size],
 /// ["f", id], ["e"] for empty_cache), and what PyTorch recorded after each op (`after`), the
@@ -231,7 +346,7 @@ pub struct PlotArgs {
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct ReplayArgs {
-    /// The trace file (JSON).
+    /// The allocator trace (JSON), or a snapshot (gpumem JSON, PyTorch pickle or JSON).
     pub trace: PathBuf,
 
     /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, instead of the trace's
@@ -261,6 +376,11 @@ pub struct ReplayArgs {
     /// space) instead of the trace's; the event trace is then compared without addresses.
     #[arg(long)]
     pub no_trace_addresses: bool,
+
+    /// For a snapshot: what the allocator may use (e.g. 79GiB). Default: the gpumem
+    /// snapshot's device, or what a PyTorch trace's out-of-memory entries show.
+    #[arg(long, value_name = "SIZE")]
+    pub capacity: Option<String>,
 }
 
 /// Measure the allocator: ns per alloc+free pair with event recording on and off.

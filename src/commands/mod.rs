@@ -3,10 +3,13 @@
 
 pub mod bench;
 pub mod compare_torch;
+pub mod diff;
+pub mod export;
 pub mod fit;
 pub mod plot;
 pub mod replay;
 pub mod run;
+pub mod summary;
 
 use std::io::Write;
 
@@ -121,6 +124,9 @@ pub fn load_workload(
 pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
     match cmd {
         Command::Run(a) => run::run(a, out),
+        Command::Summary(a) => summary::run(a, out),
+        Command::Export(a) => export::run(a, out),
+        Command::Diff(a) => diff::run(a, out),
         Command::Fit(a) => fit::run(a, out),
         Command::Plot(a) => plot::run(a, out),
         Command::Replay(a) => replay::run(a, out),

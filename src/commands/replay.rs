@@ -1,4 +1,6 @@
-//! `gpumem replay TRACE.json`: replay a recorded PyTorch allocator trace and compare.
+//! `gpumem replay TRACE.json`: replay a recorded PyTorch allocator trace and compare; or
+//! `gpumem replay SNAPSHOT --alloc-conf ...`: what a snapshot's run would have done with other
+//! allocator settings.
 
 use std::io::Write;
 
@@ -11,7 +13,84 @@ use crate::error::{Error, Result};
 use crate::report::replay::{to_json, write_text, ReplayHeader};
 use crate::report::{stats_table, torch_summary};
 
+/// Whether the file is an allocator trace of ../shared/tools/alloc_traces.py (JSON with
+/// `ops`), rather than a snapshot.
+fn is_allocator_trace(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    if !String::from_utf8_lossy(&head[..n])
+        .trim_start()
+        .starts_with('{')
+    {
+        return false; // a pickle, or not JSON: the snapshot reader says what it is
+    }
+    // JSON: an allocator trace has a top-level "ops"; anything unreadable goes to the trace
+    // reader, whose errors name the file and key
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        ops: Option<serde::de::IgnoredAny>,
+        format: Option<String>,
+        segments: Option<serde::de::IgnoredAny>,
+    }
+    match std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Probe>(&b).ok())
+    {
+        Some(p) => p.ops.is_some() || (p.format.is_none() && p.segments.is_none()),
+        None => true,
+    }
+}
+
+fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
+    let s = crate::snapshot::load(&args.trace)?;
+    let conf = match &args.alloc_conf {
+        Some(c) => AllocConf::parse(c).map_err(|e| Error::usage("--alloc-conf", e.to_string()))?,
+        None => s.conf.clone(),
+    };
+    let capacity = match &args.capacity {
+        Some(c) => crate::units::parse_size(c).map_err(|m| Error::usage("--capacity", m))?,
+        None => match (s.total_memory, s.context_overhead) {
+            (Some(t), o) => t - o.unwrap_or(0),
+            (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events)
+                .ok_or_else(|| {
+                    Error::usage(
+                        "--capacity",
+                        "the snapshot does not say how much memory the device had (PyTorch's \
+                         snapshots record it only at an out-of-memory): give --capacity, e.g. \
+                         --capacity 79GiB",
+                    )
+                })?,
+        },
+    };
+    let w = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
+    let path = args.trace.display().to_string();
+    if args.json {
+        let v = crate::report::whatif::to_json(&path, &w);
+        serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        crate::report::whatif::write_text(out, &path, &w)?;
+    }
+    Ok(if w.replayed.ooms > 0 {
+        Outcome::Finding
+    } else {
+        Outcome::Ok
+    })
+}
+
 pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
+    if !is_allocator_trace(&args.trace) {
+        return what_if(args, out);
+    }
+    if args.capacity.is_some() {
+        return Err(Error::usage(
+            "--capacity",
+            "an allocator trace carries its device's memory; --capacity is for snapshots",
+        ));
+    }
     let gt = GroundTruth::load(&args.trace)?;
     let (conf, overridden) = match &args.alloc_conf {
         Some(s) => (

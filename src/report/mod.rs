@@ -8,14 +8,20 @@
 //! - [`run`]: what `gpumem run` prints.
 //! - [`findings`]: leaks, fragmentation and an out-of-memory's diagnosis with its remedies.
 //! - [`snapshot`]: the versioned gpumem snapshot (JSON).
+//! - [`summary`]: what `gpumem summary` prints.
+//! - [`export`]: PyTorch's snapshot dict (memory_viz) and a Perfetto trace.
 //! - [`timeline_svg`]: the memory timeline as an SVG chart.
 
 pub mod bench;
 pub mod compare_torch;
+pub mod diff;
+pub mod export;
 pub mod findings;
 pub mod replay;
 pub mod run;
 pub mod snapshot;
 pub mod stats_table;
+pub mod summary;
 pub mod timeline_svg;
 pub mod torch_summary;
+pub mod whatif;

@@ -5,6 +5,8 @@
 //! context. Recording is cheap enough to leave on by default.
 
 pub mod event;
+pub mod pickle;
+pub mod pickle_write;
 pub mod ring;
 pub mod tags;
 

@@ -1,0 +1,487 @@
+//! What a snapshot says: the allocator's state (from its segments), where the memory is by
+//! allocation site, fragmentation, and, from its trace, the peak and who held memory then,
+//! leaks across iterations and each out-of-memory.
+//!
+//! A PyTorch trace starts when recording started, not at the process's start, and records
+//! requested sizes: allocated memory over the trace is the state at the end, walked back
+//! through the trace, with each request rounded as the allocator rounds it.
+
+use rustc_hash::FxHashMap;
+
+use super::fragmentation::{self, Fragmentation};
+use super::leaks::{self, LeakOptions, LeakReport};
+use super::stacks::describe;
+use crate::alloc::{AllocConf, BlockState, PoolKind, SegmentInfo, SimAllocator, SimSource};
+use crate::trace::{Event, EventKind, StackId, Tags};
+
+/// Totals of one pool (or all) in the state the segments hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolState {
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    /// Block sizes of allocated blocks (PyTorch's `allocated_bytes`).
+    pub allocated_bytes: u64,
+    /// Allocated plus pending frees (`active_bytes`).
+    pub active_bytes: u64,
+    pub requested_bytes: u64,
+    /// Free blocks that are pieces of split segments (`inactive_split_bytes`).
+    pub inactive_split_bytes: u64,
+    pub inactive_split_blocks: u64,
+    pub allocations: u64,
+}
+
+/// Bytes held by one allocation site.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SiteBytes {
+    pub site: String,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TraceSummary {
+    pub entries: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub segment_allocs: u64,
+    pub segment_frees: u64,
+    /// Allocated bytes when the trace starts (the end state walked back).
+    pub allocated_at_start: u64,
+    /// The highest allocated bytes over the trace, and the event where it was reached.
+    pub peak_allocated_bytes: u64,
+    pub peak_event: u64,
+    /// Who held memory at the peak, largest first.
+    pub top_sites_at_peak: Vec<SiteBytes>,
+    /// What held memory at the peak, by category (`other` where the stack names none).
+    pub peak_by_category: Vec<(String, u64)>,
+    /// The highest reserved bytes over the trace.
+    pub peak_reserved_bytes: u64,
+    pub iterations: u32,
+    /// Allocations at an address the trace still had allocated: the history is not
+    /// consistent (entries lost, or a file stitched together), so its figures are estimates.
+    pub inconsistent_allocs: u64,
+}
+
+/// An `oom` entry of the trace.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OomEvent {
+    pub event: u64,
+    /// The request as the allocator rounded it.
+    pub requested: u64,
+    pub device_free: u64,
+    /// Allocated and reserved bytes just before it (from the trace).
+    pub allocated: u64,
+    pub reserved: u64,
+    pub verdict: super::oom::Verdict,
+    pub explanation: String,
+    pub site: String,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Summary {
+    pub all: PoolState,
+    pub large: PoolState,
+    pub small: PoolState,
+    pub fragmentation: Fragmentation,
+    /// Allocated blocks by allocation site, largest first.
+    pub live_by_site: Vec<SiteBytes>,
+    pub trace: Option<TraceSummary>,
+    pub leaks: LeakReport,
+    pub ooms: Vec<OomEvent>,
+}
+
+fn pool_state(segs: &[SegmentInfo], pool: Option<PoolKind>) -> PoolState {
+    let mut p = PoolState::default();
+    for s in segs.iter().filter(|s| pool.is_none_or(|k| s.pool == k)) {
+        p.segments += 1;
+        p.reserved_bytes += s.total_size;
+        let split = s.blocks.len() > 1;
+        for b in &s.blocks {
+            match b.state {
+                BlockState::ActiveAllocated => {
+                    p.allocated_bytes += b.size;
+                    p.active_bytes += b.size;
+                    p.requested_bytes += b.requested_size;
+                    p.allocations += 1;
+                }
+                BlockState::ActivePendingFree => p.active_bytes += b.size,
+                BlockState::Inactive => {
+                    if split {
+                        p.inactive_split_bytes += b.size;
+                        p.inactive_split_blocks += 1;
+                    }
+                }
+            }
+        }
+    }
+    p
+}
+
+fn top(m: FxHashMap<String, (u64, u64)>, n: usize) -> Vec<SiteBytes> {
+    let mut v: Vec<SiteBytes> = m
+        .into_iter()
+        .map(|(site, (bytes, blocks))| SiteBytes {
+            site,
+            bytes,
+            blocks,
+        })
+        .collect();
+    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+    v.truncate(n);
+    v
+}
+
+thread_local! {
+    /// Whether sites keep C++ frames (`--stacks`); set for the duration of one summary.
+    static FULL_STACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A stack's site: its tags without iteration and category; C++ frames are folded away
+/// unless full stacks were asked for, so allocations from one Python line are one site.
+fn site_of(tags: &Tags, s: StackId) -> String {
+    let resolved = tags.resolve(s);
+    let kept: Vec<&str> = if FULL_STACKS.with(|f| f.get()) {
+        resolved
+    } else {
+        let had_frames = resolved.iter().any(|t| t.starts_with("[C++] "));
+        let k: Vec<&str> = resolved
+            .into_iter()
+            .filter(|t| !t.starts_with("[C++] "))
+            .collect();
+        if had_frames && !k.iter().any(|t| super::stacks::is_python_frame(t)) {
+            return "<non-python>".into();
+        }
+        k
+    };
+    let m = describe(&kept);
+    if m.site.is_empty() {
+        "(no frames recorded)".into()
+    } else {
+        m.site
+    }
+}
+
+/// Summarizes segments and a trace. `conf` rounds requests as the allocator did; sites keep
+/// C++ frames when `full_stacks`.
+pub fn summarize(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    top_n: usize,
+    full_stacks: bool,
+) -> Summary {
+    let was = FULL_STACKS.with(|f| f.replace(full_stacks));
+    let s = summarize_inner(segments, events, tags, conf, top_n);
+    FULL_STACKS.with(|f| f.set(was));
+    s
+}
+
+fn summarize_inner(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    top_n: usize,
+) -> Summary {
+    let frag = fragmentation::analyze(segments);
+    let mut live: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    for s in segments {
+        for b in s
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+        {
+            let e = live.entry(site_of(tags, b.stack)).or_default();
+            e.0 += b.size;
+            e.1 += 1;
+        }
+    }
+    // rounding as the allocator does (its settings only; no device needed)
+    let rounder = SimAllocator::new(conf.clone(), SimSource::new(1 << 40, 0));
+    let round = |n: u64| rounder.round_size(n);
+    let all = pool_state(segments, None);
+    let leaks = leaks::find(events, tags, &round, LeakOptions::default());
+    let trace =
+        (!events.is_empty()).then(|| trace_summary(segments, events, tags, conf, top_n, &all));
+    let ooms = oom_events(segments, events, tags, conf, &all);
+    Summary {
+        large: pool_state(segments, Some(PoolKind::Large)),
+        small: pool_state(segments, Some(PoolKind::Small)),
+        all,
+        fragmentation: frag,
+        live_by_site: top(live, top_n),
+        trace,
+        leaks,
+        ooms,
+    }
+}
+
+/// Walks the trace: allocated bytes relative to its start after each event, and each
+/// allocation's block size (by event index).
+fn walk(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    conf: &AllocConf,
+) -> (Vec<i64>, i64, FxHashMap<usize, u64>) {
+    // an allocation still held at the end has the size its block has in the segments
+    let mut last_alloc: FxHashMap<u64, usize> = FxHashMap::default();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc => {
+                last_alloc.insert(e.addr, i);
+            }
+            EventKind::FreeRequested => {
+                last_alloc.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let mut held: FxHashMap<usize, u64> = FxHashMap::default();
+    for s in segments {
+        for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
+            if let Some(i) = last_alloc.get(&b.address) {
+                held.insert(*i, b.size);
+            }
+        }
+    }
+    let mut sizer = super::blocks::Sizer::new(conf);
+    let mut cur: i64 = 0;
+    let mut after = Vec::with_capacity(events.len());
+    let mut blocks = FxHashMap::default();
+    for (i, e) in events.iter().enumerate() {
+        match (e.kind(), sizer.step(e)) {
+            (EventKind::Alloc, Some(b)) => {
+                let b = held.get(&i).copied().unwrap_or(b);
+                cur += b as i64;
+                blocks.insert(i, b);
+            }
+            (EventKind::FreeRequested, Some(b)) => cur -= b as i64,
+            _ => {}
+        }
+        after.push(cur);
+    }
+    (after, cur, blocks)
+}
+
+fn trace_summary(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    top_n: usize,
+    end: &PoolState,
+) -> TraceSummary {
+    let (after, net, block_of) = walk(segments, events, conf);
+    let mut held: rustc_hash::FxHashSet<u64> = Default::default();
+    let mut inconsistent = 0u64;
+    for e in events {
+        match e.kind() {
+            EventKind::Alloc => {
+                if !held.insert(e.addr) {
+                    inconsistent += 1;
+                }
+            }
+            EventKind::FreeRequested => {
+                held.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let rounder = super::blocks::Sizer::new(conf);
+    let round = |n: u64| rounder.round(n);
+    let start = (end.allocated_bytes as i64 - net).max(0);
+    let (peak_i, peak_rel) = after
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
+        .map(|(i, v)| (i, *v))
+        .unwrap_or((0, 0));
+    let peak = (start + peak_rel.max(0)) as u64;
+    // who held memory at the peak: allocations of the trace alive then, and blocks from
+    // before the trace that were still alive (freed later, or never)
+    let mut alive: FxHashMap<u64, (u64, StackId)> = FxHashMap::default();
+    let mut retagged: FxHashMap<u64, StackId> = FxHashMap::default();
+    let mut allocated_in_trace: rustc_hash::FxHashSet<u64> = Default::default();
+    let mut freed_before_alloc_after_peak: Vec<(u64, u64)> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc => {
+                allocated_in_trace.insert(e.addr);
+                if i <= peak_i {
+                    let b = block_of.get(&i).copied().unwrap_or_else(|| round(e.size()));
+                    alive.insert(e.addr, (b, e.stack));
+                    retagged.remove(&e.addr);
+                }
+            }
+            EventKind::Retag => {
+                if i <= peak_i && alive.contains_key(&e.addr) {
+                    retagged.insert(e.addr, e.stack);
+                }
+            }
+            EventKind::FreeRequested => {
+                if i <= peak_i {
+                    if alive.remove(&e.addr).is_none() && !allocated_in_trace.contains(&e.addr) {
+                        // from before the trace, gone before the peak
+                        allocated_in_trace.insert(e.addr);
+                    }
+                } else if !allocated_in_trace.contains(&e.addr) {
+                    freed_before_alloc_after_peak.push((e.addr, round(e.size())));
+                    allocated_in_trace.insert(e.addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut by_site: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    let mut by_cat: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    for (addr, (b, s)) in &alive {
+        let e = by_site.entry(site_of(tags, *s)).or_default();
+        e.0 += b;
+        e.1 += 1;
+        let cat = retagged
+            .get(addr)
+            .and_then(|r| describe(&tags.resolve(*r)).category)
+            .or_else(|| describe(&tags.resolve(*s)).category)
+            .unwrap_or_else(|| "other".into());
+        by_cat.entry(cat).or_default().0 += b;
+    }
+    let before = "(allocated before the trace started)".to_string();
+    for (_, b) in &freed_before_alloc_after_peak {
+        let e = by_site.entry(before.clone()).or_default();
+        e.0 += b;
+        e.1 += 1;
+        by_cat.entry("other".into()).or_default().0 += b;
+    }
+    for s in segments {
+        for b in s
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+        {
+            if !allocated_in_trace.contains(&b.address) {
+                let e = by_site.entry(site_of(tags, b.stack)).or_default();
+                e.0 += b.size;
+                e.1 += 1;
+                let cat = describe(&tags.resolve(b.stack))
+                    .category
+                    .unwrap_or_else(|| "other".into());
+                by_cat.entry(cat).or_default().0 += b.size;
+            }
+        }
+    }
+    // reserved over the trace, anchored at the segments the snapshot holds
+    let mut res: i64 = 0;
+    let mut res_peak: i64 = 0;
+    for e in events {
+        match e.kind() {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => res += e.size() as i64,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => res -= e.size() as i64,
+            _ => {}
+        }
+        res_peak = res_peak.max(res);
+    }
+    let res_end: i64 = segments.iter().map(|s| s.total_size as i64).sum();
+    let peak_reserved = (res_end - res + res_peak).max(res_end) as u64;
+    let count = |k: EventKind| events.iter().filter(|e| e.kind() == k).count() as u64;
+    let mut ann = super::stacks::Annotator::new(tags);
+    let iterations = events
+        .iter()
+        .filter_map(|e| match ann.meta(e.stack).when {
+            super::stacks::When::Iteration(n) => Some(n + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    TraceSummary {
+        entries: events.len() as u64,
+        allocs: count(EventKind::Alloc),
+        frees: count(EventKind::FreeRequested),
+        segment_allocs: count(EventKind::SegmentAlloc) + count(EventKind::SegmentMap),
+        segment_frees: count(EventKind::SegmentFree) + count(EventKind::SegmentUnmap),
+        allocated_at_start: start as u64,
+        peak_allocated_bytes: peak,
+        peak_event: peak_i as u64,
+        top_sites_at_peak: top(by_site, top_n),
+        peak_by_category: top(by_cat, usize::MAX)
+            .into_iter()
+            .map(|s| (s.site, s.bytes))
+            .collect(),
+        peak_reserved_bytes: peak_reserved,
+        iterations,
+        inconsistent_allocs: inconsistent,
+    }
+}
+
+fn oom_events(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    end: &PoolState,
+) -> Vec<OomEvent> {
+    use crate::units::format_bytes as b;
+    if !events.iter().any(|e| e.kind() == EventKind::Oom) {
+        return Vec::new();
+    }
+    let (after, net, _) = walk(segments, events, conf);
+    let start = end.allocated_bytes as i64 - net;
+    // reserved over the trace, walked back from the segments the same way
+    let mut res_rel: i64 = 0;
+    let mut res_after = Vec::with_capacity(events.len());
+    for e in events {
+        match e.kind() {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => res_rel += e.size() as i64,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => res_rel -= e.size() as i64,
+            _ => {}
+        }
+        res_after.push(res_rel);
+    }
+    let res_start = segments.iter().map(|s| s.total_size).sum::<u64>() as i64 - res_rel;
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.kind() != EventKind::Oom {
+            continue;
+        }
+        let allocated = (start + if i > 0 { after[i - 1] } else { 0 }).max(0) as u64;
+        let reserved = (res_start + res_after[i]).max(0) as u64;
+        let requested = e.size();
+        let device_free = e.addr;
+        let fits = allocated + requested <= reserved + device_free;
+        let verdict = if fits {
+            super::oom::Verdict::Fragmentation
+        } else {
+            super::oom::Verdict::Capacity
+        };
+        let explanation = if fits {
+            format!(
+                "fragmentation: {} allocated plus the {} asked for would fit in the {} reserved \
+                 and the {} the device had free, but no free block or new segment could hold it",
+                b(allocated),
+                b(requested),
+                b(reserved),
+                b(device_free)
+            )
+        } else {
+            format!(
+                "out of capacity: {} allocated plus the {} asked for is more than the {} \
+                 reserved and the {} the device had free together",
+                b(allocated),
+                b(requested),
+                b(reserved),
+                b(device_free)
+            )
+        };
+        out.push(OomEvent {
+            event: i as u64,
+            requested,
+            device_free,
+            allocated,
+            reserved,
+            verdict,
+            explanation,
+            site: site_of(tags, e.stack),
+        });
+    }
+    out
+}

@@ -1,0 +1,137 @@
+//! Snapshots from anywhere, in one model: a gpumem snapshot (the JSON `gpumem run --snapshot`
+//! writes), a PyTorch snapshot pickle (`torch.cuda.memory._dump_snapshot`, any protocol), or a
+//! PyTorch snapshot saved as JSON. The format is found from the content, not the name.
+//!
+//! The model is the allocator's segments and blocks (as [`SegmentInfo`]) and one device's trace
+//! as gpumem [`Event`]s, with call stacks interned as tag stacks: for a PyTorch snapshot each
+//! frame is a tag, outermost first, Python frames as `file.py:LINE:function` and C++ frames as
+//! `[C++] function` (reports fold those unless asked), and an `iter:N` tag in front when the
+//! iterations are known (from `Optimizer.step` annotations, or from the trace repeating itself).
+
+mod torch;
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::alloc::{AllocConf, SegmentInfo};
+use crate::error::Error;
+use crate::trace::{Event, Tags};
+
+pub use torch::{convert_gpumem, iterations_from_repetition, Doc};
+
+/// Where a snapshot came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// `gpumem run --snapshot`.
+    Gpumem,
+    /// `torch.cuda.memory._dump_snapshot` (pickle).
+    TorchPickle,
+    /// A PyTorch snapshot dict saved as JSON.
+    TorchJson,
+}
+
+impl Format {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Format::Gpumem => "gpumem snapshot",
+            Format::TorchPickle => "PyTorch snapshot (pickle)",
+            Format::TorchJson => "PyTorch snapshot (JSON)",
+        }
+    }
+}
+
+/// An annotation PyTorch records around `record_function` ranges (`Optimizer.step#Adam.step`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Annotation {
+    pub stage: String,
+    pub name: String,
+    pub time_us: u64,
+}
+
+/// How the iterations of a trace were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IterationSource {
+    /// gpumem's own `iter:N` tags.
+    Tags,
+    /// The ends of `Optimizer.step` / `Optimizer.zero_grad` annotations.
+    Annotations,
+    /// The trace's allocation sizes repeating with a period.
+    Repetition,
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub format: Format,
+    /// The workload or file it describes.
+    pub name: String,
+    /// The device whose segments and trace these are.
+    pub device: u32,
+    /// Devices with a trace or segments in the file.
+    pub devices: Vec<u32>,
+    pub segments: Vec<SegmentInfo>,
+    pub events: Vec<Event>,
+    /// `time_us` of each event (0 where the file has none).
+    pub times: Vec<u64>,
+    pub tags: Tags,
+    pub conf: AllocConf,
+    /// The device's memory, when the file says (gpumem snapshots do; PyTorch's do not).
+    pub total_memory: Option<u64>,
+    /// The CUDA context's share of it, when known.
+    pub context_overhead: Option<u64>,
+    pub annotations: Vec<Annotation>,
+    pub iterations: IterationSource,
+    /// Events the recording lost (a gpumem ring's bound; PyTorch's `max_entries` is not
+    /// recorded in the file).
+    pub dropped: u64,
+    /// Trace entries of kinds gpumem does not model (skipped), by action.
+    pub skipped: Vec<(String, u64)>,
+}
+
+/// Reads any snapshot file.
+pub fn load(path: &Path) -> Result<Snapshot, Error> {
+    let read_err = |source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(read_err)?;
+    let mut head = [0u8; 1];
+    let n = f.read(&mut head).map_err(read_err)?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".into());
+    let bad = |m: String| Error::input(path, "snapshot", m);
+    if n == 0 {
+        return Err(bad("the file is empty".into()));
+    }
+    if head[0] == 0x80 || head[0] == b'(' || head[0] == b']' || head[0] == b'}' {
+        // a pickle: protocol 2+ starts with PROTO (0x80); 0 and 1 with a container opcode
+        let reader =
+            std::io::BufReader::with_capacity(1 << 20, std::io::Read::chain(&head[..n], f));
+        let p = crate::trace::pickle::read(reader)
+            .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+        let doc = torch::PickleDoc(&p);
+        return torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
+    }
+    let mut text = Vec::new();
+    text.extend_from_slice(&head[..n]);
+    f.read_to_end(&mut text).map_err(read_err)?;
+    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        bad(format!(
+            "neither a pickle nor JSON ({e}); gpumem reads gpumem snapshots (JSON), PyTorch \
+             snapshot pickles (torch.cuda.memory._dump_snapshot) and PyTorch snapshots saved \
+             as JSON"
+        ))
+    })?;
+    if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
+        return torch::convert_gpumem(&v).map_err(bad);
+    }
+    // gpumem's Perfetto export carries the snapshot as PyTorch's dict
+    if let Some(inner) = v.get("otherData").and_then(|o| o.get("gpumem_snapshot")) {
+        return torch::convert(&torch::JsonDoc, inner, Format::TorchJson, &name).map_err(bad);
+    }
+    torch::convert(&torch::JsonDoc, &v, Format::TorchJson, &name).map_err(bad)
+}

@@ -1,0 +1,664 @@
+//! PyTorch's snapshot dict (`torch.cuda.memory._snapshot()`), read through [`Doc`] so that the
+//! same code reads it from a pickle and from JSON; and the gpumem snapshot's JSON.
+//!
+//! The dict: `segments` (each with `device`, `address`, `total_size`, `stream`,
+//! `segment_type`, `is_expandable`, and `blocks` with `address`, `size`, `requested_size`,
+//! `state`, `frames`), `device_traces` (per device, entries with `action`, `addr`, `size`,
+//! `stream`, `time_us`, `frames`; `oom` entries carry `device_free`), `allocator_settings`
+//! and `external_annotations` (`stage`, `name`, `time_us`). Frames are dicts with `filename`,
+//! `line` and `name`, innermost first, and PyTorch shares one frame list between the entries
+//! of one allocation: it is resolved once per shared object.
+
+use rustc_hash::FxHashMap;
+
+use super::{Annotation, Format, IterationSource, Snapshot};
+use crate::alloc::{AllocConf, BlockInfo, BlockState, PoolKind, SegmentInfo};
+use crate::trace::pickle::{Pickle, Value as PValue};
+use crate::trace::{Event, EventKind, StackId, Tags};
+
+/// Read access to a parsed document (a pickle or JSON), so that one converter serves both.
+pub trait Doc<'a> {
+    type V: Copy + 'a;
+    fn get(&self, v: Self::V, key: &str) -> Option<Self::V>;
+    fn int(&self, v: Self::V) -> Option<i64>;
+    fn float(&self, v: Self::V) -> Option<f64>;
+    fn boolean(&self, v: Self::V) -> Option<bool>;
+    fn text(&self, v: Self::V) -> Option<&'a str>;
+    fn is_list(&self, v: Self::V) -> bool;
+    fn is_dict(&self, v: Self::V) -> bool;
+    fn list(&self, v: Self::V) -> Box<dyn Iterator<Item = Self::V> + 'a>;
+    /// An identity for shared objects (the same list twice gives the same number).
+    fn identity(&self, v: Self::V) -> Option<usize>;
+    /// Calls `f` with each string key and its value of a dict (one pass, for hot loops).
+    fn visit(&self, dict: Self::V, f: &mut dyn FnMut(&str, Self::V));
+}
+
+pub struct PickleDoc<'a>(pub &'a Pickle);
+
+impl<'a> Doc<'a> for PickleDoc<'a> {
+    type V = PValue;
+    fn get(&self, v: PValue, key: &str) -> Option<PValue> {
+        self.0.get(v, key)
+    }
+    fn int(&self, v: PValue) -> Option<i64> {
+        self.0.int(v)
+    }
+    fn float(&self, v: PValue) -> Option<f64> {
+        self.0.float(v)
+    }
+    fn boolean(&self, v: PValue) -> Option<bool> {
+        self.0.bool(v)
+    }
+    fn text(&self, v: PValue) -> Option<&'a str> {
+        self.0.str(v)
+    }
+    fn is_list(&self, v: PValue) -> bool {
+        matches!(
+            self.0.kind(v),
+            crate::trace::pickle::Kind::List | crate::trace::pickle::Kind::Tuple
+        )
+    }
+    fn is_dict(&self, v: PValue) -> bool {
+        self.0.kind(v) == crate::trace::pickle::Kind::Dict
+    }
+    fn list(&self, v: PValue) -> Box<dyn Iterator<Item = PValue> + 'a> {
+        Box::new(self.0.items(v))
+    }
+    fn identity(&self, v: PValue) -> Option<usize> {
+        self.0.obj_id(v).map(|i| i as usize)
+    }
+    fn visit(&self, dict: PValue, f: &mut dyn FnMut(&str, PValue)) {
+        for (k, v) in self.0.entries(dict) {
+            if let Some(k) = self.0.str(k) {
+                f(k, v);
+            }
+        }
+    }
+}
+
+pub struct JsonDoc;
+
+impl<'a> Doc<'a> for JsonDoc {
+    type V = &'a serde_json::Value;
+    fn get(&self, v: Self::V, key: &str) -> Option<Self::V> {
+        v.get(key)
+    }
+    fn int(&self, v: Self::V) -> Option<i64> {
+        v.as_i64()
+            .or_else(|| v.as_u64().map(|u| u as i64))
+            .or_else(|| v.as_bool().map(i64::from))
+    }
+    fn float(&self, v: Self::V) -> Option<f64> {
+        v.as_f64()
+    }
+    fn boolean(&self, v: Self::V) -> Option<bool> {
+        v.as_bool()
+    }
+    fn text(&self, v: Self::V) -> Option<&'a str> {
+        v.as_str()
+    }
+    fn is_list(&self, v: Self::V) -> bool {
+        v.is_array()
+    }
+    fn is_dict(&self, v: Self::V) -> bool {
+        v.is_object()
+    }
+    fn list(&self, v: Self::V) -> Box<dyn Iterator<Item = Self::V> + 'a> {
+        match v.as_array() {
+            Some(a) => Box::new(a.iter()),
+            None => Box::new(std::iter::empty()),
+        }
+    }
+    fn identity(&self, v: Self::V) -> Option<usize> {
+        Some(v as *const serde_json::Value as usize)
+    }
+    fn visit(&self, dict: Self::V, f: &mut dyn FnMut(&str, Self::V)) {
+        if let Some(m) = dict.as_object() {
+            for (k, v) in m {
+                f(k, v);
+            }
+        }
+    }
+}
+
+/// Frames PyTorch's own viewer leaves out (the unwinder, the interpreter's loop).
+fn boring(name: &str, file: &str) -> bool {
+    const NAMES: [&str; 8] = [
+        "unwind::unwind",
+        "CapturedTraceback::gather",
+        "gather_with_cpp",
+        "_start",
+        "__libc_start_main",
+        "PyEval_",
+        "PyObject_",
+        "PyFunction_",
+    ];
+    const FILES: [&str; 10] = [
+        "core/boxing",
+        "/Register",
+        "/Redispatch",
+        "pythonrun.c",
+        "Modules/main.c",
+        "Objects/call.c",
+        "Objects/methodobject.c",
+        "pycore_ceval.h",
+        "ceval.c",
+        "cpython/abstract.h",
+    ];
+    NAMES.iter().any(|n| name.contains(n)) || FILES.iter().any(|f| file.contains(f))
+}
+
+/// Turns frame lists into tag stacks, once per shared list.
+struct Frames {
+    tags: Tags,
+    cache: FxHashMap<usize, StackId>,
+}
+
+impl Frames {
+    fn stack<'a, D: Doc<'a>>(&mut self, d: &D, frames: Option<D::V>) -> StackId {
+        let Some(frames) = frames.filter(|f| d.is_list(*f)) else {
+            return StackId::ROOT;
+        };
+        let id = d.identity(frames);
+        if let Some(s) = id.and_then(|i| self.cache.get(&i)) {
+            return *s;
+        }
+        let list: Vec<D::V> = d.list(frames).collect();
+        let mut s = StackId::ROOT;
+        // innermost first in the file; tags go outermost first
+        for f in list.iter().rev() {
+            let name = d.get(*f, "name").and_then(|v| d.text(v)).unwrap_or("?");
+            let file = d.get(*f, "filename").and_then(|v| d.text(v)).unwrap_or("");
+            if boring(name, file) {
+                continue;
+            }
+            let line = d.get(*f, "line").and_then(|v| d.int(v)).unwrap_or(0);
+            let tag = if file.ends_with(".py") {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                format!("{base}:{line}:{name}")
+            } else {
+                format!("[C++] {name}")
+            };
+            let t = self.tags.intern(&tag);
+            s = self.tags.child(s, t);
+        }
+        if let Some(i) = id {
+            self.cache.insert(i, s);
+        }
+        s
+    }
+}
+
+fn conf_from_settings<'a, D: Doc<'a>>(d: &D, settings: Option<D::V>) -> Result<AllocConf, String> {
+    let Some(s) = settings.filter(|s| d.is_dict(*s)) else {
+        return Ok(AllocConf::default());
+    };
+    if let Some(raw) = d.get(s, "PYTORCH_CUDA_ALLOC_CONF").and_then(|v| d.text(v)) {
+        return AllocConf::parse(raw).map_err(|e| {
+            format!("allocator_settings.PYTORCH_CUDA_ALLOC_CONF ('{raw}') is not valid: {e}")
+        });
+    }
+    // older snapshots: the individual settings
+    let mut parts = Vec::new();
+    if d.get(s, "expandable_segments").and_then(|v| d.boolean(v)) == Some(true) {
+        parts.push("expandable_segments:True".to_string());
+    }
+    if let Some(m) = d.get(s, "max_split_size").and_then(|v| d.int(v)) {
+        if m > 0 {
+            parts.push(format!("max_split_size_mb:{}", m >> 20));
+        }
+    }
+    if let Some(g) = d
+        .get(s, "garbage_collection_threshold")
+        .and_then(|v| d.float(v))
+    {
+        if g > 0.0 {
+            parts.push(format!("garbage_collection_threshold:{g}"));
+        }
+    }
+    AllocConf::parse(&parts.join(",")).map_err(|e| format!("allocator_settings: {e}"))
+}
+
+fn state(s: &str) -> Option<BlockState> {
+    Some(match s {
+        "active_allocated" => BlockState::ActiveAllocated,
+        "active_pending_free" => BlockState::ActivePendingFree,
+        "inactive" => BlockState::Inactive,
+        _ => return None,
+    })
+}
+
+/// Converts PyTorch's snapshot dict (or a bare list of segments).
+pub fn convert<'a, D: Doc<'a>>(
+    d: &D,
+    root: D::V,
+    format: Format,
+    name: &str,
+) -> Result<Snapshot, String> {
+    let (segs_v, traces_v, settings, annotations_v) = if d.is_list(root) {
+        (Some(root), None, None, None)
+    } else if d.is_dict(root) {
+        (
+            d.get(root, "segments"),
+            d.get(root, "device_traces"),
+            d.get(root, "allocator_settings"),
+            d.get(root, "external_annotations"),
+        )
+    } else {
+        return Err("the snapshot is neither a dict nor a list of segments".into());
+    };
+    let segs_v = segs_v
+        .filter(|s| d.is_list(*s))
+        .ok_or("no 'segments' list: not a PyTorch memory snapshot")?;
+    let mut frames = Frames {
+        tags: Tags::default(),
+        cache: FxHashMap::default(),
+    };
+    // which device: the one with the longest trace, else the first with segments
+    let traces: Vec<D::V> = traces_v
+        .filter(|t| d.is_list(*t))
+        .map(|t| d.list(t).collect())
+        .unwrap_or_default();
+    let trace_lens: Vec<usize> = traces
+        .iter()
+        .map(|t| if d.is_list(*t) { d.list(*t).count() } else { 0 })
+        .collect();
+    let mut devices: Vec<u32> = Vec::new();
+    for (i, n) in trace_lens.iter().enumerate() {
+        if *n > 0 {
+            devices.push(i as u32);
+        }
+    }
+    let seg_list: Vec<D::V> = d.list(segs_v).collect();
+    for s in &seg_list {
+        if let Some(dev) = d.get(*s, "device").and_then(|v| d.int(v)) {
+            if !devices.contains(&(dev as u32)) {
+                devices.push(dev as u32);
+            }
+        }
+    }
+    devices.sort();
+    let device = trace_lens
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, n)| (**n, std::cmp::Reverse(*i)))
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, _)| i as u32)
+        .or_else(|| devices.first().copied())
+        .unwrap_or(0);
+
+    let mut segments = Vec::new();
+    for (i, s) in seg_list.iter().enumerate() {
+        let at = |k: &str| format!("segments[{i}].{k}");
+        if d.get(*s, "device").and_then(|v| d.int(v)).unwrap_or(0) as u32 != device {
+            continue;
+        }
+        let int = |k: &str| -> Result<u64, String> {
+            d.get(*s, k)
+                .and_then(|v| d.int(v))
+                .filter(|v| *v >= 0)
+                .map(|v| v as u64)
+                .ok_or_else(|| format!("{} is missing or not a byte count", at(k)))
+        };
+        let address = int("address")?;
+        let total_size = int("total_size")?;
+        let pool = match d.get(*s, "segment_type").and_then(|v| d.text(v)) {
+            Some("small") => PoolKind::Small,
+            _ => PoolKind::Large,
+        };
+        let mut blocks = Vec::new();
+        let mut offset = address;
+        if let Some(bl) = d.get(*s, "blocks").filter(|b| d.is_list(*b)) {
+            for (j, b) in d.list(bl).enumerate() {
+                let size = d
+                    .get(b, "size")
+                    .and_then(|v| d.int(v))
+                    .filter(|v| *v >= 0)
+                    .ok_or_else(|| format!("segments[{i}].blocks[{j}].size is missing"))?
+                    as u64;
+                let st = d.get(b, "state").and_then(|v| d.text(v)).unwrap_or("");
+                let state = state(st).ok_or_else(|| {
+                    format!("segments[{i}].blocks[{j}].state '{st}' is not a block state")
+                })?;
+                let baddr = d
+                    .get(b, "address")
+                    .and_then(|v| d.int(v))
+                    .map(|a| a as u64)
+                    .unwrap_or(offset);
+                let requested = d
+                    .get(b, "requested_size")
+                    .and_then(|v| d.int(v))
+                    .map(|v| v as u64)
+                    .unwrap_or(size);
+                blocks.push(BlockInfo {
+                    address: baddr,
+                    size,
+                    requested_size: requested,
+                    state,
+                    stack: frames.stack(d, d.get(b, "frames")),
+                });
+                offset = baddr + size;
+            }
+        }
+        let sum = |f: &dyn Fn(&BlockInfo) -> bool, v: &dyn Fn(&BlockInfo) -> u64| {
+            blocks.iter().filter(|b| f(b)).map(v).sum::<u64>()
+        };
+        let allocated_size = sum(&|b| b.state != BlockState::Inactive, &|b| b.size);
+        let requested_size = sum(&|b| b.state != BlockState::Inactive, &|b| b.requested_size);
+        segments.push(SegmentInfo {
+            device,
+            address,
+            total_size,
+            allocated_size,
+            active_size: allocated_size,
+            requested_size,
+            stream: d.get(*s, "stream").and_then(|v| d.int(v)).unwrap_or(0) as u32,
+            pool,
+            is_expandable: d
+                .get(*s, "is_expandable")
+                .and_then(|v| d.boolean(v))
+                .unwrap_or(false),
+            stack: None,
+            blocks,
+        });
+    }
+    segments.sort_by_key(|s| s.address);
+
+    let mut events = Vec::new();
+    let mut times = Vec::new();
+    let mut skipped: Vec<(String, u64)> = Vec::new();
+    if let Some(t) = traces.get(device as usize) {
+        for (i, e) in d.list(*t).enumerate() {
+            // one pass over the entry's keys
+            let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
+                ("", 0u64, 0u64, 0u64, 0u64, 0u64);
+            let mut frames_v = None;
+            d.visit(e, &mut |k, v| {
+                let n = || d.int(v).unwrap_or(0).max(0) as u64;
+                match k {
+                    "action" => action = d.text(v).unwrap_or(""),
+                    "addr" => addr = n(),
+                    "size" => size = n(),
+                    "stream" => stream = n(),
+                    "time_us" => time = n(),
+                    "device_free" => free = n(),
+                    "frames" => frames_v = Some(v),
+                    _ => {}
+                }
+            });
+            let Some(kind) = EventKind::from_action(action).filter(|k| *k != EventKind::Retag)
+            else {
+                match skipped.iter_mut().find(|(a, _)| a == action) {
+                    Some(c) => c.1 += 1,
+                    None => skipped.push((action.to_string(), 1)),
+                }
+                continue;
+            };
+            if size >= 1 << 60 {
+                return Err(format!(
+                    "device_traces[{device}][{i}].size {size} is out of range"
+                ));
+            }
+            let addr = if kind == EventKind::Oom { free } else { addr };
+            let stack = frames.stack(d, frames_v);
+            events.push(Event::new(kind, addr, size, stack, stream as u32));
+            times.push(time);
+        }
+    }
+    let mut annotations = Vec::new();
+    if let Some(a) = annotations_v.filter(|a| d.is_list(*a)) {
+        for x in d.list(a) {
+            if d.get(x, "device")
+                .and_then(|v| d.int(v))
+                .unwrap_or(device as i64)
+                != device as i64
+            {
+                continue;
+            }
+            annotations.push(Annotation {
+                stage: d
+                    .get(x, "stage")
+                    .and_then(|v| d.text(v))
+                    .unwrap_or("")
+                    .to_string(),
+                name: d
+                    .get(x, "name")
+                    .and_then(|v| d.text(v))
+                    .unwrap_or("")
+                    .to_string(),
+                time_us: d.get(x, "time_us").and_then(|v| d.int(v)).unwrap_or(0) as u64,
+            });
+        }
+    }
+    let conf = conf_from_settings(d, settings)?;
+    let mut snap = Snapshot {
+        format,
+        name: name.to_string(),
+        device,
+        devices,
+        segments,
+        events,
+        times,
+        tags: frames.tags,
+        conf,
+        total_memory: None,
+        context_overhead: None,
+        annotations,
+        iterations: IterationSource::None,
+        dropped: 0,
+        skipped,
+    };
+    tag_iterations(&mut snap);
+    Ok(snap)
+}
+
+/// The end of each iteration as a time: after each `Optimizer.zero_grad` (or, without those,
+/// each `Optimizer.step`) annotation ends.
+fn annotation_boundaries(a: &[Annotation]) -> Vec<u64> {
+    let ends = |prefix: &str| -> Vec<u64> {
+        a.iter()
+            .filter(|x| x.stage == "END" && x.name.starts_with(prefix))
+            .map(|x| x.time_us)
+            .collect()
+    };
+    let z = ends("Optimizer.zero_grad");
+    if !z.is_empty() {
+        return z;
+    }
+    ends("Optimizer.step")
+}
+
+/// Finds iterations and puts an `iter:N` tag in front of each event's stack.
+fn tag_iterations(s: &mut Snapshot) {
+    let mut bounds = annotation_boundaries(&s.annotations);
+    bounds.sort();
+    let by_time = !bounds.is_empty() && s.times.iter().any(|t| *t > 0);
+    let iter_of: Vec<u32> = if by_time {
+        s.iterations = IterationSource::Annotations;
+        s.times
+            .iter()
+            .map(|t| bounds.partition_point(|b| b < t) as u32)
+            .collect()
+    } else {
+        match iterations_from_repetition(&s.events) {
+            Some(starts) => {
+                s.iterations = IterationSource::Repetition;
+                let mut k = 0u32;
+                (0..s.events.len())
+                    .map(|i| {
+                        while (k as usize) < starts.len() && starts[k as usize] <= i {
+                            k += 1;
+                        }
+                        k.saturating_sub(1)
+                    })
+                    .collect()
+            }
+            None => return,
+        }
+    };
+    let mut cache: FxHashMap<(u32, StackId), StackId> = FxHashMap::default();
+    for (e, it) in s.events.iter_mut().zip(iter_of) {
+        let key = (it, e.stack);
+        let stack = match cache.get(&key) {
+            Some(x) => *x,
+            None => {
+                let tags: Vec<String> = s
+                    .tags
+                    .resolve(e.stack)
+                    .into_iter()
+                    .map(String::from)
+                    .collect();
+                let t = s.tags.intern(&format!("iter:{it}"));
+                let mut id = s.tags.child(StackId::ROOT, t);
+                for tag in tags {
+                    let t = s.tags.intern(&tag);
+                    id = s.tags.child(id, t);
+                }
+                cache.insert(key, id);
+                id
+            }
+        };
+        *e = Event::new(e.kind(), e.addr, e.size(), stack, e.stream);
+    }
+}
+
+/// Where iterations start, from the trace repeating itself: the sizes of the last allocations
+/// (a window of 32) occur again one period earlier, and the period is confirmed over the
+/// trace's second half. Returns the event indices that start each iteration (the first
+/// is 0), or `None` when the trace does not repeat at least 3 times.
+pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
+    let allocs: Vec<(usize, u64)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind() == EventKind::Alloc)
+        .map(|(i, e)| (i, e.size()))
+        .collect();
+    let n = allocs.len();
+    const W: usize = 32;
+    if n < 3 * W {
+        return None;
+    }
+    let sizes: Vec<u64> = allocs.iter().map(|a| a.1).collect();
+    let tail = &sizes[n - W..];
+    // the nearest earlier occurrence of the last window is a period candidate
+    let mut period = None;
+    for p in W..=n / 3 {
+        if &sizes[n - W - p..n - p] == tail {
+            // confirm: the second half of the trace repeats with period p
+            let from = n / 2;
+            let same = (from..n).filter(|&i| sizes[i] == sizes[i - p]).count();
+            if same * 100 >= (n - from) * 98 {
+                period = Some(p);
+                break;
+            }
+        }
+    }
+    let p = period?;
+    // iteration starts: every p allocations back from the end; the first iteration takes
+    // whatever came before (warm-up differs)
+    let mut starts: Vec<usize> = Vec::new();
+    let mut k = n;
+    while k >= p {
+        k -= p;
+        starts.push(allocs[k].0);
+    }
+    starts.reverse();
+    if starts.len() < 3 {
+        return None;
+    }
+    starts[0] = 0;
+    Some(starts)
+}
+
+/// A gpumem snapshot's JSON: its trace (through `analysis::snapshot_file`) and its segments.
+pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
+    let text = serde_json::to_string(v).map_err(|e| e.to_string())?;
+    let t = crate::analysis::snapshot_file::parse(&text)?;
+    let stacks: Vec<Vec<String>> = v["stacks"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    s.as_array()
+                        .map(|l| {
+                            l.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tags = t.tags;
+    let mut stack_of = |i: Option<u64>| -> StackId {
+        let Some(list) = i.and_then(|i| stacks.get(i as usize)) else {
+            return StackId::ROOT;
+        };
+        let mut s = StackId::ROOT;
+        for tag in list {
+            let id = tags.intern(tag);
+            s = tags.child(s, id);
+        }
+        s
+    };
+    let mut segments = Vec::new();
+    for (i, s) in v["segments"].as_array().into_iter().flatten().enumerate() {
+        let n = |k: &str| {
+            s[k].as_u64()
+                .ok_or_else(|| format!("segments[{i}].{k} is missing or not a byte count"))
+        };
+        let mut blocks = Vec::new();
+        for (j, b) in s["blocks"].as_array().into_iter().flatten().enumerate() {
+            let st = b["state"].as_str().unwrap_or("");
+            blocks.push(BlockInfo {
+                address: b["address"]
+                    .as_u64()
+                    .ok_or_else(|| format!("segments[{i}].blocks[{j}].address is missing"))?,
+                size: b["size"]
+                    .as_u64()
+                    .ok_or_else(|| format!("segments[{i}].blocks[{j}].size is missing"))?,
+                requested_size: b["requested_size"].as_u64().unwrap_or(0),
+                state: state(st).ok_or_else(|| {
+                    format!("segments[{i}].blocks[{j}].state '{st}' is not a block state")
+                })?,
+                stack: stack_of(b["stack"].as_u64()),
+            });
+        }
+        segments.push(SegmentInfo {
+            device: 0,
+            address: n("address")?,
+            total_size: n("total_size")?,
+            allocated_size: n("allocated_size")?,
+            active_size: n("active_size")?,
+            requested_size: n("requested_size")?,
+            stream: s["stream"].as_u64().unwrap_or(0) as u32,
+            pool: if s["segment_type"] == "small" {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            },
+            is_expandable: s["is_expandable"].as_bool().unwrap_or(false),
+            stack: s["stack"].as_u64().map(|x| stack_of(Some(x))),
+            blocks,
+        });
+    }
+    let times = vec![0; t.events.len()];
+    Ok(Snapshot {
+        format: Format::Gpumem,
+        name: t.name,
+        device: 0,
+        devices: vec![0],
+        segments,
+        times,
+        events: t.events,
+        tags,
+        conf: t.setup.conf,
+        total_memory: Some(t.setup.total),
+        context_overhead: Some(t.setup.overhead),
+        annotations: Vec::new(),
+        iterations: IterationSource::Tags,
+        dropped: t.dropped,
+        skipped: Vec::new(),
+    })
+}

@@ -1,0 +1,377 @@
+//! Issue 6: `gpumem summary` on real PyTorch snapshots (pickle and JSON) and gpumem's own,
+//! the safe unpickler's refusals, what-if replay, export to memory_viz and Perfetto (read
+//! back), and `gpumem diff`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn gpumem() -> Command {
+    Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gpumem-snapshots-{test}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn json_of(args: &[&str]) -> (Option<i32>, Value) {
+    let out = gpumem()
+        .current_dir(root())
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "gpumem {args:?}: not JSON ({e}): {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+fn expected() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("fixtures/snapshots/expected.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The state each real snapshot holds, as PyTorch's own `_memory_viz stats` sums it
+/// (fixtures/snapshots/expected.json, computed with Python's pickle).
+#[test]
+fn issue6_real_pytorch_snapshots_summarize_to_pytorchs_own_figures() {
+    let exp = expected();
+    for (file, e) in exp["files"].as_object().unwrap() {
+        let p = format!("fixtures/snapshots/{file}");
+        let (code, v) = json_of(&["summary", &p]);
+        assert_eq!(code, Some(0), "{file}");
+        assert_eq!(v["format"], "torch_pickle");
+        assert_eq!(v["segments"], e["segments"], "{file}");
+        assert_eq!(v["reserved_bytes"], e["total_reserved"], "{file}");
+        assert_eq!(v["allocated_bytes"], e["allocated_bytes"], "{file}");
+        assert_eq!(
+            v["requested_bytes"], e["total_allocated_requested"],
+            "{file}"
+        );
+        assert_eq!(v["fragmentation"]["external"], e["free_external"], "{file}");
+        assert_eq!(v["fragmentation"]["internal"], e["free_internal"], "{file}");
+        assert_eq!(u(&v["trace"]["entries"]), u(&e["trace_entries"]), "{file}");
+        assert_eq!(v["trace"]["allocs"], e["actions"]["alloc"], "{file}");
+        assert_eq!(v["iterations_from"], "annotations");
+        assert_eq!(v["trace"]["iterations"], 3, "{file}");
+        assert!(v["leaks"].as_array().unwrap().is_empty());
+    }
+    // the mlp_adam snapshot's process is the ground truth's: its peak over the trace is
+    // PyTorch's max_memory_allocated() to the byte, and so is its peak reserved
+    let (_, v) = json_of(&["summary", "fixtures/snapshots/snapshot_mlp_adam.pickle"]);
+    assert_eq!(u(&v["peak_allocated_bytes"]), 2_584_629_248);
+    assert_eq!(u(&v["trace"]["peak_reserved_bytes"]), 2_673_868_800);
+    // sites are Python frames, innermost first
+    let out = gpumem()
+        .current_dir(root())
+        .args(["summary", "fixtures/snapshots/snapshot_mlp_adam.pickle"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("adam.py:"), "{text}");
+    assert!(text.contains("fragmentation in the snapshot"));
+    assert!(
+        !text.contains("[C++]"),
+        "C++ frames are folded without --stacks"
+    );
+    let out = gpumem()
+        .current_dir(root())
+        .args([
+            "summary",
+            "fixtures/snapshots/snapshot_mlp_adam.pickle",
+            "--stacks",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[C++]"));
+}
+
+#[test]
+fn issue6_the_same_snapshot_as_json_reads_the_same() {
+    let s = Scratch::new("json");
+    let j = s.path("snap.json");
+    gpumem()
+        .current_dir(root())
+        .args([
+            "export",
+            "fixtures/snapshots/snapshot_gpt_tiny_math_adam.pickle",
+            "--to",
+            "torch-json",
+            "-o",
+        ])
+        .arg(&j)
+        .assert()
+        .success();
+    let (_, a) = json_of(&[
+        "summary",
+        "fixtures/snapshots/snapshot_gpt_tiny_math_adam.pickle",
+    ]);
+    let (_, b) = json_of(&["summary", j.to_str().unwrap()]);
+    assert_eq!(b["format"], "torch_json");
+    for k in [
+        "reserved_bytes",
+        "allocated_bytes",
+        "segments",
+        "peak_allocated_bytes",
+        "fragmentation",
+        "live_by_site",
+        "trace",
+    ] {
+        assert_eq!(a[k], b[k], "{k}");
+    }
+    // a PyTorch snapshot dict written by hand, as JSON
+    let tiny = s.path("tiny.json");
+    std::fs::write(
+        &tiny,
+        r#"{"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "stream": 0,
+            "segment_type": "small", "is_expandable": false,
+            "blocks": [{"address": 1048576, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": []},
+                       {"address": 1049600, "size": 2096128, "requested_size": 0, "state": "inactive", "frames": []}]}],
+            "device_traces": [[]]}"#,
+    )
+    .unwrap();
+    let (code, v) = json_of(&["summary", tiny.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (
+            u(&v["reserved_bytes"]),
+            u(&v["allocated_bytes"]),
+            u(&v["requested_bytes"])
+        ),
+        (2 << 20, 1024, 1000)
+    );
+    assert!(v["peak_allocated_bytes"].is_null());
+}
+
+#[test]
+fn issue6_unsafe_or_broken_pickles_are_refused_and_do_nothing() {
+    let s = Scratch::new("evil");
+    let real = std::fs::read(root().join("fixtures/snapshots/snapshot_mlp_adam.pickle")).unwrap();
+    let mut cases: Vec<(String, PathBuf)> = vec![
+        // os.system via __reduce__, and a class instance (NEWOBJ + BUILD)
+        (
+            "reduce".into(),
+            root().join("fixtures/pickle/evil_reduce.pickle"),
+        ),
+        (
+            "instance".into(),
+            root().join("fixtures/pickle/instance.pickle"),
+        ),
+    ];
+    let mut write = |name: &str, bytes: Vec<u8>| {
+        let p = s.path(name);
+        std::fs::write(&p, bytes).unwrap();
+        cases.push((name.to_string(), p));
+    };
+    write("truncated.pickle", real[..real.len() / 2].to_vec());
+    // BINUNICODE8 claiming 2^60 bytes, then nothing
+    let mut huge = vec![0x80, 4, 0x8d];
+    huge.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    write("huge.pickle", huge);
+    // a list nested a million deep
+    let mut deep = vec![0x80, 2];
+    deep.extend(std::iter::repeat_n(b']', 1_000_000));
+    deep.extend(std::iter::repeat_n(b'a', 999_999));
+    deep.push(b'.');
+    write("deep.pickle", deep);
+    write("garbage.pickle", vec![0x80, 4, 0xff, 0xfe, 0x00, 0x13]);
+    for (name, p) in &cases {
+        let out = gpumem().arg("summary").arg(p).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("pickle") && !err.contains("panicked"),
+            "{name}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+    assert!(!Path::new("/tmp/pwned").exists(), "a payload ran");
+}
+
+#[test]
+fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
+    let s = Scratch::new("whatif");
+    let snap = s.path("frag.json");
+    gpumem()
+        .current_dir(root())
+        .args([
+            "run",
+            "fixtures/workloads/fragmentation_oom.toml",
+            "--no-remedies",
+            "--snapshot",
+        ])
+        .arg(&snap)
+        .assert()
+        .success();
+    let p = snap.to_str().unwrap();
+    // as recorded: the OOM happens again
+    let (code, v) = json_of(&["replay", p]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        (u(&v["original"]["ooms"]), u(&v["replayed"]["ooms"])),
+        (1, 1)
+    );
+    assert_eq!(
+        v["original"]["peak_reserved"],
+        v["replayed"]["peak_reserved"]
+    );
+    // with expandable segments it does not
+    let (code, v) = json_of(&["replay", p, "--alloc-conf", "expandable_segments:True"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(u(&v["replayed"]["ooms"]), 0);
+    assert_eq!(v["ooms_avoided"].as_array().unwrap().len(), 1);
+    // ... and the replayed peak is what running the workload with that setting gives
+    let (_, run) = json_of(&[
+        "run",
+        "fixtures/workloads/fragmentation_oom.toml",
+        "--no-remedies",
+        "--alloc-conf",
+        "expandable_segments:True",
+    ]);
+    assert_eq!(v["replayed"]["peak_reserved"], run["peak"]["peak_reserved"]);
+    let out = gpumem()
+        .args(["replay", p, "--alloc-conf", "expandable_segments:True"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("verdict: yes"));
+}
+
+#[test]
+fn issue6_exports_read_back_and_keep_the_figures() {
+    let s = Scratch::new("export");
+    let run = s.path("run.json");
+    gpumem()
+        .current_dir(root())
+        .args([
+            "run",
+            "fixtures/workloads/presets/mlp_adam.toml",
+            "--snapshot",
+        ])
+        .arg(&run)
+        .assert()
+        .success();
+    let (_, orig) = json_of(&["summary", run.to_str().unwrap()]);
+    assert_eq!(orig["format"], "gpumem");
+    for (to, file) in [
+        ("memory-viz", "viz.pickle"),
+        ("perfetto", "trace.json"),
+        ("torch-json", "t.json"),
+    ] {
+        let f = s.path(file);
+        gpumem()
+            .args(["export", run.to_str().unwrap(), "--to", to, "-o"])
+            .arg(&f)
+            .assert()
+            .success();
+        let (code, back) = json_of(&["summary", f.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{to}");
+        for k in [
+            "reserved_bytes",
+            "allocated_bytes",
+            "requested_bytes",
+            "segments",
+            "peak_allocated_bytes",
+        ] {
+            assert_eq!(back[k], orig[k], "{to}: {k}");
+        }
+    }
+    let trace: Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path("trace.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let counters: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "allocated by category")
+        .collect();
+    assert!(!counters.is_empty());
+    let last = counters.last().unwrap();
+    for c in ["parameter", "optimizer_state"] {
+        assert!(last["args"][c].as_u64().unwrap() > 0, "{c}: {last}");
+    }
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "C" && e["name"] == "reserved"));
+    assert!(events
+        .iter()
+        .any(|e| e["ph"] == "i" && e["name"] == "iter 1"));
+}
+
+#[test]
+fn issue6_diff_shows_what_grew_and_why() {
+    let (code, v) = json_of(&[
+        "diff",
+        "fixtures/workloads/presets/mlp_sgd.toml",
+        "fixtures/workloads/presets/mlp_adam.toml",
+    ]);
+    assert_eq!(code, Some(0));
+    let d = &v["diff"];
+    let total = |name: &str| {
+        d["totals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let peak = total("peak allocated");
+    assert_eq!(u(&peak["a"]), 1_087_648_768, "mlp_sgd's peak (PyTorch's)");
+    assert_eq!(u(&peak["b"]), 2_584_629_248, "mlp_adam's peak (PyTorch's)");
+    // Adam's two states are the biggest change at the peak
+    let cats = d["categories_at_peak"].as_array().unwrap();
+    assert_eq!(cats[0]["name"], "optimizer_state", "{cats:?}");
+    assert_eq!(u(&cats[0]["a"]), 0);
+    let out = gpumem()
+        .current_dir(root())
+        .args([
+            "diff",
+            "fixtures/workloads/presets/mlp_sgd.toml",
+            "fixtures/workloads/presets/mlp_adam.toml",
+            "--markdown",
+        ])
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.starts_with("### GPU memory: peak allocated 1.01 GiB → 2.41 GiB"),
+        "{md}"
+    );
+    assert!(md.contains("|---|---:|---:|---:|---:|"));
+    assert!(md.contains("| optimizer_state | 0 B |"), "{md}");
+}
