@@ -82,33 +82,6 @@ pub fn describe(tags: &[&str]) -> StackMeta {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_runner_tags() {
-        let m = describe(&[
-            "iter:3",
-            "phase:forward",
-            "layers.1",
-            "linear",
-            "category:activation",
-        ]);
-        assert_eq!(m.when, When::Iteration(3));
-        assert_eq!(m.category.as_deref(), Some("activation"));
-        assert_eq!(m.site, "phase:forward/layers.1/linear");
-        assert_eq!(m.op.as_deref(), Some("linear"));
-        let s = describe(&["setup", "randn", "category:parameter"]);
-        assert_eq!((s.when, s.site.as_str()), (When::Setup, "randn"));
-        let none = describe(&[]);
-        assert_eq!(
-            (none.when, none.category, none.op),
-            (When::Unknown, None, None)
-        );
-    }
-}
-
 /// Whether a tag is a Python frame as snapshots name them (`file.py:LINE:function`).
 pub fn is_python_frame(tag: &str) -> bool {
     let mut parts = tag.splitn(3, ':');
@@ -148,4 +121,31 @@ pub fn display_site(site: &str, full: bool, depth: usize) -> String {
         shown[..depth].join(" < "),
         shown.len() - depth
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_runner_tags() {
+        let m = describe(&[
+            "iter:3",
+            "phase:forward",
+            "layers.1",
+            "linear",
+            "category:activation",
+        ]);
+        assert_eq!(m.when, When::Iteration(3));
+        assert_eq!(m.category.as_deref(), Some("activation"));
+        assert_eq!(m.site, "phase:forward/layers.1/linear");
+        assert_eq!(m.op.as_deref(), Some("linear"));
+        let s = describe(&["setup", "randn", "category:parameter"]);
+        assert_eq!((s.when, s.site.as_str()), (When::Setup, "randn"));
+        let none = describe(&[]);
+        assert_eq!(
+            (none.when, none.category, none.op),
+            (When::Unknown, None, None)
+        );
+    }
 }

@@ -131,16 +131,11 @@ fn top(m: FxHashMap<String, (u64, u64)>, n: usize) -> Vec<SiteBytes> {
     v
 }
 
-thread_local! {
-    /// Whether sites keep C++ frames (`--stacks`); set for the duration of one summary.
-    static FULL_STACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// A stack's site: its tags without iteration and category; C++ frames are folded away
 /// unless full stacks were asked for, so allocations from one Python line are one site.
-fn site_of(tags: &Tags, s: StackId) -> String {
+fn site_of(tags: &Tags, s: StackId, full: bool) -> String {
     let resolved = tags.resolve(s);
-    let kept: Vec<&str> = if FULL_STACKS.with(|f| f.get()) {
+    let kept: Vec<&str> = if full {
         resolved
     } else {
         let had_frames = resolved.iter().any(|t| t.starts_with("[C++] "));
@@ -169,21 +164,25 @@ pub fn summarize(
     tags: &Tags,
     conf: &AllocConf,
     top_n: usize,
-    full_stacks: bool,
+    full: bool,
 ) -> Summary {
-    let was = FULL_STACKS.with(|f| f.replace(full_stacks));
-    let s = summarize_inner(segments, events, tags, conf, top_n);
-    FULL_STACKS.with(|f| f.set(was));
-    s
-}
-
-fn summarize_inner(
-    segments: &[SegmentInfo],
-    events: &[Event],
-    tags: &Tags,
-    conf: &AllocConf,
-    top_n: usize,
-) -> Summary {
+    // the trace's analyses are independent: run them side by side
+    let rounder = SimAllocator::new(conf.clone(), SimSource::new(1 << 40, 0));
+    let round = |n: u64| rounder.round_size(n);
+    let all = pool_state(segments, None);
+    let (leaks, trace, ooms) = std::thread::scope(|sc| {
+        let leaks = sc.spawn(|| leaks::find(events, tags, &round, LeakOptions::default()));
+        let ooms = sc.spawn(|| oom_events(segments, events, tags, conf, &all, full));
+        let trace = (!events.is_empty())
+            .then(|| trace_summary(segments, events, tags, conf, top_n, &all, full));
+        (
+            leaks
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            trace,
+            ooms.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        )
+    });
     let frag = fragmentation::analyze(segments);
     let mut live: FxHashMap<String, (u64, u64)> = FxHashMap::default();
     for s in segments {
@@ -192,19 +191,11 @@ fn summarize_inner(
             .iter()
             .filter(|b| b.state == BlockState::ActiveAllocated)
         {
-            let e = live.entry(site_of(tags, b.stack)).or_default();
+            let e = live.entry(site_of(tags, b.stack, full)).or_default();
             e.0 += b.size;
             e.1 += 1;
         }
     }
-    // rounding as the allocator does (its settings only; no device needed)
-    let rounder = SimAllocator::new(conf.clone(), SimSource::new(1 << 40, 0));
-    let round = |n: u64| rounder.round_size(n);
-    let all = pool_state(segments, None);
-    let leaks = leaks::find(events, tags, &round, LeakOptions::default());
-    let trace =
-        (!events.is_empty()).then(|| trace_summary(segments, events, tags, conf, top_n, &all));
-    let ooms = oom_events(segments, events, tags, conf, &all);
     Summary {
         large: pool_state(segments, Some(PoolKind::Large)),
         small: pool_state(segments, Some(PoolKind::Small)),
@@ -217,51 +208,59 @@ fn summarize_inner(
     }
 }
 
-/// Walks the trace: allocated bytes relative to its start after each event, and each
-/// allocation's block size (by event index).
-fn walk(
-    segments: &[SegmentInfo],
-    events: &[Event],
-    conf: &AllocConf,
-) -> (Vec<i64>, i64, FxHashMap<usize, u64>) {
+/// The trace walked: allocated bytes relative to its start after each event, each
+/// allocation's block size (0 for other events), and how many allocations reused an address
+/// the trace still held.
+struct Walk {
+    after: Vec<i64>,
+    net: i64,
+    block: Vec<u64>,
+    inconsistent: u64,
+}
+
+fn walk(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Walk {
     // an allocation still held at the end has the size its block has in the segments
     let mut last_alloc: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut inconsistent = 0;
     for (i, e) in events.iter().enumerate() {
         match e.kind() {
-            EventKind::Alloc => {
-                last_alloc.insert(e.addr, i);
-            }
+            EventKind::Alloc if last_alloc.insert(e.addr, i).is_some() => inconsistent += 1,
             EventKind::FreeRequested => {
                 last_alloc.remove(&e.addr);
             }
             _ => {}
         }
     }
-    let mut held: FxHashMap<usize, u64> = FxHashMap::default();
+    let mut block = vec![0u64; events.len()];
     for s in segments {
         for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
             if let Some(i) = last_alloc.get(&b.address) {
-                held.insert(*i, b.size);
+                block[*i] = b.size;
             }
         }
     }
     let mut sizer = super::blocks::Sizer::new(conf);
     let mut cur: i64 = 0;
     let mut after = Vec::with_capacity(events.len());
-    let mut blocks = FxHashMap::default();
     for (i, e) in events.iter().enumerate() {
         match (e.kind(), sizer.step(e)) {
             (EventKind::Alloc, Some(b)) => {
-                let b = held.get(&i).copied().unwrap_or(b);
-                cur += b as i64;
-                blocks.insert(i, b);
+                if block[i] == 0 {
+                    block[i] = b;
+                }
+                cur += block[i] as i64;
             }
             (EventKind::FreeRequested, Some(b)) => cur -= b as i64,
             _ => {}
         }
         after.push(cur);
     }
-    (after, cur, blocks)
+    Walk {
+        after,
+        net: cur,
+        block,
+        inconsistent,
+    }
 }
 
 fn trace_summary(
@@ -271,23 +270,14 @@ fn trace_summary(
     conf: &AllocConf,
     top_n: usize,
     end: &PoolState,
+    full: bool,
 ) -> TraceSummary {
-    let (after, net, block_of) = walk(segments, events, conf);
-    let mut held: rustc_hash::FxHashSet<u64> = Default::default();
-    let mut inconsistent = 0u64;
-    for e in events {
-        match e.kind() {
-            EventKind::Alloc => {
-                if !held.insert(e.addr) {
-                    inconsistent += 1;
-                }
-            }
-            EventKind::FreeRequested => {
-                held.remove(&e.addr);
-            }
-            _ => {}
-        }
-    }
+    let Walk {
+        after,
+        net,
+        block: block_of,
+        inconsistent,
+    } = walk(segments, events, conf);
     let rounder = super::blocks::Sizer::new(conf);
     let round = |n: u64| rounder.round(n);
     let start = (end.allocated_bytes as i64 - net).max(0);
@@ -309,15 +299,16 @@ fn trace_summary(
             EventKind::Alloc => {
                 allocated_in_trace.insert(e.addr);
                 if i <= peak_i {
-                    let b = block_of.get(&i).copied().unwrap_or_else(|| round(e.size()));
+                    let b = match block_of[i] {
+                        0 => round(e.size()),
+                        b => b,
+                    };
                     alive.insert(e.addr, (b, e.stack));
                     retagged.remove(&e.addr);
                 }
             }
-            EventKind::Retag => {
-                if i <= peak_i && alive.contains_key(&e.addr) {
-                    retagged.insert(e.addr, e.stack);
-                }
+            EventKind::Retag if i <= peak_i && alive.contains_key(&e.addr) => {
+                retagged.insert(e.addr, e.stack);
             }
             EventKind::FreeRequested => {
                 if i <= peak_i {
@@ -333,16 +324,24 @@ fn trace_summary(
             _ => {}
         }
     }
-    let mut by_site: FxHashMap<String, (u64, u64)> = FxHashMap::default();
-    let mut by_cat: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    // sum by stack first (cheap), then name each stack once
+    let mut by_stack: FxHashMap<(StackId, Option<StackId>), (u64, u64)> = FxHashMap::default();
     for (addr, (b, s)) in &alive {
-        let e = by_site.entry(site_of(tags, *s)).or_default();
+        let e = by_stack
+            .entry((*s, retagged.get(addr).copied()))
+            .or_default();
         e.0 += b;
         e.1 += 1;
-        let cat = retagged
-            .get(addr)
-            .and_then(|r| describe(&tags.resolve(*r)).category)
-            .or_else(|| describe(&tags.resolve(*s)).category)
+    }
+    let mut by_site: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    let mut by_cat: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    for ((s, retag), (b, n)) in by_stack {
+        let e = by_site.entry(site_of(tags, s, full)).or_default();
+        e.0 += b;
+        e.1 += n;
+        let cat = retag
+            .and_then(|r| describe(&tags.resolve(r)).category)
+            .or_else(|| describe(&tags.resolve(s)).category)
             .unwrap_or_else(|| "other".into());
         by_cat.entry(cat).or_default().0 += b;
     }
@@ -360,7 +359,7 @@ fn trace_summary(
             .filter(|b| b.state == BlockState::ActiveAllocated)
         {
             if !allocated_in_trace.contains(&b.address) {
-                let e = by_site.entry(site_of(tags, b.stack)).or_default();
+                let e = by_site.entry(site_of(tags, b.stack, full)).or_default();
                 e.0 += b.size;
                 e.1 += 1;
                 let cat = describe(&tags.resolve(b.stack))
@@ -383,7 +382,11 @@ fn trace_summary(
     }
     let res_end: i64 = segments.iter().map(|s| s.total_size as i64).sum();
     let peak_reserved = (res_end - res + res_peak).max(res_end) as u64;
-    let count = |k: EventKind| events.iter().filter(|e| e.kind() == k).count() as u64;
+    let mut counts = [0u64; 16];
+    for e in events {
+        counts[e.kind() as usize] += 1;
+    }
+    let count = |k: EventKind| counts[k as usize];
     let mut ann = super::stacks::Annotator::new(tags);
     let iterations = events
         .iter()
@@ -419,12 +422,13 @@ fn oom_events(
     tags: &Tags,
     conf: &AllocConf,
     end: &PoolState,
+    full: bool,
 ) -> Vec<OomEvent> {
     use crate::units::format_bytes as b;
     if !events.iter().any(|e| e.kind() == EventKind::Oom) {
         return Vec::new();
     }
-    let (after, net, _) = walk(segments, events, conf);
+    let Walk { after, net, .. } = walk(segments, events, conf);
     let start = end.allocated_bytes as i64 - net;
     // reserved over the trace, walked back from the segments the same way
     let mut res_rel: i64 = 0;
@@ -480,7 +484,7 @@ fn oom_events(
             reserved,
             verdict,
             explanation,
-            site: site_of(tags, e.stack),
+            site: site_of(tags, e.stack, full),
         });
     }
     out

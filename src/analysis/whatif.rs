@@ -130,11 +130,7 @@ pub fn what_if(
             EventKind::Alloc => {
                 seen.insert(e.addr);
             }
-            EventKind::FreeRequested => {
-                if seen.insert(e.addr) {
-                    pre.push((e.addr, e.size()));
-                }
-            }
+            EventKind::FreeRequested if seen.insert(e.addr) => pre.push((e.addr, e.size())),
             _ => {}
         }
     }

@@ -31,6 +31,15 @@ pub trait Doc<'a> {
     fn identity(&self, v: Self::V) -> Option<usize>;
     /// Calls `f` with each string key and its value of a dict (one pass, for hot loops).
     fn visit(&self, dict: Self::V, f: &mut dyn FnMut(&str, Self::V));
+    /// For a list of same-keyed dicts stored by columns: key `key` of row `i`, fast.
+    #[allow(clippy::type_complexity)]
+    fn column<'b>(
+        &'b self,
+        _list: Self::V,
+        _key: &'b str,
+    ) -> Option<Box<dyn Fn(usize) -> Option<Self::V> + 'b>> {
+        None
+    }
 }
 
 pub struct PickleDoc<'a>(pub &'a Pickle);
@@ -73,6 +82,14 @@ impl<'a> Doc<'a> for PickleDoc<'a> {
                 f(k, v);
             }
         }
+    }
+    fn column<'b>(
+        &'b self,
+        list: PValue,
+        key: &'b str,
+    ) -> Option<Box<dyn Fn(usize) -> Option<PValue> + 'b>> {
+        let c = self.0.column(list, key)?;
+        Some(Box::new(move |i| c.get(i)))
     }
 }
 
@@ -368,24 +385,50 @@ pub fn convert<'a, D: Doc<'a>>(
     let mut times = Vec::new();
     let mut skipped: Vec<(String, u64)> = Vec::new();
     if let Some(t) = traces.get(device as usize) {
-        for (i, e) in d.list(*t).enumerate() {
-            // one pass over the entry's keys
+        let n = trace_lens.get(device as usize).copied().unwrap_or(0);
+        const KEYS: [&str; 7] = [
+            "action",
+            "addr",
+            "size",
+            "stream",
+            "time_us",
+            "device_free",
+            "frames",
+        ];
+        let cols: Vec<_> = KEYS.iter().map(|k| d.column(*t, k)).collect();
+        // one entry's fields: from the list's columns when it is stored by columns (PyTorch's
+        // traces are), else one pass over the entry's keys
+        let mut items = (cols[0].is_none()).then(|| d.list(*t));
+        for i in 0..n {
             let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
                 ("", 0u64, 0u64, 0u64, 0u64, 0u64);
             let mut frames_v = None;
-            d.visit(e, &mut |k, v| {
-                let n = || d.int(v).unwrap_or(0).max(0) as u64;
-                match k {
-                    "action" => action = d.text(v).unwrap_or(""),
-                    "addr" => addr = n(),
-                    "size" => size = n(),
-                    "stream" => stream = n(),
-                    "time_us" => time = n(),
-                    "device_free" => free = n(),
-                    "frames" => frames_v = Some(v),
-                    _ => {}
+            let n = |v: Option<D::V>| v.and_then(|v| d.int(v)).unwrap_or(0).max(0) as u64;
+            match &mut items {
+                None => {
+                    let col = |k: usize| cols[k].as_ref().and_then(|c| c(i));
+                    action = col(0).and_then(|v| d.text(v)).unwrap_or("");
+                    addr = n(col(1));
+                    size = n(col(2));
+                    stream = n(col(3));
+                    time = n(col(4));
+                    free = n(col(5));
+                    frames_v = col(6);
                 }
-            });
+                Some(it) => {
+                    let Some(e) = it.next() else { break };
+                    d.visit(e, &mut |k, v| match k {
+                        "action" => action = d.text(v).unwrap_or(""),
+                        "addr" => addr = n(Some(v)),
+                        "size" => size = n(Some(v)),
+                        "stream" => stream = n(Some(v)),
+                        "time_us" => time = n(Some(v)),
+                        "device_free" => free = n(Some(v)),
+                        "frames" => frames_v = Some(v),
+                        _ => {}
+                    });
+                }
+            }
             let Some(kind) = EventKind::from_action(action).filter(|k| *k != EventKind::Retag)
             else {
                 match skipped.iter_mut().find(|(a, _)| a == action) {
