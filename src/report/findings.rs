@@ -10,6 +10,7 @@ use crate::analysis::findings::Findings;
 use crate::analysis::fragmentation::Fragmentation;
 use crate::analysis::leaks::LeakReport;
 use crate::analysis::oom::OomDiagnosis;
+use crate::analysis::stacks::{display_site, is_python_frame};
 use crate::runner::remedies::Tried;
 use crate::units::format_bytes as b;
 
@@ -70,9 +71,15 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
                     3,
                 );
                 for s in k.sites.iter().take(10) {
+                    // a call stack (a PyTorch snapshot's) shows its innermost Python frames,
+                    // and its op is the innermost Python function
+                    let op = match s.site.rsplit('/').find(|t| is_python_frame(t)) {
+                        Some(f) => f.splitn(3, ':').nth(2).unwrap_or(f).to_string(),
+                        None => s.op.clone().unwrap_or_default(),
+                    };
                     t.add_row(vec![
-                        s.site.clone(),
-                        s.op.clone().unwrap_or_default(),
+                        display_site(&s.site, false, 3),
+                        op,
                         s.category.clone(),
                         b(s.bytes_per_iteration),
                         format!("{:.1}", s.blocks_per_iteration),
