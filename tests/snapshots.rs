@@ -300,6 +300,24 @@ fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("verdict: yes"));
+    // a real PyTorch snapshot replayed with its own settings reserves what PyTorch reserved
+    let (code, v) = json_of(&[
+        "replay",
+        "fixtures/snapshots/snapshot_mlp_adam.pickle",
+        "--capacity",
+        "139GiB",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(u(&v["original"]["peak_reserved"]), 2_673_868_800);
+    assert_eq!(u(&v["replayed"]["peak_reserved"]), 2_673_868_800);
+    // without a capacity a PyTorch snapshot without OOMs cannot say how big its device was
+    let out = gpumem()
+        .current_dir(root())
+        .args(["replay", "fixtures/snapshots/snapshot_mlp_adam.pickle"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
 }
 
 #[test]
