@@ -422,3 +422,34 @@ fn issue6_diff_shows_what_grew_and_why() {
     assert!(md.contains("|---|---:|---:|---:|---:|"));
     assert!(md.contains("| optimizer_state | 0 B |"), "{md}");
 }
+
+/// Without annotations, iterations come from the trace repeating itself: the mlp_leak
+/// snapshot with its `external_annotations` removed still shows 5 iterations and the leak.
+#[test]
+fn issue6_iterations_from_repetition_find_the_leak_without_annotations() {
+    let s = Scratch::new("repetition");
+    let j = s.path("snap.json");
+    gpumem()
+        .current_dir(root())
+        .args([
+            "export",
+            "fixtures/snapshots/snapshot_mlp_leak.pickle",
+            "--to",
+            "torch-json",
+            "-o",
+        ])
+        .arg(&j)
+        .assert()
+        .success();
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("external_annotations");
+    let bare = s.path("bare.json");
+    std::fs::write(&bare, serde_json::to_vec(&v).unwrap()).unwrap();
+    let (code, out) = json_of(&["summary", bare.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out["iterations_from"], "repetition");
+    assert_eq!(out["trace"]["iterations"], 5);
+    let leaks = out["leaks"].as_array().unwrap();
+    assert_eq!(leaks.len(), 1, "{leaks:?}");
+    assert_eq!(u(&leaks[0]["bytes_per_iteration"]), 512);
+}

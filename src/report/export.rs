@@ -31,25 +31,32 @@ fn frame(tag: &str) -> (String, i64, String) {
     }
 }
 
-/// The frames of a stack, innermost first, as PyTorch lists them.
-fn frames_of(tags: &Tags, s: StackId) -> Vec<(String, i64, String)> {
-    tags.resolve(s).into_iter().rev().map(frame).collect()
+/// The frames of a stack, innermost first, as PyTorch lists them. `iter:N` tags that gpumem
+/// added to a PyTorch snapshot's stacks (from its annotations or repetition) are left out.
+fn frames_of(tags: &Tags, s: StackId, keep_iter: bool) -> Vec<(String, i64, String)> {
+    tags.resolve(s)
+        .into_iter()
+        .rev()
+        .filter(|t| keep_iter || !t.starts_with("iter:"))
+        .map(frame)
+        .collect()
 }
 
 struct FrameCache<'a> {
     tags: &'a Tags,
+    keep_iter: bool,
     cache: FxHashMap<StackId, Rc<W>>,
 }
 
 impl FrameCache<'_> {
     fn get(&mut self, s: StackId) -> W {
-        let tags = self.tags;
+        let (tags, keep_iter) = (self.tags, self.keep_iter);
         W::Shared(
             self.cache
                 .entry(s)
                 .or_insert_with(|| {
                     Rc::new(W::List(
-                        frames_of(tags, s)
+                        frames_of(tags, s, keep_iter)
                             .into_iter()
                             .map(|(f, l, n)| {
                                 W::Dict(vec![
@@ -76,6 +83,7 @@ fn s(k: &str) -> W {
 pub fn torch_snapshot(snap: &Snapshot) -> W {
     let mut fc = FrameCache {
         tags: &snap.tags,
+        keep_iter: snap.iterations == crate::snapshot::IterationSource::Tags,
         cache: FxHashMap::default(),
     };
     let segments = snap

@@ -190,7 +190,10 @@ impl Frames {
                 continue;
             }
             let line = d.get(*f, "line").and_then(|v| d.int(v)).unwrap_or(0);
-            let tag = if file.ends_with(".py") {
+            let tag = if file == "gpumem" {
+                // a gpumem tag exported as a frame (`gpumem export`): back to the tag
+                name.to_string()
+            } else if file.ends_with(".py") {
                 let base = file.rsplit('/').next().unwrap_or(file);
                 format!("{base}:{line}:{name}")
             } else {
