@@ -453,3 +453,23 @@ fn issue6_iterations_from_repetition_find_the_leak_without_annotations() {
     assert_eq!(leaks.len(), 1, "{leaks:?}");
     assert_eq!(u(&leaks[0]["bytes_per_iteration"]), 512);
 }
+
+/// `gpumem plot` on a PyTorch snapshot: memory walked back from the end state, stacked by the
+/// sites holding most at the peak, the peak where the process had it.
+#[test]
+fn issue6_plot_draws_a_pytorch_snapshot_by_site() {
+    let s = Scratch::new("plot");
+    let svg = s.path("t.svg");
+    gpumem()
+        .current_dir(root())
+        .args(["plot", "fixtures/snapshots/snapshot_mlp_adam.pickle", "-o"])
+        .arg(&svg)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains(r#"data-series="before the trace""#));
+    assert!(text.contains(r#"data-series="adam.py:182:_init_group""#));
+    assert!(text.contains(r#"data-label="iter 2""#));
+    // 2,584,629,248 bytes: the process's max_memory_allocated()
+    assert!(text.contains("peak 2.41 GiB"));
+}

@@ -296,3 +296,165 @@ fn thin(samples: Vec<Sample>, max: usize) -> Vec<Sample> {
     }
     out
 }
+
+/// A timeline from a trace that does not start at the process's start (a PyTorch snapshot):
+/// allocated memory walked through the trace (block sizes as [`super::blocks::Sizer`] gives
+/// them) and anchored at the state the segments hold at its end, stacked by the `top` sites
+/// holding most at the peak (innermost Python frame, or the category where the stacks have
+/// one), the rest as "other", and what was allocated before the trace as its own band.
+pub fn timeline_from_trace(
+    segments: &[crate::alloc::SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    title: &str,
+    top: usize,
+    max_samples: usize,
+) -> Timeline {
+    use crate::alloc::BlockState;
+    let mut ann = Annotator::new(tags);
+    // a band per stack: its category, or its innermost Python frame
+    let mut band_of_stack: FxHashMap<crate::trace::StackId, String> = FxHashMap::default();
+    let mut band = |s: crate::trace::StackId, ann: &mut Annotator<'_>| -> String {
+        band_of_stack
+            .entry(s)
+            .or_insert_with(|| {
+                let m = ann.meta(s);
+                if let Some(c) = &m.category {
+                    return c.clone();
+                }
+                m.site
+                    .rsplit('/')
+                    .find(|t| super::stacks::is_python_frame(t))
+                    .map(String::from)
+                    .unwrap_or_else(|| "<non-python>".into())
+            })
+            .clone()
+    };
+    // first pass: block sizes and each band's bytes, to find the bands worth drawing
+    let mut sizer = super::blocks::Sizer::new(conf);
+    let mut live: FxHashMap<u64, (u64, String)> = FxHashMap::default();
+    let mut cur: FxHashMap<String, i64> = FxHashMap::default();
+    // (event, bytes by band, reserved relative to the trace's start)
+    type Row = (u64, Vec<(String, i64)>, i64);
+    let mut rows: Vec<Row> = Vec::new();
+    let (mut total, mut reserved) = (0i64, 0i64);
+    let mut best: (i64, usize) = (i64::MIN, 0);
+    for (i, e) in events.iter().enumerate() {
+        let size = sizer.step(e);
+        match (e.kind(), size) {
+            (EventKind::Alloc, Some(b)) => {
+                let name = band(e.stack, &mut ann);
+                *cur.entry(name.clone()).or_default() += b as i64;
+                total += b as i64;
+                live.insert(e.addr, (b, name));
+            }
+            (EventKind::FreeRequested, Some(b)) => {
+                let (b, name) = live
+                    .remove(&e.addr)
+                    .unwrap_or((b, "before the trace".into()));
+                *cur.entry(name).or_default() -= b as i64;
+                total -= b as i64;
+            }
+            (EventKind::SegmentAlloc | EventKind::SegmentMap, _) => reserved += e.size() as i64,
+            (EventKind::SegmentFree | EventKind::SegmentUnmap, _) => reserved -= e.size() as i64,
+            _ => continue,
+        }
+        if total > best.0 {
+            best = (total, rows.len());
+        }
+        rows.push((
+            i as u64,
+            cur.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            reserved,
+        ));
+    }
+    let end_alloc: i64 = segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| b.size as i64)
+        .sum();
+    let end_res: i64 = segments.iter().map(|s| s.total_size as i64).sum();
+    let before = (end_alloc - total).max(0);
+    let res0 = (end_res - reserved).max(0);
+    // the bands: the biggest at the peak
+    let mut at_peak: Vec<(String, i64)> = rows
+        .get(best.1)
+        .map(|r| r.1.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, v)| *v > 0 && k != "before the trace")
+        .collect();
+    at_peak.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut categories: Vec<String> = vec!["before the trace".into()];
+    categories.extend(at_peak.iter().take(top).map(|(k, _)| k.clone()));
+    categories.push("other".into());
+    let n = categories.len();
+    let index: FxHashMap<&str, usize> = categories
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.as_str(), i))
+        .collect();
+    let mut samples = Vec::with_capacity(rows.len());
+    let mut peak: Option<(usize, u64)> = None;
+    for (event, bands, r) in &rows {
+        let mut by = vec![0u64; n];
+        by[0] = before as u64;
+        for (k, v) in bands {
+            let i = index.get(k.as_str()).copied().unwrap_or(n - 1);
+            let v = (*v).max(0) as u64;
+            if i == 0 {
+                by[0] = (before + v as i64).max(0) as u64;
+            } else {
+                by[i] += v;
+            }
+        }
+        let s = Sample {
+            event: *event,
+            by_category: by,
+            reserved: (res0 + r).max(0) as u64,
+        };
+        if peak.is_none_or(|(_, p)| s.allocated() > p) {
+            peak = Some((samples.len(), s.allocated()));
+        }
+        samples.push(s);
+    }
+    let peak_mark = peak.map(|(i, b)| PeakMark {
+        event: samples[i].event,
+        allocated: b,
+    });
+    let mut iterations = Vec::new();
+    let mut seen: Option<u32> = None;
+    for (i, e) in events.iter().enumerate() {
+        if e.kind() == EventKind::Alloc {
+            if let When::Iteration(k) = ann.meta(e.stack).when {
+                if seen.is_none_or(|s| k > s) {
+                    seen = Some(k);
+                    iterations.push(IterationMark {
+                        label: format!("iter {k}"),
+                        event: i as u64,
+                    });
+                }
+            }
+        }
+    }
+    let ooms = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind() == EventKind::Oom)
+        .map(|(i, e)| OomMark {
+            event: i as u64,
+            requested: e.size(),
+        })
+        .collect();
+    Timeline {
+        title: title.to_string(),
+        categories,
+        samples: thin(samples, max_samples.max(2)),
+        iterations,
+        peak: peak_mark,
+        ooms,
+        capacity: None,
+    }
+}

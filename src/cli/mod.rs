@@ -302,19 +302,21 @@ pub struct FitArgs {
     pub json: bool,
 }
 
-/// Draw the memory timeline of a gpumem snapshot as an SVG picture.
+/// Draw the memory timeline of a snapshot as an SVG picture.
 ///
-/// Allocated memory by category (parameters, gradients, optimizer state, activations,
-/// temporaries, inputs, workspaces) as stacked areas over the allocator's events, reserved
-/// memory as a line, iteration starts, and the peak. The snapshot is what
-/// `gpumem run --snapshot FILE` writes.
+/// For a gpumem snapshot (`gpumem run --snapshot FILE`): allocated memory by category
+/// (parameters, gradients, optimizer state, activations, temporaries, inputs, workspaces) as
+/// stacked areas over the allocator's events, reserved memory as a line, iteration starts, and
+/// the peak. For a PyTorch snapshot: the same over its trace, stacked by the allocation sites
+/// (innermost Python frame) that held most at the peak, with what was allocated before the
+/// trace started as its own band.
 ///
 /// Example:
 ///   gpumem run w.toml --snapshot snap.json && gpumem plot snap.json -o timeline.svg
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct PlotArgs {
-    /// The gpumem snapshot (JSON).
+    /// The snapshot (gpumem JSON, or PyTorch pickle or JSON).
     pub snapshot: PathBuf,
 
     /// Where to write the SVG.

@@ -13,38 +13,62 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.samples < 2 {
         return Err(Error::usage("--samples", "must be at least 2"));
     }
-    let text = std::fs::read_to_string(&args.snapshot).map_err(|source| Error::Read {
+    let text = std::fs::read(&args.snapshot).map_err(|source| Error::Read {
         path: args.snapshot.clone(),
         source,
     })?;
-    let snap =
-        snapshot_file::parse(&text).map_err(|m| Error::input(&args.snapshot, "snapshot", m))?;
-    if snap.dropped > 0 {
-        return Err(Error::input(
-            &args.snapshot,
-            "trace",
-            format!(
-                "the recording lost its first {} events to its bound, so the timeline cannot \
-                 be rebuilt from the start",
-                snap.dropped
-            ),
-        ));
-    }
-    let t = state::timeline(
-        &snap.events,
-        &snap.tags,
-        &snap.setup,
-        &snap.name,
-        args.samples,
-    )
-    .map_err(|d| Error::input(&args.snapshot, "trace", d.to_string()))?;
+    let gpumem_run = std::str::from_utf8(&text)
+        .ok()
+        .filter(|t| t.trim_start().starts_with('{') && t.contains("\"gpumem-snapshot\""));
+    let (t, events) = match gpumem_run {
+        // a gpumem run's trace starts with the run: replay it exactly
+        Some(text) => {
+            let snap = snapshot_file::parse(text)
+                .map_err(|m| Error::input(&args.snapshot, "snapshot", m))?;
+            if snap.dropped > 0 {
+                return Err(Error::input(
+                    &args.snapshot,
+                    "trace",
+                    format!(
+                        "the recording lost its first {} events to its bound, so the timeline \
+                         cannot be rebuilt from the start",
+                        snap.dropped
+                    ),
+                ));
+            }
+            let t = state::timeline(
+                &snap.events,
+                &snap.tags,
+                &snap.setup,
+                &snap.name,
+                args.samples,
+            )
+            .map_err(|d| Error::input(&args.snapshot, "trace", d.to_string()))?;
+            (t, snap.events.len())
+        }
+        // a PyTorch snapshot: walked from its end state, stacked by the sites holding most
+        None => {
+            let s = crate::snapshot::load(&args.snapshot)?;
+            let t = state::timeline_from_trace(
+                &s.segments,
+                &s.events,
+                &s.tags,
+                &s.conf,
+                &s.name,
+                6,
+                args.samples,
+            );
+            (t, s.events.len())
+        }
+    };
+    let snap_events = events;
     write_atomic(&args.output, timeline_svg::render(&t).as_bytes())?;
     writeln!(
         out,
         "wrote {}: {} points over {} events, {} iterations, peak {}",
         args.output.display(),
         t.samples.len(),
-        snap.events.len(),
+        snap_events,
         t.iterations.len(),
         t.peak
             .as_ref()

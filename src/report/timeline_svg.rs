@@ -75,20 +75,49 @@ fn category_color(name: &str) -> RGBColor {
         "input" => RGBColor(0x9C, 0x75, 0x5F),
         "workspace" => RGBColor(0xED, 0xC9, 0x48),
         "other" => RGBColor(0xBA, 0xB0, 0xAC),
-        // Categories this file does not know still get a stable colour, chosen by name.
-        _ => {
-            const EXTRA: [RGBColor; 4] = [
-                RGBColor(0xFF, 0x9D, 0xA7),
-                RGBColor(0x6B, 0x6E, 0xCF),
-                RGBColor(0x8C, 0xD1, 0x7D),
-                RGBColor(0xD3, 0x72, 0x95),
-            ];
-            let h = name
-                .bytes()
-                .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
-            EXTRA[h % EXTRA.len()]
-        }
+        // Categories this file does not know get a colour by their place (`color_in`).
+        _ => EXTRA[0],
     }
+}
+
+/// Colours for bands this file does not know (a PyTorch snapshot's sites), given in order so
+/// that neighbouring bands differ.
+const EXTRA: [RGBColor; 10] = [
+    RGBColor(0x4E, 0x79, 0xA7),
+    RGBColor(0xF2, 0x8E, 0x2B),
+    RGBColor(0x59, 0xA1, 0x4F),
+    RGBColor(0xB0, 0x7A, 0xA1),
+    RGBColor(0x76, 0xB7, 0xB2),
+    RGBColor(0xED, 0xC9, 0x48),
+    RGBColor(0x9C, 0x75, 0x5F),
+    RGBColor(0xFF, 0x9D, 0xA7),
+    RGBColor(0x6B, 0x6E, 0xCF),
+    RGBColor(0x8C, 0xD1, 0x7D),
+];
+
+const KNOWN: [&str; 8] = [
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "temporary",
+    "input",
+    "workspace",
+    "other",
+];
+
+/// A band's colour in a chart of `all` bands: the fixed one of a known category, else the
+/// next of [`EXTRA`] in the order the unknown bands come.
+fn color_in(name: &str, all: &[String]) -> RGBColor {
+    if KNOWN.contains(&name) {
+        return category_color(name);
+    }
+    let i = all
+        .iter()
+        .filter(|c| !KNOWN.contains(&c.as_str()))
+        .position(|c| c == name)
+        .unwrap_or(0);
+    EXTRA[i % EXTRA.len()]
 }
 
 /// Renders the timeline as a complete SVG document ([`WIDTH`] x [`HEIGHT`]).
@@ -402,7 +431,7 @@ impl<'t> Chart<'t> {
         let mut bottom = self.step_path(|s| unit.scale(stack_bounds(s, i).0));
         bottom.reverse();
         points.extend(bottom);
-        let color = category_color(&self.t.categories[i]);
+        let color = color_in(&self.t.categories[i], &self.t.categories);
         plot.draw(&Polygon::new(points, color.filled()))
             .map_err(|e| e.to_string())
     }
@@ -631,7 +660,7 @@ impl<'t> Chart<'t> {
                 name => root
                     .draw(&Rectangle::new(
                         [(x + 2, y - 7), (x + 20, y + 7)],
-                        category_color(name).filled(),
+                        color_in(name, &self.t.categories).filled(),
                     ))
                     .map_err(err)?,
             }
