@@ -53,7 +53,7 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     let capacity = match &args.capacity {
         Some(c) => crate::units::parse_size(c).map_err(|m| Error::usage("--capacity", m))?,
         None => match (s.total_memory, s.context_overhead) {
-            (Some(t), o) => t - o.unwrap_or(0),
+            (Some(t), o) => t.saturating_sub(o.unwrap_or(0)),
             (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events)
                 .ok_or_else(|| {
                     Error::usage(
