@@ -109,10 +109,34 @@ pub fn load(path: &Path) -> Result<Snapshot, Error> {
     }
     if head[0] == 0x80 || head[0] == b'(' || head[0] == b']' || head[0] == b'}' {
         // a pickle: protocol 2+ starts with PROTO (0x80); 0 and 1 with a container opcode
-        let reader =
-            std::io::BufReader::with_capacity(1 << 20, std::io::Read::chain(&head[..n], f));
-        let p = crate::trace::pickle::read(reader)
-            .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+        // a progress bar on stderr for big files, only for a person watching
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let bar =
+            (len > 64 << 20 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+                let b = indicatif::ProgressBar::new(len);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "reading {msg} [{bar:30}] {bytes}/{total_bytes}",
+                    )
+                    .expect("valid template")
+                    .progress_chars("=> "),
+                );
+                b.set_message(name.clone());
+                b
+            });
+        let source = std::io::Read::chain(&head[..n], f);
+        let reader = std::io::BufReader::with_capacity(
+            1 << 20,
+            match &bar {
+                Some(b) => Box::new(b.wrap_read(source)) as Box<dyn Read>,
+                None => Box::new(source),
+            },
+        );
+        let p = crate::trace::pickle::read(reader);
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        let p = p.map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         let doc = torch::PickleDoc(&p);
         return torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
     }
