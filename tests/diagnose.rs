@@ -274,6 +274,7 @@ fn issue5_leaks_match_pytorch_growth_on_every_recorded_case() {
                     oom: None,
                 },
                 100,
+                false,
             );
             let leaks = &found.leaks.leaks;
             assert_eq!(

@@ -69,8 +69,10 @@ pub struct RunRecord<'a> {
     pub oom: Option<&'a OutOfMemory>,
 }
 
-/// Analyses a run. The timeline keeps at most `max_samples` points.
-pub fn analyze(rec: &RunRecord<'_>, max_samples: usize) -> Findings {
+/// Analyses a run. The timeline keeps at most `max_samples` points. The timeline and the
+/// states before the end (the peak's, each iteration end's) need a replay of the whole trace:
+/// only when `past_states`, since leaks and an OOM's diagnosis do without.
+pub fn analyze(rec: &RunRecord<'_>, max_samples: usize, past_states: bool) -> Findings {
     let a = rec.allocator;
     let r = a.recorder();
     let events: Vec<_> = r.ring.iter().copied().collect();
@@ -108,6 +110,9 @@ pub fn analyze(rec: &RunRecord<'_>, max_samples: usize) -> Findings {
         oom,
         replay_note: None,
     };
+    if !past_states {
+        return f;
+    }
     if r.ring.dropped() > 0 {
         f.replay_note = Some(format!(
             "the trace lost its first {} events to the history's bound, so states before the \

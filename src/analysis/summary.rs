@@ -263,6 +263,46 @@ fn walk(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Walk {
     }
 }
 
+/// The highest of `after` (allocated relative to the trace's start) plus `start`: the event and
+/// the bytes.
+fn peak_of(after: &[i64], start: i64) -> (usize, u64) {
+    let (i, rel) = after
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
+        .map(|(i, v)| (i, *v))
+        .unwrap_or((0, 0));
+    (i, (start + rel.max(0)) as u64)
+}
+
+/// The highest reserved bytes over the trace, anchored at the segments it ends with.
+fn reserved_peak(segments: &[SegmentInfo], events: &[Event]) -> u64 {
+    let (mut res, mut res_peak) = (0i64, 0i64);
+    for e in events {
+        match e.kind() {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => res += e.size() as i64,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => res -= e.size() as i64,
+            _ => {}
+        }
+        res_peak = res_peak.max(res);
+    }
+    let res_end: i64 = segments.iter().map(|s| s.total_size as i64).sum();
+    (res_end - res + res_peak).max(res_end) as u64
+}
+
+/// The peaks a trace shows: allocated (block sizes as the trace's segments give them) and
+/// reserved, anchored at the state the segments hold at its end.
+pub fn trace_peaks(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> (u64, u64) {
+    let end = pool_state(segments, None);
+    let w = walk(segments, events, conf);
+    let start = (end.allocated_bytes as i64 - w.net).max(0);
+    let (_, peak) = peak_of(&w.after, start);
+    (
+        peak.max(end.allocated_bytes),
+        reserved_peak(segments, events),
+    )
+}
+
 fn trace_summary(
     segments: &[SegmentInfo],
     events: &[Event],
@@ -281,13 +321,7 @@ fn trace_summary(
     let rounder = super::blocks::Sizer::new(conf);
     let round = |n: u64| rounder.round(n);
     let start = (end.allocated_bytes as i64 - net).max(0);
-    let (peak_i, peak_rel) = after
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
-        .map(|(i, v)| (i, *v))
-        .unwrap_or((0, 0));
-    let peak = (start + peak_rel.max(0)) as u64;
+    let (peak_i, peak) = peak_of(&after, start);
     // who held memory at the peak: allocations of the trace alive then, and blocks from
     // before the trace that were still alive (freed later, or never)
     let mut alive: FxHashMap<u64, (u64, StackId)> = FxHashMap::default();
@@ -369,19 +403,7 @@ fn trace_summary(
             }
         }
     }
-    // reserved over the trace, anchored at the segments the snapshot holds
-    let mut res: i64 = 0;
-    let mut res_peak: i64 = 0;
-    for e in events {
-        match e.kind() {
-            EventKind::SegmentAlloc | EventKind::SegmentMap => res += e.size() as i64,
-            EventKind::SegmentFree | EventKind::SegmentUnmap => res -= e.size() as i64,
-            _ => {}
-        }
-        res_peak = res_peak.max(res);
-    }
-    let res_end: i64 = segments.iter().map(|s| s.total_size as i64).sum();
-    let peak_reserved = (res_end - res + res_peak).max(res_end) as u64;
+    let peak_reserved = reserved_peak(segments, events);
     let mut counts = [0u64; 16];
     for e in events {
         counts[e.kind() as usize] += 1;

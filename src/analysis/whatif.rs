@@ -65,47 +65,19 @@ pub fn capacity_from_ooms(segments: &[SegmentInfo], events: &[Event]) -> Option<
 }
 
 fn original(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Side {
-    let rounder = SimAllocator::new(conf.clone(), SimSource::new(1 << 40, 0));
-    let allocated_end: u64 = segments
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state == BlockState::ActiveAllocated)
-        .map(|b| b.size)
-        .sum();
-    let reserved_end: u64 = segments.iter().map(|s| s.total_size).sum();
-    let (mut a, mut r, mut pa, mut pr) = (0i64, 0i64, 0i64, 0i64);
-    let mut sizes: FxHashMap<u64, u64> = FxHashMap::default();
-    let mut ooms = 0;
-    for e in events {
-        match e.kind() {
-            EventKind::Alloc => {
-                let b = rounder.round_size(e.size());
-                sizes.insert(e.addr, b);
-                a += b as i64;
-            }
-            EventKind::FreeRequested => {
-                a -= sizes
-                    .remove(&e.addr)
-                    .unwrap_or_else(|| rounder.round_size(e.size())) as i64
-            }
-            EventKind::SegmentAlloc | EventKind::SegmentMap => r += e.size() as i64,
-            EventKind::SegmentFree | EventKind::SegmentUnmap => r -= e.size() as i64,
-            EventKind::Oom => ooms += 1,
-            _ => {}
-        }
-        pa = pa.max(a);
-        pr = pr.max(r);
-    }
-    // the walk is relative to the trace's start; the end state anchors it
-    let a0 = allocated_end as i64 - a;
-    let r0 = reserved_end as i64 - r;
+    let (peak_allocated, peak_reserved) = super::summary::trace_peaks(segments, events, conf);
     Side {
         alloc_conf: conf.raw.clone(),
-        peak_allocated: (a0 + pa).max(allocated_end as i64) as u64,
-        peak_reserved: (r0 + pr).max(reserved_end as i64) as u64,
-        allocated_end,
-        reserved_end,
-        ooms,
+        peak_allocated,
+        peak_reserved,
+        allocated_end: segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .sum(),
+        reserved_end: segments.iter().map(|s| s.total_size).sum(),
+        ooms: events.iter().filter(|e| e.kind() == EventKind::Oom).count() as u64,
         fragmentation_end: fragmentation::analyze(segments),
     }
 }

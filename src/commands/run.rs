@@ -86,6 +86,8 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         let bytes = serde_json::to_vec(&v).map_err(std::io::Error::from)?;
         write_atomic(snap, &bytes)?;
     }
+    let wants = |k: ReportKind| args.report.contains(&k) || args.report.contains(&ReportKind::All);
+    let past_states = args.json || args.plot.is_some() || wants(ReportKind::Fragmentation);
     let found = findings::analyze(
         &RunRecord {
             allocator: &r.allocator,
@@ -94,6 +96,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             oom: r.oom.as_ref().map(|o| &o.error),
         },
         PLOT_SAMPLES,
+        past_states,
     );
     let tried = match (&r.oom, args.no_remedies) {
         (Some(_), false) => {
@@ -126,7 +129,6 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         };
         write_atomic(svg_path, report::timeline_svg::render(t).as_bytes())?;
     }
-    let wants = |k: ReportKind| args.report.contains(&k) || args.report.contains(&ReportKind::All);
     if args.json {
         let mut v = report::run::to_json(&path, &r);
         v["leaks"] = report::findings::leaks_json(&found.leaks);

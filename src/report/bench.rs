@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 /// One measured pattern: ns per alloc+free pair over repetitions.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -64,10 +64,6 @@ pub fn write_text(out: &mut dyn Write, rows: &[BenchRow]) -> std::io::Result<()>
         }
         t.add_row(cells);
     }
-    for i in 2..t.column_count() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
+    super::align_right(&mut t, 2);
     writeln!(out, "{t}")
 }

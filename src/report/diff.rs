@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use crate::analysis::diff::{Diff, Row};
 use crate::analysis::stacks::display_site;
@@ -70,11 +70,7 @@ pub fn write_text(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> std::i
         for r in rows {
             t.add_row(cells(r, bytes, site));
         }
-        for i in 1..5 {
-            if let Some(c) = t.column_mut(i) {
-                c.set_cell_alignment(CellAlignment::Right);
-            }
-        }
+        super::align_right(&mut t, 1);
         writeln!(out, "{t}")?;
     }
     Ok(())

@@ -7,8 +7,8 @@ use std::rc::Rc;
 use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
-use crate::alloc::{BlockState, SimAllocator, SimSource};
-use crate::analysis::stacks::{describe, is_python_frame};
+use crate::alloc::BlockState;
+use crate::analysis::stacks::is_python_frame;
 use crate::snapshot::Snapshot;
 use crate::trace::pickle::W;
 use crate::trace::{EventKind, StackId, Tags};
@@ -212,16 +212,13 @@ pub fn w_to_json(w: &W) -> Value {
 }
 
 /// A Chrome trace (Perfetto and chrome://tracing open it): a counter track per memory
-/// category (allocated, by the allocator's rounding) and one for reserved memory, over the
+/// category (allocated, in block sizes as `analysis::blocks` finds them) and one for reserved
+/// memory, over the
 /// trace's time (or event index), iteration starts as instant events, and the snapshot as
 /// PyTorch's dict under `otherData` so gpumem can read the file back.
 pub fn perfetto(snap: &Snapshot) -> Value {
-    let rounder = SimAllocator::new(snap.conf.clone(), SimSource::new(1 << 40, 0));
-    let cat_of = |st: StackId| {
-        describe(&snap.tags.resolve(st))
-            .category
-            .unwrap_or_else(|| "other".into())
-    };
+    let mut sizer = crate::analysis::blocks::Sizer::new(&snap.conf);
+    let mut ann = crate::analysis::stacks::Annotator::new(&snap.tags);
     // walk the trace relative to its start, then anchor at the end state
     let mut cats: BTreeMap<String, i64> = BTreeMap::new();
     let mut live: FxHashMap<u64, (u64, String)> = FxHashMap::default();
@@ -236,15 +233,15 @@ pub fn perfetto(snap: &Snapshot) -> Value {
             .copied()
             .filter(|t| *t > 0)
             .unwrap_or(i as u64);
+        let block = sizer.step(e);
         match e.kind() {
             EventKind::Alloc => {
-                let b = rounder.round_size(e.size());
-                let c = cat_of(e.stack);
+                let b = block.unwrap_or(0);
+                let m = ann.meta(e.stack);
+                let c = m.category.clone().unwrap_or_else(|| "other".into());
                 *cats.entry(c.clone()).or_default() += b as i64;
                 live.insert(e.addr, (b, c));
-                if let crate::analysis::stacks::When::Iteration(n) =
-                    describe(&snap.tags.resolve(e.stack)).when
-                {
+                if let crate::analysis::stacks::When::Iteration(n) = m.when {
                     if last_iter.is_none_or(|l| n > l) {
                         last_iter = Some(n);
                         marks.push((t, format!("iter {n}")));
@@ -254,12 +251,16 @@ pub fn perfetto(snap: &Snapshot) -> Value {
             EventKind::FreeRequested => {
                 let (b, c) = live
                     .remove(&e.addr)
-                    .unwrap_or_else(|| (rounder.round_size(e.size()), "other".into()));
+                    .unwrap_or_else(|| (block.unwrap_or(0), "other".into()));
                 *cats.entry(c).or_default() -= b as i64;
             }
             EventKind::Retag => {
                 if let Some((b, c)) = live.get_mut(&e.addr) {
-                    let to = cat_of(e.stack);
+                    let to = ann
+                        .meta(e.stack)
+                        .category
+                        .clone()
+                        .unwrap_or_else(|| "other".into());
                     *cats.entry(c.clone()).or_default() -= *b as i64;
                     *cats.entry(to.clone()).or_default() += *b as i64;
                     *c = to;

@@ -17,20 +17,8 @@ use crate::units::format_bytes as b;
 fn table(header: Vec<&str>, right_from: usize) -> Table {
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED).set_header(header);
-    for i in right_from..t.column_count() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
+    super::align_right(&mut t, right_from);
     t
-}
-
-fn right(t: &mut Table, from: usize) {
-    for i in from..t.column_count() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
 }
 
 fn pct(r: f64) -> String {
@@ -85,7 +73,7 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
                         format!("{:.1}", s.blocks_per_iteration),
                     ]);
                 }
-                right(&mut t, 3);
+                super::align_right(&mut t, 3);
                 writeln!(out, "{t}")?;
                 if k.sites.len() > 10 {
                     writeln!(out, "  ... and {} more sites", k.sites.len() - 10)?;
@@ -145,7 +133,7 @@ pub fn write_fragmentation(
             }),
         ]);
     }
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     if f.segments.is_empty() {
         return Ok(());
@@ -215,7 +203,7 @@ pub fn write_fragmentation_report(out: &mut dyn Write, f: &Findings) -> std::io:
                 pct(p.ratio),
             ]);
         }
-        right(&mut t, 1);
+        super::align_right(&mut t, 1);
         writeln!(out, "fragmentation over the run:\n{t}")?;
     }
     Ok(())
@@ -245,13 +233,13 @@ pub fn write_oom(
     for (c, n) in &d.live_by_category {
         t.add_row(vec![c.clone(), b(*n)]);
     }
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     let mut t = table(vec!["live at the failure, by site (tags)", "bytes"], 1);
     for (c, n) in &d.top_tags {
         t.add_row(vec![c.clone(), b(*n)]);
     }
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     let Some(rs) = remedies else {
         return Ok(());
@@ -294,7 +282,7 @@ pub fn write_oom(
         };
         t.add_row(vec![r.name.clone(), alloc, res, fits, change]);
     }
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     if let Some(c) = t.column_mut(3) {
         c.set_cell_alignment(CellAlignment::Left);
     }

@@ -25,3 +25,12 @@ pub mod summary;
 pub mod timeline_svg;
 pub mod torch_summary;
 pub mod whatif;
+
+/// Right-aligns the columns of `t` from `from` on (the figures of gpumem's tables).
+pub(crate) fn align_right(t: &mut comfy_table::Table, from: usize) {
+    for i in from..t.column_count() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
 use crate::report::{stats_table, torch_summary};
@@ -11,14 +11,6 @@ use crate::units::format_bytes;
 
 fn opt(v: Option<u64>) -> String {
     v.map(format_bytes).unwrap_or_else(|| "-".into())
-}
-
-fn right_align(t: &mut Table, from: usize) {
-    for i in from..t.column_count() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
 }
 
 pub fn write_text(
@@ -59,7 +51,7 @@ pub fn write_text(
                 format_bytes(i.reserved_end),
             ]);
         }
-        right_align(&mut t, 1);
+        super::align_right(&mut t, 1);
         writeln!(out, "{t}")?;
     }
     if !r.marks.is_empty() {
@@ -82,7 +74,7 @@ pub fn write_text(
                 format_bytes(m.reserved),
             ]);
         }
-        right_align(&mut t, 3);
+        super::align_right(&mut t, 3);
         writeln!(out, "{t}")?;
     }
     writeln!(
@@ -97,7 +89,7 @@ pub fn write_text(
     for (c, b) in &r.peak.by_category {
         t.add_row(vec![c.name().to_string(), format_bytes(*b)]);
     }
-    right_align(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED)
@@ -105,7 +97,7 @@ pub fn write_text(
     for (tags, b) in &r.peak.top_tags {
         t.add_row(vec![tags.clone(), format_bytes(*b)]);
     }
-    right_align(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     if let Some(o) = &r.oom {
         let when = o

@@ -2,21 +2,13 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::{json, Value};
 
 use crate::analysis::stacks::display_site;
 use crate::analysis::summary::{PoolState, SiteBytes, Summary};
 use crate::snapshot::{IterationSource, Snapshot};
 use crate::units::format_bytes as b;
-
-fn right(t: &mut Table, from: usize) {
-    for i in from..t.column_count() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-}
 
 fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
     let mut t = Table::new();
@@ -29,7 +21,7 @@ fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
             s.blocks.to_string(),
         ]);
     }
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     t
 }
 
@@ -112,7 +104,7 @@ pub fn write_text(
     t.add_row(row("inactive_split blocks", &|p| {
         p.inactive_split_blocks.to_string()
     }));
-    right(&mut t, 1);
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     if let Some(tr) = &m.trace {
         if tr.inconsistent_allocs > 0 {

@@ -95,17 +95,8 @@ const EXTRA: [RGBColor; 10] = [
     RGBColor(0x8C, 0xD1, 0x7D),
 ];
 
-const KNOWN: [&str; 8] = [
-    "parameter",
-    "gradient",
-    "optimizer_state",
-    "activation",
-    "temporary",
-    "input",
-    "workspace",
-    "other",
-];
-
+/// The categories with a fixed colour: the trace's own (analysis::state::CATEGORIES).
+const KNOWN: [&str; 8] = crate::analysis::state::CATEGORIES;
 /// A band's colour in a chart of `all` bands: the fixed one of a known category, else the
 /// next of [`EXTRA`] in the order the unknown bands come.
 fn color_in(name: &str, all: &[String]) -> RGBColor {

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 use crate::analysis::whatif::WhatIf;
 use crate::units::{format_bytes as b, format_bytes_signed};
@@ -75,11 +75,7 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
             w.ooms_caused.len()
         ),
     ]);
-    for i in 1..4 {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
+    super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     let verdict = match (w.original.ooms, w.replayed.ooms) {
         (0, 0) => format!(
