@@ -6,73 +6,15 @@
 //! not; the leaks equal the growth PyTorch itself recorded, case by case.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use assert_cmd::Command;
+mod common;
+use common::{gpumem, root, run_json, u, Scratch};
 use serde_json::Value;
 
 use gpumem::analysis::{findings, state};
 use gpumem::runner::{run, RunOptions};
 
-fn gpumem() -> Command {
-    Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 const FRAGMENTATION: &str = "fixtures/workloads/fragmentation_oom.toml";
-
-/// A scratch directory for one test, removed afterwards.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "gpumem-diagnose-{test}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `gpumem ARGS --json`: exit code and the JSON.
-fn run_json(args: &[&str]) -> (Option<i32>, Value) {
-    let out = gpumem()
-        .current_dir(root())
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!(
-            "gpumem {args:?}: not JSON ({e}): {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), v)
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
-}
 
 /// The peaks `gpumem run` reports for a workload file, and whether it ran out of memory.
 fn peaks_by_hand(path: &Path) -> (u64, u64, bool) {

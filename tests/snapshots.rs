@@ -3,63 +3,10 @@
 //! back), and `gpumem diff`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use assert_cmd::Command;
+mod common;
+use common::{gpumem, root, run_json, u, Scratch};
 use serde_json::Value;
-
-fn gpumem() -> Command {
-    Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "gpumem-snapshots-{test}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn json_of(args: &[&str]) -> (Option<i32>, Value) {
-    let out = gpumem()
-        .current_dir(root())
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!(
-            "gpumem {args:?}: not JSON ({e}): {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code(), v)
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
-}
 
 fn expected() -> Value {
     serde_json::from_str(
@@ -75,7 +22,7 @@ fn issue6_real_pytorch_snapshots_summarize_to_pytorchs_own_figures() {
     let exp = expected();
     for (file, e) in exp["files"].as_object().unwrap() {
         let p = format!("fixtures/snapshots/{file}");
-        let (code, v) = json_of(&["summary", &p]);
+        let (code, v) = run_json(&["summary", &p]);
         assert_eq!(code, Some(0), "{file}");
         assert_eq!(v["format"], "torch_pickle");
         assert_eq!(v["segments"], e["segments"], "{file}");
@@ -121,7 +68,7 @@ fn issue6_real_pytorch_snapshots_summarize_to_pytorchs_own_figures() {
     // exact where the trace holds every block's segment
     for file in ["snapshot_mlp_adam.pickle", "snapshot_mlp_leak.pickle"] {
         let p = format!("fixtures/snapshots/{file}");
-        let (_, v) = json_of(&["summary", &p]);
+        let (_, v) = run_json(&["summary", &p]);
         assert_eq!(
             v["peak_allocated_bytes"], exp["files"][file]["same_process"]["max_memory_allocated"],
             "{file}"
@@ -168,11 +115,11 @@ fn issue6_the_same_snapshot_as_json_reads_the_same() {
         .arg(&j)
         .assert()
         .success();
-    let (_, a) = json_of(&[
+    let (_, a) = run_json(&[
         "summary",
         "fixtures/snapshots/snapshot_gpt_tiny_math_adam.pickle",
     ]);
-    let (_, b) = json_of(&["summary", j.to_str().unwrap()]);
+    let (_, b) = run_json(&["summary", j.to_str().unwrap()]);
     assert_eq!(b["format"], "torch_json");
     for k in [
         "reserved_bytes",
@@ -196,7 +143,7 @@ fn issue6_the_same_snapshot_as_json_reads_the_same() {
             "device_traces": [[]]}"#,
     )
     .unwrap();
-    let (code, v) = json_of(&["summary", tiny.to_str().unwrap()]);
+    let (code, v) = run_json(&["summary", tiny.to_str().unwrap()]);
     assert_eq!(code, Some(0));
     assert_eq!(
         (
@@ -271,7 +218,7 @@ fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
         .success();
     let p = snap.to_str().unwrap();
     // as recorded: the OOM happens again
-    let (code, v) = json_of(&["replay", p]);
+    let (code, v) = run_json(&["replay", p]);
     assert_eq!(code, Some(1));
     assert_eq!(
         (u(&v["original"]["ooms"]), u(&v["replayed"]["ooms"])),
@@ -282,12 +229,12 @@ fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
         v["replayed"]["peak_reserved"]
     );
     // with expandable segments it does not
-    let (code, v) = json_of(&["replay", p, "--alloc-conf", "expandable_segments:True"]);
+    let (code, v) = run_json(&["replay", p, "--alloc-conf", "expandable_segments:True"]);
     assert_eq!(code, Some(0), "{v}");
     assert_eq!(u(&v["replayed"]["ooms"]), 0);
     assert_eq!(v["ooms_avoided"].as_array().unwrap().len(), 1);
     // ... and the replayed peak is what running the workload with that setting gives
-    let (_, run) = json_of(&[
+    let (_, run) = run_json(&[
         "run",
         "fixtures/workloads/fragmentation_oom.toml",
         "--no-remedies",
@@ -301,7 +248,7 @@ fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("verdict: yes"));
     // a real PyTorch snapshot replayed with its own settings reserves what PyTorch reserved
-    let (code, v) = json_of(&[
+    let (code, v) = run_json(&[
         "replay",
         "fixtures/snapshots/snapshot_mlp_adam.pickle",
         "--capacity",
@@ -334,7 +281,7 @@ fn issue6_exports_read_back_and_keep_the_figures() {
         .arg(&run)
         .assert()
         .success();
-    let (_, orig) = json_of(&["summary", run.to_str().unwrap()]);
+    let (_, orig) = run_json(&["summary", run.to_str().unwrap()]);
     assert_eq!(orig["format"], "gpumem");
     for (to, file) in [
         ("memory-viz", "viz.pickle"),
@@ -347,7 +294,7 @@ fn issue6_exports_read_back_and_keep_the_figures() {
             .arg(&f)
             .assert()
             .success();
-        let (code, back) = json_of(&["summary", f.to_str().unwrap()]);
+        let (code, back) = run_json(&["summary", f.to_str().unwrap()]);
         assert_eq!(code, Some(0), "{to}");
         for k in [
             "reserved_bytes",
@@ -381,7 +328,7 @@ fn issue6_exports_read_back_and_keep_the_figures() {
 
 #[test]
 fn issue6_diff_shows_what_grew_and_why() {
-    let (code, v) = json_of(&[
+    let (code, v) = run_json(&[
         "diff",
         "fixtures/workloads/presets/mlp_sgd.toml",
         "fixtures/workloads/presets/mlp_adam.toml",
@@ -445,7 +392,7 @@ fn issue6_iterations_from_repetition_find_the_leak_without_annotations() {
     v.as_object_mut().unwrap().remove("external_annotations");
     let bare = s.path("bare.json");
     std::fs::write(&bare, serde_json::to_vec(&v).unwrap()).unwrap();
-    let (code, out) = json_of(&["summary", bare.to_str().unwrap()]);
+    let (code, out) = run_json(&["summary", bare.to_str().unwrap()]);
     assert_eq!(code, Some(0));
     assert_eq!(out["iterations_from"], "repetition");
     assert_eq!(out["trace"]["iterations"], 5);
