@@ -75,23 +75,22 @@ struct Live {
     size: u64,
 }
 
-/// Finds leaks in a trace whose allocations carry `iter:N` tags. `block_size` turns a request
-/// into the bytes the allocator holds for it (its rounding).
-pub fn find(
+/// The allocations alive at the end of the trace (by address), the last iteration an
+/// allocation was made in, and whether an out-of-memory came after that iteration began.
+type LiveEnd = (Vec<FxHashMap<u64, Live>>, Option<u32>, bool);
+
+fn live_sequential(
     events: &[crate::trace::Event],
-    tags: &Tags,
+    ann: &mut super::stacks::Annotator,
     block_size: &dyn Fn(u64) -> u64,
-    opts: LeakOptions,
-) -> LeakReport {
+) -> LiveEnd {
     let mut live: FxHashMap<u64, Live> = FxHashMap::default();
     let mut last_iter: Option<u32> = None;
     let mut oom_in_last = false;
-    let mut ann = super::stacks::Annotator::new(tags);
-    let mut meta = |s: StackId| ann.meta(s);
     for e in events {
         match e.kind() {
             EventKind::Alloc => {
-                if let When::Iteration(n) = meta(e.stack).when {
+                if let When::Iteration(n) = ann.meta(e.stack).when {
                     if last_iter.is_none_or(|l| n > l) {
                         last_iter = Some(n);
                         oom_in_last = false;
@@ -118,6 +117,135 @@ pub fn find(
             _ => {}
         }
     }
+    (vec![live], last_iter, oom_in_last)
+}
+
+/// [`live_sequential`] on all cores: the live map is per address, so each of 64 shards of
+/// addresses keeps its own; the last iteration is the highest of any allocation's, and the
+/// out-of-memory test looks after the first allocation of that iteration.
+fn live_sharded(
+    events: &[crate::trace::Event],
+    ann: &mut super::stacks::Annotator,
+    block_size: &dyn Fn(u64) -> u64,
+) -> LiveEnd {
+    use rayon::prelude::*;
+    const SHARDS: usize = 64;
+    let shard = |a: u64| ((a >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
+    // the iteration of each distinct stack, once
+    let stacks: rustc_hash::FxHashSet<StackId> = events
+        .par_iter()
+        .filter(|e| e.kind() == EventKind::Alloc)
+        .fold(rustc_hash::FxHashSet::default, |mut s, e| {
+            s.insert(e.stack);
+            s
+        })
+        .reduce(rustc_hash::FxHashSet::default, |mut a, b| {
+            a.extend(b);
+            a
+        });
+    let iter_of: FxHashMap<StackId, Option<u32>> = stacks
+        .into_iter()
+        .map(|s| {
+            let n = match ann.meta(s).when {
+                When::Iteration(n) => Some(n),
+                _ => None,
+            };
+            (s, n)
+        })
+        .collect();
+    let it = |e: &crate::trace::Event| -> Option<u32> {
+        (e.kind() == EventKind::Alloc)
+            .then(|| iter_of[&e.stack])
+            .flatten()
+    };
+    let last_iter = events.par_iter().filter_map(it).max();
+    let oom_in_last = match last_iter {
+        Some(last) => {
+            let from = events.par_iter().position_first(|e| it(e) == Some(last));
+            from.is_some_and(|f| events[f..].par_iter().any(|e| e.kind() == EventKind::Oom))
+        }
+        None => events.par_iter().any(|e| e.kind() == EventKind::Oom),
+    };
+    let piece = events
+        .len()
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(1 << 14);
+    let parts: Vec<Vec<Vec<u32>>> = events
+        .par_chunks(piece)
+        .enumerate()
+        .map(|(c, evs)| {
+            let mut l = vec![Vec::new(); SHARDS];
+            for (k, e) in evs.iter().enumerate() {
+                if matches!(
+                    e.kind(),
+                    EventKind::Alloc | EventKind::FreeRequested | EventKind::Retag
+                ) {
+                    l[shard(e.addr)].push((c * piece + k) as u32);
+                }
+            }
+            l
+        })
+        .collect();
+    let mut live: Vec<FxHashMap<u64, (StackId, Option<StackId>, u64)>> = (0..SHARDS)
+        .into_par_iter()
+        .map(|s| {
+            let mut live: FxHashMap<u64, (StackId, Option<StackId>, u64)> = FxHashMap::default();
+            for &i in parts.iter().flat_map(|p| p[s].iter()) {
+                let e = &events[i as usize];
+                match e.kind() {
+                    EventKind::Alloc => {
+                        live.insert(e.addr, (e.stack, None, e.size()));
+                    }
+                    EventKind::FreeRequested => {
+                        live.remove(&e.addr);
+                    }
+                    _ => {
+                        if let Some(l) = live.get_mut(&e.addr) {
+                            l.1 = Some(e.stack);
+                        }
+                    }
+                }
+            }
+            live
+        })
+        .collect();
+    // block sizes of what is left (few), with the caller's rounding
+    let live = live
+        .iter_mut()
+        .map(|m| {
+            m.drain()
+                .map(|(a, (stack, category, size))| {
+                    let size = block_size(size);
+                    (
+                        a,
+                        Live {
+                            stack,
+                            category,
+                            size,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    (live, last_iter, oom_in_last)
+}
+
+/// Finds leaks in a trace whose allocations carry `iter:N` tags. `block_size` turns a request
+/// into the bytes the allocator holds for it (its rounding).
+pub fn find(
+    events: &[crate::trace::Event],
+    tags: &Tags,
+    block_size: &dyn Fn(u64) -> u64,
+    opts: LeakOptions,
+) -> LeakReport {
+    let mut ann = super::stacks::Annotator::new(tags);
+    let (live, last_iter, oom_in_last) = if events.len() >= 1 << 16 {
+        live_sharded(events, &mut ann, block_size)
+    } else {
+        live_sequential(events, &mut ann, block_size)
+    };
+    let mut meta = |s: StackId| ann.meta(s);
     let Some(last) = last_iter else {
         return LeakReport {
             iterations: 0,
@@ -153,7 +281,7 @@ pub fn find(
         categories: BTreeMap<String, u64>,
     }
     let mut sites: BTreeMap<String, SiteAcc> = BTreeMap::new();
-    for l in live.values() {
+    for l in live.iter().flat_map(|m| m.values()) {
         let m = meta(l.stack);
         let When::Iteration(j) = m.when else { continue };
         if j > checked_last {

@@ -12,6 +12,7 @@
 //! - [`findings`]: all of the above for one recorded run.
 //! - [`snapshot_file`]: a gpumem snapshot read back as a trace.
 //! - [`summary`]: what a snapshot says (state, sites, peak, leaks, OOMs).
+//! - [`walk`]: a trace walked (block sizes, allocated after each event), sharded on all cores.
 //! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
 //! - [`diff`]: two snapshots' summaries side by side.
 
@@ -28,4 +29,5 @@ pub mod stacks;
 pub mod state;
 pub mod summary;
 pub mod timeline;
+pub mod walk;
 pub mod whatif;

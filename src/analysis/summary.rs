@@ -171,10 +171,21 @@ pub fn summarize(
     let round = |n: u64| rounder.round_size(n);
     let all = pool_state(segments, None);
     let (leaks, trace, ooms) = std::thread::scope(|sc| {
-        let leaks = sc.spawn(|| leaks::find(events, tags, &round, LeakOptions::default()));
-        let ooms = sc.spawn(|| oom_events(segments, events, tags, conf, &all, full));
+        let t0 = std::time::Instant::now();
+        let leaks = sc.spawn(move || {
+            let r = leaks::find(events, tags, &round, LeakOptions::default());
+            eprintln!("TIMING leaks {:?}", t0.elapsed());
+            r
+        });
+        let allr = &all;
+        let ooms = sc.spawn(move || {
+            let r = oom_events(segments, events, tags, conf, allr, full);
+            eprintln!("TIMING ooms {:?}", t0.elapsed());
+            r
+        });
         let trace = (!events.is_empty())
             .then(|| trace_summary(segments, events, tags, conf, top_n, &all, full));
+        eprintln!("TIMING trace_summary {:?}", t0.elapsed());
         (
             leaks
                 .join()
@@ -208,60 +219,7 @@ pub fn summarize(
     }
 }
 
-/// The trace walked: allocated bytes relative to its start after each event, each
-/// allocation's block size (0 for other events), and how many allocations reused an address
-/// the trace still held.
-struct Walk {
-    after: Vec<i64>,
-    net: i64,
-    block: Vec<u64>,
-    inconsistent: u64,
-}
-
-fn walk(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Walk {
-    // an allocation still held at the end has the size its block has in the segments
-    let mut last_alloc: FxHashMap<u64, usize> = FxHashMap::default();
-    let mut inconsistent = 0;
-    for (i, e) in events.iter().enumerate() {
-        match e.kind() {
-            EventKind::Alloc if last_alloc.insert(e.addr, i).is_some() => inconsistent += 1,
-            EventKind::FreeRequested => {
-                last_alloc.remove(&e.addr);
-            }
-            _ => {}
-        }
-    }
-    let mut block = vec![0u64; events.len()];
-    for s in segments {
-        for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
-            if let Some(i) = last_alloc.get(&b.address) {
-                block[*i] = b.size;
-            }
-        }
-    }
-    let mut sizer = super::blocks::Sizer::new(conf);
-    let mut cur: i64 = 0;
-    let mut after = Vec::with_capacity(events.len());
-    for (i, e) in events.iter().enumerate() {
-        match (e.kind(), sizer.step(e)) {
-            (EventKind::Alloc, Some(b)) => {
-                if block[i] == 0 {
-                    block[i] = b;
-                }
-                cur += block[i] as i64;
-            }
-            (EventKind::FreeRequested, Some(b)) => cur -= b as i64,
-            _ => {}
-        }
-        after.push(cur);
-    }
-    Walk {
-        after,
-        net: cur,
-        block,
-        inconsistent,
-    }
-}
+use super::walk::{walk, Walk};
 
 /// The highest of `after` (allocated relative to the trace's start) plus `start`: the event and
 /// the bytes.
@@ -277,12 +235,23 @@ fn peak_of(after: &[i64], start: i64) -> (usize, u64) {
 
 /// The highest reserved bytes over the trace, anchored at the segments it ends with.
 fn reserved_peak(segments: &[SegmentInfo], events: &[Event]) -> u64 {
+    use rayon::prelude::*;
+    let seg = |e: &&Event| {
+        matches!(
+            e.kind(),
+            EventKind::SegmentAlloc
+                | EventKind::SegmentMap
+                | EventKind::SegmentFree
+                | EventKind::SegmentUnmap
+        )
+    };
+    // segment events are few: found on all cores, then walked in order
+    let seg_events: Vec<&Event> = events.par_iter().filter(seg).collect();
     let (mut res, mut res_peak) = (0i64, 0i64);
-    for e in events {
+    for e in seg_events {
         match e.kind() {
             EventKind::SegmentAlloc | EventKind::SegmentMap => res += e.size() as i64,
-            EventKind::SegmentFree | EventKind::SegmentUnmap => res -= e.size() as i64,
-            _ => {}
+            _ => res -= e.size() as i64,
         }
         res_peak = res_peak.max(res);
     }
@@ -303,32 +272,43 @@ pub fn trace_peaks(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf)
     )
 }
 
-fn trace_summary(
-    segments: &[SegmentInfo],
+/// Who held memory at the peak, from the events of some addresses.
+struct AtPeak {
+    by_stack: FxHashMap<(StackId, Option<StackId>), (u64, u64)>,
+    freed_before_alloc_after_peak: Vec<(u64, u64)>,
+    allocated_in_trace: rustc_hash::FxHashSet<u64>,
+}
+
+/// Addresses the trace allocated (or freed first), kept per shard when walked in shards.
+enum InTrace {
+    One(rustc_hash::FxHashSet<u64>),
+    Sharded(Vec<rustc_hash::FxHashSet<u64>>),
+}
+
+impl InTrace {
+    fn contains(&self, addr: u64) -> bool {
+        match self {
+            InTrace::One(s) => s.contains(&addr),
+            InTrace::Sharded(sets) => sets[super::walk::Shards::by_addr(addr)].contains(&addr),
+        }
+    }
+}
+
+/// The allocations alive at event `peak_i` among the events `idx` (every event of their
+/// addresses, in order), summed by stack (and the stack of a retag, if any).
+fn at_peak(
     events: &[Event],
-    tags: &Tags,
-    conf: &AllocConf,
-    top_n: usize,
-    end: &PoolState,
-    full: bool,
-) -> TraceSummary {
-    let Walk {
-        after,
-        net,
-        block: block_of,
-        inconsistent,
-    } = walk(segments, events, conf);
-    let rounder = super::blocks::Sizer::new(conf);
-    let round = |n: u64| rounder.round(n);
-    let start = (end.allocated_bytes as i64 - net).max(0);
-    let (peak_i, peak) = peak_of(&after, start);
-    // who held memory at the peak: allocations of the trace alive then, and blocks from
-    // before the trace that were still alive (freed later, or never)
+    idx: impl Iterator<Item = usize>,
+    peak_i: usize,
+    block_of: &[u64],
+    round: &dyn Fn(u64) -> u64,
+) -> AtPeak {
     let mut alive: FxHashMap<u64, (u64, StackId)> = FxHashMap::default();
     let mut retagged: FxHashMap<u64, StackId> = FxHashMap::default();
     let mut allocated_in_trace: rustc_hash::FxHashSet<u64> = Default::default();
     let mut freed_before_alloc_after_peak: Vec<(u64, u64)> = Vec::new();
-    for (i, e) in events.iter().enumerate() {
+    for i in idx {
+        let e = &events[i];
         match e.kind() {
             EventKind::Alloc => {
                 allocated_in_trace.insert(e.addr);
@@ -367,6 +347,78 @@ fn trace_summary(
         e.0 += b;
         e.1 += 1;
     }
+    AtPeak {
+        by_stack,
+        freed_before_alloc_after_peak,
+        allocated_in_trace,
+    }
+}
+
+fn trace_summary(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    tags: &Tags,
+    conf: &AllocConf,
+    top_n: usize,
+    end: &PoolState,
+    full: bool,
+) -> TraceSummary {
+    let t0 = std::time::Instant::now();
+    let Walk {
+        after,
+        net,
+        block: block_of,
+        inconsistent,
+        shards,
+    } = walk(segments, events, conf);
+    eprintln!("TIMING ts-walk {:?}", t0.elapsed());
+    let rounder = super::blocks::Sizer::new(conf);
+    let round = |n: u64| rounder.round(n);
+    let start = (end.allocated_bytes as i64 - net).max(0);
+    let (peak_i, peak) = peak_of(&after, start);
+    // who held memory at the peak: allocations of the trace alive then, and blocks from
+    // before the trace that were still alive (freed later, or never); per address, so per
+    // shard of the walk when it has them
+    let (by_stack, freed_before_alloc_after_peak, allocated_in_trace) = match &shards {
+        Some(sh) => {
+            use rayon::prelude::*;
+            let parts: Vec<AtPeak> = sh
+                .addr_lists
+                .par_iter()
+                .map(|l| {
+                    at_peak(
+                        events,
+                        l.iter().map(|&i| i as usize),
+                        peak_i,
+                        &block_of,
+                        &round,
+                    )
+                })
+                .collect();
+            let mut by_stack: FxHashMap<(StackId, Option<StackId>), (u64, u64)> =
+                FxHashMap::default();
+            let mut freed = Vec::new();
+            let mut sets = Vec::with_capacity(parts.len());
+            for p in parts {
+                for (k, v) in p.by_stack {
+                    let e = by_stack.entry(k).or_default();
+                    e.0 += v.0;
+                    e.1 += v.1;
+                }
+                freed.extend(p.freed_before_alloc_after_peak);
+                sets.push(p.allocated_in_trace);
+            }
+            (by_stack, freed, InTrace::Sharded(sets))
+        }
+        None => {
+            let p = at_peak(events, 0..events.len(), peak_i, &block_of, &round);
+            (
+                p.by_stack,
+                p.freed_before_alloc_after_peak,
+                InTrace::One(p.allocated_in_trace),
+            )
+        }
+    };
     let mut by_site: FxHashMap<String, (u64, u64)> = FxHashMap::default();
     let mut by_cat: FxHashMap<String, (u64, u64)> = FxHashMap::default();
     for ((s, retag), (b, n)) in by_stack {
@@ -392,7 +444,7 @@ fn trace_summary(
             .iter()
             .filter(|b| b.state == BlockState::ActiveAllocated)
         {
-            if !allocated_in_trace.contains(&b.address) {
+            if !allocated_in_trace.contains(b.address) {
                 let e = by_site.entry(site_of(tags, b.stack, full)).or_default();
                 e.0 += b.size;
                 e.1 += 1;
@@ -403,21 +455,47 @@ fn trace_summary(
             }
         }
     }
+    eprintln!("TIMING ts-sites {:?}", t0.elapsed());
     let peak_reserved = reserved_peak(segments, events);
-    let mut counts = [0u64; 16];
-    for e in events {
-        counts[e.kind() as usize] += 1;
-    }
+    use rayon::prelude::*;
+    let counts = events
+        .par_iter()
+        .fold(
+            || [0u64; 16],
+            |mut c, e| {
+                c[e.kind() as usize] += 1;
+                c
+            },
+        )
+        .reduce(
+            || [0u64; 16],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
     let count = |k: EventKind| counts[k as usize];
+    // the iteration of each distinct stack (few), not of each event
+    let stacks: rustc_hash::FxHashSet<StackId> = events
+        .par_iter()
+        .fold(rustc_hash::FxHashSet::default, |mut s, e| {
+            s.insert(e.stack);
+            s
+        })
+        .reduce(rustc_hash::FxHashSet::default, |mut a, b| {
+            a.extend(b);
+            a
+        });
     let mut ann = super::stacks::Annotator::new(tags);
-    let iterations = events
-        .iter()
-        .filter_map(|e| match ann.meta(e.stack).when {
+    let iterations = stacks
+        .into_iter()
+        .filter_map(|s| match ann.meta(s).when {
             super::stacks::When::Iteration(n) => Some(n + 1),
             _ => None,
         })
         .max()
         .unwrap_or(0);
+    eprintln!("TIMING ts-end {:?}", t0.elapsed());
     TraceSummary {
         entries: events.len() as u64,
         allocs: count(EventKind::Alloc),

@@ -90,6 +90,29 @@ pub struct Snapshot {
     pub skipped: Vec<(String, u64)>,
 }
 
+/// How many cores read a large pickle: `GPUMEM_THREADS` when set (1 reads sequentially),
+/// else all the machine has.
+fn threads() -> usize {
+    std::env::var("GPUMEM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .min(256)
+}
+
+/// The size of the pieces a large pickle is cut into (a few per core, so that cores that
+/// finish early take more), `GPUMEM_CHUNK` bytes when set (for tests).
+fn chunk_bytes(len: u64) -> u64 {
+    if let Some(c) = std::env::var("GPUMEM_CHUNK")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return c.max(1);
+    }
+    (len / (threads() as u64 * 4)).clamp(1 << 20, 32 << 20)
+}
+
 /// Reads any snapshot file.
 pub fn load(path: &Path) -> Result<Snapshot, Error> {
     let read_err = |source| Error::Read {
@@ -124,21 +147,33 @@ pub fn load(path: &Path) -> Result<Snapshot, Error> {
                 b.set_message(name.clone());
                 b
             });
-        let source = std::io::Read::chain(&head[..n], f);
-        let reader = std::io::BufReader::with_capacity(
-            1 << 20,
-            match &bar {
-                Some(b) => Box::new(b.wrap_read(source)) as Box<dyn Read>,
-                None => Box::new(source),
-            },
+        let tick = |n: u64| {
+            if let Some(b) = &bar {
+                b.inc(n);
+            }
+        };
+        let t0 = std::time::Instant::now();
+        // the parallel parts use rayon's pool: as many threads as the reader
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads())
+            .build_global();
+        let p = crate::trace::pickle::read_file(
+            &f,
+            threads(),
+            chunk_bytes(len),
+            Some(&torch::TRACE),
+            Some(&tick),
         );
-        let p = crate::trace::pickle::read(reader);
+        eprintln!("TIMING parse {:?}", t0.elapsed());
         if let Some(b) = bar {
             b.finish_and_clear();
         }
         let p = p.map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         let doc = torch::PickleDoc(&p);
-        return torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
+        let t0 = std::time::Instant::now();
+        let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
+        eprintln!("TIMING convert {:?}", t0.elapsed());
+        return r;
     }
     let mut text = Vec::new();
     text.extend_from_slice(&head[..n]);

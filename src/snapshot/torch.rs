@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::{Annotation, Format, IterationSource, Snapshot};
 use crate::alloc::{AllocConf, BlockInfo, BlockState, PoolKind, SegmentInfo};
-use crate::trace::pickle::{Pickle, Value as PValue};
+use crate::trace::pickle::{Pickle, Projected, Projection, Value as PValue};
 use crate::trace::{Event, EventKind, StackId, Tags};
 
 /// Read access to a parsed document (a pickle or JSON), so that one converter serves both.
@@ -40,7 +40,24 @@ pub trait Doc<'a> {
     ) -> Option<Box<dyn Fn(usize) -> Option<Self::V> + 'b>> {
         None
     }
+    /// Entries of a list read as projected rows ([`TRACE`]), each run after that many of the
+    /// list's own items: none but for a pickle read on several cores.
+    fn projected(&self, _list: Self::V) -> Vec<(usize, &'a Projected)> {
+        Vec::new()
+    }
+    /// A pickle value of projected rows as a value of this document.
+    fn pickle_value(&self, _v: PValue) -> Option<Self::V> {
+        None
+    }
 }
+
+/// The keys of a trace entry that [`convert`] reads, for the parallel pickle reader.
+pub const TRACE: Projection = Projection {
+    detect: "action",
+    ints: &["addr", "size", "stream", "time_us", "device_free"],
+    strs: &["action"],
+    objs: &["frames"],
+};
 
 pub struct PickleDoc<'a>(pub &'a Pickle);
 
@@ -90,6 +107,12 @@ impl<'a> Doc<'a> for PickleDoc<'a> {
     ) -> Option<Box<dyn Fn(usize) -> Option<PValue> + 'b>> {
         let c = self.0.column(list, key)?;
         Some(Box::new(move |i| c.get(i)))
+    }
+    fn projected(&self, list: PValue) -> Vec<(usize, &'a Projected)> {
+        self.0.projected(list)
+    }
+    fn pickle_value(&self, v: PValue) -> Option<PValue> {
+        Some(v)
     }
 }
 
@@ -255,6 +278,7 @@ pub fn convert<'a, D: Doc<'a>>(
     format: Format,
     name: &str,
 ) -> Result<Snapshot, String> {
+    T0.with(|t| t.set(std::time::Instant::now()));
     let (segs_v, traces_v, settings, annotations_v) = if d.is_list(root) {
         (Some(root), None, None, None)
     } else if d.is_dict(root) {
@@ -281,7 +305,13 @@ pub fn convert<'a, D: Doc<'a>>(
         .unwrap_or_default();
     let trace_lens: Vec<usize> = traces
         .iter()
-        .map(|t| if d.is_list(*t) { d.list(*t).count() } else { 0 })
+        .map(|t| {
+            if d.is_list(*t) {
+                d.list(*t).count() + d.projected(*t).iter().map(|r| r.1.rows()).sum::<usize>()
+            } else {
+                0
+            }
+        })
         .collect();
     let mut devices: Vec<u32> = Vec::new();
     for (i, n) in trace_lens.iter().enumerate() {
@@ -384,11 +414,15 @@ pub fn convert<'a, D: Doc<'a>>(
     }
     segments.sort_by_key(|s| s.address);
 
-    let mut events = Vec::new();
-    let mut times = Vec::new();
+    eprintln!("TIMING convert-segs {:?}", T0.with(|t| t.get().elapsed()));
+    let total = trace_lens.get(device as usize).copied().unwrap_or(0);
+    let mut events = Vec::with_capacity(total);
+    let mut times = Vec::with_capacity(total);
     let mut skipped: Vec<(String, u64)> = Vec::new();
     if let Some(t) = traces.get(device as usize) {
-        let n = trace_lens.get(device as usize).copied().unwrap_or(0);
+        let runs = d.projected(*t);
+        let n = trace_lens.get(device as usize).copied().unwrap_or(0)
+            - runs.iter().map(|r| r.1.rows()).sum::<usize>();
         const KEYS: [&str; 7] = [
             "action",
             "addr",
@@ -402,7 +436,28 @@ pub fn convert<'a, D: Doc<'a>>(
         // one entry's fields: from the list's columns when it is stored by columns (PyTorch's
         // traces are), else one pass over the entry's keys
         let mut items = (cols[0].is_none()).then(|| d.list(*t));
-        for i in 0..n {
+        let mut run = runs.iter().peekable();
+        // entries so far (the index in messages)
+        let mut at = 0usize;
+        for i in 0..=n {
+            // runs of projected rows come before item `i`
+            while let Some((_, rows)) = run.next_if(|r| r.0 == i) {
+                eprintln!("TIMING run-start {:?}", T0.with(|t| t.get().elapsed()));
+                projected_events(
+                    d,
+                    rows,
+                    &mut frames,
+                    &mut skipped,
+                    &mut events,
+                    &mut times,
+                    device,
+                    at,
+                )?;
+                at += rows.rows();
+            }
+            if i == n {
+                break;
+            }
             let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
                 ("", 0u64, 0u64, 0u64, 0u64, 0u64);
             let mut frames_v = None;
@@ -432,17 +487,16 @@ pub fn convert<'a, D: Doc<'a>>(
                     });
                 }
             }
+            let entry = at;
+            at += 1;
             let Some(kind) = EventKind::from_action(action).filter(|k| *k != EventKind::Retag)
             else {
-                match skipped.iter_mut().find(|(a, _)| a == action) {
-                    Some(c) => c.1 += 1,
-                    None => skipped.push((action.to_string(), 1)),
-                }
+                count_skipped(&mut skipped, action, 1);
                 continue;
             };
             if size >= 1 << 60 {
                 return Err(format!(
-                    "device_traces[{device}][{i}].size {size} is out of range"
+                    "device_traces[{device}][{entry}].size {size} is out of range"
                 ));
             }
             let addr = if kind == EventKind::Oom { free } else { addr };
@@ -451,6 +505,7 @@ pub fn convert<'a, D: Doc<'a>>(
             times.push(time);
         }
     }
+    eprintln!("TIMING convert-trace {:?}", T0.with(|t| t.get().elapsed()));
     let mut annotations = Vec::new();
     if let Some(a) = annotations_v.filter(|a| d.is_list(*a)) {
         for x in d.list(a) {
@@ -494,8 +549,123 @@ pub fn convert<'a, D: Doc<'a>>(
         dropped: 0,
         skipped,
     };
+    eprintln!("TIMING convert-main {:?}", T0.with(|t| t.get().elapsed()));
     tag_iterations(&mut snap);
     Ok(snap)
+}
+
+fn count_skipped(skipped: &mut Vec<(String, u64)>, action: &str, n: u64) {
+    match skipped.iter_mut().find(|(a, _)| a == action) {
+        Some(c) => c.1 += n,
+        None => skipped.push((action.to_string(), n)),
+    }
+}
+
+/// Appends the events of a run of projected trace rows (read on several cores) to `events`
+/// and `times`, as the loop of [`convert`] makes them from dicts, on several cores; `first` is
+/// the run's first entry's index in the trace.
+#[allow(clippy::too_many_arguments)]
+fn projected_events<'a, D: Doc<'a>>(
+    d: &D,
+    rows: &Projected,
+    frames: &mut Frames,
+    skipped: &mut Vec<(String, u64)>,
+    events: &mut Vec<Event>,
+    times: &mut Vec<u64>,
+    device: u32,
+    first: usize,
+) -> Result<(), String> {
+    use rayon::prelude::*;
+    const ADDR: usize = 0;
+    const SIZE: usize = 1;
+    const STREAM: usize = 2;
+    const TIME: usize = 3;
+    const FREE: usize = 4;
+    let n = rows.rows();
+    // the distinct actions and stacks, resolved once each
+    type Set = rustc_hash::FxHashSet<u32>;
+    let (acts, stacks) = (0..n)
+        .into_par_iter()
+        .fold(
+            || (Set::default(), Set::default(), u32::MAX),
+            |(mut a, mut s, last), r| {
+                a.insert(rows.str_id(r, 0));
+                let f = rows.obj_id(r, 0);
+                if f != last {
+                    s.insert(f);
+                }
+                (a, s, f)
+            },
+        )
+        .map(|(a, s, _)| (a, s))
+        .reduce(
+            || (Set::default(), Set::default()),
+            |(mut a, mut s), (a2, s2)| {
+                a.extend(a2);
+                s.extend(s2);
+                (a, s)
+            },
+        );
+    let text = |id: u32| {
+        Projected::str_value(id)
+            .and_then(|v| d.pickle_value(v))
+            .and_then(|v| d.text(v))
+    };
+    let kind_of: FxHashMap<u32, Option<EventKind>> = acts
+        .iter()
+        .map(|&a| {
+            let k =
+                EventKind::from_action(text(a).unwrap_or("")).filter(|k| *k != EventKind::Retag);
+            (a, k)
+        })
+        .collect();
+    let stack_of: FxHashMap<u32, StackId> = stacks
+        .iter()
+        .map(|&f| {
+            let v = Projected::obj_value(f).and_then(|f| d.pickle_value(f));
+            (f, frames.stack(d, v))
+        })
+        .collect();
+    let kind = |r: usize| kind_of[&rows.str_id(r, 0)];
+    let u = |r: usize, k: usize| rows.int(r, k).max(0) as u64;
+    let all_kept = kind_of.values().all(|k| k.is_some());
+    // entries of actions gpumem does not model: counted, in the order they first appear
+    if !all_kept {
+        for r in 0..n {
+            if kind(r).is_none() {
+                count_skipped(skipped, text(rows.str_id(r, 0)).unwrap_or(""), 1);
+            }
+        }
+    }
+    let kept = |r: &usize| all_kept || kind(*r).is_some();
+    if (0..n).into_par_iter().any(|r| u(r, SIZE) >= 1 << 60) {
+        if let Some(r) = (0..n).filter(kept).find(|&r| u(r, SIZE) >= 1 << 60) {
+            return Err(format!(
+                "device_traces[{device}][{}].size {} is out of range",
+                first + r,
+                u(r, SIZE)
+            ));
+        }
+    }
+    let event = |r: usize| {
+        let k = kind(r).unwrap_or(EventKind::Alloc);
+        let addr = if k == EventKind::Oom {
+            u(r, FREE)
+        } else {
+            u(r, ADDR)
+        };
+        let stack = stack_of[&rows.obj_id(r, 0)];
+        Event::new(k, addr, u(r, SIZE), stack, u(r, STREAM) as u32)
+    };
+    if all_kept {
+        // straight into the vectors, each core writing its part
+        events.par_extend((0..n).into_par_iter().map(event));
+        times.par_extend((0..n).into_par_iter().map(|r| u(r, TIME)));
+    } else {
+        events.par_extend((0..n).into_par_iter().filter(kept).map(event));
+        times.par_extend((0..n).into_par_iter().filter(kept).map(|r| u(r, TIME)));
+    }
+    Ok(())
 }
 
 /// The end of each iteration as a time: after each `Optimizer.zero_grad` (or, without those,
@@ -516,56 +686,72 @@ fn annotation_boundaries(a: &[Annotation]) -> Vec<u64> {
 
 /// Finds iterations and puts an `iter:N` tag in front of each event's stack.
 fn tag_iterations(s: &mut Snapshot) {
+    use rayon::prelude::*;
     let mut bounds = annotation_boundaries(&s.annotations);
     bounds.sort();
-    let by_time = !bounds.is_empty() && s.times.iter().any(|t| *t > 0);
+    let by_time = !bounds.is_empty() && s.times.par_iter().any(|t| *t > 0);
     let iter_of: Vec<u32> = if by_time {
         s.iterations = IterationSource::Annotations;
         s.times
-            .iter()
+            .par_iter()
             .map(|t| bounds.partition_point(|b| b < t) as u32)
             .collect()
     } else {
         match iterations_from_repetition(&s.events) {
             Some(starts) => {
                 s.iterations = IterationSource::Repetition;
-                let mut k = 0u32;
                 (0..s.events.len())
-                    .map(|i| {
-                        while (k as usize) < starts.len() && starts[k as usize] <= i {
-                            k += 1;
-                        }
-                        k.saturating_sub(1)
-                    })
+                    .into_par_iter()
+                    .map(|i| (starts.partition_point(|&x| x <= i) as u32).saturating_sub(1))
                     .collect()
             }
             None => return,
         }
     };
-    let mut cache: FxHashMap<(u32, StackId), StackId> = FxHashMap::default();
-    for (e, it) in s.events.iter_mut().zip(iter_of) {
-        let key = (it, e.stack);
-        let stack = match cache.get(&key) {
-            Some(x) => *x,
-            None => {
-                let tags: Vec<String> = s
-                    .tags
-                    .resolve(e.stack)
-                    .into_iter()
-                    .map(String::from)
-                    .collect();
-                let t = s.tags.intern(&format!("iter:{it}"));
-                let mut id = s.tags.child(StackId::ROOT, t);
-                for tag in tags {
-                    let t = s.tags.intern(&tag);
-                    id = s.tags.child(id, t);
-                }
-                cache.insert(key, id);
-                id
+    // the distinct (iteration, stack) pairs, each made a stack once, in the order they first
+    // occur (so tags are numbered as a sequential pass would number them)
+    type Firsts = FxHashMap<(u32, StackId), usize>;
+    let firsts: Firsts = s
+        .events
+        .par_iter()
+        .zip(iter_of.par_iter())
+        .enumerate()
+        .fold(Firsts::default, |mut m, (i, (e, it))| {
+            m.entry((*it, e.stack)).or_insert(i);
+            m
+        })
+        .reduce(Firsts::default, |mut a, b| {
+            for (k, i) in b {
+                let x = a.entry(k).or_insert(i);
+                *x = (*x).min(i);
             }
-        };
-        *e = Event::new(e.kind(), e.addr, e.size(), stack, e.stream);
+            a
+        });
+    let mut pairs: Vec<((u32, StackId), usize)> = firsts.into_iter().collect();
+    pairs.sort_by_key(|p| p.1);
+    let mut cache: FxHashMap<(u32, StackId), StackId> = FxHashMap::default();
+    for ((it, stack), _) in pairs {
+        let tags: Vec<String> = s
+            .tags
+            .resolve(stack)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let t = s.tags.intern(&format!("iter:{it}"));
+        let mut id = s.tags.child(StackId::ROOT, t);
+        for tag in tags {
+            let t = s.tags.intern(&tag);
+            id = s.tags.child(id, t);
+        }
+        cache.insert((it, stack), id);
     }
+    s.events
+        .par_iter_mut()
+        .zip(iter_of.par_iter())
+        .for_each(|(e, it)| {
+            let stack = cache[&(*it, e.stack)];
+            *e = Event::new(e.kind(), e.addr, e.size(), stack, e.stream);
+        });
 }
 
 /// Where iterations start, from the trace repeating itself: the sizes of the last allocations
@@ -708,3 +894,5 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         skipped: Vec::new(),
     })
 }
+
+thread_local! { static T0: std::cell::Cell<std::time::Instant> = std::cell::Cell::new(std::time::Instant::now()); }

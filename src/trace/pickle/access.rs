@@ -211,6 +211,21 @@ impl Pickle {
         })
     }
 
+    /// Entries of `list` that [`super::read_file`] read as projected rows instead of dicts, in
+    /// order, each run with the number of the list's own items (as [`len`](Pickle::len) and
+    /// [`item`](Pickle::item) give them) that come before it. The list's entries are its items
+    /// with these runs inserted: empty for a list read sequentially.
+    pub fn projected(&self, list: Value) -> Vec<(usize, &super::Projected)> {
+        let Value::Obj(id) = list else {
+            return Vec::new();
+        };
+        self.taken
+            .iter()
+            .filter(|t| t.list == id)
+            .map(|t| (t.after as usize, &t.rows))
+            .collect()
+    }
+
     /// The identity of an object (`Value::Obj`), for caching by identity. A dict stored as a row
     /// has none: use the `Value` itself (`Eq + Hash`, by identity) as the key for any object.
     pub fn obj_id(&self, v: Value) -> Option<u32> {

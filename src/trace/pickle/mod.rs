@@ -56,6 +56,7 @@ use std::io::Read;
 
 pub use super::pickle_write::{write, W};
 pub use access::Column;
+pub use par::{read_file, Projected, Projection};
 
 use input::Input;
 use parse::Parser;
@@ -69,6 +70,8 @@ mod build;
 mod input;
 // Python's equality and hashing of dict keys.
 mod keys;
+// Reading a large file on several cores: frames as cut points, a driver and workers.
+mod par;
 // The opcode loop, its fast path for the dicts of a trace, the stack and the memo.
 mod parse;
 // The arena: objects, record-form lists and their columns, interned strings, hash tables.
@@ -171,6 +174,8 @@ pub struct Pickle {
     strs: Strings,
     /// Hash indexes of dicts with more than `INDEX_AT` entries, by object index.
     index: FxHashMap<u32, Vec<u32>>,
+    /// Entries of trace lists read on several cores, as projected rows (see [`read_file`]).
+    taken: Vec<par::Taken>,
 }
 
 /// Reads one pickle from `r`, incrementally (through a 1 MiB buffer; nothing past STOP is
@@ -186,18 +191,24 @@ pub fn read(r: impl Read) -> Result<Pickle, PickleError> {
     };
     let mut p = Parser::default();
     let root = p.run(&mut inp)?;
+    Ok(finish(p, root))
+}
+
+/// The parser's result as a [`Pickle`].
+fn finish(p: Parser, root: Value) -> Pickle {
     let mut objs = p.objs;
     for n in &mut objs {
         if let Data::Records(r) = &mut n.data {
             r.cols.iter_mut().for_each(Col::shrink);
         }
     }
-    Ok(Pickle {
+    Pickle {
         root,
         objs,
         strs: p.strs,
         index: p.index,
-    })
+        taken: p.taken,
+    }
 }
 
 /// Reads one pickle from memory.

@@ -1,7 +1,7 @@
 //! The parser: the opcode loop (with the fast path for the dicts of a trace), the stack, the
 //! marks and the memo. Filling containers is in [`super::build`].
 
-use super::input::{msg, Fail, Input, R};
+use super::input::{msg, Fail, Input, E, R};
 use super::keys::same_key;
 use super::store::{Data, Node, Strings};
 use super::{F64Bits, ObjId, PickleError, StrId, Value, INDEX_AT, MAX_DEPTH, NO_MEMO, SHARED};
@@ -16,9 +16,9 @@ pub(super) struct Parser {
     /// The memo: dense up to the highest index used compactly, sparse beyond.
     pub(super) memo: Vec<Option<Value>>,
     pub(super) memo_far: FxHashMap<u32, Value>,
-    memo_len: u32,
+    pub(super) memo_len: u32,
     pub(super) stack: Vec<Value>,
-    marks: Vec<usize>,
+    pub(super) marks: Vec<usize>,
     /// Dict nodes emptied when their contents became a row, reused by the next EMPTY_DICT.
     pub(super) free_dicts: Vec<u32>,
     /// The str keys of the last dict filled by one SETITEMS (distinct).
@@ -26,7 +26,21 @@ pub(super) struct Parser {
     /// Scratch of `dict_body`: the pairs read, and the values memoized, in order.
     pairs: Vec<(Value, Value)>,
     pending: Vec<Value>,
+    /// `run_until` stops at the first opcode at or past this offset (0: no limit).
+    pub(super) limit: u64,
+    /// The index in `marks` of a MARK whose items were appended early by the parallel reader
+    /// ([`super::par`]): only APPENDS may pop it, else the parallel read is abandoned.
+    pub(super) guard: Option<usize>,
+    /// Memo slots written over (BINPUT/PUT on a used index), which the parallel reader's
+    /// workers could not have seen.
+    pub(super) rewrites: u64,
+    /// Runs of trace entries read by the parallel reader's workers, in order.
+    pub(super) taken: Vec<super::par::Taken>,
 }
+
+/// The message of the error that abandons a parallel read (it is then read sequentially).
+#[allow(dead_code)]
+pub(super) const FUSED: &str = "undoes an early append of the parallel reader";
 
 /// An opcode's name, as in pickletools.
 #[rustfmt::skip]
@@ -98,12 +112,28 @@ fn int_from_le(b: &[u8]) -> Result<i64, Box<[u8]>> {
 
 impl Parser {
     pub(super) fn run<T: Read>(&mut self, inp: &mut Input<T>) -> Result<Value, PickleError> {
+        self.limit = 0;
+        self.run_until(inp).map(|r| r.expect("no limit"))
+    }
+
+    /// Runs until STOP (`Some(root)`), or until the next opcode starts at or past `self.limit`
+    /// when that is not 0 (`None`).
+    pub(super) fn run_until<T: Read>(
+        &mut self,
+        inp: &mut Input<T>,
+    ) -> Result<Option<Value>, PickleError> {
         loop {
             let at = inp.offset();
+            if self.limit != 0 && at >= self.limit {
+                return Ok(None);
+            }
             let op = inp.byte();
             let (e, op) = match op {
+                Ok(b'.') if self.guard.is_some() => {
+                    (E(Box::new(Fail::Msg(FUSED.into()))), Some(b'.'))
+                }
                 Ok(b'.') => match self.pop() {
-                    Ok(root) => return Ok(root),
+                    Ok(root) => return Ok(Some(root)),
                     Err(e) => (e, Some(b'.')),
                 },
                 Ok(op) => match self.step(op, inp) {
@@ -173,7 +203,10 @@ impl Parser {
                     return Ok(());
                 }
                 // Dicts read by the fast path often follow each other (in an APPENDS batch).
-                if inp.pos == inp.end || inp.buf.get(inp.pos) != Some(&b'}') {
+                if inp.pos == inp.end
+                    || inp.buf.get(inp.pos) != Some(&b'}')
+                    || self.limit != 0 && inp.offset() >= self.limit
+                {
                     return Ok(());
                 }
                 inp.pos += 1;
@@ -200,6 +233,9 @@ impl Parser {
                 return Ok(());
             }
             b'e' | 0x90 => {
+                if op == b'e' && self.guard == Some(self.marks.len().wrapping_sub(1)) {
+                    self.guard = None;
+                }
                 let m = self.pop_mark()?;
                 let list = self.below(m)?;
                 for k in m..self.stack.len() {
@@ -283,6 +319,9 @@ impl Parser {
             b'0' => {
                 // As CPython: POP right after a MARK discards the mark.
                 if self.marks.last() == Some(&self.stack.len()) {
+                    if self.guard == Some(self.marks.len() - 1) {
+                        return msg(FUSED);
+                    }
                     self.marks.pop();
                 } else {
                     self.pop()?;
@@ -517,6 +556,9 @@ impl Parser {
     }
 
     fn pop_mark(&mut self) -> R<usize> {
+        if self.guard.is_some() && self.guard == Some(self.marks.len().wrapping_sub(1)) {
+            return msg(FUSED);
+        }
         match self.marks.pop() {
             Some(m) => Ok(m),
             None => msg("needs a MARK before it, and there is none"),
@@ -559,7 +601,7 @@ impl Parser {
     }
 
     #[inline(always)]
-    fn put(&mut self, i: u32, v: Value) {
+    pub(super) fn put(&mut self, i: u32, v: Value) {
         // MEMOIZE: the next index.
         if i as usize == self.memo.len() && i < SHARED && self.memo_far.is_empty() {
             if let Value::Obj(id) = v {
@@ -584,8 +626,11 @@ impl Parser {
         }
         let k = i as usize;
         let new = if k < self.memo.len() {
-            self.memo[k].replace(v).is_none()
+            let new = self.memo[k].replace(v).is_none();
+            self.rewrites += u64::from(!new);
+            new
         } else if k <= self.memo.len() + 1024 {
+            self.rewrites += u64::from(self.memo_far.contains_key(&i));
             // Compact growth (bounded per opcode); far indices go to the map.
             let old = self.memo.len();
             self.memo.resize(k + 1, None);
@@ -595,7 +640,9 @@ impl Parser {
             self.memo[k] = Some(v);
             self.memo_far.remove(&i).is_none()
         } else {
-            self.memo_far.insert(i, v).is_none()
+            let new = self.memo_far.insert(i, v).is_none();
+            self.rewrites += u64::from(!new);
+            new
         };
         self.memo_len += u32::from(new);
     }

@@ -66,7 +66,7 @@ impl Col {
         c
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             Col::I32(c) => c.len(),
             Col::I64(c) => c.len(),

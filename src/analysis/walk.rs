@@ -1,0 +1,300 @@
+//! A trace walked: the block each allocation got and allocated bytes after each event, on
+//! several cores for long traces.
+//!
+//! Everything the walk keeps is per address or per segment: the allocation each address last
+//! made (to size what is still held at the end from the segments), and the [`Sizer`]'s blocks,
+//! which only interact inside one segment. So the events are sharded: those inside the address
+//! range of a segment the trace creates go to that segment's shard, the others to one of 64
+//! shards by address; each shard runs its own [`Sizer`] over its events in order, which is the
+//! whole sequential walk restricted to those addresses. Byte sizes then become the running
+//! total by a parallel prefix sum. When the segments' ranges overlap (an address range reused
+//! by a segment of another size), or the trace is short, the walk is sequential. A test
+//! compares the two on every fixture and on a large synthetic trace.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use rayon::prelude::*;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::blocks::Sizer;
+use crate::alloc::{AllocConf, BlockState, SegmentInfo};
+use crate::trace::{Event, EventKind};
+
+/// Below this many events the walk is sequential.
+const PARALLEL_FROM: usize = 1 << 16;
+/// Shards for addresses outside the segments the trace creates.
+const BUCKETS: usize = 64;
+
+/// The trace walked: allocated bytes relative to its start after each event, each
+/// allocation's block size (0 for other events), how many allocations reused an address the
+/// trace still held, and the shards (when walked in parallel) for later per-address passes.
+pub struct Walk {
+    pub after: Vec<i64>,
+    pub net: i64,
+    pub block: Vec<u64>,
+    pub inconsistent: u64,
+    pub shards: Option<Shards>,
+}
+
+/// Events grouped so that each group holds every event of its addresses, in order: by
+/// segment (for the sizer, whose blocks interact within a segment), and by address alone
+/// (finer, for what is kept per address).
+pub struct Shards {
+    /// Address ranges of the segments the trace creates, sorted, disjoint.
+    ranges: Vec<(u64, u64)>,
+    /// Event indices of each shard, in order: one shard per range, then `BUCKETS`.
+    pub lists: Vec<Vec<u32>>,
+    /// Event indices by address alone, in order: `ADDR_SHARDS` shards (see [`Shards::by_addr`]).
+    pub addr_lists: Vec<Vec<u32>>,
+}
+
+/// Shards by address alone.
+const ADDR_SHARDS: usize = 256;
+
+impl Shards {
+    /// The shard of `addr` in `addr_lists`.
+    pub fn by_addr(addr: u64) -> usize {
+        ((addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 56) as usize % ADDR_SHARDS
+    }
+
+    /// The shard that holds the events at `addr`.
+    pub fn of(&self, addr: u64) -> usize {
+        let k = self.ranges.partition_point(|r| r.0 <= addr);
+        if k > 0 && addr < self.ranges[k - 1].1 {
+            return k - 1;
+        }
+        let h = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+        self.ranges.len() + (h as usize % BUCKETS)
+    }
+}
+
+/// Active blocks of the segments: address → block size.
+fn held_blocks(segments: &[SegmentInfo]) -> FxHashMap<u64, u64> {
+    let mut m = FxHashMap::default();
+    for s in segments {
+        for b in s.blocks.iter().filter(|b| b.state != BlockState::Inactive) {
+            m.insert(b.address, b.size);
+        }
+    }
+    m
+}
+
+pub fn walk(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Walk {
+    if events.len() >= PARALLEL_FROM && rayon::current_num_threads() > 1 {
+        if let Some(w) = walk_parallel(segments, events, conf) {
+            return w;
+        }
+    }
+    walk_sequential(segments, events, conf)
+}
+
+pub(super) fn walk_sequential(
+    segments: &[SegmentInfo],
+    events: &[Event],
+    conf: &AllocConf,
+) -> Walk {
+    // an allocation still held at the end has the size its block has in the segments
+    let mut last_alloc: FxHashMap<u64, usize> = FxHashMap::default();
+    let mut inconsistent = 0;
+    for (i, e) in events.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc if last_alloc.insert(e.addr, i).is_some() => inconsistent += 1,
+            EventKind::FreeRequested => {
+                last_alloc.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let mut block = vec![0u64; events.len()];
+    for (addr, size) in held_blocks(segments) {
+        if let Some(i) = last_alloc.get(&addr) {
+            block[*i] = size;
+        }
+    }
+    let mut sizer = Sizer::new(conf);
+    let mut cur: i64 = 0;
+    let mut after = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        match (e.kind(), sizer.step(e)) {
+            (EventKind::Alloc, Some(b)) => {
+                if block[i] == 0 {
+                    block[i] = b;
+                }
+                cur += block[i] as i64;
+            }
+            (EventKind::FreeRequested, Some(b)) => cur -= b as i64,
+            _ => {}
+        }
+        after.push(cur);
+    }
+    Walk {
+        after,
+        net: cur,
+        block,
+        inconsistent,
+        shards: None,
+    }
+}
+
+/// The shards of a trace, or `None` when segments' address ranges overlap.
+fn shards(events: &[Event], conf: &AllocConf) -> Option<Shards> {
+    let mut ranges: Vec<(u64, u64)> = if conf.expandable_segments {
+        Vec::new() // the sizer tracks no segment then
+    } else {
+        events
+            .par_iter()
+            .filter(|e| e.kind() == EventKind::SegmentAlloc)
+            .map(|e| (e.addr, e.addr.saturating_add(e.size())))
+            .collect()
+    };
+    ranges.sort_unstable();
+    ranges.dedup();
+    if ranges.windows(2).any(|w| w[0].1 > w[1].0) {
+        return None;
+    }
+    let mut sh = Shards {
+        ranges,
+        lists: Vec::new(),
+        addr_lists: Vec::new(),
+    };
+    let count = sh.ranges.len() + BUCKETS;
+    let piece = events
+        .len()
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(1 << 14);
+    let parts: Vec<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = events
+        .par_chunks(piece)
+        .enumerate()
+        .map(|(c, evs)| {
+            let mut l = vec![Vec::new(); count];
+            let mut a = vec![Vec::new(); ADDR_SHARDS];
+            for (k, e) in evs.iter().enumerate() {
+                let i = (c * piece + k) as u32;
+                l[sh.of(e.addr)].push(i);
+                a[Shards::by_addr(e.addr)].push(i);
+            }
+            (l, a)
+        })
+        .collect();
+    sh.lists = (0..count)
+        .into_par_iter()
+        .map(|s| parts.iter().flat_map(|p| p.0[s].iter().copied()).collect())
+        .collect();
+    sh.addr_lists = (0..ADDR_SHARDS)
+        .into_par_iter()
+        .map(|s| parts.iter().flat_map(|p| p.1[s].iter().copied()).collect())
+        .collect();
+    Some(sh)
+}
+
+fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Option<Walk> {
+    if events.len() >= u32::MAX as usize {
+        return None;
+    }
+    let shards = shards(events, conf)?;
+    let held = held_blocks(segments);
+    let n = events.len();
+    let block: Vec<AtomicU64> = (0..n).into_par_iter().map(|_| AtomicU64::new(0)).collect();
+    let delta: Vec<AtomicI64> = (0..n).into_par_iter().map(|_| AtomicI64::new(0)).collect();
+    // the largest shards first, so that no core is left with a big one at the end
+    let mut order: Vec<usize> = (0..shards.lists.len()).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(shards.lists[s].len()));
+    if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
+        eprintln!(
+            "shards {} ranges {} largest {:?}",
+            order.len(),
+            shards.ranges.len(),
+            order
+                .iter()
+                .take(8)
+                .map(|&s| shards.lists[s].len())
+                .collect::<Vec<_>>()
+        );
+    }
+    // an allocation still held at the end has the size its block has in the segments
+    let inconsistent: u64 = shards
+        .addr_lists
+        .par_iter()
+        .with_max_len(1)
+        .map(|list| {
+            let mut last_alloc: FxHashMap<u64, u32> = FxHashMap::default();
+            let mut inconsistent = 0;
+            for &i in list {
+                let e = &events[i as usize];
+                match e.kind() {
+                    EventKind::Alloc if last_alloc.insert(e.addr, i).is_some() => inconsistent += 1,
+                    EventKind::FreeRequested => {
+                        last_alloc.remove(&e.addr);
+                    }
+                    _ => {}
+                }
+            }
+            for (addr, i) in last_alloc {
+                if let Some(size) = held.get(&addr) {
+                    block[i as usize].store(*size, Ordering::Relaxed);
+                }
+            }
+            inconsistent
+        })
+        .sum();
+    order.par_iter().with_max_len(1).for_each(|&s| {
+        let list = &shards.lists[s];
+        let mut sizer = Sizer::new(conf);
+        for &i in list {
+            let i = i as usize;
+            let e = &events[i];
+            match (e.kind(), sizer.step(e)) {
+                (EventKind::Alloc, Some(b)) => {
+                    let mut got = block[i].load(Ordering::Relaxed);
+                    if got == 0 {
+                        got = b;
+                        block[i].store(b, Ordering::Relaxed);
+                    }
+                    delta[i].store(got as i64, Ordering::Relaxed);
+                }
+                (EventKind::FreeRequested, Some(b)) => {
+                    delta[i].store(-(b as i64), Ordering::Relaxed)
+                }
+                _ => {}
+            }
+        }
+    });
+    // the running total: sums of pieces, then each piece from its start
+    let piece = n.div_ceil(rayon::current_num_threads() * 4).max(1 << 14);
+    let sums: Vec<i64> = delta
+        .par_chunks(piece)
+        .map(|c| c.iter().map(|d| d.load(Ordering::Relaxed)).sum())
+        .collect();
+    let starts: Vec<i64> = sums
+        .iter()
+        .scan(0i64, |acc, s| {
+            let at = *acc;
+            *acc += s;
+            Some(at)
+        })
+        .collect();
+    let net: i64 = sums.iter().sum();
+    let mut after = vec![0i64; n];
+    after
+        .par_chunks_mut(piece)
+        .zip(delta.par_chunks(piece))
+        .zip(starts.par_iter())
+        .for_each(|((out, d), &start)| {
+            let mut cur = start;
+            for (o, d) in out.iter_mut().zip(d) {
+                cur += d.load(Ordering::Relaxed);
+                *o = cur;
+            }
+        });
+    let block: Vec<u64> = block.into_par_iter().map(AtomicU64::into_inner).collect();
+    Some(Walk {
+        after,
+        net,
+        block,
+        inconsistent,
+        shards: Some(shards),
+    })
+}
+
+/// The set of addresses in `shard` that the trace allocated, for queries by address.
+pub type AddrSet = FxHashSet<u64>;

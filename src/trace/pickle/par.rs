@@ -1,0 +1,1128 @@
+//! Reading a large pickle on several cores, for lists of many small dicts (PyTorch's traces).
+//!
+//! A PyTorch snapshot is mostly one list: the trace, millions of small dicts with the same
+//! keys, written by CPython in protocol 4 or 5 with FRAME opcodes every 64 KiB. A frame starts
+//! at an opcode boundary, so the file can be cut there without decoding it. The caller names
+//! the keys it wants of each entry (a [`Projection`]); the reader:
+//!
+//! 1. indexes the frames (one 9-byte read per frame);
+//! 2. reads sequentially, with the ordinary parser (the *driver*), until it is inside a list in
+//!    record form whose dicts have the projection's key (`action`), so it knows the keys and
+//!    every memo entry made so far (the *prefix*);
+//! 3. cuts the rest at frame starts into chunks, and decodes the chunks on all cores. A worker
+//!    finds the first entry of its chunk (walking opcodes from the frame start to a dict with
+//!    that key), then decodes entries into the projection's typed columns until the first entry
+//!    that starts at or past its chunk's end. Memo fetches of the prefix are resolved at once;
+//!    later ones, and strings first seen in the chunk, are fixed up afterwards. MEMOIZEs are
+//!    counted, not numbered (the chunk's first memo index is not known yet). An entry it does
+//!    not decode (a new stack of frames, an unusual opcode) ends its chunk early;
+//! 4. the driver goes on sequentially and, each time it arrives exactly where a chunk begins in
+//!    the state the chunk assumes (an open APPENDS batch of a trace list), takes the chunk:
+//!    its entries become projected rows of that list ([`Pickle::projected`]) in place of dicts,
+//!    its memo entries are numbered, and the driver continues after it. What no chunk covers
+//!    (the prefix, whatever a worker declined, the end of the file) the driver reads itself, so
+//!    each byte is decoded once;
+//! 5. the fix-ups are resolved on all cores, against the finished memo.
+//!
+//! Projected rows give exactly what the dicts would: for an int key, [`Pickle::int`] of its
+//! value (0 when absent or not an int); for a str key, the string; for an object key, the
+//! object. The dicts themselves are not kept, so a memo fetch of one (which PyTorch never
+//! writes) fails, and on that, on any other error, or on anything the driver cannot confirm,
+//! the file is read again sequentially (which also gives the canonical error message). Tests
+//! compare the two readers on every fixture.
+
+use super::input::Input;
+use super::keys::same_key;
+use super::parse::Parser;
+use super::store::{Data, Node};
+use super::{ObjId, Pickle, PickleError, StrId, Value, INDEX_AT};
+use std::fs::File;
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Reads `f` at `off` (positioned reads, so threads share one file handle).
+fn read_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_at(f, buf, off)
+    }
+    #[cfg(windows)]
+    {
+        std::os::windows::fs::FileExt::seek_read(f, buf, off)
+    }
+}
+
+/// A `Read` over a file from a position, by positioned reads.
+pub(super) struct At<'a> {
+    pub(super) file: &'a File,
+    pub(super) pos: u64,
+    /// Bytes read so far, for a progress display.
+    pub(super) progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = read_at(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        if let Some(p) = self.progress {
+            p(n as u64);
+        }
+        Ok(n)
+    }
+}
+
+fn input<'a>(
+    file: &'a File,
+    pos: u64,
+    progress: Option<&'a (dyn Fn(u64) + Sync)>,
+) -> Input<At<'a>> {
+    Input {
+        r: At {
+            file,
+            pos,
+            progress,
+        },
+        buf: vec![0; super::BUF],
+        pos: 0,
+        end: 0,
+        base: pos,
+        big: Vec::new(),
+    }
+}
+
+/// Moves the driver's input to `off` (forgetting what it had buffered).
+fn seek(inp: &mut Input<At<'_>>, off: u64) {
+    inp.r.pos = off;
+    inp.base = off;
+    inp.pos = 0;
+    inp.end = 0;
+}
+
+/// The offsets of the FRAME opcodes that follow each other from the start (after PROTO), up
+/// to the first gap (CPython writes a large string or bytes outside frames; the index stops
+/// there, and the rest is read by the driver).
+fn frame_index(f: &File, len: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut head = [0u8; 2];
+    if read_at(f, &mut head, 0).ok() != Some(2) || head[0] != 0x80 || head[1] < 4 {
+        return out;
+    }
+    let mut off = 2u64;
+    let mut h = [0u8; 9];
+    while off + 9 <= len {
+        if read_at(f, &mut h, off).ok() != Some(9) || h[0] != 0x95 {
+            break;
+        }
+        out.push(off);
+        let n = u64::from_le_bytes(h[1..9].try_into().expect("8 bytes"));
+        off = match off.checked_add(9 + n) {
+            Some(o) if o <= len => o,
+            _ => break,
+        };
+    }
+    out
+}
+
+/// The keys a caller wants of each entry of a trace list: `detect` marks such a list (its
+/// dicts have that key); `ints`, `strs` and `objs` are read into typed columns.
+#[derive(Debug, Clone, Copy)]
+pub struct Projection {
+    pub detect: &'static str,
+    pub ints: &'static [&'static str],
+    pub strs: &'static [&'static str],
+    pub objs: &'static [&'static str],
+}
+
+/// A run of entries of a trace list, read into columns (row-major: `ints[row * ints_per_row
+/// + k]` is int key `k` of the projection).
+#[derive(Debug, Default)]
+pub struct Projected {
+    pub(super) rows: u32,
+    pub(super) ints: Vec<i64>,
+    pub(super) strs: Vec<u32>,
+    pub(super) objs: Vec<u32>,
+    pub(super) ni: usize,
+    pub(super) ns: usize,
+    pub(super) no: usize,
+}
+
+/// No value (the key is absent, or its value is not a str / not an object).
+const NONE: u32 = u32::MAX;
+
+impl Projected {
+    pub fn rows(&self) -> usize {
+        self.rows as usize
+    }
+    /// Int key `k` of row `r`: its value, or 0 when absent or not an int (bools are 0 and 1).
+    #[inline]
+    pub fn int(&self, r: usize, k: usize) -> i64 {
+        self.ints[r * self.ni + k]
+    }
+    /// Str key `k` of row `r`, when it is a str.
+    #[inline]
+    pub fn str(&self, r: usize, k: usize) -> Option<Value> {
+        match self.strs[r * self.ns + k] {
+            NONE => None,
+            s => Some(Value::Str(StrId(s))),
+        }
+    }
+    /// Object key `k` of row `r`, when it is an object (list, tuple, dict, bytes, big int).
+    #[inline]
+    pub fn obj(&self, r: usize, k: usize) -> Option<Value> {
+        match self.objs[r * self.no + k] {
+            NONE => None,
+            o => Some(Value::Obj(ObjId(o))),
+        }
+    }
+    /// Str key `k` of row `r` as a string id (`u32::MAX` when it is not a str), for tables.
+    #[inline]
+    pub fn str_id(&self, r: usize, k: usize) -> u32 {
+        self.strs[r * self.ns + k]
+    }
+    /// Object key `k` of row `r` as an object id (`u32::MAX` when it is not an object).
+    #[inline]
+    pub fn obj_id(&self, r: usize, k: usize) -> u32 {
+        self.objs[r * self.no + k]
+    }
+    /// The value of an id from [`str_id`](Self::str_id).
+    pub fn str_value(id: u32) -> Option<Value> {
+        (id != NONE).then_some(Value::Str(StrId(id)))
+    }
+    /// The value of an id from [`obj_id`](Self::obj_id).
+    pub fn obj_value(id: u32) -> Option<Value> {
+        (id != NONE).then_some(Value::Obj(ObjId(id)))
+    }
+    fn set(&mut self, r: usize, slot: usize, v: Value) {
+        if slot < self.ni {
+            self.ints[r * self.ni + slot] = match v {
+                Value::Int(i) => i,
+                Value::Bool(b) => i64::from(b),
+                _ => 0,
+            };
+        } else if slot < self.ni + self.ns {
+            self.strs[r * self.ns + slot - self.ni] = match v {
+                Value::Str(s) => s.0,
+                _ => NONE,
+            };
+        } else {
+            self.objs[r * self.no + slot - self.ni - self.ns] = match v {
+                Value::Obj(o) => o.0,
+                _ => NONE,
+            };
+        }
+    }
+}
+
+/// A value a worker read: resolved, or to be resolved when its chunk is taken.
+#[derive(Clone, Copy, Debug)]
+enum LVal {
+    V(Value),
+    /// A memo fetch past the prefix.
+    Ref(u32),
+    /// A string first seen in the chunk (index into `Chunk::strs`).
+    S(u32),
+}
+
+/// What a worker decoded: the entries from `start` to `end` of the file.
+#[derive(Debug, Default)]
+struct Chunk {
+    /// Offset of its first entry.
+    start: u64,
+    /// Where it stopped: the start of the entry after its last, or just after the APPENDS that
+    /// ends the list (`ended`).
+    end: u64,
+    ended: bool,
+    rows: Projected,
+    /// Cells to fill once the memo is complete: (row, slot, value).
+    fix: Vec<(u32, u16, LVal)>,
+    /// MEMOIZEs in the chunk, and those of values (not of entry dicts): (index among the
+    /// chunk's MEMOIZEs, value).
+    defs: u32,
+    vals: Vec<(u32, LVal)>,
+    strs: Vec<String>,
+}
+
+/// A chunk taken by the driver, with what its fix-ups need.
+#[derive(Debug)]
+pub(super) struct Taken {
+    pub(super) list: ObjId,
+    /// Items of the list (as the parser holds them) before this chunk's rows.
+    pub(super) after: u32,
+    pub(super) rows: Projected,
+    fix: Vec<(u32, u16, LVal)>,
+    strs: Vec<u32>,
+}
+
+/// The keys of the last entry a worker read (distinct), and their slots in the projection
+/// (`u8::MAX`: not wanted).
+#[derive(Default)]
+struct Seen {
+    keys: Vec<Value>,
+    slots: Vec<u8>,
+}
+
+/// What the workers share: the driver's state when it found the trace (read only).
+struct Ctx<'a> {
+    file: &'a File,
+    len: u64,
+    memo: &'a [Option<Value>],
+    /// Whether a worker may take the value of each memo entry of the prefix as it is.
+    memo_ok: Vec<bool>,
+    objs: &'a [Node],
+    /// The projection's keys by string id, in slot order (ints, strs, objs), and the key that
+    /// marks an entry.
+    slots: Vec<Value>,
+    detect: Value,
+    ni: usize,
+    ns: usize,
+    no: usize,
+}
+
+/// The bytes of the file from some offset, read in large pieces.
+struct Window<'a> {
+    file: &'a File,
+    len: u64,
+    base: u64,
+    buf: Vec<u8>,
+}
+
+impl Window<'_> {
+    /// At least `need` bytes from `off` (fewer only at the end of the file).
+    fn at(&mut self, off: u64, need: usize) -> Option<&[u8]> {
+        let have = self.base + self.buf.len() as u64;
+        if off < self.base || off + need as u64 > have && have < self.len {
+            let want = need
+                .max(1 << 20)
+                .min((self.len - off.min(self.len)) as usize);
+            self.buf.resize(want, 0);
+            let mut got = 0;
+            while got < want {
+                match read_at(self.file, &mut self.buf[got..], off + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return None,
+                }
+            }
+            self.buf.truncate(got);
+            self.base = off;
+        }
+        self.buf.get((off - self.base) as usize..)
+    }
+}
+
+/// A cursor over bytes; every read is checked (`None` at the end).
+struct Cur<'b> {
+    b: &'b [u8],
+    i: usize,
+}
+
+impl<'b> Cur<'b> {
+    #[inline(always)]
+    fn u8(&mut self) -> Option<u8> {
+        let x = *self.b.get(self.i)?;
+        self.i += 1;
+        Some(x)
+    }
+    #[inline(always)]
+    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
+        let s = self.b.get(self.i..self.i.checked_add(n)?)?;
+        self.i += n;
+        Some(s)
+    }
+    #[inline(always)]
+    fn le<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+    /// The next opcode, after any FRAMEs (which may fall between any two opcodes).
+    #[inline(always)]
+    fn peek(&mut self) -> Option<u8> {
+        loop {
+            let x = *self.b.get(self.i)?;
+            if x != 0x95 {
+                return Some(x);
+            }
+            self.take(9)?;
+        }
+    }
+}
+
+/// The length of the opcode at `c` with its argument, for walking to a chunk's first entry;
+/// `None` for the text opcodes (their arguments end at a newline) and anything unknown.
+fn op_len(c: &Cur) -> Option<usize> {
+    let b = &c.b[c.i..];
+    let u32_at = |k: usize| -> Option<usize> {
+        Some(u32::from_le_bytes(b.get(k..k + 4)?.try_into().ok()?) as usize)
+    };
+    let u64_at = |k: usize| -> Option<usize> {
+        usize::try_from(u64::from_le_bytes(b.get(k..k + 8)?.try_into().ok()?)).ok()
+    };
+    Some(match *b.first()? {
+        b'('
+        | b'.'
+        | b'0'
+        | b'1'
+        | b'2'
+        | b'N'
+        | b'R'
+        | b'Q'
+        | b'a'
+        | b'b'
+        | b'd'
+        | b'}'
+        | b'e'
+        | b'l'
+        | b']'
+        | b'o'
+        | b's'
+        | b't'
+        | b')'
+        | b'u'
+        | 0x85..=0x89
+        | 0x8f..=0x94
+        | 0x97
+        | 0x98 => 1,
+        b'h' | b'K' | b'q' | 0x82 => 2,
+        b'M' | 0x83 => 3,
+        b'J' | b'j' | b'r' | 0x84 => 5,
+        b'G' | 0x95 => 9,
+        0x80 => 2,
+        0x8a | b'C' | b'U' | 0x8c => 2 + usize::from(*b.get(1)?),
+        0x8b | b'X' | b'B' | b'T' => 5 + u32_at(1)?,
+        0x8d | 0x8e | 0x96 => 9 + u64_at(1)?,
+        _ => return None,
+    })
+}
+
+/// An int opcode's value, when it fits in i64 (bigger ones are left to the driver).
+#[inline(always)]
+fn int_le(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || b.len() > 8 {
+        return None;
+    }
+    let x = b.iter().rev().fold(0u64, |x, &c| x << 8 | u64::from(c));
+    let unused = 64 - 8 * b.len() as u32;
+    Some(((x << (unused % 64)) as i64) >> (unused % 64))
+}
+
+/// Why a worker stopped decoding an entry.
+enum Stop {
+    /// Not something a worker decodes (the driver will).
+    Decline,
+    /// The bytes ran out before the entry did (more bytes may help).
+    Short,
+}
+
+impl Ctx<'_> {
+    fn worker(&self, chunk_start: u64, chunk_end: u64) -> Option<Chunk> {
+        let mut w = Window {
+            file: self.file,
+            len: self.len,
+            base: 0,
+            buf: Vec::new(),
+        };
+        let start = self.find_entry(&mut w, chunk_start, chunk_end)?;
+        // about 75 bytes an entry: room for the chunk's rows at once
+        let guess = ((chunk_end - chunk_start) / 64) as usize;
+        let mut c = Chunk {
+            start,
+            end: start,
+            rows: Projected {
+                ints: Vec::with_capacity(guess * self.ni),
+                strs: Vec::with_capacity(guess * self.ns),
+                objs: Vec::with_capacity(guess * self.no),
+                ni: self.ni,
+                ns: self.ns,
+                no: self.no,
+                ..Projected::default()
+            },
+            ..Chunk::default()
+        };
+        let mut off = start;
+        let mut pairs: Vec<(Value, LVal)> = Vec::with_capacity(16);
+        let mut seen = Seen::default();
+        while off < chunk_end {
+            // the fast path: entries with the last one's keys, many per window
+            if !seen.keys.is_empty() {
+                if let Some(b) = w.at(off, 1 << 16) {
+                    let lim = b.len().saturating_sub(4096);
+                    let mut i = 0;
+                    while i < lim && off + (i as u64) < chunk_end {
+                        match self.fast_entry(&b[i..], &mut c, &seen) {
+                            Some(n) => i += n,
+                            None => break,
+                        }
+                    }
+                    if i > 0 {
+                        off += i as u64;
+                        c.end = off;
+                        continue;
+                    }
+                }
+            }
+            let mut need = 1 << 16;
+            let r = loop {
+                let Some(b) = w.at(off, need) else {
+                    break None;
+                };
+                let short = b.len() < need;
+                let mut cur = Cur { b, i: 0 };
+                match cur.peek() {
+                    Some(b'}') => {}
+                    Some(b'e') => {
+                        cur.i += 1;
+                        match cur.peek() {
+                            // the next APPENDS batch of the list (the driver's MARK guard
+                            // catches a MARK that turns out to be closed by something else)
+                            Some(b'(') => {
+                                cur.i += 1;
+                                break Some((cur.i, false));
+                            }
+                            Some(_) => break Some((cur.i, true)),
+                            None => break None,
+                        }
+                    }
+                    _ => break None,
+                }
+                let (defs, vals, strs) = (c.defs, c.vals.len(), c.strs.len());
+                let undo = |c: &mut Chunk| {
+                    c.defs = defs;
+                    c.vals.truncate(vals);
+                    c.strs.truncate(strs);
+                };
+                let ok = self.entry(&mut cur, &mut c, &mut pairs, &seen);
+                // an entry is whole only if the next opcode is another entry or APPENDS (else
+                // something like a further SETITEMS still belongs to it)
+                let next = if ok.is_ok() { cur.peek() } else { None };
+                match (ok, next) {
+                    (Ok(()), Some(b'}' | b'e')) => {
+                        self.commit(&mut c, &pairs, &mut seen);
+                        break Some((cur.i, false));
+                    }
+                    (Err(Stop::Short), _) | (Ok(()), None) if !short && need < 1 << 24 => {
+                        undo(&mut c);
+                        need *= 16;
+                    }
+                    _ => {
+                        undo(&mut c);
+                        break None;
+                    }
+                }
+            };
+            // stopped early: what follows is the driver's
+            let Some((n, ended)) = r else { break };
+            off += n as u64;
+            c.end = off;
+            if ended {
+                c.ended = true;
+                break;
+            }
+        }
+        Some(c)
+    }
+
+    /// One entry with exactly the keys of the last one, or the `e (` between two APPENDS
+    /// batches, decoded from `b` (at least 4096 bytes) without a check that cannot fail and
+    /// without the scratch of [`Ctx::entry`]; `None` (and nothing changed) for anything else,
+    /// which the general path then reads. Returns the bytes consumed.
+    #[inline(always)]
+    fn fast_entry(&self, b: &[u8], c: &mut Chunk, seen: &Seen) -> Option<usize> {
+        let mut i = 0;
+        while b[i] == 0x95 {
+            i += 9;
+        }
+        if b[i] == b'e' {
+            i += 1;
+            while b[i] == 0x95 {
+                i += 9;
+            }
+            return (b[i] == b'(').then_some(i + 1);
+        }
+        if b[i] != b'}' {
+            return None;
+        }
+        i += 1;
+        let memo_dict = b[i] == 0x94;
+        i += usize::from(memo_dict);
+        if b[i] != b'(' {
+            return None;
+        }
+        i += 1;
+        let row = c.rows.rows as usize;
+        let p = &mut c.rows;
+        let (ni, ns, no) = (p.ints.len(), p.strs.len(), p.objs.len());
+        p.ints.extend(std::iter::repeat_n(0, self.ni));
+        p.strs.extend(std::iter::repeat_n(NONE, self.ns));
+        p.objs.extend(std::iter::repeat_n(NONE, self.no));
+        let fetch = |x: usize| -> Option<Value> {
+            if *self.memo_ok.get(x)? {
+                *self.memo.get(x)?
+            } else {
+                None
+            }
+        };
+        let u32_at = |k: usize| u32::from_le_bytes([b[k], b[k + 1], b[k + 2], b[k + 3]]);
+        let ok = (|| {
+            for (k, &slot) in seen.keys.iter().zip(&seen.slots) {
+                if i > 3000 {
+                    return None;
+                }
+                while b[i] == 0x95 {
+                    i += 9;
+                }
+                let key = match b[i] {
+                    b'h' => {
+                        i += 2;
+                        fetch(usize::from(b[i - 1]))?
+                    }
+                    b'j' => {
+                        i += 5;
+                        fetch(u32_at(i - 4) as usize)?
+                    }
+                    _ => return None,
+                };
+                if !same_key(key, *k) {
+                    return None;
+                }
+                while b[i] == 0x95 {
+                    i += 9;
+                }
+                let v = match b[i] {
+                    b'h' => {
+                        i += 2;
+                        fetch(usize::from(b[i - 1]))?
+                    }
+                    b'j' => {
+                        i += 5;
+                        fetch(u32_at(i - 4) as usize)?
+                    }
+                    b'K' => {
+                        i += 2;
+                        Value::Int(i64::from(b[i - 1]))
+                    }
+                    b'M' => {
+                        i += 3;
+                        Value::Int(i64::from(u16::from_le_bytes([b[i - 2], b[i - 1]])))
+                    }
+                    b'J' => {
+                        i += 5;
+                        Value::Int(i64::from(u32_at(i - 4) as i32))
+                    }
+                    0x8a => {
+                        let n = usize::from(b[i + 1]);
+                        i += 2 + n;
+                        Value::Int(int_le(&b[i - n..i])?)
+                    }
+                    b'N' => {
+                        i += 1;
+                        Value::None
+                    }
+                    _ => return None,
+                };
+                while b[i] == 0x95 {
+                    i += 9;
+                }
+                if b[i] == 0x94 {
+                    return None; // a value memoized: the general path counts it
+                }
+                if slot != u8::MAX {
+                    p.set(row, usize::from(slot), v);
+                }
+            }
+            if b[i] != b'u' {
+                return None;
+            }
+            i += 1;
+            // whole only if another entry or APPENDS follows
+            let mut j = i;
+            while b[j] == 0x95 {
+                j += 9;
+            }
+            matches!(b[j], b'}' | b'e').then_some(())
+        })();
+        if ok.is_none() {
+            p.ints.truncate(ni);
+            p.strs.truncate(ns);
+            p.objs.truncate(no);
+            return None;
+        }
+        c.rows.rows += 1;
+        c.defs += u32::from(memo_dict);
+        Some(i)
+    }
+
+    /// The first entry at or after `from` (a frame start) and before `to`: walking opcodes, a
+    /// dict with the projection's marking key.
+    fn find_entry(&self, w: &mut Window, from: u64, to: u64) -> Option<u64> {
+        let mut off = from;
+        let mut scratch = Chunk::default();
+        let mut pairs = Vec::new();
+        while off < to {
+            let b = w.at(off, 1 << 16)?;
+            if b.is_empty() {
+                return None;
+            }
+            // an entry probed must lie whole in the window: stop short of its end
+            let lim = if b.len() >= 1 << 16 {
+                b.len() - 4096
+            } else {
+                b.len()
+            };
+            let mut i = 0;
+            while i < lim {
+                if b[i] == b'}' {
+                    let mut probe = Cur { b, i };
+                    if self
+                        .entry(&mut probe, &mut scratch, &mut pairs, &Seen::default())
+                        .is_ok()
+                        && pairs.iter().any(|p| same_key(p.0, self.detect))
+                    {
+                        return Some(off + i as u64);
+                    }
+                }
+                i += op_len(&Cur { b, i })?;
+                if off + i as u64 >= to {
+                    return None;
+                }
+            }
+            off += i as u64;
+        }
+        None
+    }
+
+    /// Decodes one entry `} [MEMOIZE] ( (key value)* u` at `cur` into `pairs`, counting its
+    /// MEMOIZEs and keeping its new strings in `c`.
+    fn entry(
+        &self,
+        cur: &mut Cur,
+        c: &mut Chunk,
+        pairs: &mut Vec<(Value, LVal)>,
+        seen: &Seen,
+    ) -> Result<(), Stop> {
+        pairs.clear();
+        let short = |x: Option<u8>| x.ok_or(Stop::Short);
+        if short(cur.u8())? != b'}' {
+            return Err(Stop::Decline);
+        }
+        if short(cur.peek())? == 0x94 {
+            cur.i += 1;
+            c.defs += 1;
+        }
+        if short(cur.peek())? != b'(' {
+            return Err(Stop::Decline);
+        }
+        cur.i += 1;
+        let mut same = true;
+        loop {
+            if short(cur.peek())? == b'u' {
+                cur.i += 1;
+                return Ok(());
+            }
+            if pairs.len() >= INDEX_AT {
+                return Err(Stop::Decline);
+            }
+            let k = match self.value(cur, c)? {
+                LVal::V(k @ Value::Str(_)) => k,
+                _ => return Err(Stop::Decline),
+            };
+            // keys in the order of the last entry's (distinct) need no check against each other
+            same = same && seen.keys.get(pairs.len()).is_some_and(|&x| same_key(x, k));
+            if !same && pairs.iter().any(|p| same_key(p.0, k)) {
+                return Err(Stop::Decline);
+            }
+            let v = self.value(cur, c)?;
+            pairs.push((k, v));
+        }
+    }
+    /// One value: a scalar, a string, or a memo fetch; then its MEMOIZE, if any.
+    #[inline(always)]
+    fn value(&self, cur: &mut Cur, c: &mut Chunk) -> Result<LVal, Stop> {
+        let op = cur.peek().ok_or(Stop::Short)?;
+        cur.i += 1;
+        let s = Stop::Short;
+        let v = match op {
+            b'h' => self.fetch(u32::from(cur.u8().ok_or(s)?))?,
+            b'j' => self.fetch(u32::from_le_bytes(cur.le().ok_or(s)?))?,
+            b'K' => LVal::V(Value::Int(i64::from(cur.u8().ok_or(s)?))),
+            b'M' => LVal::V(Value::Int(i64::from(u16::from_le_bytes(
+                cur.le().ok_or(s)?,
+            )))),
+            b'J' => LVal::V(Value::Int(i64::from(i32::from_le_bytes(
+                cur.le().ok_or(s)?,
+            )))),
+            0x8a => {
+                let n = cur.u8().ok_or(Stop::Short)?;
+                let b = cur.take(usize::from(n)).ok_or(Stop::Short)?;
+                LVal::V(Value::Int(int_le(b).ok_or(Stop::Decline)?))
+            }
+            b'G' => LVal::V(Value::Float(super::F64Bits::new(f64::from_be_bytes(
+                cur.le().ok_or(s)?,
+            )))),
+            b'N' => LVal::V(Value::None),
+            0x88 => LVal::V(Value::Bool(true)),
+            0x89 => LVal::V(Value::Bool(false)),
+            0x8c | b'X' => {
+                let n = if op == 0x8c {
+                    usize::from(cur.u8().ok_or(Stop::Short)?)
+                } else {
+                    u32::from_le_bytes(cur.le().ok_or(Stop::Short)?) as usize
+                };
+                let b = cur.take(n).ok_or(Stop::Short)?;
+                // as the driver: lone surrogates (not UTF-8) replaced
+                let s = String::from_utf8_lossy(b).into_owned();
+                c.strs.push(s);
+                LVal::S(c.strs.len() as u32 - 1)
+            }
+            _ => return Err(Stop::Decline),
+        };
+        if cur.peek().ok_or(Stop::Short)? == 0x94 {
+            cur.i += 1;
+            c.vals.push((c.defs, v));
+            c.defs += 1;
+        }
+        Ok(v)
+    }
+
+    /// A memo fetch: resolved now when the prefix made it (and it is a value no later opcode
+    /// can have changed), else left for the splice.
+    #[inline(always)]
+    fn fetch(&self, i: u32) -> Result<LVal, Stop> {
+        let Some(slot) = self.memo.get(i as usize) else {
+            return Ok(LVal::Ref(i));
+        };
+        match *slot {
+            Some(v @ (Value::Int(_) | Value::Str(_) | Value::None | Value::Bool(_))) => {
+                Ok(LVal::V(v))
+            }
+            Some(v @ Value::Float(_)) => Ok(LVal::V(v)),
+            // lists (a stack of frames), tuples, bytes: shared by identity, never made rows
+            Some(v @ Value::Obj(id)) => match self.objs.get(id.0 as usize).map(|n| &n.data) {
+                Some(Data::List(_) | Data::Records(_) | Data::Tuple(_)) => Ok(LVal::V(v)),
+                Some(Data::Bytes(_) | Data::BigInt(_)) => Ok(LVal::V(v)),
+                _ => Err(Stop::Decline),
+            },
+            _ => Err(Stop::Decline),
+        }
+    }
+
+    /// Adds the entry in `pairs` to the chunk as a row of the projection's columns.
+    fn commit(&self, c: &mut Chunk, pairs: &[(Value, LVal)], seen: &mut Seen) {
+        let row = c.rows.rows;
+        c.rows.rows += 1;
+        let p = &mut c.rows;
+        p.ints.extend(std::iter::repeat_n(0, self.ni));
+        p.strs.extend(std::iter::repeat_n(NONE, self.ns));
+        p.objs.extend(std::iter::repeat_n(NONE, self.no));
+        // the slots of the keys, as for the last entry when its keys were the same
+        if seen.keys.len() != pairs.len()
+            || !pairs.iter().zip(&seen.keys).all(|(p, &k)| same_key(p.0, k))
+        {
+            seen.keys.clear();
+            seen.keys.extend(pairs.iter().map(|p| p.0));
+            seen.slots.clear();
+            seen.slots.extend(pairs.iter().map(|p| {
+                self.slots
+                    .iter()
+                    .position(|s| same_key(*s, p.0))
+                    .map_or(u8::MAX, |x| x as u8)
+            }));
+        }
+        for (&(_, l), &slot) in pairs.iter().zip(&seen.slots) {
+            if slot == u8::MAX {
+                continue;
+            }
+            let slot = usize::from(slot);
+            match l {
+                LVal::V(v) => p.set(row as usize, slot, v),
+                l => c.fix.push((row, slot as u16, l)),
+            }
+        }
+    }
+}
+
+impl Parser {
+    /// The list the driver is filling, if it is a trace: the container below the innermost
+    /// MARK, in record form with the `detect` key, and the stack above the MARK holding only
+    /// finished entries.
+    fn trace_list(&self, detect: Value) -> Option<ObjId> {
+        let m = *self.marks.last()?;
+        let Value::Obj(lid) = *self.stack.get(m.checked_sub(1)?)? else {
+            return None;
+        };
+        let Data::Records(rec) = &self.objs[lid.0 as usize].data else {
+            return None;
+        };
+        if !rec.keys.contains(&detect) {
+            return None;
+        }
+        if self.stack.len() == m {
+            return Some(lid);
+        }
+        // a dict just opened (EMPTY_DICT) is empty until its SETITEMS
+        match self.stack.last() {
+            Some(&Value::Obj(d)) => match &self.objs[d.0 as usize].data {
+                Data::Dict(e) if !e.is_empty() => Some(lid),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A value a worker read, now that the memo holds everything before it.
+    fn resolve(&self, l: LVal, strs: &[u32]) -> Option<Value> {
+        let v = match l {
+            LVal::V(v) => v,
+            LVal::S(i) => Value::Str(StrId(*strs.get(i as usize)?)),
+            LVal::Ref(i) => match self.memo.get(i as usize) {
+                Some(Some(v)) => *v,
+                _ => *self.memo_far.get(&i)?,
+            },
+        };
+        match v {
+            Value::Row(..) => None,
+            Value::Obj(id) if matches!(self.objs[id.0 as usize].data, Data::Dict(_)) => None,
+            v => Some(v),
+        }
+    }
+
+    /// Takes chunk `c`: the driver is where it begins.
+    fn take(&mut self, c: Chunk, detect: Value) -> Option<()> {
+        let lid = self.trace_list(detect)?;
+        let m = *self.marks.last()?;
+        // the batch read so far goes into the list now (APPENDS does the same, item by item);
+        // the MARK stays, guarded: only an APPENDS may close it
+        let items: Vec<Value> = self.stack.drain(m..).collect();
+        for v in items {
+            self.append(Value::Obj(lid), v).ok()?;
+        }
+        self.guard = Some(self.marks.len() - 1);
+        let strs: Vec<u32> = c
+            .strs
+            .iter()
+            .map(|s| self.strs.intern(s).ok())
+            .collect::<Option<_>>()?;
+        let base = self.memo_len;
+        for &(k, l) in &c.vals {
+            let v = self.resolve(l, &strs)?;
+            self.put(base.checked_add(k)?, v);
+        }
+        self.memo_len = base.checked_add(c.defs).filter(|&n| n < super::SHARED)?;
+        let after = match &self.objs[lid.0 as usize].data {
+            Data::Records(r) => r.len,
+            _ => return None,
+        };
+        if c.ended {
+            // the APPENDS that closed the list: nothing is left above its MARK
+            self.marks.pop();
+            self.guard = None;
+        }
+        self.taken.push(Taken {
+            list: lid,
+            after,
+            rows: c.rows,
+            fix: c.fix,
+            strs,
+        });
+        Some(())
+    }
+}
+
+/// Reads the pickle in `file`, on up to `threads` cores for the trace lists that `projection`
+/// describes, in chunks of about `chunk` bytes; the sequential reader for small files, files
+/// without frames, and whenever anything is unusual. `progress` is called with bytes read.
+pub fn read_file(
+    file: &File,
+    threads: usize,
+    chunk: u64,
+    projection: Option<&Projection>,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<Pickle, PickleError> {
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if let Some(pr) = projection.filter(|_| threads > 1 && len >= 2 * chunk) {
+        if let Some(p) = try_parallel(file, len, threads, chunk, pr, progress) {
+            return Ok(p);
+        }
+    }
+    super::read(At {
+        file,
+        pos: 0,
+        progress,
+    })
+}
+
+fn try_parallel(
+    file: &File,
+    len: u64,
+    threads: usize,
+    chunk: u64,
+    pr: &Projection,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Option<Pickle> {
+    let frames = frame_index(file, len);
+    if frames.len() < 4 {
+        return None;
+    }
+    let mut inp = input(file, 0, progress);
+    let mut p = Parser::default();
+    // 1. the prefix, frame by frame, until the driver is inside a trace
+    let mut fi = 0;
+    let detect = loop {
+        while fi < frames.len() && frames[fi] <= inp.offset() {
+            fi += 1;
+        }
+        let &f = frames.get(fi)?; // no trace before the last frame: nothing to share out
+        p.limit = f;
+        match p.run_until(&mut inp) {
+            Ok(None) => {}
+            _ => return None, // a small pickle, or an error: the sequential reader says which
+        }
+        if let Some(id) = p.strs.find(pr.detect) {
+            let d = Value::Str(StrId(id));
+            if p.trace_list(d).is_some() {
+                break d;
+            }
+        }
+    };
+    if !p.memo_far.is_empty() {
+        return None;
+    }
+    // keys the file never wrote cannot match: a key of no string
+    let key = |k: &str| p.strs.find(k).map_or(Value::None, |i| Value::Str(StrId(i)));
+    let slots: Vec<Value> = pr
+        .ints
+        .iter()
+        .chain(pr.strs)
+        .chain(pr.objs)
+        .map(|k| key(k))
+        .collect();
+    // 2. chunks at frame starts, decoded on all cores
+    let mut bounds: Vec<u64> = Vec::new();
+    for &f in &frames[fi..] {
+        if bounds.last().is_none_or(|&last| f >= last + chunk) {
+            bounds.push(f);
+        }
+    }
+    let spans: Vec<(u64, u64)> = bounds
+        .iter()
+        .enumerate()
+        .map(|(k, &b)| (b, bounds.get(k + 1).copied().unwrap_or(len)))
+        .collect();
+    if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
+        eprintln!("prefix {} spans {}", inp.offset(), spans.len());
+    }
+    let chunks: Vec<Mutex<Option<Chunk>>> = spans.iter().map(|_| Mutex::new(None)).collect();
+    {
+        let memo_ok: Vec<bool> = p
+            .memo
+            .iter()
+            .map(|v| match v {
+                Some(Value::Obj(id)) => matches!(
+                    p.objs[id.0 as usize].data,
+                    Data::List(_)
+                        | Data::Records(_)
+                        | Data::Tuple(_)
+                        | Data::Bytes(_)
+                        | Data::BigInt(_)
+                ),
+                Some(Value::Row(..)) | None => false,
+                Some(_) => true,
+            })
+            .collect();
+        let ctx = Ctx {
+            file,
+            len,
+            memo_ok,
+            memo: &p.memo,
+            objs: &p.objs,
+            slots,
+            detect,
+            ni: pr.ints.len(),
+            ns: pr.strs.len(),
+            no: pr.objs.len(),
+        };
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads.min(spans.len()) {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(a, b)) = spans.get(k) else { break };
+                    let c = ctx.worker(a, b);
+                    if let Some(pr) = progress {
+                        pr(b - a);
+                    }
+                    *chunks[k].lock().unwrap_or_else(|e| e.into_inner()) = c;
+                });
+            }
+        });
+    }
+    // 3. the driver, taking each chunk it arrives at
+    inp.r.progress = None;
+    for slot in &chunks {
+        let Some(c) = slot.lock().ok()?.take() else {
+            continue;
+        };
+        if c.end == c.start || inp.offset() > c.start || p.rewrites > 0 {
+            continue;
+        }
+        p.limit = c.start;
+        match p.run_until(&mut inp) {
+            Ok(None) => {}
+            Ok(Some(_)) | Err(_) => return None,
+        }
+        if inp.offset() != c.start {
+            continue; // the worker's first entry was not where the driver is
+        }
+        let end = c.end;
+        if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
+            eprintln!(
+                "take {}..{} rows {} fix {} ended {}",
+                c.start,
+                c.end,
+                c.rows.rows,
+                c.fix.len(),
+                c.ended
+            );
+        }
+        p.take(c, detect)?;
+        seek(&mut inp, end);
+    }
+    p.limit = 0;
+    // an error (the sequential reader gives its canonical message), or an early append undone
+    let root = p.run_until(&mut inp).ok()??;
+    // 4. fix-ups, on all cores, against the finished memo
+    let mut taken = std::mem::take(&mut p.taken);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    {
+        let next = AtomicUsize::new(0);
+        let slots: Vec<Mutex<&mut Taken>> = taken.iter_mut().map(Mutex::new).collect();
+        let p = &p;
+        std::thread::scope(|s| {
+            for _ in 0..threads.min(slots.len()) {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(t) = slots.get(k) else { break };
+                    let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+                    let t = &mut **t;
+                    for &(r, slot, l) in &t.fix {
+                        match p.resolve(l, &t.strs) {
+                            Some(v) => t.rows.set(r as usize, usize::from(slot), v),
+                            None => failed.store(true, Ordering::Relaxed),
+                        }
+                    }
+                    t.fix = Vec::new();
+                });
+            }
+        });
+    }
+    if failed.into_inner() {
+        return None;
+    }
+    p.taken = taken;
+    Some(super::finish(p, root))
+}
+
+#[cfg(test)]
+pub(super) fn frames_of(file: &File) -> usize {
+    frame_index(file, file.metadata().map(|m| m.len()).unwrap_or(0)).len()
+}
