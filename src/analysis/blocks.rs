@@ -19,8 +19,28 @@ const MIN_BLOCK: u64 = 512;
 struct Segment {
     size: u64,
     small: bool,
-    /// Block start → (size, free).
-    blocks: BTreeMap<u64, (u64, bool)>,
+    /// Block start → the block. Blocks tile the segment; each knows the start of the one
+    /// before it, so that splits and merges are a few hash lookups.
+    blocks: FxHashMap<u64, Blk>,
+}
+
+#[derive(Clone, Copy)]
+struct Blk {
+    size: u64,
+    free: bool,
+    /// Start of the block before this one in the segment (`NO_PREV` for the first).
+    prev: u64,
+}
+
+const NO_PREV: u64 = u64::MAX;
+
+impl Segment {
+    /// Sets the `prev` of the block starting at `at`, if there is one.
+    fn link(&mut self, at: u64, prev: u64) {
+        if let Some(b) = self.blocks.get_mut(&at) {
+            b.prev = prev;
+        }
+    }
 }
 
 pub struct Sizer {
@@ -57,8 +77,15 @@ impl Sizer {
     pub fn step(&mut self, e: &Event) -> Option<u64> {
         match e.kind() {
             EventKind::SegmentAlloc if !self.expandable => {
-                let mut blocks = BTreeMap::new();
-                blocks.insert(e.addr, (e.size(), true));
+                let mut blocks = FxHashMap::default();
+                blocks.insert(
+                    e.addr,
+                    Blk {
+                        size: e.size(),
+                        free: true,
+                        prev: NO_PREV,
+                    },
+                );
                 self.segments.insert(
                     e.addr,
                     Segment {
@@ -78,7 +105,8 @@ impl Sizer {
                 let (max_split, addr) = (self.max_split, e.addr);
                 let size = match self.segment_of(addr) {
                     Some(seg) => match seg.blocks.get(&addr).copied() {
-                        Some((f, true)) if f >= r => {
+                        Some(b) if b.free && b.size >= r => {
+                            let f = b.size;
                             let remaining = f - r;
                             let split = if seg.small {
                                 remaining >= MIN_BLOCK
@@ -86,11 +114,26 @@ impl Sizer {
                                 r < max_split && remaining > SMALL_SIZE
                             };
                             if split {
-                                seg.blocks.insert(addr, (r, false));
-                                seg.blocks.insert(addr + r, (remaining, true));
+                                seg.blocks.insert(
+                                    addr,
+                                    Blk {
+                                        size: r,
+                                        free: false,
+                                        prev: b.prev,
+                                    },
+                                );
+                                seg.blocks.insert(
+                                    addr + r,
+                                    Blk {
+                                        size: remaining,
+                                        free: true,
+                                        prev: addr,
+                                    },
+                                );
+                                seg.link(addr + f, addr + r);
                                 r
                             } else {
-                                seg.blocks.insert(addr, (f, false));
+                                seg.blocks.insert(addr, Blk { free: false, ..b });
                                 f
                             }
                         }
@@ -108,21 +151,32 @@ impl Sizer {
                     .unwrap_or_else(|| self.round(e.size()));
                 let addr = e.addr;
                 if let Some(seg) = self.segment_of(addr) {
-                    if let Some((s, _)) = seg.blocks.get(&addr).copied() {
-                        let (mut start, mut len) = (addr, s);
+                    if let Some(b) = seg.blocks.get(&addr).copied() {
+                        let (mut start, mut len, mut prev) = (addr, b.size, b.prev);
                         // merge with a free block after and before
-                        if let Some((n, true)) = seg.blocks.get(&(start + len)).copied() {
-                            seg.blocks.remove(&(start + len));
-                            len += n;
-                        }
-                        if let Some((&p, &(ps, true))) = seg.blocks.range(..start).next_back() {
-                            if p + ps == start {
-                                seg.blocks.remove(&start);
-                                start = p;
-                                len += ps;
+                        if let Some(n) = seg.blocks.get(&(start + len)).copied() {
+                            if n.free {
+                                seg.blocks.remove(&(start + len));
+                                len += n.size;
                             }
                         }
-                        seg.blocks.insert(start, (len, true));
+                        if let Some(p) = seg.blocks.get(&prev).copied() {
+                            if p.free && prev + p.size == start {
+                                seg.blocks.remove(&start);
+                                start = prev;
+                                len += p.size;
+                                prev = p.prev;
+                            }
+                        }
+                        seg.blocks.insert(
+                            start,
+                            Blk {
+                                size: len,
+                                free: true,
+                                prev,
+                            },
+                        );
+                        seg.link(start + len, start);
                     }
                 }
                 Some(size)

@@ -280,16 +280,16 @@ struct AtPeak {
 }
 
 /// Addresses the trace allocated (or freed first), kept per shard when walked in shards.
-enum InTrace {
+enum InTrace<'a> {
     One(rustc_hash::FxHashSet<u64>),
-    Sharded(Vec<rustc_hash::FxHashSet<u64>>),
+    Sharded(&'a super::walk::Shards, Vec<rustc_hash::FxHashSet<u64>>),
 }
 
-impl InTrace {
+impl InTrace<'_> {
     fn contains(&self, addr: u64) -> bool {
         match self {
             InTrace::One(s) => s.contains(&addr),
-            InTrace::Sharded(sets) => sets[super::walk::Shards::by_addr(addr)].contains(&addr),
+            InTrace::Sharded(sh, sets) => sets[sh.of(addr)].contains(&addr),
         }
     }
 }
@@ -297,8 +297,7 @@ impl InTrace {
 /// The allocations alive at event `peak_i` among the events `idx` (every event of their
 /// addresses, in order), summed by stack (and the stack of a retag, if any).
 fn at_peak(
-    events: &[Event],
-    idx: impl Iterator<Item = usize>,
+    events: impl Iterator<Item = (usize, Event)>,
     peak_i: usize,
     block_of: &[u64],
     round: &dyn Fn(u64) -> u64,
@@ -307,8 +306,7 @@ fn at_peak(
     let mut retagged: FxHashMap<u64, StackId> = FxHashMap::default();
     let mut allocated_in_trace: rustc_hash::FxHashSet<u64> = Default::default();
     let mut freed_before_alloc_after_peak: Vec<(u64, u64)> = Vec::new();
-    for i in idx {
-        let e = &events[i];
+    for (i, e) in events {
         match e.kind() {
             EventKind::Alloc => {
                 allocated_in_trace.insert(e.addr);
@@ -382,13 +380,12 @@ fn trace_summary(
     let (by_stack, freed_before_alloc_after_peak, allocated_in_trace) = match &shards {
         Some(sh) => {
             use rayon::prelude::*;
-            let parts: Vec<AtPeak> = sh
-                .addr_lists
-                .par_iter()
-                .map(|l| {
+            let parts: Vec<AtPeak> = (0..sh.count())
+                .into_par_iter()
+                .with_max_len(1)
+                .map(|s| {
                     at_peak(
-                        events,
-                        l.iter().map(|&i| i as usize),
+                        sh.shard(s).map(|r| (r.i as usize, r.event())),
                         peak_i,
                         &block_of,
                         &round,
@@ -408,10 +405,15 @@ fn trace_summary(
                 freed.extend(p.freed_before_alloc_after_peak);
                 sets.push(p.allocated_in_trace);
             }
-            (by_stack, freed, InTrace::Sharded(sets))
+            (by_stack, freed, InTrace::Sharded(sh, sets))
         }
         None => {
-            let p = at_peak(events, 0..events.len(), peak_i, &block_of, &round);
+            let p = at_peak(
+                events.iter().copied().enumerate(),
+                peak_i,
+                &block_of,
+                &round,
+            );
             (
                 p.by_stack,
                 p.freed_before_alloc_after_peak,

@@ -36,25 +36,74 @@ pub struct Walk {
     pub shards: Option<Shards>,
 }
 
-/// Events grouped so that each group holds every event of its addresses, in order: by
-/// segment (for the sizer, whose blocks interact within a segment), and by address alone
-/// (finer, for what is kept per address).
+/// Events grouped so that each group holds every event of its addresses, in order, copied
+/// (so that a pass over a group reads memory in order, not scattered over the trace).
 pub struct Shards {
     /// Address ranges of the segments the trace creates, sorted, disjoint.
     ranges: Vec<(u64, u64)>,
-    /// Event indices of each shard, in order: one shard per range, then `BUCKETS`.
-    pub lists: Vec<Vec<u32>>,
-    /// Event indices by address alone, in order: `ADDR_SHARDS` shards (see [`Shards::by_addr`]).
-    pub addr_lists: Vec<Vec<u32>>,
+    /// The events of each shard, by piece of the trace: `parts[piece][shard]`, in order (a
+    /// shard's events are its lists of all pieces, one after the other; not copied together).
+    parts: Vec<Vec<Vec<Rec>>>,
 }
 
-/// Shards by address alone.
-const ADDR_SHARDS: usize = 256;
+/// One event of a shard: its index in the trace and what the walk needs of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Rec {
+    pub addr: u64,
+    size_kind: u64,
+    pub i: u32,
+    pub stack: crate::trace::StackId,
+}
+
+impl Rec {
+    fn new(i: usize, e: &Event) -> Rec {
+        Rec {
+            addr: e.addr,
+            size_kind: e.size() | (e.kind() as u64) << 60,
+            i: i as u32,
+            stack: e.stack,
+        }
+    }
+    pub fn size(&self) -> u64 {
+        self.size_kind & ((1 << 60) - 1)
+    }
+    pub fn kind(&self) -> EventKind {
+        self.event().kind()
+    }
+    /// The event again (without its stream, which the walk does not use).
+    pub fn event(&self) -> Event {
+        let kind = KINDS[(self.size_kind >> 60) as usize];
+        Event::new(kind, self.addr, self.size(), self.stack, 0)
+    }
+}
+
+/// Event kinds by their number (as `EventKind as u64`).
+const KINDS: [EventKind; 10] = [
+    EventKind::Alloc,
+    EventKind::FreeRequested,
+    EventKind::FreeCompleted,
+    EventKind::SegmentAlloc,
+    EventKind::SegmentFree,
+    EventKind::SegmentMap,
+    EventKind::SegmentUnmap,
+    EventKind::Oom,
+    EventKind::EmptyCache,
+    EventKind::Retag,
+];
 
 impl Shards {
-    /// The shard of `addr` in `addr_lists`.
-    pub fn by_addr(addr: u64) -> usize {
-        ((addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 56) as usize % ADDR_SHARDS
+    /// How many shards there are.
+    pub fn count(&self) -> usize {
+        self.ranges.len() + BUCKETS
+    }
+
+    /// The events of shard `s`, in order.
+    pub fn shard(&self, s: usize) -> impl Iterator<Item = &Rec> {
+        self.parts.iter().flat_map(move |p| p[s].iter())
+    }
+
+    fn len(&self, s: usize) -> usize {
+        self.parts.iter().map(|p| p[s].len()).sum()
     }
 
     /// The shard that holds the events at `addr`.
@@ -154,35 +203,23 @@ fn shards(events: &[Event], conf: &AllocConf) -> Option<Shards> {
     }
     let mut sh = Shards {
         ranges,
-        lists: Vec::new(),
-        addr_lists: Vec::new(),
+        parts: Vec::new(),
     };
     let count = sh.ranges.len() + BUCKETS;
     let piece = events
         .len()
         .div_ceil(rayon::current_num_threads() * 4)
         .max(1 << 14);
-    let parts: Vec<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = events
+    sh.parts = events
         .par_chunks(piece)
         .enumerate()
         .map(|(c, evs)| {
             let mut l = vec![Vec::new(); count];
-            let mut a = vec![Vec::new(); ADDR_SHARDS];
             for (k, e) in evs.iter().enumerate() {
-                let i = (c * piece + k) as u32;
-                l[sh.of(e.addr)].push(i);
-                a[Shards::by_addr(e.addr)].push(i);
+                l[sh.of(e.addr)].push(Rec::new(c * piece + k, e));
             }
-            (l, a)
+            l
         })
-        .collect();
-    sh.lists = (0..count)
-        .into_par_iter()
-        .map(|s| parts.iter().flat_map(|p| p.0[s].iter().copied()).collect())
-        .collect();
-    sh.addr_lists = (0..ADDR_SHARDS)
-        .into_par_iter()
-        .map(|s| parts.iter().flat_map(|p| p.1[s].iter().copied()).collect())
         .collect();
     Some(sh)
 }
@@ -197,8 +234,8 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
     let block: Vec<AtomicU64> = (0..n).into_par_iter().map(|_| AtomicU64::new(0)).collect();
     let delta: Vec<AtomicI64> = (0..n).into_par_iter().map(|_| AtomicI64::new(0)).collect();
     // the largest shards first, so that no core is left with a big one at the end
-    let mut order: Vec<usize> = (0..shards.lists.len()).collect();
-    order.sort_by_key(|&s| std::cmp::Reverse(shards.lists[s].len()));
+    let mut order: Vec<usize> = (0..shards.count()).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(shards.len(s)));
     if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
         eprintln!(
             "shards {} ranges {} largest {:?}",
@@ -207,58 +244,59 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
             order
                 .iter()
                 .take(8)
-                .map(|&s| shards.lists[s].len())
+                .map(|&s| shards.len(s))
                 .collect::<Vec<_>>()
         );
     }
-    // an allocation still held at the end has the size its block has in the segments
-    let inconsistent: u64 = shards
-        .addr_lists
+    let inconsistent: u64 = order
         .par_iter()
         .with_max_len(1)
-        .map(|list| {
+        .map(|&s| {
+            // an allocation still held at the end has the size its block has in the segments
             let mut last_alloc: FxHashMap<u64, u32> = FxHashMap::default();
             let mut inconsistent = 0;
-            for &i in list {
-                let e = &events[i as usize];
-                match e.kind() {
-                    EventKind::Alloc if last_alloc.insert(e.addr, i).is_some() => inconsistent += 1,
+            for (k, r) in shards.shard(s).enumerate() {
+                match r.kind() {
+                    EventKind::Alloc if last_alloc.insert(r.addr, k as u32).is_some() => {
+                        inconsistent += 1
+                    }
                     EventKind::FreeRequested => {
-                        last_alloc.remove(&e.addr);
+                        last_alloc.remove(&r.addr);
                     }
                     _ => {}
                 }
             }
-            for (addr, i) in last_alloc {
+            let mut held_block: FxHashMap<u32, u64> = FxHashMap::default();
+            for (addr, k) in last_alloc {
                 if let Some(size) = held.get(&addr) {
-                    block[i as usize].store(*size, Ordering::Relaxed);
+                    held_block.insert(k, *size);
+                }
+            }
+            let mut sizer = Sizer::new(conf);
+            for (k, r) in shards.shard(s).enumerate() {
+                let i = r.i as usize;
+                let e = r.event();
+                match (e.kind(), sizer.step(&e)) {
+                    (EventKind::Alloc, Some(b)) => {
+                        let got = held_block.get(&(k as u32)).copied().unwrap_or(b);
+                        block[i].store(got, Ordering::Relaxed);
+                        delta[i].store(got as i64, Ordering::Relaxed);
+                    }
+                    (EventKind::FreeRequested, Some(b)) => {
+                        delta[i].store(-(b as i64), Ordering::Relaxed)
+                    }
+                    (EventKind::Alloc, None) => {
+                        // not reached (an allocation always has a size); as sequentially
+                        if let Some(&got) = held_block.get(&(k as u32)) {
+                            block[i].store(got, Ordering::Relaxed);
+                        }
+                    }
+                    _ => {}
                 }
             }
             inconsistent
         })
         .sum();
-    order.par_iter().with_max_len(1).for_each(|&s| {
-        let list = &shards.lists[s];
-        let mut sizer = Sizer::new(conf);
-        for &i in list {
-            let i = i as usize;
-            let e = &events[i];
-            match (e.kind(), sizer.step(e)) {
-                (EventKind::Alloc, Some(b)) => {
-                    let mut got = block[i].load(Ordering::Relaxed);
-                    if got == 0 {
-                        got = b;
-                        block[i].store(b, Ordering::Relaxed);
-                    }
-                    delta[i].store(got as i64, Ordering::Relaxed);
-                }
-                (EventKind::FreeRequested, Some(b)) => {
-                    delta[i].store(-(b as i64), Ordering::Relaxed)
-                }
-                _ => {}
-            }
-        }
-    });
     // the running total: sums of pieces, then each piece from its start
     let piece = n.div_ceil(rayon::current_num_threads() * 4).max(1 << 14);
     let sums: Vec<i64> = delta
