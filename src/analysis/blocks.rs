@@ -50,6 +50,9 @@ pub struct Sizer {
     segments: BTreeMap<u64, Segment>,
     /// Sizes handed out, by address (for frees).
     given: FxHashMap<u64, u64>,
+    /// Allocations at an address the trace had allocated and not freed since (a trace that
+    /// is not a consistent history, or lost events).
+    pub reused: u64,
 }
 
 impl Sizer {
@@ -60,6 +63,7 @@ impl Sizer {
             expandable: conf.expandable_segments,
             segments: BTreeMap::new(),
             given: FxHashMap::default(),
+            reused: 0,
         }
     }
 
@@ -141,7 +145,9 @@ impl Sizer {
                     },
                     None => r,
                 };
-                self.given.insert(addr, size);
+                if self.given.insert(addr, size).is_some() {
+                    self.reused += 1;
+                }
                 Some(size)
             }
             EventKind::FreeRequested => {

@@ -272,6 +272,14 @@ pub fn trace_peaks(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf)
     )
 }
 
+/// Which of `k` parts of a shard an address is in.
+fn sub(addr: u64, k: u64) -> u64 {
+    if k <= 1 {
+        return 0;
+    }
+    ((addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 40) % k
+}
+
 /// Who held memory at the peak, from the events of some addresses.
 struct AtPeak {
     by_stack: FxHashMap<(StackId, Option<StackId>), (u64, u64)>,
@@ -282,14 +290,20 @@ struct AtPeak {
 /// Addresses the trace allocated (or freed first), kept per shard when walked in shards.
 enum InTrace<'a> {
     One(rustc_hash::FxHashSet<u64>),
-    Sharded(&'a super::walk::Shards, Vec<rustc_hash::FxHashSet<u64>>),
+    Sharded(
+        &'a super::walk::Shards,
+        Vec<Vec<rustc_hash::FxHashSet<u64>>>,
+    ),
 }
 
 impl InTrace<'_> {
     fn contains(&self, addr: u64) -> bool {
         match self {
             InTrace::One(s) => s.contains(&addr),
-            InTrace::Sharded(sh, sets) => sets[sh.of(addr)].contains(&addr),
+            InTrace::Sharded(sh, sets) => {
+                let s = &sets[sh.of(addr)];
+                s[sub(addr, s.len() as u64) as usize].contains(&addr)
+            }
         }
     }
 }
@@ -380,12 +394,22 @@ fn trace_summary(
     let (by_stack, freed_before_alloc_after_peak, allocated_in_trace) = match &shards {
         Some(sh) => {
             use rayon::prelude::*;
-            let parts: Vec<AtPeak> = (0..sh.count())
-                .into_par_iter()
+            // a big shard is split further by address (what is kept here is per address)
+            let big = events.len() / (rayon::current_num_threads() * 4).max(1);
+            let tasks: Vec<(usize, u64, u64)> = (0..sh.count())
+                .flat_map(|s| {
+                    let k = (sh.len(s) / big.max(1)).clamp(1, 16) as u64;
+                    (0..k).map(move |b| (s, b, k))
+                })
+                .collect();
+            let parts: Vec<AtPeak> = tasks
+                .par_iter()
                 .with_max_len(1)
-                .map(|s| {
+                .map(|&(s, b, k)| {
                     at_peak(
-                        sh.shard(s).map(|r| (r.i as usize, r.event())),
+                        sh.shard(s)
+                            .filter(|r| k == 1 || sub(r.addr, k) == b)
+                            .map(|r| (r.i as usize, r.event())),
                         peak_i,
                         &block_of,
                         &round,
@@ -395,15 +419,15 @@ fn trace_summary(
             let mut by_stack: FxHashMap<(StackId, Option<StackId>), (u64, u64)> =
                 FxHashMap::default();
             let mut freed = Vec::new();
-            let mut sets = Vec::with_capacity(parts.len());
-            for p in parts {
+            let mut sets: Vec<Vec<rustc_hash::FxHashSet<u64>>> = vec![Vec::new(); sh.count()];
+            for (p, &(s, _, _)) in parts.into_iter().zip(&tasks) {
                 for (k, v) in p.by_stack {
                     let e = by_stack.entry(k).or_default();
                     e.0 += v.0;
                     e.1 += v.1;
                 }
                 freed.extend(p.freed_before_alloc_after_peak);
-                sets.push(p.allocated_in_trace);
+                sets[s].push(p.allocated_in_trace);
             }
             (by_stack, freed, InTrace::Sharded(sh, sets))
         }

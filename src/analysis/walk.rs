@@ -72,24 +72,10 @@ impl Rec {
     }
     /// The event again (without its stream, which the walk does not use).
     pub fn event(&self) -> Event {
-        let kind = KINDS[(self.size_kind >> 60) as usize];
+        let kind = EventKind::from_index((self.size_kind >> 60) as u8).unwrap_or(EventKind::Alloc);
         Event::new(kind, self.addr, self.size(), self.stack, 0)
     }
 }
-
-/// Event kinds by their number (as `EventKind as u64`).
-const KINDS: [EventKind; 10] = [
-    EventKind::Alloc,
-    EventKind::FreeRequested,
-    EventKind::FreeCompleted,
-    EventKind::SegmentAlloc,
-    EventKind::SegmentFree,
-    EventKind::SegmentMap,
-    EventKind::SegmentUnmap,
-    EventKind::Oom,
-    EventKind::EmptyCache,
-    EventKind::Retag,
-];
 
 impl Shards {
     /// How many shards there are.
@@ -102,7 +88,8 @@ impl Shards {
         self.parts.iter().flat_map(move |p| p[s].iter())
     }
 
-    fn len(&self, s: usize) -> usize {
+    /// The events in shard `s`.
+    pub fn len(&self, s: usize) -> usize {
         self.parts.iter().map(|p| p[s].len()).sum()
     }
 
@@ -248,28 +235,38 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
                 .collect::<Vec<_>>()
         );
     }
+    // held addresses (allocations alive at the end) by shard, to size from the segments
+    let mut held_in: Vec<Vec<u64>> = vec![Vec::new(); shards.count()];
+    for &a in held.keys() {
+        held_in[shards.of(a)].push(a);
+    }
     let inconsistent: u64 = order
         .par_iter()
         .with_max_len(1)
         .map(|&s| {
-            // an allocation still held at the end has the size its block has in the segments
-            let mut last_alloc: FxHashMap<u64, u32> = FxHashMap::default();
-            let mut inconsistent = 0;
-            for (k, r) in shards.shard(s).enumerate() {
-                match r.kind() {
-                    EventKind::Alloc if last_alloc.insert(r.addr, k as u32).is_some() => {
-                        inconsistent += 1
-                    }
-                    EventKind::FreeRequested => {
-                        last_alloc.remove(&r.addr);
-                    }
-                    _ => {}
-                }
-            }
+            // an allocation still held at the end has the size its block has in the segments:
+            // the last allocation at a held address, unless a free follows it (found from the
+            // end, stopping once every held address of the shard is settled)
+            let recs: Vec<&[Rec]> = shards.parts.iter().map(|p| &p[s][..]).collect();
+            let mut todo: FxHashSet<u64> = held_in[s].iter().copied().collect();
             let mut held_block: FxHashMap<u32, u64> = FxHashMap::default();
-            for (addr, k) in last_alloc {
-                if let Some(size) = held.get(&addr) {
-                    held_block.insert(k, *size);
+            let n = shards.len(s);
+            let mut k = n;
+            'back: for part in recs.iter().rev() {
+                for r in part.iter().rev() {
+                    if todo.is_empty() {
+                        break 'back;
+                    }
+                    k -= 1;
+                    match r.kind() {
+                        EventKind::Alloc if todo.remove(&r.addr) => {
+                            held_block.insert(k as u32, held[&r.addr]);
+                        }
+                        EventKind::FreeRequested => {
+                            todo.remove(&r.addr);
+                        }
+                        _ => {}
+                    }
                 }
             }
             let mut sizer = Sizer::new(conf);
@@ -285,16 +282,10 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
                     (EventKind::FreeRequested, Some(b)) => {
                         delta[i].store(-(b as i64), Ordering::Relaxed)
                     }
-                    (EventKind::Alloc, None) => {
-                        // not reached (an allocation always has a size); as sequentially
-                        if let Some(&got) = held_block.get(&(k as u32)) {
-                            block[i].store(got, Ordering::Relaxed);
-                        }
-                    }
                     _ => {}
                 }
             }
-            inconsistent
+            sizer.reused
         })
         .sum();
     // the running total: sums of pieces, then each piece from its start

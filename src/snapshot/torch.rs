@@ -49,6 +49,10 @@ pub trait Doc<'a> {
     fn pickle_value(&self, _v: PValue) -> Option<Self::V> {
         None
     }
+    /// For projected rows: how many objects and strings there are (ids are below these).
+    fn id_bounds(&self) -> (usize, usize) {
+        (0, 0)
+    }
 }
 
 /// The keys of a trace entry that [`convert`] reads, for the parallel pickle reader.
@@ -113,6 +117,9 @@ impl<'a> Doc<'a> for PickleDoc<'a> {
     }
     fn pickle_value(&self, v: PValue) -> Option<PValue> {
         Some(v)
+    }
+    fn id_bounds(&self) -> (usize, usize) {
+        self.0.id_bounds()
     }
 }
 
@@ -582,53 +589,73 @@ fn projected_events<'a, D: Doc<'a>>(
     const TIME: usize = 3;
     const FREE: usize = 4;
     let n = rows.rows();
-    // the distinct actions and stacks, resolved once each
-    type Set = rustc_hash::FxHashSet<u32>;
-    let (acts, stacks) = (0..n)
-        .into_par_iter()
-        .fold(
-            || (Set::default(), Set::default(), u32::MAX),
-            |(mut a, mut s, last), r| {
-                a.insert(rows.str_id(r, 0));
-                let f = rows.obj_id(r, 0);
-                if f != last {
-                    s.insert(f);
-                }
-                (a, s, f)
-            },
-        )
-        .map(|(a, s, _)| (a, s))
-        .reduce(
-            || (Set::default(), Set::default()),
-            |(mut a, mut s), (a2, s2)| {
-                a.extend(a2);
-                s.extend(s2);
-                (a, s)
-            },
-        );
+    // the distinct actions and stacks, marked in bit sets by id, then resolved once each into
+    // tables indexed by id
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let (objs, strs) = d.id_bounds();
+    let bits =
+        |n: usize| -> Vec<AtomicU64> { (0..n / 64 + 1).map(|_| AtomicU64::new(0)).collect() };
+    let (act_bits, frame_bits) = (bits(strs), bits(objs));
+    let mark = |b: &[AtomicU64], id: u32| {
+        if id == u32::MAX {
+            return;
+        }
+        let (w, m) = (id as usize / 64, 1u64 << (id % 64));
+        if let Some(w) = b.get(w) {
+            if w.load(Relaxed) & m == 0 {
+                w.fetch_or(m, Relaxed);
+            }
+        }
+    };
+    (0..n).into_par_iter().for_each(|r| {
+        mark(&act_bits, rows.str_id(r, 0));
+        mark(&frame_bits, rows.obj_id(r, 0));
+    });
+    let set = |b: &[AtomicU64]| -> Vec<u32> {
+        let mut out = Vec::new();
+        for (k, w) in b.iter().enumerate() {
+            let mut x = w.load(Relaxed);
+            while x != 0 {
+                out.push((k * 64) as u32 + x.trailing_zeros());
+                x &= x - 1;
+            }
+        }
+        out
+    };
     let text = |id: u32| {
         Projected::str_value(id)
             .and_then(|v| d.pickle_value(v))
             .and_then(|v| d.text(v))
     };
-    let kind_of: FxHashMap<u32, Option<EventKind>> = acts
-        .iter()
-        .map(|&a| {
-            let k =
-                EventKind::from_action(text(a).unwrap_or("")).filter(|k| *k != EventKind::Retag);
-            (a, k)
-        })
-        .collect();
-    let stack_of: FxHashMap<u32, StackId> = stacks
-        .iter()
-        .map(|&f| {
-            let v = Projected::obj_value(f).and_then(|f| d.pickle_value(f));
-            (f, frames.stack(d, v))
-        })
-        .collect();
-    let kind = |r: usize| kind_of[&rows.str_id(r, 0)];
+    // 0: not modelled (skipped), else the kind's number + 1
+    let mut kind_tab = vec![0u8; strs + 1];
+    for a in set(&act_bits) {
+        if let Some(k) =
+            EventKind::from_action(text(a).unwrap_or("")).filter(|k| *k != EventKind::Retag)
+        {
+            kind_tab[a as usize] = k as u8 + 1;
+        }
+    }
+    let mut stack_tab = vec![StackId::ROOT; objs + 1];
+    for f in set(&frame_bits) {
+        let v = Projected::obj_value(f).and_then(|f| d.pickle_value(f));
+        stack_tab[f as usize] = frames.stack(d, v);
+    }
+    let kind = |r: usize| -> Option<EventKind> {
+        let a = rows.str_id(r, 0);
+        match kind_tab.get(a as usize).copied().unwrap_or(0) {
+            0 => None,
+            k => EventKind::from_index(k - 1),
+        }
+    };
+    let stack_of = |r: usize| {
+        stack_tab
+            .get(rows.obj_id(r, 0) as usize)
+            .copied()
+            .unwrap_or(StackId::ROOT)
+    };
     let u = |r: usize, k: usize| rows.int(r, k).max(0) as u64;
-    let all_kept = kind_of.values().all(|k| k.is_some());
+    let all_kept = (0..n).into_par_iter().all(|r| kind(r).is_some());
     // entries of actions gpumem does not model: counted, in the order they first appear
     if !all_kept {
         for r in 0..n {
@@ -654,7 +681,7 @@ fn projected_events<'a, D: Doc<'a>>(
         } else {
             u(r, ADDR)
         };
-        let stack = stack_of[&rows.obj_id(r, 0)];
+        let stack = stack_of(r);
         Event::new(k, addr, u(r, SIZE), stack, u(r, STREAM) as u32)
     };
     if all_kept {

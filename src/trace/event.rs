@@ -48,6 +48,11 @@ impl EventKind {
         }
     }
 
+    /// The kind numbered `i` (`kind as u8`).
+    pub fn from_index(i: u8) -> Option<EventKind> {
+        KINDS.get(usize::from(i)).copied()
+    }
+
     pub fn from_action(s: &str) -> Option<EventKind> {
         Some(match s {
             "alloc" => EventKind::Alloc,

@@ -226,6 +226,12 @@ impl Pickle {
             .collect()
     }
 
+    /// How many objects and strings the pickle holds: ids of [`Projected`](super::Projected)
+    /// rows are below these (for tables indexed by id).
+    pub fn id_bounds(&self) -> (usize, usize) {
+        (self.objs.len(), self.strs.bounds.len().saturating_sub(1))
+    }
+
     /// The identity of an object (`Value::Obj`), for caching by identity. A dict stored as a row
     /// has none: use the `Value` itself (`Eq + Hash`, by identity) as the key for any object.
     pub fn obj_id(&self, v: Value) -> Option<u32> {
