@@ -171,21 +171,10 @@ pub fn summarize(
     let round = |n: u64| rounder.round_size(n);
     let all = pool_state(segments, None);
     let (leaks, trace, ooms) = std::thread::scope(|sc| {
-        let t0 = std::time::Instant::now();
-        let leaks = sc.spawn(move || {
-            let r = leaks::find(events, tags, &round, LeakOptions::default());
-            eprintln!("TIMING leaks {:?}", t0.elapsed());
-            r
-        });
-        let allr = &all;
-        let ooms = sc.spawn(move || {
-            let r = oom_events(segments, events, tags, conf, allr, full);
-            eprintln!("TIMING ooms {:?}", t0.elapsed());
-            r
-        });
+        let leaks = sc.spawn(|| leaks::find(events, tags, &round, LeakOptions::default()));
+        let ooms = sc.spawn(|| oom_events(segments, events, tags, conf, &all, full));
         let trace = (!events.is_empty())
             .then(|| trace_summary(segments, events, tags, conf, top_n, &all, full));
-        eprintln!("TIMING trace_summary {:?}", t0.elapsed());
         (
             leaks
                 .join()
@@ -375,7 +364,6 @@ fn trace_summary(
     end: &PoolState,
     full: bool,
 ) -> TraceSummary {
-    let t0 = std::time::Instant::now();
     let Walk {
         after,
         net,
@@ -383,7 +371,6 @@ fn trace_summary(
         inconsistent,
         shards,
     } = walk(segments, events, conf);
-    eprintln!("TIMING ts-walk {:?}", t0.elapsed());
     let rounder = super::blocks::Sizer::new(conf);
     let round = |n: u64| rounder.round(n);
     let start = (end.allocated_bytes as i64 - net).max(0);
@@ -481,7 +468,6 @@ fn trace_summary(
             }
         }
     }
-    eprintln!("TIMING ts-sites {:?}", t0.elapsed());
     let peak_reserved = reserved_peak(segments, events);
     use rayon::prelude::*;
     let counts = events
@@ -521,7 +507,6 @@ fn trace_summary(
         })
         .max()
         .unwrap_or(0);
-    eprintln!("TIMING ts-end {:?}", t0.elapsed());
     TraceSummary {
         entries: events.len() as u64,
         allocs: count(EventKind::Alloc),

@@ -223,18 +223,6 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
     // the largest shards first, so that no core is left with a big one at the end
     let mut order: Vec<usize> = (0..shards.count()).collect();
     order.sort_by_key(|&s| std::cmp::Reverse(shards.len(s)));
-    if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
-        eprintln!(
-            "shards {} ranges {} largest {:?}",
-            order.len(),
-            shards.ranges.len(),
-            order
-                .iter()
-                .take(8)
-                .map(|&s| shards.len(s))
-                .collect::<Vec<_>>()
-        );
-    }
     // held addresses (allocations alive at the end) by shard, to size from the segments
     let mut held_in: Vec<Vec<u64>> = vec![Vec::new(); shards.count()];
     for &a in held.keys() {

@@ -13,7 +13,6 @@ pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--top", "must be at least 1"));
     }
     let s = crate::snapshot::load(&args.snapshot)?;
-    let t0 = std::time::Instant::now();
     let m = summary::summarize(
         &s.segments,
         &s.events,
@@ -22,7 +21,6 @@ pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         args.top,
         args.stacks,
     );
-    eprintln!("TIMING summarize {:?}", t0.elapsed());
     let path = args.snapshot.display().to_string();
     if args.json {
         let v = report::summary::to_json(&path, &s, &m);

@@ -152,7 +152,6 @@ pub fn load(path: &Path) -> Result<Snapshot, Error> {
                 b.inc(n);
             }
         };
-        let t0 = std::time::Instant::now();
         // the parallel parts use rayon's pool: as many threads as the reader
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(threads())
@@ -164,15 +163,12 @@ pub fn load(path: &Path) -> Result<Snapshot, Error> {
             Some(&torch::TRACE),
             Some(&tick),
         );
-        eprintln!("TIMING parse {:?}", t0.elapsed());
         if let Some(b) = bar {
             b.finish_and_clear();
         }
         let p = p.map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         let doc = torch::PickleDoc(&p);
-        let t0 = std::time::Instant::now();
         let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
-        eprintln!("TIMING convert {:?}", t0.elapsed());
         return r;
     }
     let mut text = Vec::new();

@@ -285,7 +285,6 @@ pub fn convert<'a, D: Doc<'a>>(
     format: Format,
     name: &str,
 ) -> Result<Snapshot, String> {
-    T0.with(|t| t.set(std::time::Instant::now()));
     let (segs_v, traces_v, settings, annotations_v) = if d.is_list(root) {
         (Some(root), None, None, None)
     } else if d.is_dict(root) {
@@ -421,7 +420,6 @@ pub fn convert<'a, D: Doc<'a>>(
     }
     segments.sort_by_key(|s| s.address);
 
-    eprintln!("TIMING convert-segs {:?}", T0.with(|t| t.get().elapsed()));
     let total = trace_lens.get(device as usize).copied().unwrap_or(0);
     let mut events = Vec::with_capacity(total);
     let mut times = Vec::with_capacity(total);
@@ -449,7 +447,6 @@ pub fn convert<'a, D: Doc<'a>>(
         for i in 0..=n {
             // runs of projected rows come before item `i`
             while let Some((_, rows)) = run.next_if(|r| r.0 == i) {
-                eprintln!("TIMING run-start {:?}", T0.with(|t| t.get().elapsed()));
                 projected_events(
                     d,
                     rows,
@@ -512,7 +509,6 @@ pub fn convert<'a, D: Doc<'a>>(
             times.push(time);
         }
     }
-    eprintln!("TIMING convert-trace {:?}", T0.with(|t| t.get().elapsed()));
     let mut annotations = Vec::new();
     if let Some(a) = annotations_v.filter(|a| d.is_list(*a)) {
         for x in d.list(a) {
@@ -556,7 +552,6 @@ pub fn convert<'a, D: Doc<'a>>(
         dropped: 0,
         skipped,
     };
-    eprintln!("TIMING convert-main {:?}", T0.with(|t| t.get().elapsed()));
     tag_iterations(&mut snap);
     Ok(snap)
 }
@@ -921,5 +916,3 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         skipped: Vec::new(),
     })
 }
-
-thread_local! { static T0: std::cell::Cell<std::time::Instant> = std::cell::Cell::new(std::time::Instant::now()); }

@@ -1008,9 +1008,6 @@ fn try_parallel(
         .enumerate()
         .map(|(k, &b)| (b, bounds.get(k + 1).copied().unwrap_or(len)))
         .collect();
-    if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
-        eprintln!("prefix {} spans {}", inp.offset(), spans.len());
-    }
     let chunks: Vec<Mutex<Option<Chunk>>> = spans.iter().map(|_| Mutex::new(None)).collect();
     {
         let memo_ok: Vec<bool> = p
@@ -1074,16 +1071,6 @@ fn try_parallel(
             continue; // the worker's first entry was not where the driver is
         }
         let end = c.end;
-        if std::env::var_os("GPUMEM_PAR_DEBUG").is_some() {
-            eprintln!(
-                "take {}..{} rows {} fix {} ended {}",
-                c.start,
-                c.end,
-                c.rows.rows,
-                c.fix.len(),
-                c.ended
-            );
-        }
         p.take(c, detect)?;
         seek(&mut inp, end);
     }
