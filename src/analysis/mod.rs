@@ -14,8 +14,10 @@
 //! - [`summary`]: what a snapshot says (state, sites, peak, leaks, OOMs).
 //! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
 //! - [`diff`]: two snapshots' summaries side by side.
+//! - [`check`]: a run's metrics against a baseline, tolerances and budgets (`gpumem check`).
 
 pub mod blocks;
+pub mod check;
 pub mod diff;
 pub mod findings;
 pub mod fragmentation;

@@ -55,6 +55,7 @@
 //! line language; `file` the TOML keys.
 
 pub mod ast;
+pub mod check;
 mod error;
 mod file;
 mod lexer;
@@ -68,6 +69,7 @@ mod tests;
 
 use std::path::Path;
 
+pub use check::CheckTable;
 pub use ast::{
     BinOp, BlockKind, Device, Expr, ExprKind, IndexItem, Span, Stmt, StmtKind, Workload,
 };
