@@ -178,7 +178,9 @@ mod tests {
         assert_eq!(parse_percent(" 1.25 %").unwrap(), 12_500);
         assert_eq!(parse_percent("0").unwrap(), 0);
         assert_eq!(parse_percent("0%").unwrap(), 0);
-        for bad in ["", "2", "0.02", "%", "-1%", "1e2%", "0.00001%", "two%", "1.2.3%"] {
+        for bad in [
+            "", "2", "0.02", "%", "-1%", "1e2%", "0.00001%", "two%", "1.2.3%",
+        ] {
             assert!(parse_percent(bad).is_err(), "{bad:?}");
         }
         for ppm in [0, 1, 5_000, 12_500, 20_000, 1_000_000, 123_456] {

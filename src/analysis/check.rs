@@ -87,7 +87,12 @@ pub struct Entry {
 
 impl Entry {
     /// An entry recording `m`, with `check` settings kept from an older entry.
-    pub fn record(m: &Measurement, source: &str, version: &str, check: BTreeMap<String, serde_json::Value>) -> Entry {
+    pub fn record(
+        m: &Measurement,
+        source: &str,
+        version: &str,
+        check: BTreeMap<String, serde_json::Value>,
+    ) -> Entry {
         Entry {
             check,
             source: Some(source.to_string()),
@@ -269,10 +274,26 @@ pub fn judge(
     let recorded = entry.filter(|e| e.is_recorded());
     // the metrics: the fixed ones, and each category either side has
     let mut metrics: Vec<(String, u64, Option<u64>)> = vec![
-        (PEAK_ALLOCATED.into(), m.peak_allocated, recorded.and_then(|e| e.peak_allocated)),
-        (PEAK_RESERVED.into(), m.peak_reserved, recorded.and_then(|e| e.peak_reserved)),
-        (LEAK.into(), m.leak_per_iteration, recorded.map(|e| e.leak_per_iteration.unwrap_or(0))),
-        (OOM.into(), m.oom as u64, recorded.map(|e| e.oom.unwrap_or(false) as u64)),
+        (
+            PEAK_ALLOCATED.into(),
+            m.peak_allocated,
+            recorded.and_then(|e| e.peak_allocated),
+        ),
+        (
+            PEAK_RESERVED.into(),
+            m.peak_reserved,
+            recorded.and_then(|e| e.peak_reserved),
+        ),
+        (
+            LEAK.into(),
+            m.leak_per_iteration,
+            recorded.map(|e| e.leak_per_iteration.unwrap_or(0)),
+        ),
+        (
+            OOM.into(),
+            m.oom as u64,
+            recorded.map(|e| e.oom.unwrap_or(false) as u64),
+        ),
     ];
     let mut cats: Vec<&String> = m.categories_at_peak.keys().collect();
     if let Some(e) = recorded {
@@ -432,8 +453,11 @@ mod tests {
         Measurement {
             peak_allocated: alloc,
             peak_reserved: alloc * 2,
-            categories_at_peak: [("activation".to_string(), act), ("parameter".into(), alloc - act)]
-                .into(),
+            categories_at_peak: [
+                ("activation".to_string(), act),
+                ("parameter".into(), alloc - act),
+            ]
+            .into(),
             top_tags_at_peak: [("iter:0/op:relu".to_string(), act)].into(),
             ..Default::default()
         }
@@ -446,27 +470,59 @@ mod tests {
     #[test]
     fn boundaries_and_budgets() {
         let base = Entry::record(&m(1_000_000, 400_000), "w.toml", "0", BTreeMap::new());
-        let tol = |ppm| move |_: &str| Limits {
-            tolerance_ppm: ppm,
-            tolerance_from: Source::CommandLine,
-            budget: None,
+        let tol = |ppm| {
+            move |_: &str| Limits {
+                tolerance_ppm: ppm,
+                tolerance_from: Source::CommandLine,
+                budget: None,
+            }
         };
         // 2%: 1_020_000 passes, 1_020_001 fails
-        let j = judge("w", &m(1_020_000, 400_000), Some(&base), &tol(20_000), false, 3);
+        let j = judge(
+            "w",
+            &m(1_020_000, 400_000),
+            Some(&base),
+            &tol(20_000),
+            false,
+            3,
+        );
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Ok);
-        let j = judge("w", &m(1_020_001, 400_000), Some(&base), &tol(20_000), false, 3);
+        let j = judge(
+            "w",
+            &m(1_020_001, 400_000),
+            Some(&base),
+            &tol(20_000),
+            false,
+            3,
+        );
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Regressed);
         let j = judge("w", &m(999_999, 400_000), Some(&base), &tol(0), false, 3);
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Improved);
         // a budget: at it passes, one byte over fails, whatever the tolerance
-        let budget = |b| move |metric: &str| Limits {
-            tolerance_ppm: 1_000_000,
-            tolerance_from: Source::CommandLine,
-            budget: (metric == PEAK_ALLOCATED).then_some((b, Source::Baseline)),
+        let budget = |b| {
+            move |metric: &str| Limits {
+                tolerance_ppm: 1_000_000,
+                tolerance_from: Source::CommandLine,
+                budget: (metric == PEAK_ALLOCATED).then_some((b, Source::Baseline)),
+            }
         };
-        let j = judge("w", &m(1_000_000, 400_000), Some(&base), &budget(1_000_000), false, 3);
+        let j = judge(
+            "w",
+            &m(1_000_000, 400_000),
+            Some(&base),
+            &budget(1_000_000),
+            false,
+            3,
+        );
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Ok);
-        let j = judge("w", &m(1_000_000, 400_000), Some(&base), &budget(999_999), false, 3);
+        let j = judge(
+            "w",
+            &m(1_000_000, 400_000),
+            Some(&base),
+            &budget(999_999),
+            false,
+            3,
+        );
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::OverBudget);
         // why: the activations grew
         let j = judge("w", &m(1_500_000, 900_000), Some(&base), &tol(0), false, 3);

@@ -183,6 +183,7 @@ pub enum FailOn {
 ///      max_peak_reserved = "20GiB", max_peak_allocated = 1073741824
 ///   3. the baseline entry's "check" object, with the same keys (kept by --update)
 ///   4. tolerance 0, no budget
+///
 /// Within one source a metric's own key beats the source's `tolerance`.
 ///
 /// The baseline is JSON: {"gpumem_baseline": 1, "entries": {NAME: {...}}}, each entry with
@@ -206,12 +207,15 @@ pub enum FailOn {
 ///   gpumem check train.toml --baseline b.json --tolerance 2% --tolerance peak_reserved=0
 ///   gpumem check snapshot.pickle --baseline b.json --budget peak_reserved=20GiB --allow-new
 #[derive(Debug, Args)]
-#[command(verbatim_doc_comment, after_long_help = "\
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
 Exit codes:
   0  every metric of every input holds (or --update wrote the baseline)
   1  a metric regressed, a budget is exceeded, or an input is not in the baseline
   2  usage, input or I/O error (a bad flag, tolerance or size; a missing or malformed
-     baseline; an unreadable workload or snapshot)")]
+     baseline; an unreadable workload or snapshot)"
+)]
 pub struct CheckArgs {
     /// Workloads (.toml) and snapshots (gpumem JSON, PyTorch pickle or JSON) to check.
     #[arg(required = true, value_name = "INPUT")]

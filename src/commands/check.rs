@@ -13,7 +13,7 @@ use crate::analysis::summary;
 use crate::cli::CheckArgs;
 use crate::commands::{load_workload, parse_overrides, write_atomic, Outcome};
 use crate::error::{Error, Result};
-use crate::workload::check::{is_metric, known_keys, metric_names, CheckTable, SettingValue};
+use crate::workload::check::{is_metric, metric_names, CheckTable, SettingValue};
 
 /// One input, measured.
 struct Input {
@@ -30,7 +30,10 @@ fn command_line_table(tolerances: &[String], budgets: &[String]) -> Result<Check
     let unknown = |flag: &str, m: &str| {
         Error::usage(
             flag,
-            format!("unknown metric '{m}' (metrics: {})", metric_names().join(", ")),
+            format!(
+                "unknown metric '{m}' (metrics: {})",
+                metric_names().join(", ")
+            ),
         )
     };
     for s in tolerances {
@@ -119,7 +122,17 @@ fn load_baseline(path: &Path, update: bool) -> Result<Baseline> {
             ))
         }
     }
-    serde_json::from_value(v).map_err(|e| Error::input(path, "entries", e.to_string()))
+    serde_json::from_str(&text).map_err(|e| {
+        Error::input(
+            path,
+            format!("line {} column {}", e.line(), e.column()),
+            e.to_string()
+                .split(" at line ")
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    })
 }
 
 /// An entry's "check" object as a [`CheckTable`].
@@ -137,13 +150,8 @@ fn entry_table(path: &Path, name: &str, e: &Entry) -> Result<CheckTable> {
             serde_json::Value::Array(_) => SettingValue::Other("an array"),
             serde_json::Value::Object(_) => SettingValue::Other("an object"),
         };
-        t.set(k, value).map_err(|m| {
-            Error::input(
-                path,
-                format!("entries.\"{name}\".check.{k}"),
-                format!("{m} (the keys of a workload's [check] table: {})", known_keys()),
-            )
-        })?;
+        t.set(k, value)
+            .map_err(|m| Error::input(path, format!("entries.\"{name}\".check.{k}"), m))?;
     }
     Ok(t)
 }
@@ -175,7 +183,12 @@ fn measure(path: &Path, overrides: &crate::workload::Overrides) -> Result<Input>
             measurement: Measurement {
                 peak_allocated: r.peak.peak_allocated,
                 peak_reserved: r.peak.peak_reserved,
-                leak_per_iteration: found.leaks.leaks.iter().map(|l| l.bytes_per_iteration).sum(),
+                leak_per_iteration: found
+                    .leaks
+                    .leaks
+                    .iter()
+                    .map(|l| l.bytes_per_iteration)
+                    .sum(),
                 oom: r.oom.is_some(),
                 categories_at_peak: r
                     .peak
@@ -317,7 +330,11 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
                 i.name,
                 crate::units::format_bytes(i.measurement.peak_allocated),
                 crate::units::format_bytes(i.measurement.peak_reserved),
-                if i.measurement.oom { ", out of memory" } else { "" }
+                if i.measurement.oom {
+                    ", out of memory"
+                } else {
+                    ""
+                }
             )?;
         }
         let mut text = serde_json::to_string_pretty(&baseline).map_err(std::io::Error::from)?;
@@ -339,7 +356,10 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
             let sources = [
                 (&cli, Source::CommandLine),
                 (&i.check, Source::Workload),
-                (entry_tables.get(&i.name).unwrap_or(&empty), Source::Baseline),
+                (
+                    entry_tables.get(&i.name).unwrap_or(&empty),
+                    Source::Baseline,
+                ),
             ];
             judge::judge(
                 &i.name,
@@ -355,7 +375,10 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         .iter()
         .any(|j| j.rows.iter().any(|r| r.verdict.fails()));
     if let Some(path) = &args.junit {
-        write_atomic(path, crate::report::check::junit(&judged, &files).as_bytes())?;
+        write_atomic(
+            path,
+            crate::report::check::junit(&judged, &files).as_bytes(),
+        )?;
     }
     let baseline_name = args.baseline.display().to_string();
     if args.json {
@@ -381,5 +404,9 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
             crate::report::check::write_github(out, &judged, &files)?;
         }
     }
-    Ok(if failed { Outcome::Finding } else { Outcome::Ok })
+    Ok(if failed {
+        Outcome::Finding
+    } else {
+        Outcome::Ok
+    })
 }

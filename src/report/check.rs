@@ -28,7 +28,11 @@ fn change(r: &Row) -> String {
             } else if b == 0 {
                 format!("+{bytes} (new)")
             } else {
-                format!("{}{bytes} ({:+.2}%)", if c > 0 { "+" } else { "" }, c as f64 * 100.0 / b as f64)
+                format!(
+                    "{}{bytes} ({:+.2}%)",
+                    if c > 0 { "+" } else { "" },
+                    c as f64 * 100.0 / b as f64
+                )
             }
         }
         _ => String::new(),
@@ -162,7 +166,10 @@ fn closing(t: &Tally) -> String {
             );
         }
         if t.new > 0 {
-            s += &format!("; {} new (not in the baseline; --update records them)", t.new);
+            s += &format!(
+                "; {} new (not in the baseline; --update records them)",
+                t.new
+            );
         }
         s
     } else {
@@ -231,7 +238,11 @@ pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std
             j.name.clone(),
             "(all)".into(),
             "not in the baseline".into(),
-            format!("peak allocated {}, reserved {}", now("peak_allocated"), now("peak_reserved")),
+            format!(
+                "peak allocated {}, reserved {}",
+                now("peak_allocated"),
+                now("peak_reserved")
+            ),
             String::new(),
             String::new(),
             v.label().to_string(),
@@ -274,9 +285,16 @@ pub fn write_markdown(out: &mut dyn Write, judged: &[Judged]) -> std::io::Result
     writeln!(
         out,
         "### gpumem check: {}\n",
-        if t.failed == 0 { "passed ✅" } else { "failed ❌" }
+        if t.failed == 0 {
+            "passed ✅"
+        } else {
+            "failed ❌"
+        }
     )?;
-    writeln!(out, "| input | metric | baseline | now | change | limit | verdict |")?;
+    writeln!(
+        out,
+        "| input | metric | baseline | now | change | limit | verdict |"
+    )?;
     writeln!(out, "|---|---|--:|--:|--:|--:|---|")?;
     for r in crate::analysis::check::order_rows(judged) {
         let v = if r.verdict.fails() {
@@ -289,7 +307,9 @@ pub fn write_markdown(out: &mut dyn Write, judged: &[Judged]) -> std::io::Result
             "| {} | {} | {} | {} | {} | {} | {} |",
             md(&r.name),
             md(&r.metric),
-            r.baseline.map(|b| value(r, b)).unwrap_or_else(|| "—".into()),
+            r.baseline
+                .map(|b| value(r, b))
+                .unwrap_or_else(|| "—".into()),
             value(r, r.now),
             md(&change(r)),
             md(&limit(r)),
@@ -356,7 +376,9 @@ pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
             if r.verdict.fails() {
                 let mut body = format!(
                     "baseline: {}\nnow: {}\nlimit: {}\nverdict: {}\n",
-                    r.baseline.map(|b| value(r, b)).unwrap_or_else(|| "none".into()),
+                    r.baseline
+                        .map(|b| value(r, b))
+                        .unwrap_or_else(|| "none".into()),
                     value(r, r.now),
                     limit(r),
                     verdict(r)
@@ -392,7 +414,9 @@ pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
 
 /// A workflow command's message (`%`, CR and LF escaped, as GitHub's toolkit does).
 fn gh_data(s: &str) -> String {
-    s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A")
+    s.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
 }
 
 /// A workflow command's property value (also `:` and `,`).
@@ -464,7 +488,10 @@ mod tests {
 
     #[test]
     fn escaping() {
-        assert_eq!(xml("a<b & \"c\" 'd'>"), "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;");
+        assert_eq!(
+            xml("a<b & \"c\" 'd'>"),
+            "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;"
+        );
         assert_eq!(gh_prop("a:b,c%\n"), "a%3Ab%2Cc%25%0A");
     }
 }

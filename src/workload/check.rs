@@ -33,9 +33,9 @@ pub fn category_metric(category: &str) -> String {
 /// Whether `name` is a metric a tolerance or budget may name.
 pub fn is_metric(name: &str) -> bool {
     FIXED_METRICS.contains(&name)
-        || name.strip_suffix("_at_peak").is_some_and(|c| {
-            c == OTHER_CATEGORY || Category::ALL.iter().any(|k| k.name() == c)
-        })
+        || name
+            .strip_suffix("_at_peak")
+            .is_some_and(|c| c == OTHER_CATEGORY || Category::ALL.iter().any(|k| k.name() == c))
 }
 
 /// Every metric name, for messages.

@@ -69,10 +69,10 @@ mod tests;
 
 use std::path::Path;
 
-pub use check::CheckTable;
 pub use ast::{
     BinOp, BlockKind, Device, Expr, ExprKind, IndexItem, Span, Stmt, StmtKind, Workload,
 };
+pub use check::CheckTable;
 pub use file::KNOWN_KEYS;
 pub use parser::{MAX_DEPTH, MAX_NESTING};
 pub use preset::PresetInfo;

@@ -374,9 +374,11 @@ fn full_example_body_ast_and_spans() {
 
 #[test]
 fn check_table_tolerances_and_budgets() {
-    let w = ok("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\ntolerance = \"2%\"\n\
+    let w = ok(
+        "[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\ntolerance = \"2%\"\n\
                 peak_reserved_tolerance = \"0.5%\"\nmax_peak_reserved = \"20GiB\"\n\
-                max_peak_allocated = 1073741824\n");
+                max_peak_allocated = 1073741824\n",
+    );
     assert_eq!(w.check.tolerance, Some(20_000));
     assert_eq!(w.check.tolerance_for("peak_reserved"), Some(5_000));
     assert_eq!(w.check.budgets["peak_reserved"], 20 * GIB);
@@ -389,9 +391,12 @@ fn check_table_tolerances_and_budgets() {
         e.starts_with("fixtures/x.toml: line 5 column 12: [check]: unknown key 'max_peak'"),
         "{e}"
     );
-    let e = err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\nmax_peak_reserved = \"2 GiBs\"\n");
+    let e =
+        err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\nmax_peak_reserved = \"2 GiBs\"\n");
     assert!(
-        e.starts_with("fixtures/x.toml: line 5 column 21: [check]: 'max_peak_reserved': unknown unit"),
+        e.starts_with(
+            "fixtures/x.toml: line 5 column 21: [check]: 'max_peak_reserved': unknown unit"
+        ),
         "{e}"
     );
     let e = err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\ntolerance = 0.02\n");
