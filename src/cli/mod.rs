@@ -227,7 +227,9 @@ pub struct CheckArgs {
 
     /// Write the baseline instead of checking: record every input's metrics (creating the
     /// file if needed), keep other entries and every entry's "check" settings; exit 0.
-    #[arg(long)]
+    /// (Tolerances and budgets are set in the workload's [check] table or the entry's
+    /// "check" object, not recorded from the command line.)
+    #[arg(long, conflicts_with_all = ["allow_new", "tolerance", "budget", "junit", "markdown"])]
     pub update: bool,
 
     /// Pass inputs that have no baseline entry (reported as new) instead of failing them.
