@@ -706,3 +706,27 @@ fn issue7_readme_example_runs_and_passes() {
         );
     }
 }
+
+#[test]
+fn issue7_a_new_leak_regresses_and_names_the_leaking_site() {
+    // mlp_leak is mlp_sgd keeping each iteration's loss: under mlp_sgd's name, a new leak
+    let s = Scratch::new("check-leak");
+    let text = std::fs::read_to_string(root().join("fixtures/workloads/presets/mlp_leak.toml"))
+        .unwrap()
+        .replace("name = \"mlp_leak\"", "name = \"mlp_sgd\"");
+    let w = s.write("leak.toml", &text);
+    let o = check(&[p(&w), "--baseline", BASELINE]);
+    assert_eq!(o.code, Some(1), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("mlp_sgd leak_per_iteration regressed: 512 B (512 bytes) now"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout
+            .contains("leaks phase:forward/div: 512 B per iteration"),
+        "{}",
+        o.stdout
+    );
+}

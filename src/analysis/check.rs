@@ -369,9 +369,9 @@ pub fn judge(
     }
 }
 
-/// What grew most for a failing `metric`: for a leak, the leaking sites; for a category, the
-/// tag stacks; otherwise the categories, then the tag stacks. Against the baseline's record
-/// where there is one, else what holds most now.
+/// What grew most for a failing `metric`: for a leak, the leaking sites; for a category,
+/// nothing more (the row says it); otherwise the categories, then the tag stacks. Against the
+/// baseline's record where there is one, else what holds most now.
 fn why(metric: &str, m: &Measurement, base: Option<&Entry>, top: usize) -> Vec<Growth> {
     let grown = |kind: &'static str, a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
         let a: Vec<(String, u64)> = a.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -390,31 +390,24 @@ fn why(metric: &str, m: &Measurement, base: Option<&Entry>, top: usize) -> Vec<G
     let empty = BTreeMap::new();
     let base_cats = base.map_or(&empty, |e| &e.categories_at_peak);
     let base_tags = base.map_or(&empty, |e| &e.top_tags_at_peak);
-    let mut out = Vec::new();
-    if metric == LEAK {
-        out = grown("leak", &empty, &m.leak_sites);
-    } else {
-        if !metric.ends_with("_at_peak") {
-            let mut c = grown("category", base_cats, &m.categories_at_peak);
-            c.sort_by(|x, y| {
-                (y.now - y.baseline)
-                    .cmp(&(x.now - x.baseline))
-                    .then(x.name.cmp(&y.name))
-            });
-            c.truncate(top);
-            out.extend(c);
-        }
-        let mut t = grown("tags", base_tags, &m.top_tags_at_peak);
-        t.sort_by(|x, y| {
+    let by_growth = |mut v: Vec<Growth>| {
+        v.sort_by(|x, y| {
             (y.now - y.baseline)
                 .cmp(&(x.now - x.baseline))
                 .then(x.name.cmp(&y.name))
         });
-        t.truncate(top);
-        out.extend(t);
-        return out;
+        v.truncate(top);
+        v
+    };
+    if metric == LEAK {
+        return by_growth(grown("leak", &empty, &m.leak_sites));
     }
-    out.truncate(top);
+    if metric.ends_with("_at_peak") {
+        // the row is the category itself; the tag stacks kept carry no category to split by
+        return Vec::new();
+    }
+    let mut out = by_growth(grown("category", base_cats, &m.categories_at_peak));
+    out.extend(by_growth(grown("tags", base_tags, &m.top_tags_at_peak)));
     out
 }
 

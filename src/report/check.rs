@@ -102,18 +102,27 @@ pub fn failure_message(r: &Row) -> String {
 }
 
 fn growth_line(g: &Growth) -> String {
-    let what = match g.kind {
-        "category" => "category",
-        "leak" => "leaks",
-        _ => "tags",
-    };
-    format!(
-        "{what} {}: +{} ({} -> {})",
-        g.name,
-        format_bytes(g.now - g.baseline),
-        format_bytes(g.baseline),
-        format_bytes(g.now)
-    )
+    match g.kind {
+        "leak" => format!("leaks {}: {} per iteration", g.name, format_bytes(g.now)),
+        // the baseline keeps the largest tag stacks only
+        "tags" if g.baseline == 0 => format!(
+            "tags {}: {} (not among the baseline's largest at its peak)",
+            g.name,
+            format_bytes(g.now)
+        ),
+        kind => format!(
+            "{} {}: +{} ({} -> {})",
+            if kind == "category" {
+                "category"
+            } else {
+                "tags"
+            },
+            g.name,
+            format_bytes(g.now - g.baseline),
+            format_bytes(g.baseline),
+            format_bytes(g.now)
+        ),
+    }
 }
 
 /// Counts for the closing line.

@@ -384,7 +384,9 @@ fn check_table_tolerances_and_budgets() {
     assert_eq!(w.check.budgets["peak_reserved"], 20 * GIB);
     assert_eq!(w.check.budgets["peak_allocated"], GIB);
     // a preset takes [check] too
-    let w = ok("[model]\nkind = \"mlp\"\n[check]\nmax_activation_at_peak = \"1MiB\"\n");
+    let w = ok(
+        "[model]\nkind = \"mlp\"\nd_in = 8\nhidden = 8\nlayers = 1\nd_out = 8\n[train]\nbatch = 8\n[check]\nmax_activation_at_peak = \"1MiB\"\n",
+    );
     assert_eq!(w.check.budgets["activation_at_peak"], 1 << 20);
     let e = err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\nmax_peak = \"1GiB\"\n");
     assert!(
