@@ -76,6 +76,57 @@ pub fn format_bytes_signed(delta: i64) -> String {
     }
 }
 
+/// Parts per million in one percent: tolerances are kept as integer parts per million so that a
+/// limit computed from them is exact to the byte.
+pub const PPM_PER_PERCENT: u64 = 10_000;
+
+/// Parses a tolerance such as `"2%"`, `"0.5%"`, `"0.0001%"` or `"0"` into parts per million
+/// (2% is 20000). Decimal digits are read exactly (no floating point): at most four after the
+/// point, the finest a part per million can hold. Only `0` may be written without `%`, so that
+/// `0.02` is never mistaken for 2% or 0.02%.
+pub fn parse_percent(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let hint = "write a percentage such as 2%, 0.5% or 0";
+    let Some(num) = t.strip_suffix('%').map(str::trim_end) else {
+        return if !t.is_empty() && t.chars().all(|c| c == '0') {
+            Ok(0)
+        } else {
+            Err(format!("'{text}' is not a percentage; {hint}"))
+        };
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
+    if int.is_empty() && frac.is_empty() || !digits(int) || !digits(frac) {
+        return Err(format!("'{text}' is not a percentage; {hint}"));
+    }
+    if frac.len() > 4 {
+        return Err(format!(
+            "'{text}' is finer than gpumem keeps (four decimals of a percent, 0.0001%)"
+        ));
+    }
+    let int: u64 = if int.is_empty() {
+        0
+    } else {
+        int.parse()
+            .map_err(|_| format!("percentage '{text}' is out of range"))?
+    };
+    let frac: u64 = format!("{frac:0<4}").parse().unwrap_or(0);
+    int.checked_mul(PPM_PER_PERCENT)
+        .and_then(|v| v.checked_add(frac))
+        .ok_or_else(|| format!("percentage '{text}' is out of range"))
+}
+
+/// A tolerance in parts per million as a percentage, shortest exact form: `2%`, `0.5%`, `0%`.
+pub fn format_percent(ppm: u64) -> String {
+    let (int, frac) = (ppm / PPM_PER_PERCENT, ppm % PPM_PER_PERCENT);
+    if frac == 0 {
+        format!("{int}%")
+    } else {
+        let f = format!("{frac:04}");
+        format!("{int}.{}%", f.trim_end_matches('0'))
+    }
+}
+
 /// PyTorch's `format_size` from the C++ caching allocator (used in the OOM message):
 /// two decimals, inclusive boundaries, so exactly 1 MiB prints `1024.00 KiB`.
 pub fn torch_format_size(bytes: u64) -> String {
@@ -115,6 +166,27 @@ mod tests {
         assert_eq!(torch_format_size(GIB), "1024.00 MiB");
         assert_eq!(torch_format_size(20 * MIB), "20.00 MiB");
         assert_eq!(torch_format_size(1 << 40), "1024.00 GiB");
+    }
+
+    #[test]
+    fn percentages_are_exact_parts_per_million() {
+        assert_eq!(parse_percent("2%").unwrap(), 20_000);
+        assert_eq!(parse_percent("0.5%").unwrap(), 5_000);
+        assert_eq!(parse_percent(".5%").unwrap(), 5_000);
+        assert_eq!(parse_percent("0.0001%").unwrap(), 1);
+        assert_eq!(parse_percent("100%").unwrap(), 1_000_000);
+        assert_eq!(parse_percent(" 1.25 %").unwrap(), 12_500);
+        assert_eq!(parse_percent("0").unwrap(), 0);
+        assert_eq!(parse_percent("0%").unwrap(), 0);
+        for bad in [
+            "", "2", "0.02", "%", "-1%", "1e2%", "0.00001%", "two%", "1.2.3%",
+        ] {
+            assert!(parse_percent(bad).is_err(), "{bad:?}");
+        }
+        for ppm in [0, 1, 5_000, 12_500, 20_000, 1_000_000, 123_456] {
+            assert_eq!(parse_percent(&format_percent(ppm)).unwrap(), ppm);
+        }
+        assert_eq!(format_percent(12_500), "1.25%");
     }
 
     #[test]

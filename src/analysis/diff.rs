@@ -28,7 +28,8 @@ pub struct Diff {
     pub segment_sizes: Vec<Row>,
 }
 
-fn rows(a: &[(String, u64)], b: &[(String, u64)], top: usize) -> Vec<Row> {
+/// Rows for the names of `a` and `b`, largest change first, at most `top`.
+pub(crate) fn rows(a: &[(String, u64)], b: &[(String, u64)], top: usize) -> Vec<Row> {
     let mut m: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for (k, v) in a {
         m.entry(k.clone()).or_default().0 += v;

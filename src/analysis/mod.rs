@@ -15,8 +15,10 @@
 //! - [`walk`]: a trace walked (block sizes, allocated after each event), sharded on all cores.
 //! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
 //! - [`diff`]: two snapshots' summaries side by side.
+//! - [`check`]: a run's metrics against a baseline, tolerances and budgets (`gpumem check`).
 
 pub mod blocks;
+pub mod check;
 pub mod diff;
 pub mod findings;
 pub mod fragmentation;

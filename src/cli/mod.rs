@@ -34,6 +34,7 @@ pub struct Cli {
 pub enum Command {
     Run(RunArgs),
     Summary(SummaryArgs),
+    Check(CheckArgs),
     Export(ExportArgs),
     Diff(DiffArgs),
     Fit(FitArgs),
@@ -150,6 +151,122 @@ pub enum ReportKind {
 pub enum FailOn {
     Oom,
     Leak,
+}
+
+/// Fail CI when peak memory regresses: run workloads on the simulated device (no GPU needed)
+/// and compare their memory with a committed baseline.
+///
+/// Each INPUT is a workload (`.toml`, run now on the simulated device, deterministically) or a
+/// snapshot (gpumem's JSON, or PyTorch's pickle or JSON, e.g. recorded on a GPU runner). Its
+/// metrics are compared with the baseline entry of the same name (a workload's `name`, a
+/// snapshot's file name without extension):
+///
+///   peak_allocated, peak_reserved   the run's highest allocated and reserved bytes
+///   CATEGORY_at_peak                what each category (parameter, gradient, optimizer_state,
+///                                   activation, temporary, input, workspace; `other` in
+///                                   snapshots without categories) held at the allocated peak
+///   leak_per_iteration              bytes left behind per iteration (a new leak regresses)
+///   oom                             whether it ran out of memory (peaks are then up to the
+///                                   failure; an out-of-memory the baseline did not have
+///                                   regresses)
+///
+/// A metric regresses when now > baseline + floor(baseline * tolerance): exactly at the limit
+/// passes, one byte over fails. Tolerances are exact percentages (`2%`, `0.5%`, `0`); the
+/// default is 0, since the simulator is deterministic. Budgets are absolute limits
+/// (`max_peak_reserved = "20GiB"`), checked whatever the baseline says, also at the byte.
+/// Sizes are strings with binary units ("20GiB", "512MiB") or integers in bytes.
+///
+/// Where tolerances and budgets come from, the first that sets one for a metric wins:
+///   1. the command line: --tolerance 2% (all metrics) or --tolerance peak_reserved=1%,
+///      --budget peak_reserved=20GiB
+///   2. the workload's [check] table: tolerance = "2%", peak_reserved_tolerance = "1%",
+///      max_peak_reserved = "20GiB", max_peak_allocated = 1073741824
+///   3. the baseline entry's "check" object, with the same keys (kept by --update)
+///   4. tolerance 0, no budget
+///
+/// Within one source a metric's own key beats the source's `tolerance`.
+///
+/// The baseline is JSON: {"gpumem_baseline": 1, "entries": {NAME: {...}}}, each entry with
+/// its metrics in bytes, the categories and tag stacks at the peak (so a later regression can
+/// say what grew), and the gpumem version that recorded it. `--update` writes it (atomically,
+/// keys sorted, one value per line, so a change reads well in review), keeping the entries of
+/// inputs not given and every entry's "check" settings. An input the baseline has no entry
+/// for fails ("not in the baseline") unless --allow-new; entries no input names are ignored.
+/// An entry may hold only a "check" object: then only its budgets are checked (a snapshot
+/// checked against a budget, for instance).
+///
+/// The table lists failing rows first, each failure followed by the categories and tag
+/// stacks that grew most since the baseline. --markdown prints the report for a pull-request
+/// comment; --junit writes JUnit XML (one test case per input and metric); when the
+/// environment has GITHUB_ACTIONS=true, GitHub Actions annotations (::error, ::notice,
+/// ::warning) follow the report on stdout (not with --json).
+///
+/// Examples:
+///   gpumem check fixtures/workloads/presets/mlp_*.toml --baseline gpumem-baseline.json --update
+///   gpumem check workloads/*.toml --baseline gpumem-baseline.json --junit report.xml
+///   gpumem check train.toml --baseline b.json --tolerance 2% --tolerance peak_reserved=0
+///   gpumem check snapshot.pickle --baseline b.json --budget peak_reserved=20GiB --allow-new
+#[derive(Debug, Args)]
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
+Exit codes:
+  0  every metric of every input holds (or --update wrote the baseline)
+  1  a metric regressed, a budget is exceeded, or an input is not in the baseline
+  2  usage, input or I/O error (a bad flag, tolerance or size; a missing or malformed
+     baseline; an unreadable workload or snapshot)"
+)]
+pub struct CheckArgs {
+    /// Workloads (.toml) and snapshots (gpumem JSON, PyTorch pickle or JSON) to check.
+    #[arg(required = true, value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+
+    /// The baseline file (JSON). Without --update it must exist.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: PathBuf,
+
+    /// Write the baseline instead of checking: record every input's metrics (creating the
+    /// file if needed), keep other entries and every entry's "check" settings; exit 0.
+    /// (Tolerances and budgets are set in the workload's [check] table or the entry's
+    /// "check" object, not recorded from the command line.)
+    #[arg(long, conflicts_with_all = ["allow_new", "tolerance", "budget", "junit", "markdown"])]
+    pub update: bool,
+
+    /// Pass inputs that have no baseline entry (reported as new) instead of failing them.
+    #[arg(long)]
+    pub allow_new: bool,
+
+    /// A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%).
+    /// Repeatable; beats the workload's [check] table and the baseline's settings.
+    #[arg(long, value_name = "[METRIC=]PERCENT")]
+    pub tolerance: Vec<String>,
+
+    /// A budget: METRIC=SIZE (e.g. peak_reserved=20GiB or peak_allocated=1073741824). At the
+    /// budget passes, one byte over fails. Repeatable.
+    #[arg(long, value_name = "METRIC=SIZE")]
+    pub budget: Vec<String>,
+
+    /// Set a workload's integer parameter for this check (e.g. batch=64), as `gpumem run
+    /// --param` does; applies to every workload given, each of which must have it. Repeatable.
+    #[arg(long = "param", value_name = "NAME=VALUE")]
+    pub params: Vec<String>,
+
+    /// Also write JUnit XML to FILE (atomically): a <testcase classname="INPUT" name="METRIC">
+    /// per input and metric, with a <failure> in each that fails.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+
+    /// Print the report as markdown (for a pull-request comment) instead of the table.
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+
+    /// Print JSON (every row with its verdict, limit and what grew) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// How many categories and tag stacks to list under each regression.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub top: usize,
 }
 
 /// Summarize a memory snapshot: gpumem's, or one PyTorch wrote.

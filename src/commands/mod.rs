@@ -2,6 +2,7 @@
 //! it found something the user asked to fail on; `main.rs` turns that into the exit code.
 
 pub mod bench;
+pub mod check;
 pub mod compare_torch;
 pub mod diff;
 pub mod export;
@@ -125,6 +126,7 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
     match cmd {
         Command::Run(a) => run::run(a, out),
         Command::Summary(a) => summary::run(a, out),
+        Command::Check(a) => check::run(a, out),
         Command::Export(a) => export::run(a, out),
         Command::Diff(a) => diff::run(a, out),
         Command::Fit(a) => fit::run(a, out),

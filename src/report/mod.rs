@@ -11,8 +11,10 @@
 //! - [`summary`]: what `gpumem summary` prints.
 //! - [`export`]: PyTorch's snapshot dict (memory_viz) and a Perfetto trace.
 //! - [`timeline_svg`]: the memory timeline as an SVG chart.
+//! - [`check`]: `gpumem check`'s verdicts: table, markdown, JUnit XML, GitHub annotations.
 
 pub mod bench;
+pub mod check;
 pub mod compare_torch;
 pub mod diff;
 pub mod export;

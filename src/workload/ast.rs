@@ -31,6 +31,8 @@ pub struct Workload {
     pub params: Vec<(String, i64)>,
     /// For a `[model]` preset: what it is set to.
     pub preset: Option<super::preset::PresetInfo>,
+    /// `[check]`: tolerances and budgets for `gpumem check` (empty when absent).
+    pub check: super::check::CheckTable,
 }
 
 impl Workload {

@@ -32,6 +32,7 @@ struct RawFile {
     model: Option<Spanned<Table>>,
     train: Option<Spanned<Table>>,
     params: Option<Spanned<Table>>,
+    check: Option<Spanned<Table>>,
 }
 
 /// Every value is read as any TOML value so that a wrong type gets a message naming the key.
@@ -74,7 +75,8 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
         Some((key, rest)) if rest.contains("`workload`") => format!(
             "unknown table or key '{key}' at the top level: a workload file has [workload] \
              (setup and body, with integer [params]), or [model] and [train] (a preset), \
-             and every key goes in one of them"
+             and an optional [check] (tolerances and budgets for gpumem check); every key goes \
+             in one of them"
         ),
         Some((key, _)) => format!(
             "unknown key '{key}' in [workload] (known: {})",
@@ -393,6 +395,21 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload>
         apply_to_script(&mut setup, &mut body, overrides);
     }
 
+    let mut check = super::check::CheckTable::default();
+    if let Some(t) = &raw.check {
+        use super::check::SettingValue;
+        for (k, v) in t.get_ref() {
+            let value = match v.get_ref() {
+                Value::String(s) => SettingValue::Str(s),
+                Value::Integer(i) => SettingValue::Int(*i),
+                other => SettingValue::Other(type_name(other)),
+            };
+            check
+                .set(k, value)
+                .map_err(|m| SyntaxError::new(at(v), format!("[check]: {m}")))?;
+        }
+    }
+
     Ok(Workload {
         name,
         iterations,
@@ -404,6 +421,7 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload>
         body,
         params,
         preset: preset.map(|(_, p)| p.info),
+        check,
     })
 }
 

@@ -55,6 +55,7 @@
 //! line language; `file` the TOML keys.
 
 pub mod ast;
+pub mod check;
 mod error;
 mod file;
 mod lexer;
@@ -71,6 +72,7 @@ use std::path::Path;
 pub use ast::{
     BinOp, BlockKind, Device, Expr, ExprKind, IndexItem, Span, Stmt, StmtKind, Workload,
 };
+pub use check::CheckTable;
 pub use file::KNOWN_KEYS;
 pub use parser::{MAX_DEPTH, MAX_NESTING};
 pub use preset::PresetInfo;

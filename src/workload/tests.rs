@@ -373,6 +373,39 @@ fn full_example_body_ast_and_spans() {
 }
 
 #[test]
+fn check_table_tolerances_and_budgets() {
+    let w = ok(
+        "[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\ntolerance = \"2%\"\n\
+                peak_reserved_tolerance = \"0.5%\"\nmax_peak_reserved = \"20GiB\"\n\
+                max_peak_allocated = 1073741824\n",
+    );
+    assert_eq!(w.check.tolerance, Some(20_000));
+    assert_eq!(w.check.tolerance_for("peak_reserved"), Some(5_000));
+    assert_eq!(w.check.budgets["peak_reserved"], 20 * GIB);
+    assert_eq!(w.check.budgets["peak_allocated"], GIB);
+    // a preset takes [check] too
+    let w = ok(
+        "[model]\nkind = \"mlp\"\nd_in = 8\nhidden = 8\nlayers = 1\nd_out = 8\n[train]\nbatch = 8\n[check]\nmax_activation_at_peak = \"1MiB\"\n",
+    );
+    assert_eq!(w.check.budgets["activation_at_peak"], 1 << 20);
+    let e = err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\nmax_peak = \"1GiB\"\n");
+    assert!(
+        e.starts_with("fixtures/x.toml: line 5 column 12: [check]: unknown key 'max_peak'"),
+        "{e}"
+    );
+    let e =
+        err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\nmax_peak_reserved = \"2 GiBs\"\n");
+    assert!(
+        e.starts_with(
+            "fixtures/x.toml: line 5 column 21: [check]: 'max_peak_reserved': unknown unit"
+        ),
+        "{e}"
+    );
+    let e = err("[workload]\nname = \"n\"\nbody = \"f()\"\n[check]\ntolerance = 0.02\n");
+    assert!(e.contains("'tolerance' must be a percentage"), "{e}");
+}
+
+#[test]
 fn defaults() {
     let w = ok("[workload]\nname = \"n\"\nbody = \"f()\"\n");
     assert_eq!(w.iterations, 1);
@@ -440,7 +473,8 @@ const ERRORS: &[(&str, &str)] = &[
         "title = \"x\"\n[workload]\nname = \"x\"\n",
         "fixtures/x.toml: line 1 column 1: unknown table or key 'title' at the top level: a \
          workload file has [workload] (setup and body, with integer [params]), or [model] and \
-         [train] (a preset), and every key goes in one of them",
+         [train] (a preset), and an optional [check] (tolerances and budgets for gpumem check); \
+         every key goes in one of them",
     ),
     (
         "[workload]\nname = \"x\"\nbody = \"f()\"\n[workload.extra]\nk = 1\n",
