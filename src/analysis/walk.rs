@@ -315,3 +315,86 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
 
 /// The set of addresses in `shard` that the trace allocated, for queries by address.
 pub type AddrSet = FxHashSet<u64>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// A run's trace, from a preset workload.
+    fn run_events(preset: &str) -> (Vec<SegmentInfo>, Vec<Event>, AllocConf) {
+        let path = root().join("fixtures/workloads/presets").join(preset);
+        let w = crate::workload::load(&path).unwrap();
+        let r = crate::runner::run(&w, &path, &Default::default()).unwrap();
+        let events: Vec<Event> = r.allocator.recorder().ring.iter().copied().collect();
+        let segs = r.allocator.snapshot();
+        (segs, events, AllocConf::default())
+    }
+
+    fn same(a: &Walk, b: &Walk, what: &str) {
+        assert_eq!(a.after, b.after, "{what}: allocated after each event");
+        assert_eq!(a.net, b.net, "{what}");
+        assert_eq!(a.block, b.block, "{what}: block sizes");
+        assert_eq!(a.inconsistent, b.inconsistent, "{what}");
+    }
+
+    /// The sharded walk is the sequential walk: on a real PyTorch trace grown to 7,279
+    /// entries (addresses allocated again while held: not a consistent history), on gpumem
+    /// runs, and on a run's trace repeated so that segments' blocks are carved again and again.
+    #[test]
+    fn the_sharded_walk_equals_the_sequential_walk() {
+        let s = crate::snapshot::load_with(
+            &root().join("fixtures/snapshots/grown_mlp_leak_x8.pickle"),
+            1,
+            None,
+        )
+        .unwrap();
+        let w = walk_parallel(&s.segments, &s.events, &s.conf).expect("disjoint segments");
+        let seq = walk_sequential(&s.segments, &s.events, &s.conf);
+        assert!(w.inconsistent > 0, "the grown trace reuses addresses");
+        same(&w, &seq, "grown snapshot");
+        for preset in [
+            "mlp_leak.toml",
+            "gpt2_small_sdpa_adamw.toml",
+            "x_mlp_adamw_bf16.toml",
+        ] {
+            let (segs, events, conf) = run_events(preset);
+            let w = walk_parallel(&segs, &events, &conf).expect("disjoint segments");
+            same(&w, &walk_sequential(&segs, &events, &conf), preset);
+            // the trace three times over, its segment events kept only in the first copy
+            let mut rep = events.clone();
+            for _ in 0..2 {
+                rep.extend(events.iter().filter(|e| {
+                    !matches!(e.kind(), EventKind::SegmentAlloc | EventKind::SegmentFree)
+                }));
+            }
+            let w = walk_parallel(&segs, &rep, &conf).expect("disjoint segments");
+            same(&w, &walk_sequential(&segs, &rep, &conf), preset);
+        }
+    }
+
+    /// Segments whose address ranges overlap (one range reused by a segment of another size)
+    /// cannot be sharded: the walk is then sequential.
+    #[test]
+    fn overlapping_segments_are_walked_sequentially() {
+        let st = crate::trace::StackId::ROOT;
+        let ev = |k, a, s| Event::new(k, a, s, st, 0);
+        let events = vec![
+            ev(EventKind::SegmentAlloc, 1 << 30, 20 << 20),
+            ev(EventKind::Alloc, 1 << 30, 4 << 20),
+            ev(EventKind::FreeRequested, 1 << 30, 4 << 20),
+            ev(EventKind::SegmentFree, 1 << 30, 20 << 20),
+            ev(EventKind::SegmentAlloc, (1 << 30) + (2 << 20), 40 << 20),
+        ];
+        assert!(walk_parallel(&[], &events, &AllocConf::default()).is_none());
+        let w = walk(&[], &events, &AllocConf::default());
+        same(
+            &w,
+            &walk_sequential(&[], &events, &AllocConf::default()),
+            "overlap",
+        );
+    }
+}

@@ -17,7 +17,7 @@ use crate::alloc::{AllocConf, SegmentInfo};
 use crate::error::Error;
 use crate::trace::{Event, Tags};
 
-pub use torch::{convert_gpumem, iterations_from_repetition, Doc};
+pub use torch::{convert_gpumem, iterations_from_repetition, Doc, TRACE};
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -103,18 +103,24 @@ fn threads() -> usize {
 
 /// The size of the pieces a large pickle is cut into (a few per core, so that cores that
 /// finish early take more), `GPUMEM_CHUNK` bytes when set (for tests).
-fn chunk_bytes(len: u64) -> u64 {
+fn chunk_bytes(len: u64, threads: usize) -> u64 {
     if let Some(c) = std::env::var("GPUMEM_CHUNK")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
         return c.max(1);
     }
-    (len / (threads() as u64 * 4)).clamp(1 << 20, 32 << 20)
+    (len / (threads as u64 * 4)).clamp(1 << 20, 32 << 20)
 }
 
-/// Reads any snapshot file.
+/// Reads any snapshot file (a large pickle on all cores: `GPUMEM_THREADS` sets how many).
 pub fn load(path: &Path) -> Result<Snapshot, Error> {
+    load_with(path, threads(), None)
+}
+
+/// Reads any snapshot file, a pickle on `threads` cores in pieces of `chunk` bytes (by default
+/// a few per core).
+pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snapshot, Error> {
     let read_err = |source| Error::Read {
         path: path.to_path_buf(),
         source,
@@ -153,13 +159,14 @@ pub fn load(path: &Path) -> Result<Snapshot, Error> {
             }
         };
         // the parallel parts use rayon's pool: as many threads as the reader
+        // (the first call sets rayon's pool; later ones keep it)
         let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads())
+            .num_threads(threads)
             .build_global();
         let p = crate::trace::pickle::read_file(
             &f,
-            threads(),
-            chunk_bytes(len),
+            threads,
+            chunk.unwrap_or_else(|| chunk_bytes(len, threads)),
             Some(&torch::TRACE),
             Some(&tick),
         );

@@ -1108,8 +1108,3 @@ fn try_parallel(
     p.taken = taken;
     Some(super::finish(p, root))
 }
-
-#[cfg(test)]
-pub(super) fn frames_of(file: &File) -> usize {
-    frame_index(file, file.metadata().map(|m| m.len()).unwrap_or(0)).len()
-}
