@@ -115,7 +115,9 @@ fn chunk_bytes(len: u64, threads: usize) -> u64 {
 
 /// Reads any snapshot file (a large pickle on all cores: `GPUMEM_THREADS` sets how many).
 pub fn load(path: &Path) -> Result<Snapshot, Error> {
-    load_with(path, threads(), None)
+    // below 32 MiB one core reads fast enough, in less memory
+    let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= 32 << 20);
+    load_with(path, if big { threads() } else { 1 }, None)
 }
 
 /// Reads any snapshot file, a pickle on `threads` cores in pieces of `chunk` bytes (by default
@@ -174,7 +176,9 @@ pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snap
             b.finish_and_clear();
         }
         let p = p.map_err(|e| bad(format!("not a readable pickle: {e}")))?;
-        let doc = torch::PickleDoc(&p);
+        let mut p = p;
+        let runs = p.take_projected();
+        let doc = torch::PickleDoc::new(&p, runs);
         let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
         return r;
     }

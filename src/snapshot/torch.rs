@@ -40,9 +40,14 @@ pub trait Doc<'a> {
     ) -> Option<Box<dyn Fn(usize) -> Option<Self::V> + 'b>> {
         None
     }
-    /// Entries of a list read as projected rows ([`TRACE`]), each run after that many of the
-    /// list's own items: none but for a pickle read on several cores.
-    fn projected(&self, _list: Self::V) -> Vec<(usize, &'a Projected)> {
+    /// How many entries of a list were read as projected rows ([`TRACE`]): none but for a
+    /// pickle read on several cores.
+    fn projected_rows(&self, _list: Self::V) -> usize {
+        0
+    }
+    /// Those rows, moved out (so that each run is freed once converted), each run after that
+    /// many of the list's own items.
+    fn take_projected(&self, _list: Self::V) -> Vec<(usize, Projected)> {
         Vec::new()
     }
     /// A pickle value of projected rows as a value of this document.
@@ -63,7 +68,21 @@ pub const TRACE: Projection = Projection {
     objs: &["frames"],
 };
 
-pub struct PickleDoc<'a>(pub &'a Pickle);
+/// A pickle, with the projected rows taken out of it ([`Pickle::take_projected`]).
+pub struct PickleDoc<'a>(pub &'a Pickle, pub Runs);
+
+/// Projected rows by list: (list, items before, rows), taken once.
+pub type Runs = std::cell::RefCell<Vec<(PValue, usize, Option<Projected>)>>;
+
+impl<'a> PickleDoc<'a> {
+    /// `p`, with the projected rows it held (`runs`, from [`Pickle::take_projected`]).
+    pub fn new(p: &'a Pickle, runs: Vec<(PValue, usize, Projected)>) -> Self {
+        PickleDoc(
+            p,
+            std::cell::RefCell::new(runs.into_iter().map(|(l, a, r)| (l, a, Some(r))).collect()),
+        )
+    }
+}
 
 impl<'a> Doc<'a> for PickleDoc<'a> {
     type V = PValue;
@@ -112,8 +131,21 @@ impl<'a> Doc<'a> for PickleDoc<'a> {
         let c = self.0.column(list, key)?;
         Some(Box::new(move |i| c.get(i)))
     }
-    fn projected(&self, list: PValue) -> Vec<(usize, &'a Projected)> {
-        self.0.projected(list)
+    fn projected_rows(&self, list: PValue) -> usize {
+        self.1
+            .borrow()
+            .iter()
+            .filter(|r| r.0 == list)
+            .filter_map(|r| r.2.as_ref().map(|p| p.rows()))
+            .sum()
+    }
+    fn take_projected(&self, list: PValue) -> Vec<(usize, Projected)> {
+        self.1
+            .borrow_mut()
+            .iter_mut()
+            .filter(|r| r.0 == list)
+            .filter_map(|r| Some((r.1, r.2.take()?)))
+            .collect()
     }
     fn pickle_value(&self, v: PValue) -> Option<PValue> {
         Some(v)
@@ -313,7 +345,7 @@ pub fn convert<'a, D: Doc<'a>>(
         .iter()
         .map(|t| {
             if d.is_list(*t) {
-                d.list(*t).count() + d.projected(*t).iter().map(|r| r.1.rows()).sum::<usize>()
+                d.list(*t).count() + d.projected_rows(*t)
             } else {
                 0
             }
@@ -425,7 +457,7 @@ pub fn convert<'a, D: Doc<'a>>(
     let mut times = Vec::with_capacity(total);
     let mut skipped: Vec<(String, u64)> = Vec::new();
     if let Some(t) = traces.get(device as usize) {
-        let runs = d.projected(*t);
+        let runs = d.take_projected(*t);
         let n = trace_lens.get(device as usize).copied().unwrap_or(0)
             - runs.iter().map(|r| r.1.rows()).sum::<usize>();
         const KEYS: [&str; 7] = [
@@ -441,15 +473,16 @@ pub fn convert<'a, D: Doc<'a>>(
         // one entry's fields: from the list's columns when it is stored by columns (PyTorch's
         // traces are), else one pass over the entry's keys
         let mut items = (cols[0].is_none()).then(|| d.list(*t));
-        let mut run = runs.iter().peekable();
+        let mut run = runs.into_iter().peekable();
         // entries so far (the index in messages)
         let mut at = 0usize;
         for i in 0..=n {
             // runs of projected rows come before item `i`
+            // (each run is freed once converted)
             while let Some((_, rows)) = run.next_if(|r| r.0 == i) {
                 projected_events(
                     d,
-                    rows,
+                    &rows,
                     &mut frames,
                     &mut skipped,
                     &mut events,

@@ -226,6 +226,16 @@ impl Pickle {
             .collect()
     }
 
+    /// Moves the projected rows out of the pickle (for a reader that consumes them run by
+    /// run): `(list, items before, rows)` in order. [`projected`](Pickle::projected) is empty
+    /// afterwards.
+    pub fn take_projected(&mut self) -> Vec<(Value, usize, super::Projected)> {
+        std::mem::take(&mut self.taken)
+            .into_iter()
+            .map(|t| (Value::Obj(t.list), t.after as usize, t.rows))
+            .collect()
+    }
+
     /// How many objects and strings the pickle holds: ids of [`Projected`](super::Projected)
     /// rows are below these (for tables indexed by id).
     pub fn id_bounds(&self) -> (usize, usize) {
