@@ -186,10 +186,12 @@ fn live_sharded(
             l
         })
         .collect();
-    let mut live: Vec<FxHashMap<u64, (StackId, Option<StackId>, u64)>> = (0..SHARDS)
+    // address → (stack, category of the last retag, requested size)
+    type Alive = FxHashMap<u64, (StackId, Option<StackId>, u64)>;
+    let mut live: Vec<Alive> = (0..SHARDS)
         .into_par_iter()
         .map(|s| {
-            let mut live: FxHashMap<u64, (StackId, Option<StackId>, u64)> = FxHashMap::default();
+            let mut live = Alive::default();
             for &i in parts.iter().flat_map(|p| p[s].iter()) {
                 let e = &events[i as usize];
                 match e.kind() {
