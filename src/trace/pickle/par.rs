@@ -116,7 +116,7 @@ fn frame_index(f: &File, len: u64) -> Vec<u64> {
         }
         out.push(off);
         let n = u64::from_le_bytes(h[1..9].try_into().expect("8 bytes"));
-        off = match off.checked_add(9 + n) {
+        off = match n.checked_add(9).and_then(|n| off.checked_add(n)) {
             Some(o) if o <= len => o,
             _ => break,
         };
@@ -389,10 +389,20 @@ fn op_len(c: &Cur) -> Option<usize> {
         b'G' | 0x95 => 9,
         0x80 => 2,
         0x8a | b'C' | b'U' | 0x8c => 2 + usize::from(*b.get(1)?),
-        0x8b | b'X' | b'B' | b'T' => 5 + u32_at(1)?,
-        0x8d | 0x8e | 0x96 => 9 + u64_at(1)?,
+        0x8b | b'X' | b'B' | b'T' => u32_at(1)?.checked_add(5)?,
+        0x8d | 0x8e | 0x96 => u64_at(1)?.checked_add(9)?,
         _ => return None,
     })
+}
+
+/// The first opcode at or after `i` in `b` that is not a FRAME, for [`Ctx::fast_entry`]:
+/// `None` past byte 3,600 (so that what follows, at most 270 bytes, is in the 4,096 it has).
+#[inline(always)]
+fn skip_frames(b: &[u8], mut i: usize) -> Option<usize> {
+    while *b.get(i)? == 0x95 {
+        i += 9;
+    }
+    (i <= 3600).then_some(i)
 }
 
 /// An int opcode's value, when it fits in i64 (bigger ones are left to the driver).
@@ -528,15 +538,9 @@ impl Ctx<'_> {
     /// which the general path then reads. Returns the bytes consumed.
     #[inline(always)]
     fn fast_entry(&self, b: &[u8], c: &mut Chunk, seen: &Seen) -> Option<usize> {
-        let mut i = 0;
-        while b[i] == 0x95 {
-            i += 9;
-        }
+        let mut i = skip_frames(b, 0)?;
         if b[i] == b'e' {
-            i += 1;
-            while b[i] == 0x95 {
-                i += 9;
-            }
+            i = skip_frames(b, i + 1)?;
             return (b[i] == b'(').then_some(i + 1);
         }
         if b[i] != b'}' {
@@ -565,12 +569,7 @@ impl Ctx<'_> {
         let u32_at = |k: usize| u32::from_le_bytes([b[k], b[k + 1], b[k + 2], b[k + 3]]);
         let ok = (|| {
             for (k, &slot) in seen.keys.iter().zip(&seen.slots) {
-                if i > 3000 {
-                    return None;
-                }
-                while b[i] == 0x95 {
-                    i += 9;
-                }
+                i = skip_frames(b, i)?;
                 let key = match b[i] {
                     b'h' => {
                         i += 2;
@@ -585,9 +584,7 @@ impl Ctx<'_> {
                 if !same_key(key, *k) {
                     return None;
                 }
-                while b[i] == 0x95 {
-                    i += 9;
-                }
+                i = skip_frames(b, i)?;
                 let v = match b[i] {
                     b'h' => {
                         i += 2;
@@ -620,9 +617,7 @@ impl Ctx<'_> {
                     }
                     _ => return None,
                 };
-                while b[i] == 0x95 {
-                    i += 9;
-                }
+                i = skip_frames(b, i)?;
                 if b[i] == 0x94 {
                     return None; // a value memoized: the general path counts it
                 }
@@ -630,15 +625,13 @@ impl Ctx<'_> {
                     p.set(row, usize::from(slot), v);
                 }
             }
+            i = skip_frames(b, i)?;
             if b[i] != b'u' {
                 return None;
             }
             i += 1;
             // whole only if another entry or APPENDS follows
-            let mut j = i;
-            while b[j] == 0x95 {
-                j += 9;
-            }
+            let j = skip_frames(b, i)?;
             matches!(b[j], b'}' | b'e').then_some(())
         })();
         if ok.is_none() {
@@ -681,8 +674,8 @@ impl Ctx<'_> {
                         return Some(off + i as u64);
                     }
                 }
-                i += op_len(&Cur { b, i })?;
-                if off + i as u64 >= to {
+                i = i.checked_add(op_len(&Cur { b, i })?)?;
+                if off.saturating_add(i as u64) >= to {
                     return None;
                 }
             }
@@ -1107,4 +1100,87 @@ fn try_parallel(
     }
     p.taken = taken;
     Some(super::finish(p, root))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Bytes a worker may meet: mostly the opcodes of a trace entry (FRAME among them), any
+    /// byte sometimes.
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        let op = prop_oneof![
+            4 => prop::sample::select(vec![
+                0x95u8, b'}', 0x94, b'(', b'u', b'e', b'h', b'j', b'K', b'M', b'J', 0x8a, b'N',
+                0x8c, b'X', 0x8d, b'G',
+            ]),
+            1 => any::<u8>(),
+        ];
+        prop::collection::vec(op, 4096..6000)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Whatever the bytes, the worker's decoders and its walk to a first entry end (with
+        /// a value or with `None`) and never read out of bounds or overflow, with and without
+        /// a last entry's keys to match.
+        #[test]
+        fn worker_decoders_never_panic(b in bytes(), keys in 0usize..4) {
+            let file = File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
+            let memo: Vec<Option<Value>> = (0..300)
+                .map(|i| Some(if i % 2 == 0 { Value::Str(StrId(i)) } else { Value::Int(i64::from(i)) }))
+                .collect();
+            let ctx = Ctx {
+                file: &file,
+                len: b.len() as u64,
+                memo_ok: vec![true; memo.len()],
+                memo: &memo,
+                objs: &[],
+                slots: vec![Value::Str(StrId(0)), Value::Str(StrId(2))],
+                detect: Value::Str(StrId(0)),
+                ni: 1,
+                ns: 1,
+                no: 0,
+            };
+            let seen = Seen {
+                keys: (0..keys as u32).map(|k| Value::Str(StrId(2 * k))).collect(),
+                slots: (0..keys as u8).collect(),
+            };
+            let mut c = Chunk::default();
+            c.rows.ni = 1;
+            c.rows.ns = 1;
+            // FRAME opcodes with no end in sight, from the start and inside an entry
+            let frames = vec![0x95u8; 5000];
+            prop_assert!(ctx.fast_entry(&frames, &mut c, &seen).is_none());
+            let mut inside = vec![b'}', 0x94, b'('];
+            inside.extend_from_slice(&frames);
+            prop_assert!(ctx.fast_entry(&inside, &mut c, &seen).is_none());
+            for start in [0, 1, 9, 100] {
+                let _ = ctx.fast_entry(&b[start..], &mut c, &seen);
+                let mut cur = Cur { b: &b, i: start };
+                let _ = ctx.entry(&mut cur, &mut c, &mut Vec::new(), &seen);
+                let mut i = start;
+                while i < b.len() {
+                    match op_len(&Cur { b: &b, i }).and_then(|n| i.checked_add(n)) {
+                        Some(j) => i = j,
+                        None => break,
+                    }
+                }
+            }
+        }
+    }
+
+    /// A FRAME header whose length would overflow ends the frame index instead.
+    #[test]
+    fn a_huge_frame_length_ends_the_index() {
+        let dir = std::env::temp_dir().join(format!("gpumem-frames-{}", std::process::id()));
+        let mut b = vec![0x80, 4, 0x95];
+        b.extend_from_slice(&u64::MAX.to_le_bytes());
+        b.extend_from_slice(&[b'N', b'.']);
+        std::fs::write(&dir, &b).unwrap();
+        let f = File::open(&dir).unwrap();
+        assert_eq!(frame_index(&f, b.len() as u64), vec![2]);
+        std::fs::remove_file(&dir).unwrap();
+    }
 }
