@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{gpumem, root, run_json, u, Scratch};
+use common::{at_root, gpumem, root, run_json, u, Scratch};
 use serde_json::Value;
 
 fn expected() -> Value {
@@ -75,11 +75,7 @@ fn issue6_real_pytorch_snapshots_summarize_to_pytorchs_own_figures() {
         );
     }
     // sites are Python frames, innermost first
-    let out = gpumem()
-        .current_dir(root())
-        .args(["summary", "fixtures/snapshots/snapshot_mlp_adam.pickle"])
-        .output()
-        .unwrap();
+    let out = at_root(&["summary", "fixtures/snapshots/snapshot_mlp_adam.pickle"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("adam.py:"), "{text}");
     assert!(text.contains("fragmentation in the snapshot"));
@@ -87,15 +83,11 @@ fn issue6_real_pytorch_snapshots_summarize_to_pytorchs_own_figures() {
         !text.contains("[C++]"),
         "C++ frames are folded without --stacks"
     );
-    let out = gpumem()
-        .current_dir(root())
-        .args([
-            "summary",
-            "fixtures/snapshots/snapshot_mlp_adam.pickle",
-            "--stacks",
-        ])
-        .output()
-        .unwrap();
+    let out = at_root(&[
+        "summary",
+        "fixtures/snapshots/snapshot_mlp_adam.pickle",
+        "--stacks",
+    ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("[C++]"));
 }
 
@@ -258,11 +250,7 @@ fn issue6_what_if_replay_shows_expandable_segments_would_have_saved_the_run() {
     assert_eq!(u(&v["original"]["peak_reserved"]), 2_673_868_800);
     assert_eq!(u(&v["replayed"]["peak_reserved"]), 2_673_868_800);
     // without a capacity a PyTorch snapshot without OOMs cannot say how big its device was
-    let out = gpumem()
-        .current_dir(root())
-        .args(["replay", "fixtures/snapshots/snapshot_mlp_adam.pickle"])
-        .output()
-        .unwrap();
+    let out = at_root(&["replay", "fixtures/snapshots/snapshot_mlp_adam.pickle"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
 }
@@ -351,16 +339,12 @@ fn issue6_diff_shows_what_grew_and_why() {
     let cats = d["categories_at_peak"].as_array().unwrap();
     assert_eq!(cats[0]["name"], "optimizer_state", "{cats:?}");
     assert_eq!(u(&cats[0]["a"]), 0);
-    let out = gpumem()
-        .current_dir(root())
-        .args([
-            "diff",
-            "fixtures/workloads/presets/mlp_sgd.toml",
-            "fixtures/workloads/presets/mlp_adam.toml",
-            "--markdown",
-        ])
-        .output()
-        .unwrap();
+    let out = at_root(&[
+        "diff",
+        "fixtures/workloads/presets/mlp_sgd.toml",
+        "fixtures/workloads/presets/mlp_adam.toml",
+        "--markdown",
+    ]);
     let md = String::from_utf8_lossy(&out.stdout);
     assert!(
         md.starts_with("### GPU memory: peak allocated 1.01 GiB → 2.41 GiB"),
@@ -491,21 +475,19 @@ fn issue6_a_truncated_large_pickle_is_refused_the_same_way_in_parallel() {
     for cut in [bytes.len() / 2, bytes.len() - 3, 300_001] {
         let p = tmp.path(&format!("cut{cut}.pickle"));
         std::fs::write(&p, &bytes[..cut]).unwrap();
-        let run = |threads: &str| {
-            let o = gpumem()
-                .args(["summary", p.to_str().unwrap()])
-                .env("GPUMEM_THREADS", threads)
-                .env("GPUMEM_CHUNK", "65536")
-                .output()
-                .unwrap();
-            (
-                o.status.code(),
-                String::from_utf8_lossy(&o.stderr).into_owned(),
-            )
-        };
-        let (a, b) = (run("1"), run("4"));
-        assert_eq!(a.0, Some(2), "{}", a.1);
-        assert!(a.1.contains("truncated"), "{}", a.1);
-        assert_eq!(a, b);
+        let one = gpumem::snapshot::load_with(&p, 1, None)
+            .unwrap_err()
+            .to_string();
+        let par = gpumem::snapshot::load_with(&p, 4, Some(64 << 10))
+            .unwrap_err()
+            .to_string();
+        assert!(one.contains("truncated"), "{one}");
+        assert_eq!(one, par);
+        let o = gpumem()
+            .args(["summary", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(&one));
     }
 }

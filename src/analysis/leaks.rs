@@ -130,7 +130,7 @@ fn live_sharded(
 ) -> LiveEnd {
     use rayon::prelude::*;
     const SHARDS: usize = 64;
-    let shard = |a: u64| ((a >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
+    let shard = |a: u64| (super::walk::addr_hash(a) >> 58) as usize % SHARDS;
     // the iteration of each distinct stack, once
     let stacks: rustc_hash::FxHashSet<StackId> = events
         .par_iter()

@@ -266,7 +266,8 @@ fn sub(addr: u64, k: u64) -> u64 {
     if k <= 1 {
         return 0;
     }
-    ((addr >> 9).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 40) % k
+    // other bits of the hash than the shard's own
+    (super::walk::addr_hash(addr) >> 24) % k
 }
 
 /// Who held memory at the peak, from the events of some addresses.

@@ -99,9 +99,14 @@ impl Shards {
         if k > 0 && addr < self.ranges[k - 1].1 {
             return k - 1;
         }
-        let h = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
-        self.ranges.len() + (h as usize % BUCKETS)
+        self.ranges.len() + (addr_hash(addr) >> 58) as usize % BUCKETS
     }
+}
+
+/// A hash of an address (blocks are 512-byte aligned) whose top bits pick shards by address,
+/// here, for leaks and for the owners at the peak.
+pub fn addr_hash(addr: u64) -> u64 {
+    (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Active blocks of the segments: address → block size.
@@ -312,9 +317,6 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
         shards: Some(shards),
     })
 }
-
-/// The set of addresses in `shard` that the trace allocated, for queries by address.
-pub type AddrSet = FxHashSet<u64>;
 
 #[cfg(test)]
 mod tests {

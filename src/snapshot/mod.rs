@@ -101,15 +101,9 @@ fn threads() -> usize {
         .min(256)
 }
 
-/// The size of the pieces a large pickle is cut into (a few per core, so that cores that
-/// finish early take more), `GPUMEM_CHUNK` bytes when set (for tests).
+/// The size of the pieces a large pickle is cut into: a few per core, so that cores that
+/// finish early take more.
 fn chunk_bytes(len: u64, threads: usize) -> u64 {
-    if let Some(c) = std::env::var("GPUMEM_CHUNK")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        return c.max(1);
-    }
     (len / (threads as u64 * 4)).clamp(1 << 20, 32 << 20)
 }
 

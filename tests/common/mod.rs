@@ -50,13 +50,15 @@ impl Drop for Scratch {
 }
 
 /// `gpumem ARGS --json` in the repository root: exit code and the JSON.
+/// `gpumem ARGS` run in the repository root (fixture paths are relative to it).
+pub fn at_root(args: &[&str]) -> std::process::Output {
+    gpumem().current_dir(root()).args(args).output().unwrap()
+}
+
 pub fn run_json(args: &[&str]) -> (Option<i32>, Value) {
-    let out = gpumem()
-        .current_dir(root())
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let out = at_root(&with_json);
     let text = String::from_utf8_lossy(&out.stdout);
     let v = serde_json::from_str(&text).unwrap_or_else(|e| {
         panic!(

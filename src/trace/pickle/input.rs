@@ -38,6 +38,26 @@ pub(super) struct Input<T> {
 }
 
 impl<T: Read> Input<T> {
+    /// Reads `r`, whose first byte is at offset `base` of the data.
+    pub(super) fn new(r: T, base: u64) -> Self {
+        Input {
+            r,
+            buf: vec![0; BUF],
+            pos: 0,
+            end: 0,
+            base,
+            big: Vec::new(),
+        }
+    }
+
+    /// Moves to offset `off`, forgetting what was buffered (the reader must be positioned
+    /// there too).
+    pub(super) fn restart_at(&mut self, off: u64) {
+        self.base = off;
+        self.pos = 0;
+        self.end = 0;
+    }
+
     pub(super) fn offset(&self) -> u64 {
         self.base + self.pos as u64
     }

@@ -184,14 +184,7 @@ pub struct Pickle {
 /// Reads one pickle from `r`, incrementally (through a 1 MiB buffer; nothing past STOP is
 /// needed, though up to a buffer's worth may have been read from `r`).
 pub fn read(r: impl Read) -> Result<Pickle, PickleError> {
-    let mut inp = Input {
-        r,
-        buf: vec![0; BUF],
-        pos: 0,
-        end: 0,
-        base: 0,
-        big: Vec::new(),
-    };
+    let mut inp = Input::new(r, 0);
     let mut p = Parser::default();
     let root = p.run(&mut inp)?;
     Ok(finish(p, root))

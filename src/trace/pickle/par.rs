@@ -77,26 +77,20 @@ fn input<'a>(
     pos: u64,
     progress: Option<&'a (dyn Fn(u64) + Sync)>,
 ) -> Input<At<'a>> {
-    Input {
-        r: At {
+    Input::new(
+        At {
             file,
             pos,
             progress,
         },
-        buf: vec![0; super::BUF],
-        pos: 0,
-        end: 0,
-        base: pos,
-        big: Vec::new(),
-    }
+        pos,
+    )
 }
 
 /// Moves the driver's input to `off` (forgetting what it had buffered).
 fn seek(inp: &mut Input<At<'_>>, off: u64) {
     inp.r.pos = off;
-    inp.base = off;
-    inp.pos = 0;
-    inp.end = 0;
+    inp.restart_at(off);
 }
 
 /// The offsets of the FRAME opcodes that follow each other from the start (after PROTO), up
@@ -1177,7 +1171,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gpumem-frames-{}", std::process::id()));
         let mut b = vec![0x80, 4, 0x95];
         b.extend_from_slice(&u64::MAX.to_le_bytes());
-        b.extend_from_slice(&[b'N', b'.']);
+        b.extend_from_slice(b"N.");
         std::fs::write(&dir, &b).unwrap();
         let f = File::open(&dir).unwrap();
         assert_eq!(frame_index(&f, b.len() as u64), vec![2]);

@@ -39,7 +39,6 @@ pub(super) struct Parser {
 }
 
 /// The message of the error that abandons a parallel read (it is then read sequentially).
-#[allow(dead_code)]
 pub(super) const FUSED: &str = "undoes an early append of the parallel reader";
 
 /// An opcode's name, as in pickletools.
