@@ -16,6 +16,20 @@ use gpumem::runner::{run, RunOptions};
 
 const FRAGMENTATION: &str = "fixtures/workloads/fragmentation_oom.toml";
 
+/// A remedy row's peaks and verdict equal `gpumem run` of the workload edited by hand.
+fn same_as_by_hand(row: &Value, edited: &Path, what: &str) {
+    let (pa, pr, fits) = peaks_by_hand(edited);
+    assert_eq!(
+        (
+            u(&row["peak_allocated"]),
+            u(&row["peak_reserved"]),
+            row["fits"] == true
+        ),
+        (pa, pr, fits),
+        "{what}"
+    );
+}
+
 /// The peaks `gpumem run` reports for a workload file, and whether it ran out of memory.
 fn peaks_by_hand(path: &Path) -> (u64, u64, bool) {
     let (_, v) = run_json(&["run", path.to_str().unwrap()]);
@@ -63,16 +77,7 @@ fn issue5_planted_fragmentation_is_called_fragmentation_and_expandable_segments_
             &format!("iterations = 1\nalloc_conf = \"{conf}\"\n"),
         );
         let p = s.write("edited.toml", &edited);
-        let (pa, pr, fits) = peaks_by_hand(&p);
-        assert_eq!(
-            (
-                u(&r["peak_allocated"]),
-                u(&r["peak_reserved"]),
-                r["fits"] == true
-            ),
-            (pa, pr, fits),
-            "{conf}"
-        );
+        same_as_by_hand(r, &p, conf);
     }
     // --fail-on oom makes it exit 1; the text names the verdict and the fix
     let out = gpumem()
@@ -156,16 +161,7 @@ fn issue5_capacity_oom_is_called_capacity_and_every_remedy_equals_a_run_by_hand(
             panic!("unexpected remedy {name}");
         };
         let p = s.write("edited.toml", &edited);
-        let (pa, pr, fits) = peaks_by_hand(&p);
-        assert_eq!(
-            (
-                u(&r["peak_allocated"]),
-                u(&r["peak_reserved"]),
-                r["fits"] == true
-            ),
-            (pa, pr, fits),
-            "{name}"
-        );
+        same_as_by_hand(r, &p, name);
     }
 }
 

@@ -200,30 +200,13 @@ pub fn timeline(
         ann: Some(Annotator::new(tags)),
     };
     let mut samples: Vec<Sample> = Vec::new();
-    let mut iterations: Vec<IterationMark> = Vec::new();
-    let mut ooms = Vec::new();
+    let iterations = match &mut r.ann {
+        Some(ann) => iteration_marks(events, ann),
+        None => Vec::new(),
+    };
+    let ooms = oom_marks(events);
     let mut peak: Option<(usize, u64)> = None;
-    let mut seen_iter: Option<u32> = None;
     for (i, e) in events.iter().enumerate() {
-        if e.kind() == EventKind::Alloc {
-            if let Some(ann) = &mut r.ann {
-                if let When::Iteration(n) = ann.meta(e.stack).when {
-                    if seen_iter.is_none_or(|s| n > s) {
-                        seen_iter = Some(n);
-                        iterations.push(IterationMark {
-                            label: format!("iter {n}"),
-                            event: i as u64,
-                        });
-                    }
-                }
-            }
-        }
-        if e.kind() == EventKind::Oom {
-            ooms.push(OomMark {
-                event: i as u64,
-                requested: e.size(),
-            });
-        }
         if !r.step(i, e)? {
             continue;
         }
@@ -424,30 +407,8 @@ pub fn timeline_from_trace(
         event: samples[i].event,
         allocated: b,
     });
-    let mut iterations = Vec::new();
-    let mut seen: Option<u32> = None;
-    for (i, e) in events.iter().enumerate() {
-        if e.kind() == EventKind::Alloc {
-            if let When::Iteration(k) = ann.meta(e.stack).when {
-                if seen.is_none_or(|s| k > s) {
-                    seen = Some(k);
-                    iterations.push(IterationMark {
-                        label: format!("iter {k}"),
-                        event: i as u64,
-                    });
-                }
-            }
-        }
-    }
-    let ooms = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.kind() == EventKind::Oom)
-        .map(|(i, e)| OomMark {
-            event: i as u64,
-            requested: e.size(),
-        })
-        .collect();
+    let iterations = iteration_marks(events, &mut ann);
+    let ooms = oom_marks(events);
     Timeline {
         title: title.to_string(),
         categories,
@@ -457,4 +418,38 @@ pub fn timeline_from_trace(
         ooms,
         capacity: None,
     }
+}
+
+/// Where each iteration starts: its first allocation (iterations from the stacks' `iter:N`).
+fn iteration_marks(events: &[Event], ann: &mut Annotator) -> Vec<IterationMark> {
+    let mut marks = Vec::new();
+    let mut seen: Option<u32> = None;
+    for (i, e) in events.iter().enumerate() {
+        if e.kind() != EventKind::Alloc {
+            continue;
+        }
+        if let When::Iteration(n) = ann.meta(e.stack).when {
+            if seen.is_none_or(|s| n > s) {
+                seen = Some(n);
+                marks.push(IterationMark {
+                    label: format!("iter {n}"),
+                    event: i as u64,
+                });
+            }
+        }
+    }
+    marks
+}
+
+/// The out-of-memory entries of a trace.
+fn oom_marks(events: &[Event]) -> Vec<OomMark> {
+    events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind() == EventKind::Oom)
+        .map(|(i, e)| OomMark {
+            event: i as u64,
+            requested: e.size(),
+        })
+        .collect()
 }

@@ -134,12 +134,7 @@ pub fn torch_snapshot(snap: &Snapshot) -> W {
         if e.kind() == EventKind::Retag || e.kind() == EventKind::EmptyCache {
             continue; // gpumem's own; PyTorch has no such entries
         }
-        let time = snap
-            .times
-            .get(i)
-            .copied()
-            .filter(|t| *t > 0)
-            .unwrap_or(i as u64);
+        let time = time_of(snap, i);
         let mut d = vec![(s("action"), s(e.kind().action()))];
         if e.kind() == EventKind::Oom {
             d.push((s("addr"), W::Int(0)));
@@ -227,12 +222,7 @@ pub fn perfetto(snap: &Snapshot) -> Value {
     let mut marks: Vec<(u64, String)> = Vec::new();
     let mut last_iter: Option<u32> = None;
     for (i, e) in snap.events.iter().enumerate() {
-        let t = snap
-            .times
-            .get(i)
-            .copied()
-            .filter(|t| *t > 0)
-            .unwrap_or(i as u64);
+        let t = time_of(snap, i);
         let block = sizer.step(e);
         match e.kind() {
             EventKind::Alloc => {
@@ -307,4 +297,13 @@ pub fn perfetto(snap: &Snapshot) -> Value {
         "displayTimeUnit": "ms",
         "otherData": {"generator": format!("gpumem {}", env!("CARGO_PKG_VERSION")), "gpumem_snapshot": w_to_json(&torch_snapshot(snap))},
     })
+}
+
+/// Event `i`'s time: its recorded `time_us`, or its index where the snapshot has none.
+fn time_of(snap: &Snapshot, i: usize) -> u64 {
+    snap.times
+        .get(i)
+        .copied()
+        .filter(|t| *t > 0)
+        .unwrap_or(i as u64)
 }

@@ -2,16 +2,7 @@
 use super::*;
 use crate::analysis::timeline::{IterationMark, OomMark, PeakMark};
 
-const CATEGORIES: [&str; 8] = [
-    "parameter",
-    "gradient",
-    "optimizer_state",
-    "activation",
-    "temporary",
-    "input",
-    "workspace",
-    "other",
-];
+use crate::analysis::state::CATEGORIES;
 /// Events per iteration in the synthetic timeline.
 const ITER_LEN: u64 = 100;
 const STEPS: u64 = 20;
