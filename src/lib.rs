@@ -5,7 +5,10 @@
 //! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
 //! - [`workload`]: workload files (TOML and the line language of `setup`/`body`), parsed and checked.
-//! - [`engine`]: tensors, storages, layouts, autograd and optimizers over the allocator.
+//! - [`backend`]: devices (segment source and kernels together): `sim` computes nothing,
+//!   `cpu` computes real numbers in host memory at the allocator's addresses.
+//! - [`engine`]: ops defined once, tensors, storages, layouts, autograd and optimizers over the
+//!   allocator and a device.
 //! - [`runner`]: runs a workload on the engine; remedies and `fit` re-run it with changes.
 //! - [`analysis`]: pure functions over traces and allocator state: replay of PyTorch traces,
 //!   fragmentation, leaks, out-of-memory verdicts, the category timeline.
@@ -15,6 +18,7 @@
 
 pub mod alloc;
 pub mod analysis;
+pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod engine;

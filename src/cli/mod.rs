@@ -73,15 +73,17 @@ pub enum Command {
 ///   gpumem run train.toml --param batch=16 --report fragmentation --plot timeline.svg
 ///   gpumem run train.toml --fail-on oom,leak      # exit 1 on either, for CI
 #[derive(Debug, Args)]
-#[command(after_long_help = RUN_EXIT_CODES)]
+#[command(after_long_help = run_after_help())]
 pub struct RunArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,
 
-    /// Where to run: `sim`, the simulated device (the default; no GPU needed). The `cpu` and
-    /// `cuda` backends are not built yet.
-    #[arg(long, value_name = "DEVICE", default_value = "sim")]
-    pub device: String,
+    /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
+    /// default; sizes and addresses only, no GPU needed), or `cpu` (real numbers in host memory
+    /// at the same addresses: the same allocator figures, plus each iteration's loss). `cuda`
+    /// is not built yet.
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
 
     /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB).
     #[arg(long, value_name = "SIZE")]
@@ -103,6 +105,12 @@ pub struct RunArgs {
     /// tags and categories, settings) to FILE, atomically.
     #[arg(long, value_name = "FILE")]
     pub snapshot: Option<PathBuf>,
+
+    /// On a data device (`--device cpu`): write every named parameter's gradient, as it is
+    /// just before the first optimizer step, to FILE (safetensors, float32, by state_dict
+    /// name), to compare with PyTorch's.
+    #[arg(long, value_name = "FILE")]
+    pub save_grads: Option<PathBuf>,
 
     /// Set an integer parameter: a script's `[params]` entry or a preset's integer key
     /// (batch, layers, seq, d_model, ...). Repeatable.
@@ -132,6 +140,15 @@ pub struct RunArgs {
     /// On an out-of-memory, diagnose it but do not run the remedies.
     #[arg(long)]
     pub no_remedies: bool,
+}
+
+/// `run --help`'s end: the script language's functions (generated from the op table) and the
+/// exit codes.
+fn run_after_help() -> String {
+    format!(
+        "Script functions and methods (from the engine's op table; -inf and inf are numbers):\n{}\n{RUN_EXIT_CODES}",
+        crate::runner::script_reference()
+    )
 }
 
 const RUN_EXIT_CODES: &str = "\

@@ -10,7 +10,7 @@ use crate::commands::{load_workload, parse_overrides, write_atomic, Outcome};
 use crate::error::{Error, Result};
 use crate::report;
 use crate::runner::remedies;
-use crate::runner::{run_with_progress, RunOptions};
+use crate::runner::{run_on, RunOptions, Target};
 use crate::units::parse_size;
 
 /// Points of the timeline kept for the picture.
@@ -27,34 +27,24 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.iterations == Some(0) {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }
-    match args.device.as_str() {
-        "sim" => {}
-        "cpu" | "cuda" => {
-            return Err(Error::usage(
-                "--device",
-                format!(
-                    "the {} backend is not built yet in this version of gpumem; use --device sim",
-                    args.device
-                ),
-            ))
-        }
-        other => {
-            return Err(Error::usage(
-                "--device",
-                format!("unknown device '{other}'; use sim"),
-            ))
-        }
-    }
     let overrides = parse_overrides(&args.params, args.alloc_conf.as_deref())?;
     let w = load_workload(&args.workload, &overrides)?;
-    if w.device != crate::workload::Device::Sim && args.device == "sim" {
-        // the workload asks for a real device this build does not have: say so, run simulated
-        eprintln!(
-            "gpumem: note: {} asks for device \"{}\"; running it on the simulated device",
-            args.workload.display(),
-            w.device
-        );
-    }
+    let device = match args.device.as_deref() {
+        Some(d) => {
+            crate::backend::open(d, 1 << 30, 0).map_err(|m| Error::usage("--device", m))?;
+            Some(d.to_string())
+        }
+        None if w.device == crate::workload::Device::Cuda => {
+            // the workload asks for a device this build does not have: say so, run simulated
+            eprintln!(
+                "gpumem: note: {} asks for device \"cuda\", which this build does not have yet; \
+                 running it on the simulated device",
+                args.workload.display()
+            );
+            None
+        }
+        None => None,
+    };
     let tty = std::io::stderr().is_terminal();
     // a progress bar on stderr, only for a person watching
     let bar = tty.then(|| {
@@ -71,7 +61,11 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         capacity,
         iterations: args.iterations,
     };
-    let r = run_with_progress(&w, &args.workload, &opts, &mut |done, _| {
+    let target = Target {
+        device,
+        capture_grads: args.save_grads.is_some(),
+    };
+    let r = run_on(&w, &args.workload, &opts, &target, &mut |done, _| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
@@ -81,6 +75,15 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     let r = r?;
     let path = args.workload.display().to_string();
+    if let Some(file) = &args.save_grads {
+        if r.device == "sim" {
+            return Err(Error::usage(
+                "--save-grads",
+                "the simulated device has no values: add --device cpu",
+            ));
+        }
+        write_atomic(file, &report::tensors::safetensors(&r.grads)?)?;
+    }
     if let Some(snap) = &args.snapshot {
         let v = report::snapshot::to_json(&r.allocator, &path, &r.name);
         let bytes = serde_json::to_vec(&v).map_err(std::io::Error::from)?;

@@ -12,17 +12,10 @@
 use std::collections::BTreeMap;
 
 use super::dtype::DType;
+pub use super::op::CastPolicy;
+use super::op::Op;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
-use crate::alloc::SegmentSource;
-
-/// What autocast does to an op's floating inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CastPolicy {
-    /// Run in the region's dtype (bf16/f16): matmul, linear, attention.
-    Lower,
-    /// Run in float32: softmax, log_softmax, layer_norm, losses.
-    Float32,
-}
+use crate::backend::Device;
 
 /// The autocast state: the region's dtype and the cast cache.
 #[derive(Debug, Clone, Default)]
@@ -33,7 +26,7 @@ pub struct Autocast {
     cache: BTreeMap<TensorId, TensorId>,
 }
 
-impl<S: SegmentSource> Tensors<S> {
+impl<S: Device> Tensors<S> {
     /// Enters an autocast region with `dtype` (bf16 or f16).
     pub fn autocast_enter(&mut self, dtype: DType) -> Option<DType> {
         let prev = self.autocast.dtype.replace(dtype);
@@ -74,8 +67,8 @@ impl<S: SegmentSource> Tensors<S> {
         }
         let shape = self.shape(t).to_vec();
         let c = self.empty(&shape, dtype, Category::Temporary)?;
-        self.launch("to", &[t], &[c])?;
-        self.record("to", &[t], &[c], &[]);
+        self.launch(&Op::Cast, &[t], &[c])?;
+        self.record(&Op::Cast, &[t], &[c], &[]);
         if cacheable {
             self.autocast.cache.insert(t, c);
             return Ok(self.retain(c));
@@ -158,9 +151,7 @@ mod tests {
         let x_bf16 = 64 * 1024 * 2;
         assert_eq!(after_two - after_one, x_bf16 + 64 * 1024 * 2);
         let s = d
-            .autocast_op(CastPolicy::Float32, &[y1], |d, i| {
-                d.softmax("softmax", i[0], 1)
-            })
+            .autocast_op(CastPolicy::Float32, &[y1], |d, i| d.softmax(false, i[0], 1))
             .unwrap();
         assert_eq!(
             d.dtype(s),

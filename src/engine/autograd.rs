@@ -16,8 +16,11 @@
 use std::collections::HashMap;
 
 use super::dtype::DType;
+use super::layout::Layout;
+pub use super::op::{Back, Save};
+use super::op::{Binary, Fill, Op, Role};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
-use crate::alloc::SegmentSource;
+use crate::backend::Device;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NodeId(pub u32);
@@ -33,23 +36,12 @@ pub(crate) enum Edge {
     Leaf(TensorId),
 }
 
-/// What an op's backward needs kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Save {
-    /// Input `i`.
-    Input(usize),
-    /// Input `i`, only if input `j` requires grad (`a * b` keeps `b` for `a`'s gradient).
-    InputFor(usize, usize),
-    /// The op's output (saved without its grad_fn).
-    Output,
-}
-
 /// Nodes whose gradients are all in, newest (highest sequence number) first.
 #[derive(Default)]
 struct Ready(std::collections::BinaryHeap<(u64, u32)>);
 
 impl Ready {
-    fn push<S: SegmentSource>(&mut self, t: &Tensors<S>, n: NodeId) {
+    fn push<S: Device>(&mut self, t: &Tensors<S>, n: NodeId) {
         self.0.push((t.nodes[n.0 as usize].seq, n.0));
     }
 
@@ -62,28 +54,6 @@ impl Ready {
 struct Leaves {
     pending: HashMap<TensorId, u32>,
     buffers: HashMap<TensorId, TensorId>,
-}
-
-/// What a node's backward does with the incoming gradient, as PyTorch's derivative formulas do
-/// for memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Back {
-    /// A fresh gradient per differentiable input, contiguous in the input's shape.
-    Alloc,
-    /// The gradient itself, as it is (`clone`, `contiguous`, `expand` to the same shape).
-    Pass,
-    /// `grad.reshape(input shape)` (`view`, `reshape`, `unsqueeze`): a view when the
-    /// gradient's strides allow, else a copy.
-    Reshape,
-    /// The gradient permuted back (`t`, `transpose`, `permute`: output dim i was input dim
-    /// `perm[i]`): always a view.
-    Permute(Vec<usize>),
-    /// `a + b`: the gradient itself for an input of the same shape and dtype, a cast copy for
-    /// one of another dtype, a sum for a broadcast one.
-    Add,
-    /// `split`/`chunk`: once every part's gradient is in (zeros for those with none), one
-    /// `cat` into the input's shape.
-    Split,
 }
 
 /// An activation-checkpoint region: the nodes made inside it.
@@ -110,6 +80,31 @@ pub(crate) enum TapeEvent {
     Free { serial: u64 },
     /// A matrix product ran (with a bias: through cuBLASLt).
     Product { with_bias: bool },
+    /// A kernel ran (data devices only): what the recompute runs again.
+    Launch {
+        op: Op,
+        inputs: Vec<(TapeRef, Layout, DType)>,
+        outputs: Vec<(TapeRef, Layout, DType)>,
+    },
+}
+
+/// A kernel argument on a checkpoint's tape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TapeRef {
+    /// A storage made in the region, by serial (its recomputed twin has another address).
+    Made(u64),
+    /// A storage from outside the region, by address (alive through the recompute: a node of
+    /// the region holds it).
+    Outside(u64),
+}
+
+/// A tensor a node keeps for its backward.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Saved {
+    pub t: TensorId,
+    /// The version of its storage when it was saved.
+    pub version: u32,
+    pub role: Role,
 }
 
 /// Checkpoint state: the region being recorded, and all regions by id.
@@ -121,10 +116,8 @@ pub(crate) struct Checkpoints {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
-    pub op: &'static str,
-    pub saved: Vec<TensorId>,
-    /// The version of each saved tensor's storage when it was saved.
-    pub saved_versions: Vec<u32>,
+    pub op: Op,
+    pub saved: Vec<Saved>,
     pub next: Vec<Edge>,
     /// Shape and dtype of each input: the shape of its gradient.
     pub input_meta: Vec<(Vec<usize>, DType)>,
@@ -148,40 +141,30 @@ pub(crate) struct Node {
     /// to be recomputed when backward reaches the node.
     /// Tensors saved by several nodes (an op's output and the next op's input) share a key, so
     /// the recompute makes them once.
-    pub deferred: Vec<(u64, Vec<usize>, DType)>,
+    /// Each with its role and the layout it was saved with (a view of the storage, as q, k and
+    /// v are of the qkv product's output).
+    pub deferred: Vec<(u64, Role, Layout)>,
 }
 
-impl<S: SegmentSource> Tensors<S> {
+impl<S: Device> Tensors<S> {
     /// Records `op` if grad mode is on and an input requires grad: the outputs get a grad_fn
     /// and require grad, and the node keeps what `saves` names.
-    pub fn record(
-        &mut self,
-        op: &'static str,
-        inputs: &[TensorId],
-        outputs: &[TensorId],
-        saves: &[Save],
-    ) {
+    pub fn record(&mut self, op: &Op, inputs: &[TensorId], outputs: &[TensorId], saves: &[Save]) {
         if !self.grad_enabled || !inputs.iter().any(|&t| self.info(t).requires_grad) {
             return;
         }
         self.record_node(op, inputs, outputs, saves);
     }
 
-    fn record_node(
-        &mut self,
-        op: &'static str,
-        inputs: &[TensorId],
-        outputs: &[TensorId],
-        saves: &[Save],
-    ) {
+    fn record_node(&mut self, op: &Op, inputs: &[TensorId], outputs: &[TensorId], saves: &[Save]) {
         let needs = |s: &Self, i: usize| s.info(inputs[i]).requires_grad;
-        let mut saved = Vec::new();
+        let mut saved: Vec<(TensorId, Role)> = Vec::new();
         for s in saves {
             match *s {
-                Save::Input(i) => saved.push(self.save(inputs[i])),
+                Save::Input(i) => saved.push((self.save(inputs[i]), Role::Input(i))),
                 Save::InputFor(i, j) => {
                     if needs(self, j) {
-                        saved.push(self.save(inputs[i]));
+                        saved.push((self.save(inputs[i]), Role::Input(i)));
                     }
                 }
                 Save::Output => {
@@ -190,11 +173,16 @@ impl<S: SegmentSource> Tensors<S> {
                         let h = self.view_with(o, l);
                         self.set_requires_grad(h, false);
                         self.recategorize(h, Category::Activation);
-                        saved.push(h);
+                        saved.push((h, Role::Output));
                     }
                 }
             }
         }
+        let in_ndim = inputs.first().map_or(0, |&t| self.info(t).layout.ndim());
+        let same_shape = match (inputs.first(), outputs.first()) {
+            (Some(&i), Some(&o)) => self.shape(i) == self.shape(o),
+            _ => false,
+        };
         let mut next = Vec::with_capacity(inputs.len());
         let mut input_meta = Vec::with_capacity(inputs.len());
         for &t in inputs {
@@ -213,11 +201,17 @@ impl<S: SegmentSource> Tensors<S> {
         }
         self.seq += 1;
         let had_saved = !saved.is_empty();
-        let saved_versions = saved.iter().map(|&t| self.version(t)).collect();
+        let saved = saved
+            .into_iter()
+            .map(|(t, role)| Saved {
+                t,
+                version: self.version(t),
+                role,
+            })
+            .collect();
         let node = Node {
-            op,
+            op: op.clone(),
             saved,
-            saved_versions,
             next,
             input_meta,
             seq: self.seq,
@@ -225,7 +219,7 @@ impl<S: SegmentSource> Tensors<S> {
             live: true,
             released: false,
             had_saved,
-            back: Back::Alloc,
+            back: op.back(in_ndim, same_shape),
             outputs: outputs.len() as u32,
             out_shapes: Vec::new(),
             region: self.checkpoint.current,
@@ -261,27 +255,23 @@ impl<S: SegmentSource> Tensors<S> {
     fn drop_region_saved(&mut self, n: NodeId, r: u32, defer: bool) {
         let node = self.node_mut(n);
         let saved = std::mem::take(&mut node.saved);
-        let versions = std::mem::take(&mut node.saved_versions);
-        let (mut keep, mut keep_v) = (Vec::new(), Vec::new());
-        for (t, v) in saved.into_iter().zip(versions) {
-            if self.made_in_region(t) != Some(r) {
-                keep.push(t);
-                keep_v.push(v);
+        let mut keep = Vec::new();
+        for sv in saved {
+            if self.made_in_region(sv.t) != Some(r) {
+                keep.push(sv);
                 continue;
             }
             if defer {
                 let key = (
-                    self.storage_serial(t),
-                    self.shape(t).to_vec(),
-                    self.dtype(t),
+                    self.storage_serial(sv.t),
+                    sv.role,
+                    self.info(sv.t).layout.clone(),
                 );
                 self.node_mut(n).deferred.push(key);
             }
-            self.release(t);
+            self.release(sv.t);
         }
-        let node = self.node_mut(n);
-        node.saved = keep;
-        node.saved_versions = keep_v;
+        self.node_mut(n).saved = keep;
     }
 
     /// `checkpoint(fn, ...)` (non-reentrant) begins: ops from here on record their graph, but
@@ -296,23 +286,17 @@ impl<S: SegmentSource> Tensors<S> {
     /// Adds `t` (an op's extra output kept for backward: layer_norm's mean and rstd, a loss's
     /// weight total, attention's statistics) to what `node` saves, with its version, so a
     /// checkpoint region drops and recomputes it like any saved tensor.
-    pub(crate) fn save_extra(&mut self, node: NodeId, t: TensorId) {
+    pub(crate) fn save_extra(&mut self, node: NodeId, t: TensorId, role: Role) {
         let region = self.nodes[node.0 as usize].region;
         if region.is_some() && self.made_in_region(t) == region {
             // a checkpoint's pack hook keeps only what is needed to recompute it
-            let key = (
-                self.storage_serial(t),
-                self.shape(t).to_vec(),
-                self.dtype(t),
-            );
+            let key = (self.storage_serial(t), role, self.info(t).layout.clone());
             self.node_mut(node).deferred.push(key);
             self.release(t);
             return;
         }
-        let v = self.version(t);
-        let n = self.node_mut(node);
-        n.saved.push(t);
-        n.saved_versions.push(v);
+        let version = self.version(t);
+        self.node_mut(node).saved.push(Saved { t, version, role });
     }
 
     /// The region ends (its nodes dropped what they saved from inside it as they were made).
@@ -384,6 +368,25 @@ impl<S: SegmentSource> Tensors<S> {
                         break;
                     }
                 }
+                TapeEvent::Launch { .. } => {
+                    if let Err(err) = self.replay_launch(e, &made) {
+                        result = Err(err);
+                        break;
+                    }
+                }
+            }
+        }
+        // on a data device, the kernels after the last allocation that matters still write
+        // what was allocated (layer_norm allocates its statistics, then runs): run those whose
+        // every buffer still exists, allocating nothing
+        if result.is_ok() && self.computes() {
+            for e in tape.iter().skip(last.map_or(0, |l| l + 1)) {
+                if matches!(e, TapeEvent::Launch { .. }) {
+                    if let Err(err) = self.replay_launch(e, &made) {
+                        result = Err(err);
+                        break;
+                    }
+                }
             }
         }
         // early stop: what the recompute made and no node saved goes now
@@ -400,13 +403,13 @@ impl<S: SegmentSource> Tensors<S> {
                     continue;
                 }
                 let deferred = std::mem::take(&mut self.node_mut(n).deferred);
-                for (key, _, _) in deferred {
+                for (key, role, layout) in deferred {
                     if let Some(&t) = made.get(&key) {
-                        let t = self.retain(t);
-                        let v = self.version(t);
-                        let node = self.node_mut(n);
-                        node.saved.push(t);
-                        node.saved_versions.push(v);
+                        // the saved view of the recomputed storage
+                        let t = self.view_with(t, layout);
+                        self.set_requires_grad(t, false);
+                        let version = self.version(t);
+                        self.node_mut(n).saved.push(Saved { t, version, role });
                     }
                 }
             }
@@ -417,6 +420,38 @@ impl<S: SegmentSource> Tensors<S> {
         }
         self.alloc.recorder_mut().pop_tag();
         result
+    }
+
+    /// Runs a taped kernel again on the recomputed storages (skipped when one of them is not
+    /// there: a launch only for what the early stop left out).
+    fn replay_launch(
+        &mut self,
+        e: &TapeEvent,
+        made: &HashMap<u64, TensorId>,
+    ) -> Result<(), EngineError> {
+        let TapeEvent::Launch {
+            op,
+            inputs,
+            outputs,
+        } = e
+        else {
+            return Ok(());
+        };
+        let resolve = |s: &Self, bufs: &[(TapeRef, Layout, DType)]| -> Option<Vec<_>> {
+            bufs.iter()
+                .map(|(at, l, d)| {
+                    let addr = match at {
+                        TapeRef::Outside(a) => *a,
+                        TapeRef::Made(serial) => s.storage_of(*made.get(serial)?).0,
+                    };
+                    Some((addr, l.clone(), *d))
+                })
+                .collect()
+        };
+        let (Some(ins), Some(outs)) = (resolve(self, inputs), resolve(self, outputs)) else {
+            return Ok(());
+        };
+        self.launch_raw(op, crate::backend::Pass::Forward, &ins, &outs, &[])
     }
 
     /// A handle for a node's saved tensors; a temporary saved for backward becomes an activation
@@ -444,8 +479,8 @@ impl<S: SegmentSource> Tensors<S> {
         let saved = std::mem::take(&mut node.saved);
         let next = std::mem::take(&mut node.next);
         self.free_nodes.push(n.0);
-        for t in saved {
-            self.release(t);
+        for sv in saved {
+            self.release(sv.t);
         }
         for e in next {
             match e {
@@ -514,6 +549,11 @@ impl<S: SegmentSource> Tensors<S> {
         }
         let (shape, dtype) = (self.shape(root).to_vec(), self.dtype(root));
         let seed = self.empty(&shape, dtype, Category::Temporary)?;
+        // `torch.ones_like(root)`
+        if let Err(e) = self.fill(seed, Fill::Ones) {
+            self.release(seed);
+            return Err(e);
+        }
         // the seed is the caller's (`grad_tensors`): it lives until backward returns, and the
         // root's buffer holds another handle on it
         let mut buffers: HashMap<NodeId, Vec<Option<TensorId>>> = HashMap::new();
@@ -558,7 +598,7 @@ impl<S: SegmentSource> Tensors<S> {
     ) -> Result<(), EngineError> {
         while let Some(n) = ready.pop() {
             let mut grads = buffers.remove(&n).expect("a ready node has its gradient");
-            let op = self.nodes[n.0 as usize].op;
+            let op = self.nodes[n.0 as usize].op.name();
             self.alloc
                 .recorder_mut()
                 .push_tag(&format!("{op}_backward"));
@@ -582,8 +622,8 @@ impl<S: SegmentSource> Tensors<S> {
                 let node = self.node_mut(n);
                 node.released = true;
                 let saved = std::mem::take(&mut node.saved);
-                for t in saved {
-                    self.release(t);
+                for sv in saved {
+                    self.release(sv.t);
                 }
             }
             let mut out = out.into_iter();
@@ -646,22 +686,29 @@ impl<S: SegmentSource> Tensors<S> {
     /// product's output, is summed out of place; a residual stream's, in place).
     fn accumulate(&mut self, old: TensorId, new: TensorId) -> Result<TensorId, EngineError> {
         if self.sole_owner(old) {
+            let r = self.launch(&Op::Accumulate, &[new], &[old]);
             self.release(new);
-            return Ok(old);
+            return r.map(|_| old);
         }
         let (shape, dtype) = (self.shape(old).to_vec(), self.dtype(old));
         let sum = self.empty(&shape, dtype, Category::Temporary);
+        let r = match &sum {
+            Ok(s) => self.launch(&Op::Binary(Binary::Add), &[old, new], &[*s]),
+            Err(_) => Ok(()),
+        };
         self.release(old);
         self.release(new);
+        r?;
         sum
     }
 
     /// `AccumulateGrad`: the first gradient of a leaf becomes its `.grad` when nothing else
     /// holds it and it is laid out like the leaf (else a copy does); later ones add in place.
     fn accumulate_grad(&mut self, leaf: TensorId, g: TensorId) -> Result<(), EngineError> {
-        if self.grad(leaf).is_some() {
+        if let Some(old) = self.grad(leaf) {
+            let r = self.launch(&Op::Accumulate, &[g], &[old]);
             self.release(g);
-            return Ok(());
+            return r;
         }
         let steal =
             self.handles(g) == 1 && self.info(g).layout.strides == self.info(leaf).layout.strides;
@@ -673,11 +720,25 @@ impl<S: SegmentSource> Tensors<S> {
         } else {
             let (shape, dtype) = (self.shape(leaf).to_vec(), self.dtype(leaf));
             let c = self.empty(&shape, dtype, Category::Gradient);
+            let r = match &c {
+                Ok(c) => self.launch(&Op::Copy, &[g], &[*c]),
+                Err(_) => Ok(()),
+            };
             self.release(g);
+            r?;
             c?
         };
         self.info_mut(leaf).grad = Some(grad);
         Ok(())
+    }
+
+    /// The node's saved tensors with their roles, for a backward kernel.
+    fn saved_roles(&self, n: NodeId) -> Vec<(Role, TensorId)> {
+        self.nodes[n.0 as usize]
+            .saved
+            .iter()
+            .map(|sv| (sv.role, sv.t))
+            .collect()
     }
 
     /// One node's backward: checks and recomputes what it needs, then makes a gradient for each
@@ -697,9 +758,8 @@ impl<S: SegmentSource> Tensors<S> {
             let node = &self.nodes[n.0 as usize];
             node.saved
                 .iter()
-                .zip(&node.saved_versions)
-                .find(|(&t, &v)| self.version(t) != v)
-                .map(|(&t, &v)| (t, v, node.op))
+                .find(|sv| self.version(sv.t) != sv.version)
+                .map(|sv| (sv.t, sv.version, node.op.name()))
         };
         if let Some((t, v, op)) = stale {
             return Err(EngineError::Invalid(format!(
@@ -713,12 +773,12 @@ impl<S: SegmentSource> Tensors<S> {
         // borrowed out of the node for the call (node_grads touches only its saved tensors and
         // split shapes), and put back
         let node = self.node_mut(n);
-        let op = node.op;
+        let op = node.op.clone();
         let next = std::mem::take(&mut node.next);
         let meta = std::mem::take(&mut node.input_meta);
         let back = std::mem::replace(&mut node.back, Back::Alloc);
         let mut made: Vec<(Edge, TensorId)> = Vec::with_capacity(next.len());
-        let r = self.node_grads(op, &back, &next, &meta, grads, n, &mut made);
+        let r = self.node_grads(&op, &back, &next, &meta, grads, n, &mut made);
         let node = self.node_mut(n);
         node.next = next;
         node.input_meta = meta;
@@ -736,7 +796,7 @@ impl<S: SegmentSource> Tensors<S> {
     #[allow(clippy::too_many_arguments)]
     fn node_grads(
         &mut self,
-        op: &'static str,
+        op: &Op,
         back: &Back,
         next: &[Edge],
         meta: &[(Vec<usize>, DType)],
@@ -752,25 +812,38 @@ impl<S: SegmentSource> Tensors<S> {
             // zeros for the parts no gradient reached, then one cat into the input's shape
             let shapes = self.nodes[n.0 as usize].out_shapes.clone();
             let mut zeros = Vec::new();
+            let mut parts = Vec::new();
             for (k, g) in grads.iter().enumerate() {
-                if g.is_none() {
-                    match self.empty(&shapes[k], meta[0].1, Category::Temporary) {
-                        Ok(z) => zeros.push(z),
+                match g {
+                    Some(g) => parts.push(*g),
+                    None => match self.empty(&shapes[k], meta[0].1, Category::Temporary) {
+                        Ok(z) => {
+                            zeros.push(z);
+                            parts.push(z);
+                        }
                         Err(e) => {
                             for z in zeros {
                                 self.release(z);
                             }
                             return Err(e);
                         }
-                    }
+                    },
                 }
             }
+            let mut r = Ok(());
+            for &z in &zeros {
+                r = r.and_then(|_| self.fill(z, Fill::Zeros));
+            }
             let g = self.empty(&meta[0].0, meta[0].1, cat_for(self, &next[0]));
+            if let Ok(g) = &g {
+                r = r.and_then(|_| self.launch_grad(op, 0, &parts, *g, &[]));
+            }
             for z in zeros {
                 self.release(z);
             }
-            made.push((next[0], g?));
-            return Ok(());
+            let g = g?;
+            made.push((next[0], g));
+            return r;
         }
         let mut grad_out = grads[0].expect("a single-output node has its gradient");
         let mut copied = None;
@@ -795,7 +868,11 @@ impl<S: SegmentSource> Tensors<S> {
                     let (_, view) = self.info(grad_out).layout.reshape(&dims)?;
                     let g = match view {
                         Some(l) => self.view_with(grad_out, l),
-                        None => self.empty(shape, *dtype, cat_for(self, &next[0]))?,
+                        None => {
+                            let g = self.empty(shape, *dtype, cat_for(self, &next[0]))?;
+                            made.push((next[0], g));
+                            return self.launch(&Op::Copy, &[grad_out], &[g]);
+                        }
                     };
                     made.push((next[0], g));
                 }
@@ -821,7 +898,10 @@ impl<S: SegmentSource> Tensors<S> {
                     let g = if *shape == gshape && *dtype == gdtype {
                         self.retain(grad_out)
                     } else {
-                        self.empty(shape, *dtype, cat_for(self, e))?
+                        let g = self.empty(shape, *dtype, cat_for(self, e))?;
+                        made.push((*e, g));
+                        self.launch(&Op::SumTo, &[grad_out], &[g])?;
+                        continue;
                     };
                     made.push((*e, g));
                 }
@@ -831,8 +911,10 @@ impl<S: SegmentSource> Tensors<S> {
         }
         // a batched product's (or a folded linear's) gradient is reshaped to the rows the
         // product saw: a copy when its strides do not allow a view
-        let batched = op == "matmul" && meta.len() == 2 && meta.iter().all(|(s, _)| s.len() >= 3);
-        let folded = op == "linear" && self.shape(grad_out).len() >= 3;
+        let linear = matches!(op, Op::Linear);
+        let batched =
+            matches!(op, Op::Matmul) && meta.len() == 2 && meta.iter().all(|(s, _)| s.len() >= 3);
+        let folded = linear && self.shape(grad_out).len() >= 3;
         if batched || folded {
             let l = self.info(grad_out).layout.clone();
             let nd = l.ndim();
@@ -845,6 +927,11 @@ impl<S: SegmentSource> Tensors<S> {
             if l.reshape(&dims)?.1.is_none() {
                 // (the reshape is its own node in PyTorch: the gradient it copied goes at once)
                 let c = self.empty(&l.shape, self.dtype(grad_out), Category::Temporary)?;
+                let r = self.launch(&Op::Copy, &[grad_out], &[c]);
+                if let Err(e) = r {
+                    self.release(c);
+                    return Err(e);
+                }
                 if let Some(g) = grads[0].take() {
                     self.release(g);
                 }
@@ -855,7 +942,7 @@ impl<S: SegmentSource> Tensors<S> {
         // bmm's and mm's derivatives make the second operand's gradient first (a linear
         // without bias is an mm; with one, addmm makes the input's first)
         let mut order: Vec<usize> = (0..next.len()).collect();
-        if batched || (op == "linear" && next.len() == 2) {
+        if batched || (linear && next.len() == 2) {
             order.reverse();
         }
         let r = (|| {
@@ -868,7 +955,7 @@ impl<S: SegmentSource> Tensors<S> {
                 let g = self.empty(shape, *dtype, cat_for(self, e))?;
                 // a linear's weight gradient reaches the weight through `t()`: a view whose
                 // base lives as long as it does
-                let g = if op == "linear" && slot == 1 {
+                let g = if linear && slot == 1 {
                     let l = self.info(g).layout.clone();
                     let v = self.view_with(g, l);
                     self.info_mut(v).base = Some(g);
@@ -878,7 +965,7 @@ impl<S: SegmentSource> Tensors<S> {
                 };
                 // attention kernels write q, k and v gradients as [B, T, H, D], handed back
                 // transposed to the inputs' [B, H, T, D]
-                let g = if matches!(op, "sdpa_efficient" | "sdpa_cudnn") && shape.len() == 4 {
+                let g = if matches!(op, Op::Sdpa { .. }) && shape.len() == 4 {
                     let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
                     let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;
                     let v = self.view_with(g, l);
@@ -891,24 +978,28 @@ impl<S: SegmentSource> Tensors<S> {
                 // the autograd thread's first matrix product takes its own cuBLAS workspace,
                 // right after that product's first output (backward's products are plain mm:
                 // no cuBLASLt)
-                if matches!(op, "matmul" | "linear") {
+                if matches!(op, Op::Matmul | Op::Linear) {
                     self.ensure_cublas_workspace(false)?;
+                }
+                if self.computes() {
+                    let saved = self.saved_roles(n);
+                    self.launch_grad(op, slot, &[grad_out], g, &saved)?;
                 }
                 // in a checkpointed region the recomputed input is handed over once: the
                 // weight's gradient is its last use, and it goes before the bias's sum
-                if op == "linear" && slot == 1 {
+                if linear && slot == 1 {
                     if let Some(r) = self.nodes[n.0 as usize].region {
                         self.drop_region_saved(n, r, false);
                     }
                 }
                 // a linear's bias gradient sums the incoming gradient over its rows
-                if op == "linear" && slot == 2 {
+                if linear && slot == 2 {
                     let rows = self.info(grad_out).layout.numel() / shape[0].max(1);
                     self.column_sum_scratch(rows, shape[0])?;
                 }
             }
             // softmax's backward computes grad * output into a temporary first
-            if op == "softmax" {
+            if matches!(op, Op::Softmax { log: false, .. }) {
                 let (shape, dtype) = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
                 let tmp = self.empty(&shape, dtype, Category::Temporary)?;
                 self.release(tmp);
@@ -916,7 +1007,7 @@ impl<S: SegmentSource> Tensors<S> {
             // cuDNN's attention backward takes a workspace after its three gradients, freed
             // before it returns: a float32 accumulator for the query gradient, a float32 word
             // per query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256 in the H200 traces)
-            if op == "sdpa_cudnn" {
+            if matches!(op, Op::Sdpa { cudnn: true }) {
                 let shape = self.shape(grad_out).to_vec();
                 let elems: usize = shape.iter().product();
                 let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
@@ -933,7 +1024,7 @@ impl<S: SegmentSource> Tensors<S> {
             // the kernel's float32 workspace, per batch and head: a query-gradient accumulator
             // of T rows by the head size rounded up to 64, and 4 words per block of 64 queries;
             // it goes before the kernel returns, after the copy.
-            if op == "sdpa_efficient" {
+            if matches!(op, Op::Sdpa { cudnn: false }) {
                 let shape = self.shape(grad_out).to_vec();
                 let rows = shape[..shape.len().saturating_sub(1)].to_vec();
                 let prod = self.empty(&shape, DType::F32, Category::Temporary)?;

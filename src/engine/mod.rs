@@ -1,23 +1,29 @@
-//! The tensor engine (issue 3, in progress): element types, layouts with PyTorch's view rules,
-//! and tensors over storages that come from the caching allocator. Autograd, the ops and the
-//! backends (sim, cpu, cuda) build on these next.
+//! The tensor engine: element types, layouts with PyTorch's view rules, tensors over storages
+//! that come from the caching allocator, the ops, autograd, autocast, checkpointing and the
+//! optimizers. It decides what is allocated, saved and freed, exactly when PyTorch would; the
+//! device it runs on ([`crate::backend`]) holds the data and runs the kernels.
 //!
 //! - [`dtype`]: element types and their sizes.
 //! - [`layout`]: shape, strides and offset; view, reshape, slice, select, transpose, permute,
 //!   expand, split and chunk as ATen computes them.
+//! - [`op`]: every op, defined once (plain data: attributes, kernels, autocast policy, saves,
+//!   backward); the script language's function table ([`op::script`]).
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
-//!   memory category of each allocation in its tag stack.
+//!   memory category of each allocation in its tag stack; kernel launches.
+//! - [`exec`]: running ops forward (allocation order, kernels, the node each records).
+//! - [`autograd`]: graph nodes, saved tensors, backward, activation checkpointing.
+//! - [`autocast`]: casts and the cast cache of `torch.autocast`.
+//! - [`optim`]: SGD, momentum, Adam and AdamW: state, temporaries, updates.
 
 pub mod autocast;
 pub mod autograd;
-pub mod backend;
 pub mod dtype;
+pub mod exec;
 pub mod layout;
-pub mod ops;
+pub mod op;
 pub mod optim;
 pub mod tensor;
 
-pub use backend::{Backend, Buffer, SimBackend};
 pub use dtype::DType;
 pub use layout::{Layout, LayoutError};
 pub use tensor::{Category, EngineError, TensorId, Tensors};

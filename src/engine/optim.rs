@@ -10,52 +10,45 @@
 //!   division) that are freed before the next parameter.
 //! - `zero_grad(set_to_none=True)` drops the gradients; with `False` they are zeroed in place.
 
+pub use super::op::OptimKind;
+use super::op::{Fill, Hyper, Op, OptimStep};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
-use crate::alloc::SegmentSource;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimKind {
-    Sgd,
-    SgdMomentum,
-    Adam,
-    AdamW,
-}
-
-impl OptimKind {
-    pub fn parse(name: &str) -> Option<OptimKind> {
-        Some(match name {
-            "sgd" => OptimKind::Sgd,
-            "sgd_momentum" => OptimKind::SgdMomentum,
-            "adam" => OptimKind::Adam,
-            "adamw" => OptimKind::AdamW,
-            _ => return None,
-        })
-    }
-}
+use crate::backend::Device;
 
 #[derive(Debug, Clone)]
 pub struct Optimizer {
     pub kind: OptimKind,
     pub foreach: bool,
+    pub hyper: Hyper,
     /// Handles on the parameters.
     pub params: Vec<TensorId>,
     /// Per parameter, its state tensors (empty until the first step).
     pub state: Vec<Vec<TensorId>>,
+    /// Per parameter, the steps it took (PyTorch's per-parameter `step`).
+    pub steps: Vec<u64>,
 }
 
 impl Optimizer {
+    /// An optimizer with PyTorch's default hyperparameters for `kind`.
     pub fn new(kind: OptimKind, params: Vec<TensorId>, foreach: bool) -> Self {
+        Self::with_hyper(kind, params, foreach, Hyper::defaults(kind))
+    }
+
+    pub fn with_hyper(kind: OptimKind, params: Vec<TensorId>, foreach: bool, hyper: Hyper) -> Self {
         let state = vec![Vec::new(); params.len()];
+        let steps = vec![0; params.len()];
         Optimizer {
             kind,
             foreach,
+            hyper,
             params,
             state,
+            steps,
         }
     }
 
     /// `optimizer.step()`.
-    pub fn step<S: SegmentSource>(&mut self, d: &mut Tensors<S>) -> Result<(), EngineError> {
+    pub fn step<S: Device>(&mut self, d: &mut Tensors<S>) -> Result<(), EngineError> {
         // parameters without a gradient are skipped, as PyTorch's `_init_group` does
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| d.grad(self.params[i]).is_some())
@@ -64,19 +57,32 @@ impl Optimizer {
             if self.state[i].is_empty() {
                 let p = self.params[i];
                 let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
-                let n = match self.kind {
-                    OptimKind::Sgd => 0,
-                    OptimKind::SgdMomentum => 1,
-                    OptimKind::Adam | OptimKind::AdamW => 2,
-                };
-                for _ in 0..n {
+                for _ in 0..self.kind.states() {
                     let s = d.empty(&shape, dtype, Category::OptimizerState)?;
                     self.state[i].push(s);
+                    // exp_avg and exp_avg_sq start at zeros (a momentum buffer is the first
+                    // gradient, which the update writes)
+                    if self.kind != OptimKind::SgdMomentum {
+                        d.fill(s, Fill::Zeros)?;
+                    }
                 }
             }
         }
-        let updated: Vec<TensorId> = with_grad.iter().map(|&i| self.params[i]).collect();
-        d.launch("optimizer_step", &updated, &updated)?;
+        for &i in &with_grad {
+            self.steps[i] += 1;
+            if d.computes() {
+                let p = self.params[i];
+                let g = d.grad(p).expect("has a gradient");
+                let op = Op::OptimStep(OptimStep {
+                    kind: self.kind,
+                    hyper: self.hyper,
+                    step: self.steps[i],
+                });
+                let mut outs = vec![p];
+                outs.extend(&self.state[i]);
+                d.launch(&op, &[g], &outs)?;
+            }
+        }
         if matches!(self.kind, OptimKind::Adam | OptimKind::AdamW) {
             if self.foreach {
                 let mut temps = Vec::with_capacity(with_grad.len());
@@ -110,17 +116,24 @@ impl Optimizer {
         Ok(())
     }
 
-    /// `optimizer.zero_grad(set_to_none=...)`.
-    pub fn zero_grad<S: SegmentSource>(&self, d: &mut Tensors<S>, set_to_none: bool) {
-        if set_to_none {
-            for &p in &self.params {
+    /// `optimizer.zero_grad(set_to_none=...)`: drops the gradients, or zeros them in place.
+    pub fn zero_grad<S: Device>(
+        &self,
+        d: &mut Tensors<S>,
+        set_to_none: bool,
+    ) -> Result<(), EngineError> {
+        for &p in &self.params {
+            if set_to_none {
                 d.clear_grad(p);
+            } else if let Some(g) = d.grad(p) {
+                d.fill(g, Fill::Zeros)?;
             }
         }
+        Ok(())
     }
 
     /// Gives back every handle (parameters and state).
-    pub fn release<S: SegmentSource>(self, d: &mut Tensors<S>) {
+    pub fn release<S: Device>(self, d: &mut Tensors<S>) {
         for s in self.state.into_iter().flatten() {
             d.release(s);
         }
@@ -175,7 +188,7 @@ mod tests {
             3 * params,
             "plus one foreach temporary each"
         );
-        opt.zero_grad(&mut d, true);
+        opt.zero_grad(&mut d, true).unwrap();
         assert!(d.grad(w).is_none());
         let before = d.alloc.stats().allocated_bytes.all().current;
         opt.step(&mut d).unwrap();

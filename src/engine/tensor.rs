@@ -12,7 +12,9 @@
 use super::autograd::{Node, NodeId};
 use super::dtype::DType;
 use super::layout::{Layout, LayoutError};
-use crate::alloc::{CachingAllocator, OutOfMemory, SegmentSource};
+use super::op::{Op, Role};
+use crate::alloc::{CachingAllocator, OutOfMemory};
+use crate::backend::{Buffer, Device, Launch, Pass};
 
 /// What a tensor's memory is for. The engine knows each tensor's role, so this is exact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -56,6 +58,9 @@ impl Category {
         format!("category:{}", self.name())
     }
 }
+
+/// A kernel argument by value: address, layout, dtype.
+pub(crate) type RawBuffer = (u64, Layout, DType);
 
 /// A tensor, by handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,7 +122,7 @@ impl From<OutOfMemory> for EngineError {
 
 /// Tensors and storages over one device's allocator.
 #[derive(Debug, Clone)]
-pub struct Tensors<S: SegmentSource> {
+pub struct Tensors<S: Device> {
     pub alloc: CachingAllocator<S>,
     storages: Vec<Storage>,
     free_storages: Vec<u32>,
@@ -150,16 +155,18 @@ pub struct Tensors<S: SegmentSource> {
     pub(crate) autocast: super::autocast::Autocast,
     /// Activation-checkpoint regions.
     pub(crate) checkpoint: super::autograd::Checkpoints,
-    /// Where kernels run (the simulated device by default).
-    pub backend: std::sync::Arc<dyn super::backend::Backend>,
     /// Storages made so far (each one's serial).
     storage_serials: u64,
+    /// Random draws made so far (factories, dropout): each draw's seed, so a data device
+    /// draws the same numbers for the same workload.
+    pub(crate) draws: u64,
+    /// Whether the device computes (false on the simulated one: no launch is built).
+    computes: bool,
 }
 
-impl<S: SegmentSource> Tensors<S> {
+impl<S: Device> Tensors<S> {
     pub fn new(alloc: CachingAllocator<S>) -> Self {
         Tensors {
-            alloc,
             storages: Vec::new(),
             free_storages: Vec::new(),
             tensors: Vec::new(),
@@ -177,9 +184,22 @@ impl<S: SegmentSource> Tensors<S> {
             peak: (0, [0; 7]),
             autocast: Default::default(),
             checkpoint: Default::default(),
-            backend: std::sync::Arc::new(super::backend::SimBackend),
             storage_serials: 0,
+            draws: 0,
+            computes: alloc.source().computes(),
+            alloc,
         }
+    }
+
+    /// Whether the device computes real values.
+    pub fn computes(&self) -> bool {
+        self.computes
+    }
+
+    /// The next seed for a random draw.
+    pub(crate) fn next_seed(&mut self) -> u64 {
+        self.draws += 1;
+        self.draws
     }
 
     pub fn info(&self, t: TensorId) -> &TensorInfo {
@@ -356,26 +376,155 @@ impl<S: SegmentSource> Tensors<S> {
         self.peak = (now, self.by_category);
     }
 
-    /// Hands an op to the backend: its inputs and outputs as device buffers.
+    /// Runs `op` forward on the device: its inputs, and its outputs followed by its extras.
     pub fn launch(
-        &self,
-        op: &str,
+        &mut self,
+        op: &Op,
         inputs: &[TensorId],
         outputs: &[TensorId],
     ) -> Result<(), EngineError> {
-        let buf = |t: &TensorId| {
-            let i = self.info(*t);
-            super::backend::Buffer {
-                addr: self.storages[i.storage as usize].addr,
-                layout: &i.layout,
-                dtype: i.dtype,
+        if !self.computes {
+            return Ok(());
+        }
+        self.tape_launch(op, Pass::Forward, inputs, outputs);
+        self.run_launch(op, Pass::Forward, inputs, outputs, &[])
+    }
+
+    /// Runs the gradient of `op`'s input `input`: `inputs[0]` the incoming gradient (or, for a
+    /// split, every part's), `output` the gradient to write, `saved` the node's tensors.
+    pub(crate) fn launch_grad(
+        &mut self,
+        op: &Op,
+        input: usize,
+        inputs: &[TensorId],
+        output: TensorId,
+        saved: &[(Role, TensorId)],
+    ) -> Result<(), EngineError> {
+        if !self.computes {
+            return Ok(());
+        }
+        self.run_launch(op, Pass::Grad { input }, inputs, &[output], saved)
+    }
+
+    fn run_launch(
+        &mut self,
+        op: &Op,
+        pass: Pass,
+        inputs: &[TensorId],
+        outputs: &[TensorId],
+        saved: &[(Role, TensorId)],
+    ) -> Result<(), EngineError> {
+        // the device lives in the allocator: the buffers' layouts are copied out of the
+        // tensor table first (only data devices get here)
+        let ins: Vec<_> = inputs.iter().map(|&t| self.raw(t)).collect();
+        let outs: Vec<_> = outputs.iter().map(|&t| self.raw(t)).collect();
+        let sv: Vec<_> = saved.iter().map(|&(r, t)| (r, self.raw(t))).collect();
+        self.launch_raw(op, pass, &ins, &outs, &sv)
+    }
+
+    /// A tensor as a kernel argument: address, layout, dtype.
+    pub(crate) fn raw(&self, t: TensorId) -> RawBuffer {
+        let i = self.info(t);
+        (
+            self.storages[i.storage as usize].addr,
+            i.layout.clone(),
+            i.dtype,
+        )
+    }
+
+    /// Runs a kernel on buffers given by address (a checkpoint's recompute replays them).
+    pub(crate) fn launch_raw(
+        &mut self,
+        op: &Op,
+        pass: Pass,
+        ins: &[RawBuffer],
+        outs: &[RawBuffer],
+        saved: &[(Role, RawBuffer)],
+    ) -> Result<(), EngineError> {
+        fn buf(r: &RawBuffer) -> Buffer<'_> {
+            Buffer {
+                addr: r.0,
+                layout: &r.1,
+                dtype: r.2,
             }
+        }
+        let ins: Vec<Buffer> = ins.iter().map(buf).collect();
+        let outs: Vec<Buffer> = outs.iter().map(buf).collect();
+        let sv: Vec<(Role, Buffer)> = saved.iter().map(|(r, o)| (*r, buf(o))).collect();
+        let l = Launch {
+            op,
+            pass,
+            inputs: &ins,
+            outputs: &outs,
+            saved: &sv,
         };
-        let ins: Vec<_> = inputs.iter().map(buf).collect();
-        let outs: Vec<_> = outputs.iter().map(buf).collect();
-        self.backend.launch(op, &ins, &outs).map_err(|e| {
-            EngineError::Invalid(format!("{} backend: {op}: {e}", self.backend.name()))
+        let r = self.alloc.source_mut().launch(&l);
+        r.map_err(|e| {
+            EngineError::Invalid(format!(
+                "{} device: {}: {e}",
+                self.alloc.source().name(),
+                op.name()
+            ))
         })
+    }
+
+    /// Inside a checkpoint region on a data device, the forward's kernels go on the region's
+    /// tape with their buffers (by storage serial when made in the region, else by address),
+    /// so the recompute can run them again.
+    fn tape_launch(&mut self, op: &Op, pass: Pass, inputs: &[TensorId], outputs: &[TensorId]) {
+        let Some(r) = self.checkpoint.current else {
+            return;
+        };
+        let tref = |s: &Self, t: TensorId| {
+            let i = s.info(t);
+            let st = &s.storages[i.storage as usize];
+            let at = if st.region == Some(r) {
+                super::autograd::TapeRef::Made(st.serial)
+            } else {
+                super::autograd::TapeRef::Outside(st.addr)
+            };
+            (at, i.layout.clone(), i.dtype)
+        };
+        let ins = inputs.iter().map(|&t| tref(self, t)).collect();
+        let outs = outputs.iter().map(|&t| tref(self, t)).collect();
+        let _ = pass;
+        self.checkpoint.regions[r as usize]
+            .tape
+            .push(super::autograd::TapeEvent::Launch {
+                op: op.clone(),
+                inputs: ins,
+                outputs: outs,
+            });
+    }
+
+    /// A tensor's values (None on a device without data).
+    pub fn read(&self, t: TensorId) -> Result<Option<Vec<f64>>, EngineError> {
+        let (addr, layout, dtype) = self.raw(t);
+        self.alloc
+            .source()
+            .read(&Buffer {
+                addr,
+                layout: &layout,
+                dtype,
+            })
+            .map_err(EngineError::Invalid)
+    }
+
+    /// Writes values into a tensor (weights and batches from files; a no-op without data).
+    pub fn write(&mut self, t: TensorId, values: &[f64]) -> Result<(), EngineError> {
+        if !self.computes {
+            return Ok(());
+        }
+        let i = self.info(t).clone();
+        let b = Buffer {
+            addr: self.storages[i.storage as usize].addr,
+            layout: &i.layout,
+            dtype: i.dtype,
+        };
+        self.alloc
+            .source_mut()
+            .write(&b, values)
+            .map_err(EngineError::Invalid)
     }
 
     /// The checkpoint region the tensor's storage was allocated in.

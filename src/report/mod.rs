@@ -24,6 +24,7 @@ pub mod run;
 pub mod snapshot;
 pub mod stats_table;
 pub mod summary;
+pub mod tensors;
 pub mod timeline_svg;
 pub mod torch_summary;
 pub mod whatif;

@@ -122,7 +122,7 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
     json!({
         "workload": path,
         "name": r.name,
-        "device": "sim",
+        "device": r.device,
         "capacity": r.capacity,
         "iterations": r.iterations,
         "marks": r.marks,

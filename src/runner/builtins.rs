@@ -1,61 +1,109 @@
 //! The functions, methods, attributes and indexing a workload script can use.
+//!
+//! Tensor ops come from the engine's table ([`crate::engine::op::script`]) and are bound in
+//! `bind`; what is here are the runtime's own: [`RUNTIME_FUNCTIONS`] and [`RUNTIME_METHODS`]
+//! (keeping tensors, marks, the allocator's calls, optimizers, backward, `.item()`), tensor
+//! attributes, and indexing.
 
 use super::{engine_err, script, Flow, Mark, Runner, Value};
-use crate::engine::autocast::CastPolicy;
 use crate::engine::layout::Layout;
-use crate::engine::ops::Unary;
+use crate::engine::op::script as script_table;
+use crate::engine::op::{Hyper, ViewKind};
 use crate::engine::optim::{OptimKind, Optimizer};
-use crate::engine::{Category, DType, TensorId};
+use crate::engine::TensorId;
 use crate::workload::ast::{Expr, IndexItem, Span};
 
-/// Functions a script may call, for the error message when a name is unknown.
-const FUNCTIONS: &[&str] = &[
-    "linear",
-    "layer_norm",
-    "embedding",
-    "dropout",
-    "cross_entropy",
-    "scaled_dot_product_attention",
-    "sgd",
-    "adam",
-    "adamw",
-    "randn",
-    "rand",
-    "zeros",
-    "ones",
-    "empty",
-    "full",
-    "arange",
-    "keep",
-    "empty_cache",
-    "reset_peak_memory_stats",
-    "mark",
-    "synchronize",
-    "matmul",
-    "sum",
-    "mean",
-    "softmax",
-    "log_softmax",
+/// The runtime's functions: (signature, what it does).
+pub const RUNTIME_FUNCTIONS: &[(&str, &str)] = &[
+    (
+        "keep(*tensors)",
+        "holds the tensors to the end of the run (a list that keeps them)",
+    ),
+    (
+        "mark(label)",
+        "notes allocated and reserved memory here under label",
+    ),
+    (
+        "empty_cache()",
+        "torch.cuda.empty_cache(): frees the cached segments",
+    ),
+    ("reset_peak_memory_stats()", "resets the peak counters"),
+    ("synchronize()", "torch.cuda.synchronize()"),
+    (
+        "sgd(params, lr=0.001, momentum=0, weight_decay=0, foreach=true)",
+        "torch.optim.SGD",
+    ),
+    (
+        "adam(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0, foreach=true)",
+        "torch.optim.Adam",
+    ),
+    (
+        "adamw(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
+        "torch.optim.AdamW",
+    ),
+];
+
+/// The runtime's methods: (signature, what it does).
+pub const RUNTIME_METHODS: &[(&str, &str)] = &[
+    (
+        "x.backward(retain_graph=false)",
+        "backward from x (a scalar): gradients into the leaves' .grad",
+    ),
+    (
+        "x.item()",
+        "the value of a one-element tensor (its real value on a data device; 0.0 on sim)",
+    ),
+    ("x.detach()", "a view outside the graph"),
+    ("x.requires_grad_(on=true)", "sets requires_grad"),
+    (
+        "opt.step()",
+        "the optimizer's update (its state appears at the first step)",
+    ),
+    (
+        "opt.zero_grad(set_to_none=true)",
+        "drops (or zeros) the gradients",
+    ),
 ];
 
 /// Evaluated arguments: positional values and keyword values.
-struct Args {
-    pos: Vec<Value>,
-    kw: Vec<(String, Value)>,
+#[derive(Default)]
+pub(super) struct Args {
+    pub pos: Vec<Value>,
+    pub kw: Vec<(String, Value)>,
 }
 
 impl Args {
-    fn kw(&self, name: &str) -> Option<&Value> {
+    pub fn kw(&self, name: &str) -> Option<&Value> {
         self.kw.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 }
 
+/// Every name a script can call as a function, for the unknown-function message.
+pub fn function_names() -> Vec<&'static str> {
+    let mut v = script_table::names(false);
+    v.extend(
+        RUNTIME_FUNCTIONS
+            .iter()
+            .map(|(s, _)| s.split('(').next().unwrap_or(s)),
+    );
+    v
+}
+
+/// Every name a script can call as a method of a tensor.
+pub fn method_names() -> Vec<&'static str> {
+    let mut v = script_table::names(true);
+    v.extend(
+        RUNTIME_METHODS
+            .iter()
+            .filter(|(s, _)| s.starts_with("x."))
+            .map(|(s, _)| s[2..].split('(').next().unwrap_or(s)),
+    );
+    v
+}
+
 impl Runner {
     fn args(&mut self, args: &[Expr], kwargs: &[(String, Expr)]) -> Flow<Args> {
-        let mut out = Args {
-            pos: Vec::new(),
-            kw: Vec::new(),
-        };
+        let mut out = Args::default();
         for a in args {
             match self.eval(a) {
                 Ok(v) => out.pos.push(v),
@@ -86,47 +134,9 @@ impl Runner {
         }
     }
 
-    /// Sizes given as `f(2, 3)` or `f([2, 3])`.
-    fn shape_of(span: Span, vals: &[Value]) -> Flow<Vec<i64>> {
-        let flat: Vec<&Value> = match vals {
-            [Value::List(items)] => items.iter().collect(),
-            _ => vals.iter().collect(),
-        };
-        flat.iter()
-            .map(|v| v.as_i64().ok_or(()))
-            .collect::<Result<Vec<_>, _>>()
-            .or_else(|_| script(span, "sizes must be integers, as f(2, 3) or f([2, 3])"))
-    }
-
-    fn dims(span: Span, vals: &[Value]) -> Flow<Vec<usize>> {
-        Self::shape_of(span, vals)?
-            .into_iter()
-            .map(|d| {
-                usize::try_from(d).or_else(|_| script(span, format!("negative dimension {d}")))
-            })
-            .collect()
-    }
-
-    fn dtype_kw(span: Span, a: &Args, default: DType) -> Flow<DType> {
-        match a.kw("dtype") {
-            None => Ok(default),
-            Some(Value::DType(d)) => Ok(*d),
-            Some(Value::Str(s)) => {
-                DType::parse(s).map_or_else(|| script(span, format!("unknown dtype '{s}'")), Ok)
-            }
-            Some(v) => script(
-                span,
-                format!(
-                    "dtype must be a dtype such as float32 or bf16, not {}",
-                    v.kind()
-                ),
-            ),
-        }
-    }
-
-    fn bool_kw(span: Span, a: &Args, name: &str) -> Flow<bool> {
+    fn bool_kw(span: Span, a: &Args, name: &str, default: bool) -> Flow<bool> {
         match a.kw(name) {
-            None => Ok(false),
+            None | Some(Value::None) => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
             Some(v) => script(
                 span,
@@ -135,21 +145,11 @@ impl Runner {
         }
     }
 
-    fn int_kw(span: Span, a: &Args, name: &str) -> Flow<Option<i64>> {
+    fn float_kw(span: Span, a: &Args, name: &str, default: f64) -> Flow<f64> {
         match a.kw(name) {
-            None | Some(Value::None) => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .map(Some)
-                .map_or_else(|| script(span, format!("{name} must be an integer")), Ok),
-        }
-    }
-
-    fn tensor_arg(span: Span, a: &Args, i: usize, what: &str) -> Flow<TensorId> {
-        match a.pos.get(i) {
-            Some(Value::Tensor(t)) => Ok(*t),
-            Some(v) => script(span, format!("{what} expects a tensor, got {}", v.kind())),
-            None => script(span, format!("{what} expects a tensor argument")),
+            None => Ok(default),
+            Some(v @ (Value::Int(_) | Value::Float(_))) => Ok(v.as_f64().expect("a number")),
+            Some(v) => script(span, format!("{name} must be a number, not {}", v.kind())),
         }
     }
 
@@ -168,187 +168,7 @@ impl Runner {
 
     fn call_with(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
         match func {
-            "randn" | "rand" | "zeros" | "ones" | "empty" | "full" => {
-                let sizes = if func == "full" {
-                    if a.pos.len() != 2 {
-                        return script(span, "full expects (size, fill_value)");
-                    }
-                    Self::dims(span, &a.pos[..1])?
-                } else {
-                    Self::dims(span, &a.pos)?
-                };
-                let dtype = Self::dtype_kw(span, a, DType::F32)?;
-                let rg = Self::bool_kw(span, a, "requires_grad")?;
-                let cat = if rg {
-                    Category::Parameter
-                } else {
-                    Category::Input
-                };
-                self.op(span, func, |d| d.factory(&sizes, dtype, rg, cat))
-                    .map(Value::Tensor)
-            }
-            "arange" => {
-                let nums: Vec<f64> = a.pos.iter().filter_map(|v| v.as_f64()).collect();
-                if nums.is_empty() || nums.len() != a.pos.len() || nums.len() > 3 {
-                    return script(
-                        span,
-                        "arange expects (end), (start, end) or (start, end, step)",
-                    );
-                }
-                let (start, end, step) = match nums[..] {
-                    [e] => (0.0, e, 1.0),
-                    [s, e] => (s, e, 1.0),
-                    [s, e, st] => (s, e, st),
-                    _ => unreachable!(),
-                };
-                if step == 0.0 {
-                    return script(span, "arange step must be nonzero");
-                }
-                let n = ((end - start) / step).ceil().max(0.0) as usize;
-                let ints = a.pos.iter().all(|v| matches!(v, Value::Int(_)));
-                let dtype = Self::dtype_kw(span, a, if ints { DType::I64 } else { DType::F32 })?;
-                let rg = Self::bool_kw(span, a, "requires_grad")?;
-                self.op(span, "arange", |d| {
-                    d.factory(&[n], dtype, rg, Category::Input)
-                })
-                .map(Value::Tensor)
-            }
-            "linear" => {
-                let (x, w) = (
-                    Self::tensor_arg(span, a, 0, "linear")?,
-                    Self::tensor_arg(span, a, 1, "linear")?,
-                );
-                let b = match a.pos.get(2) {
-                    Some(Value::Tensor(t)) => Some(*t),
-                    _ => None,
-                };
-                self.op(span, "linear", |d| {
-                    let mut ins = vec![x, w];
-                    ins.extend(b);
-                    d.autocast_op(CastPolicy::Lower, &ins, |d, i| {
-                        d.linear(i[0], i[1], i.get(2).copied())
-                    })
-                })
-                .map(Value::Tensor)
-            }
-            "layer_norm" => {
-                let x = Self::tensor_arg(span, a, 0, "layer_norm")?;
-                let opt = |i: usize| match a.pos.get(i) {
-                    Some(Value::Tensor(t)) => Some(*t),
-                    _ => None,
-                };
-                let (w, b) = (opt(1), opt(2));
-                self.op(span, "layer_norm", |d| {
-                    let mut ins = vec![x];
-                    ins.extend(w);
-                    ins.extend(b);
-                    let (nw, nb) = (w.is_some(), b.is_some());
-                    d.autocast_op(CastPolicy::Float32, &ins, |d, i| {
-                        let w = nw.then(|| i[1]);
-                        let b = nb.then(|| i[if nw { 2 } else { 1 }]);
-                        d.layer_norm(i[0], w, b)
-                    })
-                })
-                .map(Value::Tensor)
-            }
-            "embedding" => {
-                let (i, t) = (
-                    Self::tensor_arg(span, a, 0, "embedding")?,
-                    Self::tensor_arg(span, a, 1, "embedding")?,
-                );
-                self.op(span, "embedding", |d| d.embedding(i, t))
-                    .map(Value::Tensor)
-            }
-            "dropout" => {
-                let x = Self::tensor_arg(span, a, 0, "dropout")?;
-                let p = a
-                    .pos
-                    .get(1)
-                    .or(a.kw("p"))
-                    .and_then(|v| v.as_f64())
-                    .unwrap_or(0.5);
-                if !(0.0..=1.0).contains(&p) {
-                    return script(
-                        span,
-                        format!("dropout probability has to be between 0 and 1, but got {p}"),
-                    );
-                }
-                let training = !matches!(a.kw("training"), Some(Value::Bool(false)));
-                if !training {
-                    return Ok(Value::Tensor(self.dev.retain(x)));
-                }
-                self.op(span, "dropout", |d| d.dropout(x, p))
-                    .map(Value::Tensor)
-            }
-            "cross_entropy" => {
-                let (x, t) = (
-                    Self::tensor_arg(span, a, 0, "cross_entropy")?,
-                    Self::tensor_arg(span, a, 1, "cross_entropy")?,
-                );
-                self.op(span, "cross_entropy", |d| {
-                    d.autocast_op(CastPolicy::Float32, &[x, t], |d, i| {
-                        d.cross_entropy(i[0], i[1])
-                    })
-                })
-                .map(Value::Tensor)
-            }
-            "scaled_dot_product_attention" => {
-                let q = Self::tensor_arg(span, a, 0, "scaled_dot_product_attention")?;
-                let k = Self::tensor_arg(span, a, 1, "scaled_dot_product_attention")?;
-                let v = Self::tensor_arg(span, a, 2, "scaled_dot_product_attention")?;
-                self.op(span, "scaled_dot_product_attention", |d| {
-                    d.autocast_op(CastPolicy::Lower, &[q, k, v], |d, i| {
-                        d.sdpa(i[0], i[1], i[2])
-                    })
-                })
-                .map(Value::Tensor)
-            }
-            "sgd" | "adam" | "adamw" => {
-                let mut params = Vec::new();
-                for v in &a.pos {
-                    match v {
-                        Value::Tensor(t) => params.push(*t),
-                        Value::List(items) => params.extend(items.iter().filter_map(|i| match i {
-                            Value::Tensor(t) => Some(*t),
-                            _ => None,
-                        })),
-                        other => {
-                            return script(
-                                span,
-                                format!("{func} takes tensors to optimize, not {}", other.kind()),
-                            )
-                        }
-                    }
-                }
-                if params.is_empty() {
-                    return script(span, "optimizer got an empty parameter list");
-                }
-                for &p in &params {
-                    if !self.dev.info(p).requires_grad {
-                        return script(span, "can't optimize a tensor that does not require grad");
-                    }
-                }
-                let momentum = a.kw("momentum").and_then(|v| v.as_f64()).unwrap_or(0.0);
-                let kind = match func {
-                    "sgd" if momentum != 0.0 => OptimKind::SgdMomentum,
-                    "sgd" => OptimKind::Sgd,
-                    "adam" => OptimKind::Adam,
-                    _ => OptimKind::AdamW,
-                };
-                let foreach = match a.kw("foreach") {
-                    None | Some(Value::None) => true,
-                    Some(Value::Bool(b)) => *b,
-                    Some(v) => {
-                        return script(
-                            span,
-                            format!("foreach must be true or false, not {}", v.kind()),
-                        )
-                    }
-                };
-                let handles = params.iter().map(|&p| self.dev.retain(p)).collect();
-                self.optimizers.push(Optimizer::new(kind, handles, foreach));
-                Ok(Value::Optimizer(self.optimizers.len() - 1))
-            }
+            "sgd" | "adam" | "adamw" => self.make_optimizer(span, func, a),
             "keep" => {
                 for v in &a.pos {
                     if let Value::Tensor(t) = v {
@@ -367,7 +187,10 @@ impl Runner {
                 self.dev.alloc.reset_peak_stats();
                 Ok(Value::None)
             }
-            "synchronize" => Ok(Value::None),
+            "synchronize" => {
+                crate::backend::Device::synchronize(self.dev.alloc.source_mut());
+                Ok(Value::None)
+            }
             "mark" => {
                 let label = match a.pos.first() {
                     Some(Value::Str(s)) => s.clone(),
@@ -385,46 +208,86 @@ impl Runner {
                 });
                 Ok(Value::None)
             }
-            "matmul" => {
-                let (x, y) = (
-                    Self::tensor_arg(span, a, 0, "matmul")?,
-                    Self::tensor_arg(span, a, 1, "matmul")?,
-                );
-                self.op(span, "matmul", |d| {
-                    d.autocast_op(CastPolicy::Lower, &[x, y], |d, i| d.matmul(i[0], i[1]))
-                })
-                .map(Value::Tensor)
-            }
-            "sum" | "mean" | "softmax" | "log_softmax" => {
-                let x = Self::tensor_arg(span, a, 0, func)?;
-                let rest = Args {
-                    pos: a.pos[1..].to_vec(),
-                    kw: a.kw.clone(),
-                };
-                self.tensor_method(span, x, func, &rest)
-            }
-            other => match Unary::parse(other) {
-                Some(_) => {
-                    let x = Self::tensor_arg(span, a, 0, other)?;
-                    self.tensor_method(
-                        span,
-                        x,
-                        other,
-                        &Args {
-                            pos: Vec::new(),
-                            kw: Vec::new(),
-                        },
-                    )
-                }
+            other => match script_table::lookup(other, false) {
+                Some(e) => self.call_entry(span, e, None, a),
                 None => script(
                     span,
                     format!(
                         "unknown function '{other}'; known: {}",
-                        FUNCTIONS.join(", ")
+                        function_names().join(", ")
                     ),
                 ),
             },
         }
+    }
+
+    fn make_optimizer(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
+        let mut params = Vec::new();
+        for v in &a.pos {
+            match v {
+                Value::Tensor(t) => params.push(*t),
+                Value::List(items) => params.extend(items.iter().filter_map(|i| match i {
+                    Value::Tensor(t) => Some(*t),
+                    _ => None,
+                })),
+                other => {
+                    return script(
+                        span,
+                        format!("{func} takes tensors to optimize, not {}", other.kind()),
+                    )
+                }
+            }
+        }
+        if params.is_empty() {
+            return script(span, "optimizer got an empty parameter list");
+        }
+        for &p in &params {
+            if !self.dev.info(p).requires_grad {
+                return script(span, "can't optimize a tensor that does not require grad");
+            }
+        }
+        for (k, _) in &a.kw {
+            if !["lr", "momentum", "weight_decay", "betas", "eps", "foreach"].contains(&k.as_str())
+            {
+                return script(
+                    span,
+                    format!("{func} got an unexpected keyword argument '{k}'"),
+                );
+            }
+        }
+        let momentum = Self::float_kw(span, a, "momentum", 0.0)?;
+        let kind = match func {
+            "sgd" if momentum != 0.0 => OptimKind::SgdMomentum,
+            "sgd" => OptimKind::Sgd,
+            "adam" => OptimKind::Adam,
+            _ => OptimKind::AdamW,
+        };
+        let d = Hyper::defaults(kind);
+        let betas = match a.kw("betas") {
+            None => d.betas,
+            Some(Value::List(v)) if v.len() == 2 && v.iter().all(|x| x.as_f64().is_some()) => (
+                v[0].as_f64().expect("a number"),
+                v[1].as_f64().expect("a number"),
+            ),
+            Some(_) => {
+                return script(
+                    span,
+                    "betas must be a list of two numbers, as betas=[0.9, 0.999]",
+                )
+            }
+        };
+        let hyper = Hyper {
+            lr: Self::float_kw(span, a, "lr", d.lr)?,
+            momentum,
+            betas,
+            eps: Self::float_kw(span, a, "eps", d.eps)?,
+            weight_decay: Self::float_kw(span, a, "weight_decay", d.weight_decay)?,
+        };
+        let foreach = Self::bool_kw(span, a, "foreach", true)?;
+        let handles = params.iter().map(|&p| self.dev.retain(p)).collect();
+        self.optimizers
+            .push(Optimizer::with_hyper(kind, handles, foreach, hyper));
+        Ok(Value::Optimizer(self.optimizers.len() - 1))
     }
 
     pub(super) fn method(
@@ -457,6 +320,7 @@ impl Runner {
                     &mut self.optimizers[i],
                     Optimizer::new(OptimKind::Sgd, Vec::new(), true),
                 );
+                self.capture_grads().map_err(|e| engine_err(span, e))?;
                 let saved = self.enter_phase("phase:optimizer");
                 self.dev.alloc.recorder_mut().push_tag("optimizer.step");
                 let r = opt.step(&mut self.dev);
@@ -479,7 +343,13 @@ impl Runner {
                         )
                     }
                 };
-                self.optimizers[i].zero_grad(&mut self.dev, set_to_none);
+                let opt = std::mem::replace(
+                    &mut self.optimizers[i],
+                    Optimizer::new(OptimKind::Sgd, Vec::new(), true),
+                );
+                let r = opt.zero_grad(&mut self.dev, set_to_none);
+                self.optimizers[i] = opt;
+                r.map_err(|e| engine_err(span, e))?;
                 Ok(Value::None)
             }
             other => script(
@@ -489,133 +359,34 @@ impl Runner {
         }
     }
 
-    fn view(
-        &mut self,
-        span: Span,
-        t: TensorId,
-        op: &'static str,
-        l: Result<Layout, crate::engine::LayoutError>,
-    ) -> Flow<Value> {
-        let l = l.map_err(|e| super::Stop::Script(span, e.0))?;
-        Ok(Value::Tensor(self.dev.view_op(op, t, l)))
+    /// Before the first optimizer step, with `capture_grads`: every named parameter's gradient.
+    fn capture_grads(&mut self) -> Result<(), crate::engine::EngineError> {
+        if self.grads.is_some() {
+            return Ok(());
+        }
+        let Some(named) = self.named.take() else {
+            return Ok(());
+        };
+        let mut out = Vec::new();
+        for (name, t) in &named {
+            if let Some(g) = self.dev.grad(*t) {
+                if let Some(v) = self.dev.read(g)? {
+                    out.push((name.clone(), self.dev.shape(g).to_vec(), v));
+                }
+            }
+        }
+        for (_, t) in named {
+            self.dev.release(t);
+        }
+        self.grads = Some(out);
+        Ok(())
     }
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
-        // a dimension already checked by the layout, as an index
-        let wrap = |d: i64, nd: usize| crate::engine::layout::wrap_dim(d, nd).unwrap_or(0);
-        let layout = self.dev.info(t).layout.clone();
-        let ints = |v: &[Value]| Self::shape_of(span, v);
         match name {
-            n if Unary::parse(n).is_some() => {
-                let op = Unary::parse(n).expect("checked");
-                self.op(span, n, |d| d.unary(op, t)).map(Value::Tensor)
-            }
-            "sum" | "mean" => {
-                let dim = match a.pos.first() {
-                    Some(v) => Some(
-                        v.as_i64()
-                            .map_or_else(|| script(span, "dim must be an integer"), Ok)?,
-                    ),
-                    None => Self::int_kw(span, a, "dim")?,
-                };
-                let keep = Self::bool_kw(span, a, "keepdim")?;
-                let op: &'static str = if name == "sum" { "sum" } else { "mean" };
-                self.op(span, op, |d| d.reduce(op, t, dim, keep))
-                    .map(Value::Tensor)
-            }
-            "softmax" | "log_softmax" => {
-                let dim = match a.pos.first() {
-                    Some(v) => v.as_i64(),
-                    None => Self::int_kw(span, a, "dim")?,
-                };
-                let Some(dim) = dim else {
-                    return script(span, format!("{name} needs dim"));
-                };
-                let op: &'static str = if name == "softmax" {
-                    "softmax"
-                } else {
-                    "log_softmax"
-                };
-                self.op(span, op, |d| {
-                    d.autocast_op(CastPolicy::Float32, &[t], |d, i| d.softmax(op, i[0], dim))
-                })
-                .map(Value::Tensor)
-            }
-            "view" => {
-                let s = ints(&a.pos)?;
-                self.view(span, t, "view", layout.view(&s))
-            }
-            "reshape" => {
-                let s = ints(&a.pos)?;
-                self.op(span, "reshape", |d| d.reshape_op(t, &s))
-                    .map(Value::Tensor)
-            }
-            "t" => self.view(span, t, "t", layout.t()),
-            "transpose" => {
-                let s = ints(&a.pos)?;
-                if s.len() != 2 {
-                    return script(span, "transpose expects two dimensions");
-                }
-                let l = layout
-                    .transpose(s[0], s[1])
-                    .map_err(|e| super::Stop::Script(span, e.0))?;
-                let nd = layout.ndim();
-                let (d0, d1) = (wrap(s[0], nd), wrap(s[1], nd));
-                let mut perm: Vec<usize> = (0..nd).collect();
-                perm.swap(d0, d1);
-                Ok(Value::Tensor(self.dev.permute_op("transpose", t, l, perm)))
-            }
-            "permute" => {
-                let s = ints(&a.pos)?;
-                let l = layout
-                    .permute(&s)
-                    .map_err(|e| super::Stop::Script(span, e.0))?;
-                let nd = layout.ndim();
-                let perm = s.iter().map(|&d| wrap(d, nd)).collect();
-                Ok(Value::Tensor(self.dev.permute_op("permute", t, l, perm)))
-            }
-            "expand" => {
-                let s = ints(&a.pos)?;
-                self.view(span, t, "expand", layout.expand(&s))
-            }
-            "unsqueeze" => {
-                let s = ints(&a.pos)?;
-                let [d] = s[..] else {
-                    return script(span, "unsqueeze expects one dimension");
-                };
-                self.view(span, t, "unsqueeze", layout.unsqueeze(d))
-            }
-            "contiguous" => self
-                .op(span, "contiguous", |d| d.contiguous_op(t))
-                .map(Value::Tensor),
-            "clone" => self.op(span, "clone", |d| d.clone_op(t)).map(Value::Tensor),
             "detach" => Ok(Value::Tensor(self.dev.detach(t))),
-            "split" | "chunk" => {
-                let n = a.pos.first().and_then(|v| v.as_i64()).filter(|n| *n > 0);
-                let Some(n) = n else {
-                    return script(span, format!("{name} expects a positive size"));
-                };
-                let dim = match a.pos.get(1) {
-                    Some(v) => v.as_i64().unwrap_or(0),
-                    None => Self::int_kw(span, a, "dim")?.unwrap_or(0),
-                };
-                let parts = if name == "split" {
-                    layout.split(n as usize, dim)
-                } else {
-                    layout.chunk(n as usize, dim)
-                };
-                let parts = parts.map_err(|e| super::Stop::Script(span, e.0))?;
-                let op: &'static str = if name == "split" { "split" } else { "chunk" };
-                Ok(Value::List(
-                    self.dev
-                        .split_op(op, t, parts)
-                        .into_iter()
-                        .map(Value::Tensor)
-                        .collect(),
-                ))
-            }
             "backward" => {
-                let retain = Self::bool_kw(span, a, "retain_graph")?;
+                let retain = Self::bool_kw(span, a, "retain_graph", false)?;
                 if self.current.after_forward.is_none() && self.iteration.is_some() {
                     self.current.after_forward = Some(self.allocated());
                 }
@@ -633,9 +404,22 @@ impl Runner {
             }
             "item" => {
                 if self.dev.info(t).layout.numel() != 1 {
-                    return script(span, "a Tensor with more than one element cannot be converted to a Python scalar");
+                    return script(
+                        span,
+                        "a Tensor with more than one element cannot be converted to a Python scalar",
+                    );
                 }
-                Ok(Value::Float(0.0))
+                let v = self.dev.read(t).map_err(|e| engine_err(span, e))?;
+                match v {
+                    Some(v) => {
+                        let x = v[0];
+                        if self.iteration.is_some() {
+                            *self.current.loss.get_or_insert(0.0) += x;
+                        }
+                        Ok(Value::Float(x))
+                    }
+                    None => Ok(Value::Float(0.0)),
+                }
             }
             "requires_grad_" => {
                 let on = match a.pos.first() {
@@ -651,54 +435,16 @@ impl Runner {
                 self.dev.set_requires_grad(t, on);
                 Ok(Value::Tensor(self.dev.retain(t)))
             }
-            "float" | "half" | "bfloat16" | "double" | "to" => {
-                let dtype = match name {
-                    "float" => DType::F32,
-                    "half" => DType::F16,
-                    "bfloat16" => DType::BF16,
-                    "double" => DType::F64,
-                    _ => match a.pos.first() {
-                        Some(Value::DType(d)) => *d,
-                        _ => Self::dtype_kw(span, a, self.dev.dtype(t))?,
-                    },
-                };
-                if dtype == self.dev.dtype(t) {
-                    return Ok(Value::Tensor(self.dev.retain(t)));
-                }
-                let shape = layout.shape.clone();
-                self.op(span, "to", |d| {
-                    let out = d.empty(&shape, dtype, Category::Temporary)?;
-                    d.launch("to", &[t], &[out])?;
-                    d.record("to", &[t], &[out], &[]);
-                    Ok(out)
-                })
-                .map(Value::Tensor)
-            }
-            "matmul" => {
-                let y = Self::tensor_arg(span, a, 0, "matmul")?;
-                self.op(span, "matmul", |d| {
-                    d.autocast_op(CastPolicy::Lower, &[t, y], |d, i| d.matmul(i[0], i[1]))
-                })
-                .map(Value::Tensor)
-            }
-            "masked_fill" => {
-                let m = Self::tensor_arg(span, a, 0, "masked_fill")?;
-                self.op(span, "masked_fill", |d| d.masked_fill(t, m))
-                    .map(Value::Tensor)
-            }
-            // in-place ops write into the tensor's own storage: nothing is allocated
-            "add_" | "sub_" | "mul_" | "div_" | "relu_" | "zero_" | "fill_" | "sin_" | "exp_"
-            | "neg_" => {
-                if self.dev.grad_enabled && self.dev.is_leaf(t) && self.dev.info(t).requires_grad {
-                    return script(span, "a leaf Variable that requires grad is being used in an in-place operation.");
-                }
-                self.dev.bump_version(t);
-                Ok(Value::Tensor(self.dev.retain(t)))
-            }
-            other => script(
-                span,
-                format!("tensors have no method '{other}' in gpumem's engine yet"),
-            ),
+            other => match script_table::lookup(other, true) {
+                Some(e) => self.call_entry(span, e, Some(t), a),
+                None => script(
+                    span,
+                    format!(
+                        "tensors have no method '{other}' in gpumem's engine; known: {}",
+                        method_names().join(", ")
+                    ),
+                ),
+            },
         }
     }
 
@@ -708,10 +454,12 @@ impl Runner {
         };
         let t = *t;
         match name {
-            "T" => {
-                let l = self.dev.info(t).layout.t();
-                self.view(span, t, "t", l)
-            }
+            "T" => self.call_entry(
+                span,
+                script_table::lookup("t", true).expect("t is an op"),
+                Some(t),
+                &Args::default(),
+            ),
             "grad" => Ok(match self.dev.grad(t) {
                 Some(g) => Value::Tensor(self.dev.retain(g)),
                 None => Value::None,
@@ -756,6 +504,8 @@ impl Runner {
         };
         let t = *t;
         let mut l = self.dev.info(t).layout.clone();
+        // the same indexing of a contiguous tensor: where backward scatters the gradient
+        let mut rel = Layout::contiguous(&l.shape);
         let real = items
             .iter()
             .filter(|i| matches!(i, IndexItem::Expr(_) | IndexItem::Slice { .. }))
@@ -780,6 +530,7 @@ impl Runner {
             let res = match item {
                 IndexItem::Expr(e) => {
                     let i = int(self, &Some(e.clone()))?.expect("given");
+                    rel = rel.select(dim, i).unwrap_or(rel);
                     l.select(dim, i)
                 }
                 IndexItem::Slice { start, stop, step } => {
@@ -789,11 +540,13 @@ impl Runner {
                         int(self, step)?.unwrap_or(1),
                     );
                     let r = l.slice(dim, s, e, st);
+                    rel = rel.slice(dim, s, e, st).unwrap_or(rel);
                     dim += 1;
                     r
                 }
                 IndexItem::NewAxis => {
                     let r = l.unsqueeze(dim);
+                    rel = rel.unsqueeze(dim).unwrap_or(rel);
                     dim += 1;
                     r
                 }
@@ -804,6 +557,59 @@ impl Runner {
             };
             l = res.map_err(|e| super::Stop::Script(span, e.0))?;
         }
-        Ok(Value::Tensor(self.dev.view_op("index", t, l)))
+        Ok(Value::Tensor(self.dev.view_op(ViewKind::Index, t, l, rel)))
+    }
+}
+
+/// The script language's functions and methods, one per line with what each does: the tensor
+/// ops from the engine's table, then the runtime's own. `run --help`, the man page and the
+/// README's list are this text.
+pub fn script_reference() -> String {
+    use crate::engine::op::script::{all_entries, Form};
+    let mut rows: Vec<(String, &str)> = Vec::new();
+    for e in all_entries() {
+        let mut sig = e.signature();
+        if e.form == Form::Both {
+            sig.push_str(&format!("  (also x.{}(...))", e.name));
+        }
+        rows.push((sig, e.doc));
+    }
+    for (sig, doc) in RUNTIME_FUNCTIONS.iter().chain(RUNTIME_METHODS) {
+        rows.push((sig.to_string(), doc));
+    }
+    let width = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0).min(60);
+    let mut out = String::new();
+    for (sig, doc) in rows {
+        if sig.len() > width {
+            out.push_str(&format!("  {sig}\n  {:width$}  {doc}\n", ""));
+        } else {
+            out.push_str(&format!("  {sig:width$}  {doc}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// The README's op list is the generated one (`GPUMEM_BLESS=1 cargo test readme_op_list`
+    /// writes it).
+    #[test]
+    fn readme_op_list_is_the_generated_one() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (start, end) = ("<!-- ops:start -->\n```text\n", "```\n<!-- ops:end -->");
+        let a = text.find(start).expect("README has the op list markers") + start.len();
+        let b = text[a..].find(end).expect("the end marker") + a;
+        let want = super::script_reference();
+        if std::env::var("GPUMEM_BLESS").is_ok_and(|v| v == "1") {
+            let new = format!("{}{}{}", &text[..a], want, &text[b..]);
+            std::fs::write(&path, new).unwrap();
+            return;
+        }
+        assert_eq!(
+            &text[a..b],
+            want,
+            "README's op list is stale: GPUMEM_BLESS=1 cargo test readme_op_list"
+        );
     }
 }

@@ -15,23 +15,24 @@ mod value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::alloc::{
-    AllocConf, DeviceStats, OutOfMemory, SimAllocator, SimSource, DEFAULT_CONTEXT_OVERHEAD,
-};
-use crate::engine::ops::{Binary, Unary};
+use crate::alloc::{AllocConf, DeviceStats, OutOfMemory, SimAllocator, DEFAULT_CONTEXT_OVERHEAD};
+use crate::backend::AnyDevice;
+use crate::engine::op::{Binary, Unary};
 use crate::engine::{Category, DType, EngineError, TensorId, Tensors};
 use crate::error::Error;
 use crate::trace::StackId;
 use crate::units::GIB;
 use crate::workload::ast::{BinOp, BlockKind, Expr, ExprKind, Span, Stmt, StmtKind, Workload};
 
+use builtins::Args;
+pub use builtins::{script_reference, RUNTIME_FUNCTIONS, RUNTIME_METHODS};
 pub use value::Value;
 
 /// The device capacity when neither the workload nor the command line gives one: an 80 GiB card.
 pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
 
 /// Memory at the measured points of one iteration (bytes; PyTorch's `memory_allocated()`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct IterationStats {
     pub iteration: u32,
     pub start: u64,
@@ -45,6 +46,10 @@ pub struct IterationStats {
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     pub reserved_end: u64,
+    /// The sum of the `.item()` values taken in the iteration (a preset's loss; with gradient
+    /// accumulation, the micro-batches' losses, each divided by the count, summed). Null on the
+    /// simulated device, which has no values.
+    pub loss: Option<f64>,
 }
 
 /// A `mark("label")` in the script: memory at that point.
@@ -89,7 +94,13 @@ pub struct RunOutcome {
     pub oom: Option<RunOom>,
     pub peak: PeakBreakdown,
     pub stats: DeviceStats,
+    /// The allocator's final state (its segment source now the plain address record).
     pub allocator: SimAllocator,
+    /// The device it ran on (`sim`, `cpu`).
+    pub device: &'static str,
+    /// With [`RunOptions::capture_grads`] on a data device: each named parameter's gradient
+    /// before the first optimizer step, in the order the parameters were made.
+    pub grads: Vec<NamedValues>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -100,6 +111,30 @@ pub struct RunOptions {
     pub iterations: Option<u32>,
 }
 
+/// Where a run goes and what it keeps beyond memory.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    /// Overrides the workload's device (`sim`, `cpu`); `None`: the workload's (a workload that
+    /// asks for a device this build lacks runs simulated).
+    pub device: Option<String>,
+    /// Keep each named parameter's gradient (its `from="..."` name) as it is just before the
+    /// first optimizer step, on a data device ([`RunOutcome::grads`]).
+    pub capture_grads: bool,
+}
+
+impl Target {
+    /// The simulated device, whatever the workload asks for (remedies, `fit`).
+    pub fn sim() -> Target {
+        Target {
+            device: Some("sim".into()),
+            capture_grads: false,
+        }
+    }
+}
+
+/// A named tensor's values: (name, shape, values).
+pub type NamedValues = (String, Vec<usize>, Vec<f64>);
+
 /// Why a statement failed: a mistake in the script (exit 2) or the device running out (a finding).
 enum Stop {
     Script(Span, String),
@@ -109,7 +144,14 @@ enum Stop {
 type Flow<T> = Result<T, Stop>;
 
 struct Runner {
-    dev: Tensors<SimSource>,
+    dev: Tensors<AnyDevice>,
+    /// `[model] weights`, on a data device.
+    weights: Option<files::TensorFile>,
+    /// `[data] file`, on a data device.
+    data: Option<files::TensorFile>,
+    /// With `capture_grads`: the named parameters (handles held), and what was captured.
+    named: Option<Vec<(String, TensorId)>>,
+    grads: Option<Vec<NamedValues>>,
     vars: HashMap<String, Value>,
     kept: Vec<TensorId>,
     marks: Vec<Mark>,
@@ -147,6 +189,17 @@ pub fn run_with_progress(
     opts: &RunOptions,
     progress: &mut dyn FnMut(u32, u32),
 ) -> Result<RunOutcome, Error> {
+    run_on(workload, path, opts, &Target::default(), progress)
+}
+
+/// [`run_with_progress`] on the device `target` names.
+pub fn run_on(
+    workload: &Workload,
+    path: &Path,
+    opts: &RunOptions,
+    target: &Target,
+    progress: &mut dyn FnMut(u32, u32),
+) -> Result<RunOutcome, Error> {
     let capacity = opts
         .capacity
         .or(workload.capacity)
@@ -154,9 +207,34 @@ pub fn run_with_progress(
     let conf: AllocConf = workload.alloc_conf.clone();
     // `capacity` is the card's total memory; the CUDA context takes its share of it
     let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
-    let alloc = SimAllocator::new(conf, SimSource::new(capacity, overhead));
+    // a workload that asks for a device this build lacks runs simulated (`run` says so)
+    let wanted = match workload.device {
+        crate::workload::Device::Cuda => "sim",
+        d => d.as_str(),
+    };
+    let device_name = target.device.as_deref().unwrap_or(wanted);
+    let device = crate::backend::open(device_name, capacity, overhead)
+        .map_err(|m| Error::usage("--device", m))?;
+    let alloc = crate::alloc::CachingAllocator::new(conf, device);
+    let dev = Tensors::new(alloc);
+    // weights and batches matter only where values are computed
+    let open = |p: &Option<PathBuf>, key: &str| -> Result<Option<files::TensorFile>, Error> {
+        match p {
+            Some(p) if dev.computes() => files::TensorFile::open(p)
+                .map(Some)
+                .map_err(|m| Error::input(path.to_path_buf(), key, m)),
+            _ => Ok(None),
+        }
+    };
+    let weights = open(&workload.weights, "[model] weights")?;
+    let data = open(&workload.data, "[data] file")?;
+    let capture = target.capture_grads && dev.computes();
     let mut r = Runner {
-        dev: Tensors::new(alloc),
+        dev,
+        weights,
+        data,
+        named: capture.then(Vec::new),
+        grads: None,
         vars: HashMap::new(),
         kept: Vec::new(),
         marks: Vec::new(),
@@ -181,6 +259,23 @@ pub fn run_with_progress(
     let setup = r.block(&workload.setup);
     r.dev.alloc.recorder_mut().pop_tag();
     r.note_peak();
+    if setup.is_ok() {
+        if let Some(w) = &r.weights {
+            let unused = w.unused(&["head.weight", "lm_head.weight"]);
+            if !unused.is_empty() {
+                return Err(Error::input(
+                    path.to_path_buf(),
+                    "[model] weights",
+                    format!(
+                        "{}: tensors the model has no parameter for: {} (names must be \
+                         model.state_dict()'s)",
+                        w.path().display(),
+                        unused.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
     match setup {
         Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
         Err(Stop::Oom(span, e)) => {
@@ -252,13 +347,18 @@ pub fn run_with_progress(
         oom,
         peak,
         stats: r.dev.alloc.stats().clone(),
-        allocator: r.dev.alloc,
+        grads: r.grads.take().unwrap_or_default(),
+        device: crate::backend::Device::name(r.dev.alloc.source()),
+        allocator: r.dev.alloc.map_source(AnyDevice::into_addresses),
     })
 }
 
 /// Replays the event ring to the moment allocated memory was highest and sums the live
 /// allocations there by category and by tag stack.
-fn peak_breakdown(a: &SimAllocator, _hint: u64) -> PeakBreakdown {
+fn peak_breakdown<S: crate::alloc::SegmentSource>(
+    a: &crate::alloc::CachingAllocator<S>,
+    _hint: u64,
+) -> PeakBreakdown {
     use crate::trace::EventKind;
     let rec = a.recorder();
     let mut live: HashMap<u64, (u64, crate::trace::StackId)> = HashMap::new();
@@ -483,6 +583,8 @@ impl Runner {
                 }
                 None => match DType::parse(n) {
                     Some(d) => Ok(Value::DType(d)),
+                    // `float("inf")`, spelled as a name (`-inf` for attention masks)
+                    None if n == "inf" => Ok(Value::Float(f64::INFINITY)),
                     None => script(e.span, format!("name '{n}' is not defined")),
                 },
             },
@@ -567,7 +669,7 @@ impl Runner {
         &mut self,
         span: Span,
         tag: &str,
-        f: impl FnOnce(&mut Tensors<SimSource>) -> Result<T, EngineError>,
+        f: impl FnOnce(&mut Tensors<AnyDevice>) -> Result<T, EngineError>,
     ) -> Flow<T> {
         self.dev.alloc.recorder_mut().push_tag(tag);
         let r = f(&mut self.dev);
@@ -576,7 +678,7 @@ impl Runner {
     }
 
     fn unary_op(&mut self, span: Span, op: Unary, t: TensorId) -> Flow<Value> {
-        let r = self.op(span, &format!("{op:?}").to_lowercase(), |d| d.unary(op, t));
+        let r = self.op(span, op.name(), |d| d.unary(op, t));
         self.dev.release(t);
         r.map(Value::Tensor)
     }
@@ -601,18 +703,20 @@ impl Runner {
                 self.dev.release(y);
                 r.map(Value::Tensor)
             }
-            (Value::Tensor(x), s) | (s, Value::Tensor(x)) if s.as_f64().is_some() => {
+            (a, b) if matches!((&a, &b), (Value::Tensor(_), s) | (s, Value::Tensor(_)) if s.as_f64().is_some()) =>
+            {
+                let (x, value, reversed) = match (a, b) {
+                    (Value::Tensor(x), s) => (x, s.as_f64().expect("a number"), false),
+                    (s, Value::Tensor(x)) => (x, s.as_f64().expect("a number"), true),
+                    _ => unreachable!("one side is a tensor"),
+                };
                 if op == BinOp::MatMul {
                     self.dev.release(x);
                     return script(span, "matmul needs two tensors");
                 }
                 // a Python scalar becomes a 0-dim operand that keeps nothing alive
                 let r = self.op(span, bop_name(op), |d| {
-                    let (shape, dtype) = (d.shape(x).to_vec(), d.dtype(x));
-                    let out = d.empty(&shape, dtype, Category::Temporary)?;
-                    d.launch(bop_name(op), &[x], &[out])?;
-                    d.record(bop_name(op), &[x], &[out], &[]);
-                    Ok(out)
+                    d.scalar(binop(op), x, value, reversed)
                 });
                 self.dev.release(x);
                 r.map(Value::Tensor)
@@ -661,5 +765,7 @@ fn bop_name(op: BinOp) -> &'static str {
     }
 }
 
+mod bind;
 mod builtins;
+mod files;
 pub mod remedies;

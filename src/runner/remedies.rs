@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use super::{run, RunOptions, RunOutcome};
+use super::{RunOptions, RunOutcome};
 use crate::error::Error;
 use crate::workload::{self, transform, BlockKind, Overrides, Workload};
 
@@ -189,7 +189,8 @@ pub fn run_with(
     opts: &RunOptions,
 ) -> Result<RunOutcome, Error> {
     let w = workload::load_with(path, overrides)?;
-    run(&w, path, opts)
+    // remedies run on the simulated device: the same allocator figures, no arithmetic
+    super::run_on(&w, path, opts, &super::Target::sim(), &mut |_, _| {})
 }
 
 /// Tries one remedy. A workload error in the changed workload is reported, not returned.

@@ -33,6 +33,10 @@ pub struct Workload {
     pub preset: Option<super::preset::PresetInfo>,
     /// `[check]`: tolerances and budgets for `gpumem check` (empty when absent).
     pub check: super::check::CheckTable,
+    /// `[model] weights`: a safetensors state_dict (relative to the workload file's folder).
+    pub weights: Option<std::path::PathBuf>,
+    /// `[data] file`: a safetensors file of batches (relative to the workload file's folder).
+    pub data: Option<std::path::PathBuf>,
 }
 
 impl Workload {

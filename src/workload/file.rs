@@ -33,6 +33,7 @@ struct RawFile {
     train: Option<Spanned<Table>>,
     params: Option<Spanned<Table>>,
     check: Option<Spanned<Table>>,
+    data: Option<Spanned<Table>>,
 }
 
 /// Every value is read as any TOML value so that a wrong type gets a message naming the key.
@@ -410,9 +411,48 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload>
         }
     }
 
+    let data = match &raw.data {
+        None => None,
+        Some(t) => {
+            let mut file = None;
+            for (k, v) in t.get_ref() {
+                match (k.as_str(), v.get_ref()) {
+                    ("file", Value::String(p)) if !p.is_empty() => file = Some(p.into()),
+                    ("file", other) => {
+                        return Err(SyntaxError::new(
+                            at(v),
+                            format!(
+                                "'file' in [data] must be the path of a safetensors file of \
+                                 batches, found {}",
+                                type_name(other)
+                            ),
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(SyntaxError::new(
+                            at(v),
+                            format!("unknown key '{other}' in [data] (known: file)"),
+                        ))
+                    }
+                }
+            }
+            if file.is_none() {
+                return Err(SyntaxError::new(
+                    index.span(t.span().start),
+                    "[data] needs file = \"batch.safetensors\"",
+                ));
+            }
+            file
+        }
+    };
+    let weights = preset
+        .as_ref()
+        .and_then(|(_, p)| p.weights.as_ref().map(|(w, _)| w.into()));
     Ok(Workload {
         name,
         iterations,
+        weights,
+        data,
         capacity,
         alloc_conf,
         device,

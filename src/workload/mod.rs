@@ -102,7 +102,15 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload> {
 
 /// [`parse`] with `overrides` applied.
 pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<Workload> {
-    file::parse_file(text, overrides).map_err(|e| e.into_error(path))
+    let mut w = file::parse_file(text, overrides).map_err(|e| e.into_error(path))?;
+    // files named in the workload are found beside it
+    let base = path.parent().unwrap_or(Path::new(""));
+    for p in [&mut w.weights, &mut w.data].into_iter().flatten() {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    }
+    Ok(w)
 }
 
 /// Parses a file's bytes: they must be UTF-8, as TOML requires.

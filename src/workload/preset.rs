@@ -19,7 +19,7 @@ use super::ast::Span;
 use super::error::{PResult, SyntaxError};
 
 /// The keys of `[model]`, per kind.
-pub const MODEL_KEYS_MLP: &[&str] = &["kind", "d_in", "hidden", "layers", "d_out"];
+pub const MODEL_KEYS_MLP: &[&str] = &["kind", "d_in", "hidden", "layers", "d_out", "weights"];
 pub const MODEL_KEYS_GPT: &[&str] = &[
     "kind",
     "vocab",
@@ -28,6 +28,7 @@ pub const MODEL_KEYS_GPT: &[&str] = &[
     "heads",
     "layers",
     "attention",
+    "weights",
 ];
 /// The keys of `[train]`.
 pub const TRAIN_KEYS: &[&str] = &[
@@ -52,6 +53,8 @@ pub(crate) struct Expanded {
     pub setup: String,
     pub body: String,
     pub info: PresetInfo,
+    /// `weights = "model.safetensors"`: the state_dict to load (as written, and where).
+    pub weights: Option<(String, Span)>,
 }
 
 /// What a preset is set to, defaults included: what the remedies may change.
@@ -236,6 +239,19 @@ pub(crate) fn expand(
         span,
     };
     let kind = m.choice("kind", "", &["mlp", "gpt"])?;
+    let weights = match model.get("weights") {
+        None => None,
+        Some(v) => match v.get_ref() {
+            Value::String(p) if !p.is_empty() => Some((p.clone(), m.pos(v))),
+            _ => {
+                return Err(SyntaxError::new(
+                    m.pos(v),
+                    "'weights' in [model] must be the path of a safetensors file, as \
+                     weights = \"model.safetensors\"",
+                ))
+            }
+        },
+    };
     if kind.is_empty() {
         return Err(SyntaxError::new(
             model_at,
@@ -282,6 +298,7 @@ pub(crate) fn expand(
                     ],
                     &train,
                 ),
+                weights,
             })
         }
         _ => {
@@ -320,6 +337,7 @@ pub(crate) fn expand(
                     ],
                     &train,
                 ),
+                weights,
             })
         }
     }
@@ -379,8 +397,16 @@ fn gpt_setup(g: &Gpt, optimizer: &str) -> String {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(", ");
+        let suffix = if var.ends_with("_bias") {
+            "bias"
+        } else {
+            "weight"
+        };
         let _ = writeln!(s, "scope \"{path}\" {{");
-        let _ = writeln!(s, "  {var} = randn({dims}, requires_grad=true)");
+        let _ = writeln!(
+            s,
+            "  {var} = randn({dims}, requires_grad=true, from=\"{path}.{suffix}\")"
+        );
         let _ = writeln!(s, "}}");
     }
     let list = params
@@ -395,14 +421,15 @@ fn gpt_setup(g: &Gpt, optimizer: &str) -> String {
 fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
     match optimizer {
         "none" => {}
+        // the learning rates of ../shared/tools/reference_models.py; the rest PyTorch's defaults
         "sgd" => {
-            let _ = writeln!(s, "opt = sgd([{list}])");
+            let _ = writeln!(s, "opt = sgd([{list}], lr=0.001)");
         }
         "sgd_momentum" => {
-            let _ = writeln!(s, "opt = sgd([{list}], momentum=0.9)");
+            let _ = writeln!(s, "opt = sgd([{list}], lr=0.001, momentum=0.9)");
         }
         other => {
-            let _ = writeln!(s, "opt = {other}([{list}], foreach=true)");
+            let _ = writeln!(s, "opt = {other}([{list}], lr=0.0001, foreach=true)");
         }
     }
 }
@@ -460,7 +487,7 @@ fn gpt_block(s: &mut String, g: &Gpt, t: &Train, i: u64, indent: &str) {
         for stmt in [
             format!("att = (q @ k.transpose(2, 3)) * {scale:?}"),
             format!("mask = ones({tt}, {tt}, dtype=bool).tril()"),
-            "att = att.masked_fill(mask.bitwise_not())".to_string(),
+            "att = att.masked_fill(mask.bitwise_not(), -inf)".to_string(),
             "att = softmax(att, -1)".to_string(),
             "y = att @ v".to_string(),
         ] {
@@ -531,8 +558,14 @@ fn gpt_body(g: &Gpt, t: &Train) -> String {
         if t.grad_accum > 1 {
             let _ = writeln!(s, "# micro-batch {micro}");
         }
-        let _ = writeln!(s, "idx = zeros({b}, {tt}, dtype=int64)");
-        let _ = writeln!(s, "tgt = zeros({b}, {tt}, dtype=int64)");
+        let _ = writeln!(
+            s,
+            "idx = zeros({b}, {tt}, dtype=int64, from=\"data:input_ids\")"
+        );
+        let _ = writeln!(
+            s,
+            "tgt = zeros({b}, {tt}, dtype=int64, from=\"data:labels\")"
+        );
         let (open, mut indent) = open_context(&mut s, t);
         gpt_forward(&mut s, g, t, &indent);
         match t.mode {
@@ -632,8 +665,14 @@ fn mlp_setup(d_in: u64, hidden: u64, layers: u64, d_out: u64, optimizer: &str) -
             format!("layers.{i}")
         };
         let _ = writeln!(s, "scope \"{path}\" {{");
-        let _ = writeln!(s, "  {w} = randn({fan_out}, {fan_in}, requires_grad=true)");
-        let _ = writeln!(s, "  {b} = randn({fan_out}, requires_grad=true)");
+        let _ = writeln!(
+            s,
+            "  {w} = randn({fan_out}, {fan_in}, requires_grad=true, from=\"{path}.weight\")"
+        );
+        let _ = writeln!(
+            s,
+            "  {b} = randn({fan_out}, requires_grad=true, from=\"{path}.bias\")"
+        );
         let _ = writeln!(s, "}}");
     }
     let list = params
@@ -727,8 +766,12 @@ fn mlp_body(d_in: u64, layers: u64, t: &Train) -> String {
         if t.grad_accum > 1 {
             let _ = writeln!(s, "# micro-batch {micro}");
         }
-        let _ = writeln!(s, "x = randn({}, {d_in})", t.batch);
-        let _ = writeln!(s, "y = zeros({}, dtype=int64)", t.batch);
+        let _ = writeln!(s, "x = randn({}, {d_in}, from=\"data:x\")", t.batch);
+        let _ = writeln!(
+            s,
+            "y = zeros({}, dtype=int64, from=\"data:labels\")",
+            t.batch
+        );
         let (open, mut indent) = open_context(&mut s, t);
         mlp_forward(&mut s, layers, &indent);
         match t.mode {

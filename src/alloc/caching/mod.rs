@@ -199,6 +199,32 @@ impl<S: SegmentSource> CachingAllocator<S> {
         &self.source
     }
 
+    /// The segment source, to run kernels on a device that is one.
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    /// The same allocator state over another source (a run's device swapped for the plain
+    /// address record it kept, once the run is over).
+    pub fn map_source<T: SegmentSource>(self, f: impl FnOnce(S) -> T) -> CachingAllocator<T> {
+        CachingAllocator {
+            conf: self.conf,
+            source: f(self.source),
+            device: self.device,
+            blocks: self.blocks,
+            free_ids: self.free_ids,
+            pools: self.pools,
+            allocated: self.allocated,
+            pending: self.pending,
+            stream_uses: self.stream_uses,
+            reservations: self.reservations,
+            stats: self.stats,
+            total_reserved: self.total_reserved,
+            fraction: self.fraction,
+            recorder: self.recorder,
+        }
+    }
+
     pub fn device(&self) -> u32 {
         self.device
     }

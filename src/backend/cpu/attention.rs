@@ -1,0 +1,132 @@
+//! Causal scaled-dot-product attention on [B, H, T, D] tensors, forward (output and the
+//! per-row logsumexp the kernels keep) and the gradients of q, k and v (from the saved
+//! inputs and output, recomputing the probabilities as flash-style kernels do). One head at a
+//! time, heads in parallel; scale 1/sqrt(D), the mask `j <= i` (PyTorch's `is_causal`).
+
+use rayon::prelude::*;
+
+use super::linalg::gemm;
+use super::{saved, CpuDevice};
+use crate::backend::{Launch, Pass};
+use crate::engine::op::Role;
+
+struct Dims {
+    heads: usize,
+    t: usize,
+    s: usize,
+    d: usize,
+    dv: usize,
+}
+
+/// Per head: the masked, scaled scores' softmax P [t, s] and the logsumexp of each row.
+fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Vec<f64>, Vec<f64>) {
+    let scale = 1.0 / (n.d as f64).sqrt();
+    let mut p = gemm(n.t, n.d, n.s, q, false, k, true);
+    let mut lse = vec![0.0; n.t];
+    for i in 0..n.t {
+        let row = &mut p[i * n.s..(i + 1) * n.s];
+        let mut mx = f64::NEG_INFINITY;
+        for (j, x) in row.iter_mut().enumerate() {
+            if j > i {
+                *x = f64::NEG_INFINITY;
+            } else {
+                *x *= scale;
+                mx = mx.max(*x);
+            }
+        }
+        let sum: f64 = row.iter().map(|x| (x - mx).exp()).sum();
+        for x in row.iter_mut() {
+            *x = (*x - mx).exp() / sum;
+        }
+        lse[i] = mx + sum.ln();
+    }
+    (p, lse)
+}
+
+pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
+    let (qb, kb, vb) = match l.pass {
+        Pass::Forward => (&l.inputs[0], &l.inputs[1], &l.inputs[2]),
+        Pass::Grad { .. } => (
+            saved(l, Role::Input(0))?,
+            saved(l, Role::Input(1))?,
+            saved(l, Role::Input(2))?,
+        ),
+    };
+    let (qs, ks, vs) = (&qb.layout.shape, &kb.layout.shape, &vb.layout.shape);
+    let n = Dims {
+        heads: qs[0] * qs[1],
+        t: qs[2],
+        s: ks[2],
+        d: qs[3],
+        dv: vs[3],
+    };
+    let (q, k, v) = (d.load(qb)?, d.load(kb)?, d.load(vb)?);
+    let head = |x: &[f64], h: usize, rows: usize, cols: usize| {
+        x[h * rows * cols..(h + 1) * rows * cols].to_vec()
+    };
+    match l.pass {
+        Pass::Forward => {
+            let per: Vec<(Vec<f64>, Vec<f64>)> = (0..n.heads)
+                .into_par_iter()
+                .map(|h| {
+                    let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, h, n.s, n.d), &n);
+                    (
+                        gemm(n.t, n.s, n.dv, &p, false, &head(&v, h, n.s, n.dv), false),
+                        lse,
+                    )
+                })
+                .collect();
+            let out: Vec<f64> = per.iter().flat_map(|(o, _)| o.iter().copied()).collect();
+            d.store(&l.outputs[0], &out)?;
+            if let Some(lb) = l.outputs.last().filter(|_| l.outputs.len() > 1) {
+                let width = *lb.layout.shape.last().unwrap_or(&0);
+                let mut all = vec![0.0; lb.layout.numel()];
+                for (h, (_, lse)) in per.iter().enumerate() {
+                    for i in 0..n.t.min(width) {
+                        all[h * width + i] = lse[i];
+                    }
+                }
+                d.store(lb, &all)?;
+            }
+            Ok(())
+        }
+        Pass::Grad { input } => {
+            let o = d.load(saved(l, Role::Output)?)?;
+            let g = d.load(&l.inputs[0])?;
+            let scale = 1.0 / (n.d as f64).sqrt();
+            let grads: Vec<Vec<f64>> = (0..n.heads)
+                .into_par_iter()
+                .map(|h| {
+                    let (qh, kh, vh) = (
+                        head(&q, h, n.t, n.d),
+                        head(&k, h, n.s, n.d),
+                        head(&v, h, n.s, n.dv),
+                    );
+                    let (gh, oh) = (head(&g, h, n.t, n.dv), head(&o, h, n.t, n.dv));
+                    let (p, _) = probs(&qh, &kh, &n);
+                    if input == 2 {
+                        // dV = P^T dO
+                        return gemm(n.s, n.t, n.dv, &p, true, &gh, false);
+                    }
+                    // dP = dO V^T; dS = P * (dP - rowsum(dO * O)) * scale
+                    let mut ds = gemm(n.t, n.dv, n.s, &gh, false, &vh, true);
+                    for i in 0..n.t {
+                        let delta: f64 =
+                            (0..n.dv).map(|c| gh[i * n.dv + c] * oh[i * n.dv + c]).sum();
+                        for j in 0..n.s {
+                            let x = &mut ds[i * n.s + j];
+                            *x = p[i * n.s + j] * (*x - delta) * scale;
+                        }
+                    }
+                    if input == 0 {
+                        gemm(n.t, n.s, n.d, &ds, false, &kh, false)
+                    } else {
+                        gemm(n.s, n.t, n.d, &ds, true, &qh, false)
+                    }
+                })
+                .collect();
+            let all: Vec<f64> = grads.into_iter().flatten().collect();
+            d.store(&l.outputs[0], &all)
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Matrix products: `matmul` (1-D, 2-D, batched with broadcast batch dimensions) and `linear`,
+//! forward and the gradient of each operand. Products go through `matrixmultiply`'s dgemm.
+
+use super::elementwise::{load_as, sum_to};
+use super::{saved, CpuDevice};
+use crate::backend::{Launch, Pass};
+use crate::engine::op::{broadcast, Op, Role};
+
+/// `c = op(a) @ op(b)` for row-major `a` ([m, k], or [k, m] when `ta`) and `b` ([k, n], or
+/// [n, k] when `tb`); returns row-major [m, n].
+pub(super) fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f64],
+    ta: bool,
+    b: &[f64],
+    tb: bool,
+) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    if m == 0 || n == 0 {
+        return c;
+    }
+    let (rsa, csa) = if ta { (1, m as isize) } else { (k as isize, 1) };
+    let (rsb, csb) = if tb { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: the slices hold m*k, k*n and m*n elements, as the strides above address them.
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    c
+}
+
+/// A matmul's operands as batched matrices: a's shape as [..., n, k], b's as [..., k, m], and
+/// the broadcast batch.
+type MmShapes = (Vec<usize>, Vec<usize>, Vec<usize>);
+
+fn mm_shapes(sa: &[usize], sb: &[usize]) -> Result<MmShapes, String> {
+    let a2 = if sa.len() == 1 {
+        vec![1, sa[0]]
+    } else {
+        sa.to_vec()
+    };
+    let b2 = if sb.len() == 1 {
+        vec![sb[0], 1]
+    } else {
+        sb.to_vec()
+    };
+    let batch = broadcast(&a2[..a2.len() - 2], &b2[..b2.len() - 2]).map_err(|e| e.0)?;
+    Ok((a2, b2, batch))
+}
+
+fn with_batch(batch: &[usize], r: usize, c: usize) -> Vec<usize> {
+    let mut s = batch.to_vec();
+    s.extend([r, c]);
+    s
+}
+
+/// Row-major batched product of `a` [batch, n, k] and `b` [batch, k, m] (transposed as asked).
+#[allow(clippy::too_many_arguments)]
+fn bmm(
+    batch: usize,
+    n: usize,
+    k: usize,
+    m: usize,
+    a: &[f64],
+    ta: bool,
+    b: &[f64],
+    tb: bool,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(batch * n * m);
+    for i in 0..batch {
+        let aa = &a[i * n * k..(i + 1) * n * k];
+        let bb = &b[i * k * m..(i + 1) * k * m];
+        out.extend(gemm(n, k, m, aa, ta, bb, tb));
+    }
+    out
+}
+
+pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
+    let out = &l.outputs[0];
+    match (l.op, l.pass) {
+        (Op::Matmul, Pass::Forward) => {
+            let (sa, sb) = (&l.inputs[0].layout.shape, &l.inputs[1].layout.shape);
+            let (a2, b2, batch) = mm_shapes(sa, sb)?;
+            let (n, k, m) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
+            let a = load_as(d, &l.inputs[0], &with_batch(&batch, n, k))?;
+            let b = load_as(d, &l.inputs[1], &with_batch(&batch, k, m))?;
+            let nb: usize = batch.iter().product();
+            d.store(out, &bmm(nb, n, k, m, &a, false, &b, false))
+        }
+        (Op::Matmul, Pass::Grad { input }) => {
+            let sa = saved_shape(l, 0)?;
+            let sb = saved_shape(l, 1)?;
+            let (a2, b2, batch) = mm_shapes(&sa, &sb)?;
+            let (n, k, m) = (a2[a2.len() - 2], a2[a2.len() - 1], b2[b2.len() - 1]);
+            let nb: usize = batch.iter().product();
+            let g = d.load(&l.inputs[0])?;
+            let full = if input == 0 {
+                let b = load_as(d, saved(l, Role::Input(1))?, &with_batch(&batch, k, m))?;
+                // [n, m] @ [k, m]^T
+                let ga = bmm(nb, n, m, k, &g, false, &b, true);
+                sum_to(&ga, &with_batch(&batch, n, k), &a2)
+            } else {
+                let a = load_as(d, saved(l, Role::Input(0))?, &with_batch(&batch, n, k))?;
+                // [n, k]^T @ [n, m]
+                let gb = bmm(nb, k, n, m, &a, true, &g, false);
+                sum_to(&gb, &with_batch(&batch, k, m), &b2)
+            };
+            d.store(out, &full)
+        }
+        (Op::Linear, Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            let w = d.load(&l.inputs[1])?;
+            let ws = &l.inputs[1].layout.shape;
+            let (n, k) = (ws[0], ws[1]);
+            let rows = x.len() / k.max(1);
+            let mut y = gemm(rows, k, n, &x, false, &w, true);
+            if let Some(b) = l.inputs.get(2) {
+                let b = d.load(b)?;
+                for r in 0..rows {
+                    for j in 0..n {
+                        y[r * n + j] += b[j];
+                    }
+                }
+            }
+            d.store(out, &y)
+        }
+        (Op::Linear, Pass::Grad { input }) => {
+            let g = d.load(&l.inputs[0])?;
+            let gs = &l.inputs[0].layout.shape;
+            let n = *gs.last().ok_or("a scalar gradient for linear")?;
+            let rows = g.len() / n.max(1);
+            let v = match input {
+                0 => {
+                    let w = d.load(saved(l, Role::Input(1))?)?;
+                    let k = w.len() / n.max(1);
+                    gemm(rows, n, k, &g, false, &w, false)
+                }
+                1 => {
+                    let x = d.load(saved(l, Role::Input(0))?)?;
+                    let k = x.len() / rows.max(1);
+                    gemm(n, rows, k, &g, true, &x, false)
+                }
+                _ => {
+                    let mut s = vec![0.0; n];
+                    for r in 0..rows {
+                        for j in 0..n {
+                            s[j] += g[r * n + j];
+                        }
+                    }
+                    s
+                }
+            };
+            d.store(out, &v)
+        }
+        (op, pass) => Err(format!("no CPU kernel for {} ({pass:?})", op.name())),
+    }
+}
+
+/// The shape of the op's input `i` as saved (or, when it was not saved, as the gradient being
+/// written says: the output buffer of the gradient of input `i`).
+fn saved_shape(l: &Launch, i: usize) -> Result<Vec<usize>, String> {
+    if let Ok(b) = saved(l, Role::Input(i)) {
+        return Ok(b.layout.shape.clone());
+    }
+    match l.pass {
+        Pass::Grad { input } if input == i => Ok(l.outputs[0].layout.shape.clone()),
+        _ => Err(format!("matmul's backward: input {i} was not saved")),
+    }
+}

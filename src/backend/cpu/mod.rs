@@ -1,0 +1,302 @@
+//! The CPU device: real numbers in host memory, at the caching allocator's addresses.
+//!
+//! Segments and expandable-segment pages are host buffers keyed by the address the address
+//! model ([`SimSource`]) gave them, so a tensor's bytes live exactly where the allocator put
+//! them: a freed block's bytes are reused by the next tensor placed there, as on a GPU. Every
+//! kernel is plain Rust that reads its inputs through their layouts (strides, offset, dtype)
+//! into float32 (or int64 indices), computes with float64 accumulators where sums are long,
+//! and writes its outputs through theirs, rounding to the output's dtype (bfloat16 and float16
+//! round to nearest even). They are the reference the CUDA kernels are checked against.
+//!
+//! Kernel families: [`elementwise`] (factories, unary, binary, casts, in-place, dropout),
+//! [`linalg`] (matmul, linear), [`nn`] (norms, softmax, losses, embedding, reductions,
+//! gradient plumbing), [`attention`], [`optim`]; [`rng`] is the documented generator.
+
+mod attention;
+mod elementwise;
+mod linalg;
+mod nn;
+mod optim;
+pub mod rng;
+
+use std::collections::BTreeMap;
+
+use super::sim::forward_segments;
+use super::{Buffer, Device, Launch, Pass};
+use crate::alloc::{SegmentSource, SimSource};
+use crate::engine::dtype::DType;
+use crate::engine::layout::Layout;
+use crate::engine::op::{Op, Role};
+
+/// Host memory by device address: one buffer per segment or mapped page.
+#[derive(Debug, Default)]
+struct Mem {
+    chunks: BTreeMap<u64, Vec<u8>>,
+}
+
+impl Mem {
+    fn chunk(&self, addr: u64) -> Result<(u64, &Vec<u8>), String> {
+        match self.chunks.range(..=addr).next_back() {
+            Some((&base, v)) if addr < base + v.len() as u64 => Ok((base, v)),
+            _ => Err(format!("address {addr:#x} is not in device memory")),
+        }
+    }
+
+    /// Copies `len` bytes at `addr` (which may span pages) into `out`.
+    fn get(&self, addr: u64, out: &mut [u8]) -> Result<(), String> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let a = addr + done as u64;
+            let (base, v) = self.chunk(a)?;
+            let from = (a - base) as usize;
+            let n = (v.len() - from).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&v[from..from + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let a = addr + done as u64;
+            let base = self.chunk(a)?.0;
+            let v = self.chunks.get_mut(&base).expect("found");
+            let from = (a - base) as usize;
+            let n = (v.len() - from).min(bytes.len() - done);
+            v[from..from + n].copy_from_slice(&bytes[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// The CPU device.
+#[derive(Debug)]
+pub struct CpuDevice {
+    src: SimSource,
+    mem: Mem,
+}
+
+impl CpuDevice {
+    pub fn new(src: SimSource) -> Self {
+        CpuDevice {
+            src,
+            mem: Mem::default(),
+        }
+    }
+
+    pub fn into_source(self) -> SimSource {
+        self.src
+    }
+
+    fn hold(&mut self, addr: u64, size: u64) {
+        self.mem.chunks.insert(addr, vec![0u8; size as usize]);
+    }
+
+    fn drop_chunk(&mut self, addr: u64) {
+        self.mem.chunks.remove(&addr);
+    }
+}
+
+forward_segments!(CpuDevice, src, CpuDevice::hold, CpuDevice::drop_chunk);
+
+/// Calls `f` with the storage offset (in elements) of each element of `l`, in row-major order.
+pub(crate) fn for_each_offset(l: &Layout, mut f: impl FnMut(usize)) {
+    let n = l.numel();
+    if n == 0 {
+        return;
+    }
+    let nd = l.ndim();
+    if nd == 0 {
+        f(l.offset);
+        return;
+    }
+    let mut idx = vec![0usize; nd];
+    let mut off = l.offset;
+    for _ in 0..n {
+        f(off);
+        // odometer
+        let mut d = nd;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            off += l.strides[d];
+            if idx[d] < l.shape[d] {
+                break;
+            }
+            off -= l.strides[d] * l.shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The bytes a layout touches: (first element, elements spanned).
+fn extent(l: &Layout) -> (usize, usize) {
+    if l.numel() == 0 {
+        return (l.offset, 0);
+    }
+    let last: usize = l
+        .shape
+        .iter()
+        .zip(&l.strides)
+        .map(|(&s, &st)| (s - 1) * st)
+        .sum();
+    (l.offset, last + 1)
+}
+
+fn decode(dtype: DType, b: &[u8]) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
+        DType::F64 => f64::from_le_bytes(b.try_into().expect("8 bytes")),
+        DType::F16 => half::f16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        DType::BF16 => half::bf16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        DType::I64 => i64::from_le_bytes(b.try_into().expect("8 bytes")) as f64,
+        DType::I32 => i32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
+        DType::I8 => b[0] as i8 as f64,
+        DType::U8 => b[0] as f64,
+        DType::Bool => (b[0] != 0) as u8 as f64,
+    }
+}
+
+fn encode(dtype: DType, v: f64, out: &mut [u8]) {
+    match dtype {
+        DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
+        DType::F16 => out.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+        DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        DType::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
+        DType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        DType::I8 => out[0] = v as i8 as u8,
+        DType::U8 => out[0] = v as u8,
+        DType::Bool => out[0] = (v != 0.0) as u8,
+    }
+}
+
+/// Decodes packed elements (in parallel for large tensors).
+fn decode_all(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    use rayon::prelude::*;
+    let es = dtype.size() as usize;
+    match dtype {
+        DType::F32 => bytes
+            .par_chunks_exact(4)
+            .with_min_len(1 << 14)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+            .collect(),
+        _ => bytes
+            .par_chunks_exact(es)
+            .with_min_len(1 << 14)
+            .map(|b| decode(dtype, b))
+            .collect(),
+    }
+}
+
+/// Encodes elements packed (in parallel for large tensors).
+fn encode_all(dtype: DType, vals: &[f64]) -> Vec<u8> {
+    use rayon::prelude::*;
+    let es = dtype.size() as usize;
+    let mut out = vec![0u8; vals.len() * es];
+    out.par_chunks_exact_mut(es)
+        .with_min_len(1 << 14)
+        .zip(vals.par_iter())
+        .for_each(|(o, v)| encode(dtype, *v, o));
+    out
+}
+
+impl CpuDevice {
+    /// A tensor's elements, row-major, as float64 (exact for every dtype gpumem has but the
+    /// largest int64 values).
+    pub(crate) fn load(&self, b: &Buffer) -> Result<Vec<f64>, String> {
+        let es = b.dtype.size() as usize;
+        let (first, span) = extent(b.layout);
+        let mut bytes = vec![0u8; span * es];
+        if span > 0 {
+            self.mem.get(b.addr + (first * es) as u64, &mut bytes)?;
+        }
+        if b.layout.is_contiguous() {
+            return Ok(decode_all(b.dtype, &bytes));
+        }
+        let mut out = Vec::with_capacity(b.layout.numel());
+        for_each_offset(b.layout, |o| {
+            let at = (o - first) * es;
+            out.push(decode(b.dtype, &bytes[at..at + es]));
+        });
+        Ok(out)
+    }
+
+    /// Writes row-major values through the buffer's layout, rounding to its dtype.
+    pub(crate) fn store(&mut self, b: &Buffer, vals: &[f64]) -> Result<(), String> {
+        if vals.len() != b.layout.numel() {
+            return Err(format!(
+                "kernel wrote {} values into a tensor of {}",
+                vals.len(),
+                b.layout.numel()
+            ));
+        }
+        let es = b.dtype.size() as usize;
+        let (first, span) = extent(b.layout);
+        if span == 0 {
+            return Ok(());
+        }
+        let base = b.addr + (first * es) as u64;
+        if b.layout.is_contiguous() {
+            return self.mem.put(base, &encode_all(b.dtype, vals));
+        }
+        let mut bytes = vec![0u8; span * es];
+        // keep what the layout does not cover
+        self.mem.get(base, &mut bytes)?;
+        let mut i = 0;
+        for_each_offset(b.layout, |o| {
+            let at = (o - first) * es;
+            encode(b.dtype, vals[i], &mut bytes[at..at + es]);
+            i += 1;
+        });
+        self.mem.put(base, &bytes)
+    }
+}
+
+/// The saved tensor of role `r`, for a backward kernel.
+pub(crate) fn saved<'a>(l: &'a Launch, r: Role) -> Result<&'a Buffer<'a>, String> {
+    l.saved
+        .iter()
+        .find(|(role, _)| *role == r)
+        .map(|(_, b)| b)
+        .ok_or_else(|| format!("{}'s backward: {r:?} was not saved", l.op.name()))
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn computes(&self) -> bool {
+        true
+    }
+    fn launch(&mut self, l: &Launch) -> Result<(), String> {
+        match (l.op, l.pass) {
+            (
+                Op::Fill { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Scalar { .. }
+                | Op::MaskedFill { .. }
+                | Op::Cast
+                | Op::Clone
+                | Op::Copy
+                | Op::Dropout { .. }
+                | Op::InPlace(_)
+                | Op::Accumulate,
+                _,
+            ) => elementwise::launch(self, l),
+            (Op::Matmul | Op::Linear, _) => linalg::launch(self, l),
+            (Op::Sdpa { .. }, _) => attention::launch(self, l),
+            (Op::OptimStep(s), Pass::Forward) => optim::step(self, l, s),
+            _ => nn::launch(self, l),
+        }
+    }
+    fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        self.load(b).map(Some)
+    }
+    fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
+        self.store(b, values)
+    }
+}

@@ -1,0 +1,65 @@
+//! Optimizer updates, one parameter per launch, as PyTorch's single-tensor and foreach
+//! implementations compute them (the same arithmetic; foreach only batches the launches).
+//!
+//! - SGD: `p -= lr * g` (with weight decay, `g += wd * p` first).
+//! - SGD with momentum: `buf = g` at the first step, then `buf = momentum * buf + g`;
+//!   `p -= lr * buf`.
+//! - Adam: `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+//!   `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`; weight decay adds `wd * p`
+//!   to `g`. AdamW instead decays the parameter first: `p *= 1 - lr * wd`.
+
+use super::CpuDevice;
+use crate::backend::Launch;
+use crate::engine::op::{OptimKind, OptimStep};
+
+pub(super) fn step(d: &mut CpuDevice, l: &Launch, s: &OptimStep) -> Result<(), String> {
+    let h = s.hyper;
+    let mut g = d.load(&l.inputs[0])?;
+    let mut p = d.load(&l.outputs[0])?;
+    match s.kind {
+        OptimKind::Sgd | OptimKind::SgdMomentum => {
+            if h.weight_decay != 0.0 {
+                g.iter_mut()
+                    .zip(&p)
+                    .for_each(|(g, p)| *g += h.weight_decay * p);
+            }
+            if s.kind == OptimKind::SgdMomentum {
+                let mut buf = d.load(&l.outputs[1])?;
+                for (b, &gi) in buf.iter_mut().zip(&g) {
+                    *b = if s.step == 1 {
+                        gi
+                    } else {
+                        h.momentum * *b + gi
+                    };
+                }
+                d.store(&l.outputs[1], &buf)?;
+                g = buf;
+            }
+            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= h.lr * g);
+        }
+        OptimKind::Adam | OptimKind::AdamW => {
+            let (b1, b2) = h.betas;
+            if s.kind == OptimKind::AdamW {
+                p.iter_mut().for_each(|p| *p *= 1.0 - h.lr * h.weight_decay);
+            } else if h.weight_decay != 0.0 {
+                g.iter_mut()
+                    .zip(&p)
+                    .for_each(|(g, p)| *g += h.weight_decay * p);
+            }
+            let mut m = d.load(&l.outputs[1])?;
+            let mut v = d.load(&l.outputs[2])?;
+            let t = s.step as i32;
+            let bc1 = 1.0 - b1.powi(t);
+            let bc2 = 1.0 - b2.powi(t);
+            for i in 0..p.len() {
+                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                let denom = v[i].sqrt() / bc2.sqrt() + h.eps;
+                p[i] -= h.lr / bc1 * m[i] / denom;
+            }
+            d.store(&l.outputs[1], &m)?;
+            d.store(&l.outputs[2], &v)?;
+        }
+    }
+    d.store(&l.outputs[0], &p)
+}

@@ -1,0 +1,176 @@
+//! Devices: where segments come from and where kernels run.
+//!
+//! A [`Device`] is a segment source (the caching allocator asks it for segments and pages, as
+//! PyTorch's asks the CUDA driver) and a kernel runner together: the engine hands it every op
+//! ([`Launch`]: the op with its typed attributes, its input, output and extra buffers at the
+//! allocator's addresses, and in backward the tensors the op saved) and can read a tensor back
+//! and synchronize. The engine decides what is allocated, saved and freed; a device only holds
+//! and computes data, so every device gives the same allocator statistics.
+//!
+//! - [`sim`]: the simulated device. Addresses and sizes only; computes nothing.
+//! - [`cpu`]: real numbers in host memory held at the allocator's addresses; its kernels are the
+//!   reference the CUDA kernels will be checked against.
+//!
+//! Nothing outside this module knows which device runs: the runner opens one by name with
+//! [`open`] and gets an [`AnyDevice`].
+
+pub mod cpu;
+pub mod sim;
+
+use std::fmt::Debug;
+
+use crate::alloc::{SegmentSource, SimSource};
+use crate::engine::dtype::DType;
+use crate::engine::layout::Layout;
+use crate::engine::op::{Op, Role};
+
+/// One tensor argument of a kernel: where its storage is and how it is laid out.
+#[derive(Debug, Clone, Copy)]
+pub struct Buffer<'a> {
+    /// Device address of the storage (0 for an empty one).
+    pub addr: u64,
+    pub layout: &'a Layout,
+    pub dtype: DType,
+}
+
+/// Which computation of an op a launch asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    /// The gradient of input `input`: `inputs[0]` is the incoming gradient, `outputs[0]` the
+    /// gradient to write (in the input's shape), `saved` what the op kept.
+    Grad {
+        input: usize,
+    },
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    pub op: &'a Op,
+    pub pass: Pass,
+    pub inputs: &'a [Buffer<'a>],
+    /// The outputs, then the op's extra outputs (layer_norm's mean and rstd, dropout's mask...).
+    pub outputs: &'a [Buffer<'a>],
+    /// In backward: the tensors the op's node saved, each with what it is.
+    pub saved: &'a [(Role, Buffer<'a>)],
+}
+
+/// A device: segments and kernels.
+pub trait Device: SegmentSource + Debug {
+    /// `sim`, `cpu` or `cuda`.
+    fn name(&self) -> &'static str;
+    /// Whether kernels compute anything (the engine builds no launches for a device that
+    /// does not).
+    fn computes(&self) -> bool;
+    /// Runs one kernel.
+    fn launch(&mut self, l: &Launch) -> Result<(), String>;
+    /// A tensor's values, in row-major order of its shape (None on a device without data).
+    fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String>;
+    /// Writes values (row-major over the shape) into a tensor: weights and batches from files.
+    fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String>;
+    /// Waits for queued kernels (a no-op where kernels run synchronously).
+    fn synchronize(&mut self) {}
+}
+
+/// The devices this build has, behind one type.
+#[derive(Debug)]
+pub enum AnyDevice {
+    Sim(sim::SimDevice),
+    Cpu(cpu::CpuDevice),
+}
+
+/// The device names `--device` and `device = "..."` accept, and whether this build has each.
+pub const DEVICES: &[(&str, bool)] = &[("sim", true), ("cpu", true), ("cuda", false)];
+
+/// Opens device `name` with `total` bytes of memory, `overhead` of which the CUDA context holds.
+pub fn open(name: &str, total: u64, overhead: u64) -> Result<AnyDevice, String> {
+    let src = SimSource::new(total, overhead);
+    match name {
+        "sim" => Ok(AnyDevice::Sim(sim::SimDevice::new(src))),
+        "cpu" => Ok(AnyDevice::Cpu(cpu::CpuDevice::new(src))),
+        "cuda" => Err(
+            "the cuda backend is not built yet in this version of gpumem; use --device sim or cpu"
+                .into(),
+        ),
+        other => Err(format!(
+            "unknown device '{other}': expected sim, cpu or cuda"
+        )),
+    }
+}
+
+impl AnyDevice {
+    /// The address record of the device's segments, for reports after the run (plain data:
+    /// no device memory).
+    pub fn into_addresses(self) -> SimSource {
+        match self {
+            AnyDevice::Sim(d) => d.into_source(),
+            AnyDevice::Cpu(d) => d.into_source(),
+        }
+    }
+
+    fn inner(&self) -> &dyn Device {
+        match self {
+            AnyDevice::Sim(d) => d,
+            AnyDevice::Cpu(d) => d,
+        }
+    }
+
+    fn inner_mut(&mut self) -> &mut dyn Device {
+        match self {
+            AnyDevice::Sim(d) => d,
+            AnyDevice::Cpu(d) => d,
+        }
+    }
+}
+
+impl SegmentSource for AnyDevice {
+    fn device_total(&self) -> u64 {
+        self.inner().device_total()
+    }
+    fn device_free(&self) -> u64 {
+        self.inner().device_free()
+    }
+    fn process_used(&self) -> Option<u64> {
+        self.inner().process_used()
+    }
+    fn malloc(&mut self, size: u64) -> Option<u64> {
+        self.inner_mut().malloc(size)
+    }
+    fn free(&mut self, addr: u64, size: u64) {
+        self.inner_mut().free(addr, size)
+    }
+    fn reserve(&mut self, size: u64) -> Option<u64> {
+        self.inner_mut().reserve(size)
+    }
+    fn release(&mut self, base: u64, size: u64) {
+        self.inner_mut().release(base, size)
+    }
+    fn map(&mut self, addr: u64, size: u64) -> bool {
+        self.inner_mut().map(addr, size)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) {
+        self.inner_mut().unmap(addr, size)
+    }
+}
+
+impl Device for AnyDevice {
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+    fn computes(&self) -> bool {
+        matches!(self, AnyDevice::Cpu(_))
+    }
+    fn launch(&mut self, l: &Launch) -> Result<(), String> {
+        self.inner_mut().launch(l)
+    }
+    fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        self.inner().read(b)
+    }
+    fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
+        self.inner_mut().write(b, values)
+    }
+    fn synchronize(&mut self) {
+        self.inner_mut().synchronize()
+    }
+}

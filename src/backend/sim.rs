@@ -1,0 +1,103 @@
+//! The simulated device: the address model of [`SimSource`] (capacity, the CUDA context's
+//! share, the driver's address placement) and no data. Kernels compute nothing.
+
+use super::{Buffer, Device, Launch};
+use crate::alloc::{SegmentSource, SimSource};
+
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    src: SimSource,
+}
+
+impl SimDevice {
+    pub fn new(src: SimSource) -> Self {
+        SimDevice { src }
+    }
+
+    pub fn into_source(self) -> SimSource {
+        self.src
+    }
+}
+
+/// Forwards the segment calls of a device to the [`SimSource`] address model it holds.
+macro_rules! forward_segments {
+    ($t:ty, $field:ident $(, $map:expr, $unmap:expr)?) => {
+        impl SegmentSource for $t {
+            fn device_total(&self) -> u64 {
+                self.$field.device_total()
+            }
+            fn device_free(&self) -> u64 {
+                self.$field.device_free()
+            }
+            fn process_used(&self) -> Option<u64> {
+                self.$field.process_used()
+            }
+            fn malloc(&mut self, size: u64) -> Option<u64> {
+                let a = self.$field.malloc(size)?;
+                $( ($map)(self, a, size); )?
+                Some(a)
+            }
+            fn free(&mut self, addr: u64, size: u64) {
+                $( ($unmap)(self, addr); )?
+                self.$field.free(addr, size)
+            }
+            fn reserve(&mut self, size: u64) -> Option<u64> {
+                self.$field.reserve(size)
+            }
+            fn release(&mut self, base: u64, size: u64) {
+                self.$field.release(base, size)
+            }
+            fn map(&mut self, addr: u64, size: u64) -> bool {
+                if !self.$field.map(addr, size) {
+                    return false;
+                }
+                $( ($map)(self, addr, size); )?
+                true
+            }
+            fn unmap(&mut self, addr: u64, size: u64) {
+                $( ($unmap)(self, addr); )?
+                self.$field.unmap(addr, size)
+            }
+        }
+    };
+}
+pub(crate) use forward_segments;
+
+forward_segments!(SimDevice, src);
+
+impl Device for SimDevice {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+    fn computes(&self) -> bool {
+        false
+    }
+    fn launch(&mut self, _l: &Launch) -> Result<(), String> {
+        Ok(())
+    }
+    fn read(&self, _b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        Ok(None)
+    }
+    fn write(&mut self, _b: &Buffer, _values: &[f64]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The simulated device is also a device for the engine's own tests and for replays.
+impl Device for SimSource {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+    fn computes(&self) -> bool {
+        false
+    }
+    fn launch(&mut self, _l: &Launch) -> Result<(), String> {
+        Ok(())
+    }
+    fn read(&self, _b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        Ok(None)
+    }
+    fn write(&mut self, _b: &Buffer, _values: &[f64]) -> Result<(), String> {
+        Ok(())
+    }
+}

@@ -1,0 +1,796 @@
+//! Running ops forward: allocation order, kernel launch, and the node each op records, as
+//! PyTorch 2.11 does them on an H200 (the traces in fixtures/models are the reference).
+//!
+//! Most ops follow one rule ([`Tensors::simple`], sized by [`Op::simple_outputs`]): allocate the
+//! output, then the extras; run the kernel; record the node with what [`Op::saves`] names; the
+//! node keeps the extras (as activations), or they go at once when no graph is recorded. The
+//! ops with their own order are here too: factories, matrix products (the cuBLAS workspaces,
+//! bmm's operand copies), attention (cuDNN's seed and statistics, the transposed output), the
+//! composite cross_entropy, views, casts and in-place ops.
+
+use super::dtype::DType;
+use super::layout::{Dims, Layout};
+use super::op::{Binary, Fill, InPlace, Norm, Op, Role, Unary, ViewKind};
+use super::tensor::{Category, EngineError, TensorId, Tensors};
+use crate::backend::Device;
+
+/// The cuBLAS workspace PyTorch takes from the caching allocator at the first matrix product
+/// on a stream (`CUBLAS_WORKSPACE_CONFIG` default `:4096:8` on Hopper), kept for the process.
+pub const CUBLAS_WORKSPACE: u64 = 8 * 4096 * 1024;
+
+/// The cuBLASLt workspace taken right after the cuBLAS one (1 MiB; seen in PyTorch's traces).
+pub const CUBLASLT_WORKSPACE: u64 = 1 << 20;
+
+impl<S: Device> Tensors<S> {
+    /// A factory (`zeros`, `ones`, `randn`, `empty`, `full`, `arange`...): a fresh tensor.
+    pub fn factory_fill(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        requires_grad: bool,
+        category: Category,
+        fill: Fill,
+    ) -> Result<TensorId, EngineError> {
+        if requires_grad && !dtype.is_floating() {
+            return Err(EngineError::Invalid(
+                "Only Tensors of floating point dtype can require gradients".into(),
+            ));
+        }
+        let t = self.empty(shape, dtype, category)?;
+        let seed = self.next_seed();
+        self.launch(&Op::Fill { fill, seed }, &[], &[t])?;
+        self.set_requires_grad(t, requires_grad);
+        Ok(t)
+    }
+
+    /// Runs `op` on `inputs` (already cast by autocast where its policy says), by its rule.
+    pub fn apply(&mut self, op: &Op, inputs: &[TensorId]) -> Result<TensorId, EngineError> {
+        let arg = |i: usize| {
+            inputs
+                .get(i)
+                .copied()
+                .ok_or_else(|| EngineError::Invalid(format!("{} expects more tensors", op.name())))
+        };
+        match op {
+            Op::Matmul => self.matmul(arg(0)?, arg(1)?),
+            Op::Linear => self.linear(arg(0)?, arg(1)?, inputs.get(2).copied()),
+            Op::Sdpa { .. } => self.sdpa(arg(0)?, arg(1)?, arg(2)?),
+            Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
+            Op::Cast => Err(EngineError::Invalid(
+                "a cast needs its dtype: use cast_op".into(),
+            )),
+            _ => self.simple(op.clone(), inputs),
+        }
+    }
+
+    /// A `randn` factory.
+    pub fn factory(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        requires_grad: bool,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        self.factory_fill(shape, dtype, requires_grad, category, Fill::Randn)
+    }
+
+    /// Fills an existing tensor (a new optimizer state's zeros, a gradient's zeros).
+    pub(crate) fn fill(&mut self, t: TensorId, fill: Fill) -> Result<(), EngineError> {
+        self.launch(&Op::Fill { fill, seed: 0 }, &[], &[t])
+    }
+
+    /// An op by the one rule (see the module doc).
+    pub fn simple(&mut self, op: Op, inputs: &[TensorId]) -> Result<TensorId, EngineError> {
+        let metas: Vec<_> = inputs
+            .iter()
+            .map(|&t| (self.shape(t).to_vec(), self.dtype(t)))
+            .collect();
+        let (out_meta, extras) = op
+            .simple_outputs(&metas)
+            .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
+        let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
+        let need = self.grad_enabled && inputs.iter().any(|&t| self.info(t).requires_grad);
+        let mut all = vec![out];
+        for (shape, dtype) in extras {
+            all.push(self.empty(&shape, dtype, Category::Temporary)?);
+        }
+        self.launch(&op, inputs, &all)?;
+        if !need {
+            for e in all.drain(1..) {
+                self.release(e);
+            }
+            return Ok(out);
+        }
+        let saves = op.saves(inputs.len());
+        self.record(&op, inputs, &[out], &saves);
+        let node = self.info(out).grad_fn.expect("recorded");
+        for (k, e) in all.drain(1..).enumerate() {
+            self.recategorize(e, Category::Activation);
+            self.save_extra(node, e, Role::Extra(k));
+        }
+        Ok(out)
+    }
+
+    pub fn unary(&mut self, op: Unary, x: TensorId) -> Result<TensorId, EngineError> {
+        self.simple(Op::Unary(op), &[x])
+    }
+
+    pub fn binary(
+        &mut self,
+        op: Binary,
+        a: TensorId,
+        b: TensorId,
+    ) -> Result<TensorId, EngineError> {
+        self.simple(Op::Binary(op), &[a, b])
+    }
+
+    /// A tensor and a Python scalar (a 0-dim operand that keeps nothing alive).
+    pub fn scalar(
+        &mut self,
+        op: Binary,
+        x: TensorId,
+        value: f64,
+        reversed: bool,
+    ) -> Result<TensorId, EngineError> {
+        self.simple(
+            Op::Scalar {
+                op,
+                value,
+                reversed,
+            },
+            &[x],
+        )
+    }
+
+    /// `sum()` / `mean()` over everything, or over `dim` (keepdim optional).
+    pub fn reduce(
+        &mut self,
+        mean: bool,
+        x: TensorId,
+        dim: Option<i64>,
+        keepdim: bool,
+    ) -> Result<TensorId, EngineError> {
+        self.simple(Op::Reduce { mean, dim, keepdim }, &[x])
+    }
+
+    /// `softmax(dim)` / `log_softmax(dim)`: same shape; backward needs the result.
+    pub fn softmax(&mut self, log: bool, x: TensorId, dim: i64) -> Result<TensorId, EngineError> {
+        self.simple(Op::Softmax { dim, log }, &[x])
+    }
+
+    /// `a @ b` (`torch.matmul`): 1-D, 2-D and batched with broadcast batch dimensions. The first
+    /// product takes the cuBLAS workspace.
+    pub fn matmul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId, EngineError> {
+        let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
+        if sa.is_empty() || sb.is_empty() {
+            return Err(EngineError::Invalid(
+                "both arguments to matmul need to be at least 1D".into(),
+            ));
+        }
+        let (n, ka) = if sa.len() == 1 {
+            (None, sa[0])
+        } else {
+            (Some(sa[sa.len() - 2]), sa[sa.len() - 1])
+        };
+        let (kb, m) = if sb.len() == 1 {
+            (sb[0], None)
+        } else {
+            (sb[sb.len() - 2], Some(sb[sb.len() - 1]))
+        };
+        if ka != kb {
+            let rows = n.unwrap_or(1);
+            return Err(EngineError::Invalid(format!(
+                "mat1 and mat2 shapes cannot be multiplied ({rows}x{ka} and {kb}x{})",
+                m.unwrap_or(1)
+            )));
+        }
+        let ba = if sa.len() > 2 {
+            &sa[..sa.len() - 2]
+        } else {
+            &[][..]
+        };
+        let bb = if sb.len() > 2 {
+            &sb[..sb.len() - 2]
+        } else {
+            &[][..]
+        };
+        let batch = super::op::broadcast(ba, bb)?;
+        let mut shape = batch.clone();
+        shape.extend(n);
+        shape.extend(m);
+        // Both batched: PyTorch expands both to the common batch and reshapes them to
+        // [batch, rows, cols] for bmm; an operand that is no view of that shape (a transposed
+        // head split, say) is copied first, and the copies are what bmm keeps for backward.
+        let (a, b, copies) = if sa.len() >= 3 && sb.len() >= 3 {
+            let ca = self.bmm_operand(a, &batch)?;
+            let cb = match self.bmm_operand(b, &batch) {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(c) = ca {
+                        self.release(c);
+                    }
+                    return Err(e);
+                }
+            };
+            (ca.unwrap_or(a), cb.unwrap_or(b), [cb, ca])
+        } else {
+            (a, b, [None, None])
+        };
+        let dtype = super::op::promote(self.dtype(a), self.dtype(b));
+        let r = (|| {
+            let out = self.empty(&shape, dtype, Category::Temporary)?;
+            self.ensure_cublas_workspace(false)?;
+            self.launch(&Op::Matmul, &[a, b], &[out])?;
+            let saves = Op::Matmul.saves(2);
+            self.record(&Op::Matmul, &[a, b], &[out], &saves);
+            Ok(out)
+        })();
+        // the copies go when the product returns (the second first), unless bmm kept them
+        for c in copies.into_iter().flatten() {
+            self.release(c);
+        }
+        r
+    }
+
+    /// The copy `matmul` makes of a batched operand expanded to `batch` that cannot be viewed as
+    /// `[prod(batch), rows, cols]`, or `None` when a view does.
+    fn bmm_operand(
+        &mut self,
+        x: TensorId,
+        batch: &[usize],
+    ) -> Result<Option<TensorId>, EngineError> {
+        let layout = self.info(x).layout.clone();
+        let nd = layout.ndim();
+        let (r, c) = (layout.shape[nd - 2], layout.shape[nd - 1]);
+        let mut sizes: Vec<i64> = batch.iter().map(|&d| d as i64).collect();
+        sizes.extend([r as i64, c as i64]);
+        let expanded = layout.expand(&sizes)?;
+        let prod: usize = batch.iter().product();
+        let (_, view) = expanded.reshape(&[prod as i64, r as i64, c as i64])?;
+        if view.is_some() {
+            return Ok(None);
+        }
+        if expanded.shape == layout.shape {
+            return self.clone_op(x).map(Some);
+        }
+        let rel = Layout::contiguous(&layout.shape).expand(&sizes)?;
+        let e = self.view_op(ViewKind::Expand, x, expanded, rel);
+        let copy = self.clone_op(e);
+        self.release(e);
+        copy.map(Some)
+    }
+
+    /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
+    /// one, right after allocating its output (as PyTorch 2.11 does on an H200). On the autograd
+    /// thread (in backward, a checkpoint's recomputation included) the handles are that
+    /// thread's: its first product takes a cuBLAS workspace, and its first product with a bias
+    /// (`addmm`, which goes through cuBLASLt) a cuBLASLt one.
+    pub(crate) fn ensure_cublas_workspace(&mut self, with_bias: bool) -> Result<(), EngineError> {
+        if self.on_autograd_thread {
+            if self.backward_workspace.is_none() {
+                let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
+                self.backward_workspace = Some(w);
+            }
+            if with_bias && self.backward_lt_workspace.is_none() {
+                let lt = self.empty(
+                    &[CUBLASLT_WORKSPACE as usize],
+                    DType::U8,
+                    Category::Workspace,
+                )?;
+                self.backward_lt_workspace = Some(lt);
+            }
+            return Ok(());
+        }
+        if let Some(r) = self.checkpoint.current {
+            let ev = super::autograd::TapeEvent::Product { with_bias };
+            self.checkpoint.regions[r as usize].tape.push(ev);
+        }
+        if self.workspace.is_none() {
+            let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
+            self.workspace = Some(w);
+            let lt = self.empty(
+                &[CUBLASLT_WORKSPACE as usize],
+                DType::U8,
+                Category::Workspace,
+            )?;
+            self.lt_workspace = Some(lt);
+        }
+        Ok(())
+    }
+
+    /// A view op (`view`, `t`, `transpose`, `permute`, `expand`, `select`, slicing...): a new
+    /// layout over the same storage. `rel` is the same view taken of a contiguous tensor of the
+    /// input's shape (what the backward of an index or expand scatters through). With grad, its
+    /// node keeps nothing and its backward passes the gradient through (`view`, `t`...) or
+    /// scatters it into a new input-sized buffer (`slice`, `select`, `expand`'s sum).
+    pub fn view_op(
+        &mut self,
+        kind: ViewKind,
+        x: TensorId,
+        layout: Layout,
+        rel: Layout,
+    ) -> TensorId {
+        let out = self.view_with(x, layout);
+        self.record(&Op::View { kind, rel }, &[x], &[out], &[]);
+        out
+    }
+
+    /// `transpose`/`permute`: output dimension i is input dimension `perm[i]`.
+    pub fn permute_op(
+        &mut self,
+        kind: ViewKind,
+        x: TensorId,
+        layout: Layout,
+        perm: Vec<usize>,
+    ) -> TensorId {
+        let rel = Layout::contiguous(&[]);
+        let out = self.view_with(x, layout);
+        self.record(&Op::View { kind, rel }, &[x], &[out], &[]);
+        if let Some(n) = self.info(out).grad_fn {
+            self.node_mut(n).back = super::op::Back::Permute(perm);
+        }
+        out
+    }
+
+    /// `split`/`chunk`: views of the parts, made by one node whose backward concatenates the
+    /// parts' gradients.
+    pub fn split_op(
+        &mut self,
+        chunk: bool,
+        dim: usize,
+        x: TensorId,
+        parts: Vec<Layout>,
+    ) -> Vec<TensorId> {
+        let shapes: Vec<Vec<usize>> = parts.iter().map(|l| l.shape.clone()).collect();
+        let outs: Vec<TensorId> = parts.into_iter().map(|l| self.view_with(x, l)).collect();
+        self.record(&Op::Split { chunk, dim }, &[x], &outs, &[]);
+        if let Some(n) = outs.first().and_then(|&o| self.info(o).grad_fn) {
+            self.node_mut(n).out_shapes = shapes;
+        }
+        outs
+    }
+
+    /// `contiguous()`: itself when contiguous, else a recorded copy.
+    pub fn contiguous_op(&mut self, x: TensorId) -> Result<TensorId, EngineError> {
+        if self.info(x).layout.is_contiguous() {
+            return Ok(self.retain(x));
+        }
+        self.clone_op(x)
+    }
+
+    /// `clone()`: a fresh contiguous copy; its backward passes the gradient through.
+    pub fn clone_op(&mut self, x: TensorId) -> Result<TensorId, EngineError> {
+        self.simple(Op::Clone, &[x])
+    }
+
+    /// `reshape(shape)`: a view when strides allow, else a copy (as PyTorch).
+    pub fn reshape_op(&mut self, x: TensorId, shape: &[i64]) -> Result<TensorId, EngineError> {
+        let (new_shape, view) = self.info(x).layout.reshape(shape)?;
+        let rel = Layout::contiguous(&new_shape);
+        match view {
+            Some(l) => Ok(self.view_op(ViewKind::Reshape, x, l, rel)),
+            None => {
+                let c = self.clone_op(x)?;
+                let l = Layout::contiguous(&new_shape);
+                let v = self.view_op(ViewKind::Reshape, c, l, rel);
+                self.release(c);
+                Ok(v)
+            }
+        }
+    }
+
+    /// `x.to(dtype)`: a recorded cast (a new tensor).
+    pub fn cast_op(&mut self, x: TensorId, dtype: DType) -> Result<TensorId, EngineError> {
+        let shape = self.shape(x).to_vec();
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.launch(&Op::Cast, &[x], &[out])?;
+        self.record(&Op::Cast, &[x], &[out], &[]);
+        Ok(out)
+    }
+
+    /// An in-place op: nothing is allocated, the storage's version goes up (so a node that
+    /// saved it can no longer compute its gradient), and the kernel writes into it.
+    pub fn inplace(
+        &mut self,
+        op: InPlace,
+        x: TensorId,
+        operand: Option<TensorId>,
+    ) -> Result<(), EngineError> {
+        if self.grad_enabled && self.is_leaf(x) && self.info(x).requires_grad {
+            return Err(EngineError::Invalid(
+                "a leaf Variable that requires grad is being used in an in-place operation.".into(),
+            ));
+        }
+        self.bump_version(x);
+        let mut ins = vec![x];
+        ins.extend(operand);
+        self.launch(&Op::InPlace(op), &ins, &[x])
+    }
+
+    /// Describes a tensor as PyTorch's repr of its size does.
+    pub fn describe(&self, t: TensorId) -> String {
+        format!("tensor of size {} ({})", Dims(self.shape(t)), self.dtype(t))
+    }
+}
+
+/// The transformer ops: their outputs, and exactly what their backward keeps (derivatives.yaml
+/// and the CUDA kernels' saved buffers).
+impl<S: Device> Tensors<S> {
+    /// `F.linear(x, w, b)`: `x @ w.T + b` as one addmm/matmul; keeps `x` (for `w`'s gradient)
+    /// and `w` (for `x`'s). The bias needs nothing.
+    pub fn linear(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        b: Option<TensorId>,
+    ) -> Result<TensorId, EngineError> {
+        let (sx, sw) = (self.shape(x).to_vec(), self.shape(w).to_vec());
+        if sw.len() != 2 || sx.is_empty() || sx[sx.len() - 1] != sw[1] {
+            let rows: usize = sx[..sx.len().saturating_sub(1)].iter().product();
+            return Err(EngineError::Invalid(format!(
+                "mat1 and mat2 shapes cannot be multiplied ({rows}x{} and {}x{})",
+                sx.last().copied().unwrap_or(0),
+                sw.get(1).copied().unwrap_or(0),
+                sw.first().copied().unwrap_or(0)
+            )));
+        }
+        let mut shape = sx.clone();
+        *shape.last_mut().expect("non-empty") = sw[0];
+        let dtype = super::op::promote(self.dtype(x), self.dtype(w));
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.ensure_cublas_workspace(b.is_some())?;
+        let mut inputs = vec![x, w];
+        inputs.extend(b);
+        self.launch(&Op::Linear, &inputs, &[out])?;
+        let saves = Op::Linear.saves(inputs.len());
+        self.record(&Op::Linear, &inputs, &[out], &saves);
+        Ok(out)
+    }
+
+    /// `F.layer_norm(x, [d], w, b, eps)`: keeps `x`, `w`, `b` and the per-row `mean` and `rstd`
+    /// (float32, one per normalized row). The CUDA kernel always writes them; without a graph
+    /// they are freed as the op returns.
+    pub fn layer_norm(
+        &mut self,
+        x: TensorId,
+        w: Option<TensorId>,
+        b: Option<TensorId>,
+        eps: f64,
+    ) -> Result<TensorId, EngineError> {
+        if w.is_none() && b.is_some() {
+            return Err(EngineError::Invalid(
+                "layer_norm with a bias and no weight is not in gpumem's engine; pass both".into(),
+            ));
+        }
+        let mut inputs = vec![x];
+        inputs.extend(w);
+        inputs.extend(b);
+        self.simple(Op::Norm(Norm::Layer { eps }), &inputs)
+    }
+
+    /// `F.embedding(idx, table)`: keeps the indices.
+    pub fn embedding(&mut self, idx: TensorId, table: TensorId) -> Result<TensorId, EngineError> {
+        self.simple(Op::Embedding, &[idx, table])
+    }
+
+    /// `F.dropout(x, p)` in training: the output and a bool mask (kept for backward).
+    pub fn dropout(&mut self, x: TensorId, p: f64) -> Result<TensorId, EngineError> {
+        if p <= 0.0 {
+            return Ok(self.retain(x));
+        }
+        let seed = self.next_seed();
+        self.simple(Op::Dropout { p, seed }, &[x])
+    }
+
+    /// `x.masked_fill(mask, value)`: keeps the mask.
+    pub fn masked_fill(
+        &mut self,
+        x: TensorId,
+        mask: TensorId,
+        value: f64,
+    ) -> Result<TensorId, EngineError> {
+        self.simple(Op::MaskedFill { value }, &[x, mask])
+    }
+
+    /// `F.cross_entropy(logits [N, C], target [N])`: log_softmax (keeps its result) then
+    /// nll_loss (keeps the target and a total_weight scalar); returns the scalar loss.
+    pub fn cross_entropy(
+        &mut self,
+        logits: TensorId,
+        target: TensorId,
+    ) -> Result<TensorId, EngineError> {
+        let s = self.shape(logits).to_vec();
+        if s.len() != 2 || self.shape(target) != [s[0]] {
+            return Err(EngineError::Invalid(format!(
+                "cross_entropy expects logits [N, C] and target [N], got {} and {}",
+                Dims(&s),
+                Dims(self.shape(target))
+            )));
+        }
+        let lsm = self.softmax(true, logits, 1)?;
+        let loss = self.simple(Op::NllLoss, &[lsm, target]);
+        self.release(lsm);
+        loss
+    }
+
+    /// `scaled_dot_product_attention(q, k, v, is_causal=True)` on [B, H, T, D] inputs, as
+    /// PyTorch 2.11 runs it on an H200 (the traces in fixtures/models show which kernel):
+    /// float32 inputs take the memory-efficient kernel (output, and a logsumexp of
+    /// [B, H, T rounded up to 32] float32 kept for backward); bf16/f16 inputs take cuDNN's
+    /// (an 8-byte philox seed and offset first, then the output, then a [B, H, T] float32
+    /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
+    /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
+    pub fn sdpa(&mut self, q: TensorId, k: TensorId, v: TensorId) -> Result<TensorId, EngineError> {
+        let sq = self.shape(q).to_vec();
+        if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
+            return Err(EngineError::Invalid(
+                "scaled_dot_product_attention expects [B, H, L, D] tensors".into(),
+            ));
+        }
+        let (b, h, t, dv) = (sq[0], sq[1], sq[2], self.shape(v)[3]);
+        let dtype = self.dtype(q);
+        let cudnn = dtype != DType::F32;
+        let op = Op::Sdpa { cudnn };
+        let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
+        let mut extra = Vec::new();
+        if cudnn {
+            for _ in 0..2 {
+                extra.push(self.empty(&[], DType::I64, Category::Temporary)?);
+            }
+        }
+        // allocated as [B, T, H, D], seen as its transpose [B, H, T, D]
+        let out = self.empty(&[b, t, h, dv], dtype, Category::Temporary)?;
+        let seen = self.info(out).layout.transpose(1, 2)?;
+        self.info_mut(out).layout = seen;
+        let lse_len = if cudnn { t } else { t.div_ceil(32) * 32 };
+        extra.push(self.empty(&[b, h, lse_len], DType::F32, Category::Temporary)?);
+        if cudnn {
+            let scratch = self.empty(&[256], DType::U8, Category::Temporary)?;
+            self.release(scratch);
+        }
+        let mut outs = vec![out];
+        outs.extend(&extra);
+        self.launch(&op, &[q, k, v], &outs)?;
+        if !need {
+            for e in extra {
+                self.release(e);
+            }
+            return Ok(out);
+        }
+        let saves = op.saves(3);
+        self.record(&op, &[q, k, v], &[out], &saves);
+        let node = self.info(out).grad_fn.expect("recorded");
+        for (i, e) in extra.into_iter().enumerate() {
+            self.recategorize(e, Category::Activation);
+            self.save_extra(node, e, Role::Extra(i));
+        }
+        // the memory-efficient kernel's node frees its logsumexp before its output
+        if !cudnn {
+            let n = self.node_mut(node);
+            if n.saved.len() == 5 {
+                n.saved.swap(3, 4);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::SimSource;
+    use crate::engine::tensor::testing::*;
+
+    /// The seed's example: `c = a * b; d = c.sin(); loss = d.mean()` keeps a, b (for mul) and c
+    /// (for sin) until backward; under no_grad nothing is kept.
+    #[test]
+    fn grad_keeps_activations_and_no_grad_does_not() {
+        let mut d = dev();
+        let a = d
+            .factory(&[100, 100], DType::F32, true, Category::Input)
+            .unwrap();
+        let b = d
+            .factory(&[100, 100], DType::F32, true, Category::Input)
+            .unwrap();
+        let base = allocated(&d);
+        let c = d.binary(Binary::Mul, a, b).unwrap();
+        let s = d.unary(Unary::Sin, c).unwrap();
+        let loss = d.reduce(true, s, None, false).unwrap();
+        d.release(c);
+        d.release(s);
+        assert_eq!(d.saved_tensors(), 3, "mul keeps a and b, sin keeps c");
+        assert_eq!(
+            allocated(&d),
+            base + 40448 + 512,
+            "c stays alive for backward; s is freed"
+        );
+        d.backward(loss, false).unwrap();
+        assert_eq!(d.saved_tensors(), 0, "backward frees what it saved");
+        assert!(d.grad(a).is_some() && d.grad(b).is_some());
+        assert_eq!(
+            allocated(&d),
+            base + 512 + 2 * 40448,
+            "loss + a.grad + b.grad"
+        );
+        assert!(d
+            .backward(loss, false)
+            .unwrap_err()
+            .to_string()
+            .contains("backward through the graph a second time"));
+        d.release(loss);
+
+        d.grad_enabled = false;
+        let before = allocated(&d);
+        let c = d.binary(Binary::Mul, a, b).unwrap();
+        let s = d.unary(Unary::Sin, c).unwrap();
+        d.release(c);
+        let l2 = d.reduce(true, s, None, false).unwrap();
+        d.release(s);
+        assert_eq!(d.saved_tensors(), 0);
+        assert_eq!(allocated(&d), before + 512, "only the result remains");
+        assert!(d.backward(l2, false).is_err());
+    }
+
+    #[test]
+    fn a_kept_loss_keeps_its_graph() {
+        let mut d = dev();
+        let w = d
+            .factory(&[256, 256], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let x = d
+            .factory(&[64, 256], DType::F32, false, Category::Input)
+            .unwrap();
+        let h = d.matmul(x, w).unwrap();
+        let r = d.unary(Unary::Relu, h).unwrap();
+        d.release(h);
+        let loss = d.reduce(false, r, None, false).unwrap();
+        d.release(r);
+        let with_graph = allocated(&d);
+        // detaching (or .item()) lets the graph go
+        let cat = |d: &Tensors<SimSource>, c: Category| {
+            d.by_category()
+                .into_iter()
+                .find(|(k, _)| *k == c)
+                .unwrap()
+                .1
+        };
+        assert_eq!(
+            cat(&d, Category::Activation),
+            64 * 256 * 4,
+            "the relu output, saved for backward, is an activation"
+        );
+        assert_eq!(
+            cat(&d, Category::Workspace),
+            CUBLAS_WORKSPACE + CUBLASLT_WORKSPACE
+        );
+        assert_eq!(cat(&d, Category::Parameter), 256 * 256 * 4);
+        let kept = d.detach(loss);
+        d.release(loss);
+        assert_eq!(cat(&d, Category::Activation), 0);
+        assert!(
+            allocated(&d) < with_graph,
+            "the relu output saved for backward is freed"
+        );
+        assert_eq!(d.saved_tensors(), 0);
+        d.release(kept);
+        assert!(
+            d.workspace.is_some(),
+            "the first matmul took the cuBLAS workspace"
+        );
+    }
+
+    #[test]
+    fn shape_errors_are_pytorchs() {
+        let mut d = dev();
+        let a = d
+            .factory(&[2, 3], DType::F32, false, Category::Input)
+            .unwrap();
+        let b = d
+            .factory(&[4, 5], DType::F32, false, Category::Input)
+            .unwrap();
+        let e = d.matmul(a, b).unwrap_err().to_string();
+        assert_eq!(e, "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)");
+        assert!(d.factory(&[2], DType::I64, true, Category::Input).is_err());
+    }
+}
+
+#[cfg(test)]
+mod transformer_tests {
+    use super::*;
+    use crate::alloc::SimSource;
+    use crate::engine::tensor::testing::*;
+
+    fn activation(d: &Tensors<SimSource>) -> u64 {
+        d.by_category()
+            .into_iter()
+            .find(|(c, _)| *c == Category::Activation)
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn layer_norm_keeps_input_mean_and_rstd() {
+        let mut d = dev();
+        let x = d
+            .factory(&[8, 1024, 768], DType::F32, false, Category::Input)
+            .unwrap();
+        let w = d
+            .factory(&[768], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let y = d.layer_norm(x, Some(w), None, 1e-5).unwrap();
+        // x (an input) is saved as it is; mean and rstd are float32 per row (8192 rows)
+        assert_eq!(activation(&d), 2 * 8192 * 4);
+        assert_eq!(d.saved_tensors(), 4, "x, w, mean, rstd");
+        d.release(y);
+        assert_eq!(activation(&d), 0);
+        d.grad_enabled = false;
+        let y = d.layer_norm(x, Some(w), None, 1e-5).unwrap();
+        assert_eq!(d.saved_tensors(), 0, "no grad: no statistics kept");
+        d.release(y);
+    }
+
+    #[test]
+    fn flash_attention_keeps_qkv_out_and_logsumexp() {
+        let mut d = dev();
+        let q = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let k = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let v = d
+            .factory(&[2, 12, 256, 64], DType::BF16, true, Category::Parameter)
+            .unwrap();
+        let o = d.sdpa(q, k, v).unwrap();
+        assert_eq!(d.shape(o), &[2, 12, 256, 64]);
+        // the output (saved) and the float32 logsumexp [2, 12, 256] and the rng seed/offset
+        assert_eq!(
+            activation(&d),
+            2 * 12 * 256 * 64 * 2 + 2 * 12 * 256 * 4 + 2 * 512
+        );
+        assert_eq!(d.saved_tensors(), 7);
+    }
+
+    #[test]
+    fn cross_entropy_keeps_log_probs_and_target() {
+        let mut d = dev();
+        let logits = d
+            .factory(&[16, 1000], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let target = d
+            .factory(&[16], DType::I64, false, Category::Input)
+            .unwrap();
+        let loss = d.cross_entropy(logits, target).unwrap();
+        assert!(d.shape(loss).is_empty());
+        // log_softmax's result (16 x 1000 float32) and nll_loss's total_weight
+        assert_eq!(activation(&d), 64000 + 512);
+        d.backward(loss, false).unwrap();
+        assert_eq!(activation(&d), 0);
+        assert!(d.grad(logits).is_some());
+        let e = d.cross_entropy(logits, logits).unwrap_err().to_string();
+        assert!(e.contains("expects logits [N, C] and target [N]"), "{e}");
+    }
+
+    #[test]
+    fn embedding_keeps_indices_and_dropout_a_bool_mask() {
+        let mut d = dev();
+        let table = d
+            .factory(&[50257, 768], DType::F32, true, Category::Parameter)
+            .unwrap();
+        let idx = d
+            .factory(&[4, 128], DType::I64, false, Category::Input)
+            .unwrap();
+        let e = d.embedding(idx, table).unwrap();
+        assert_eq!(d.shape(e), &[4, 128, 768]);
+        assert_eq!(d.saved_tensors(), 1, "the indices");
+        let y = d.dropout(e, 0.1).unwrap();
+        assert_eq!(
+            activation(&d),
+            4 * 128 * 768,
+            "the bool mask, 1 byte per element"
+        );
+        d.release(y);
+        d.release(e);
+        assert!(d.embedding(table, table).is_err());
+    }
+}

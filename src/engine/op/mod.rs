@@ -1,0 +1,467 @@
+//! Every op the engine runs, defined once: its name (the tag its allocations carry and the
+//! `<name>_backward` tag of its gradient), its typed attributes, its kernel names (shared by
+//! every backend: the CPU kernels in `backend::cpu` and the `.cu` kernels in `kernels/`), its
+//! autocast policy, what its backward keeps, how its outputs and extra buffers are sized, and
+//! what its backward makes of the incoming gradient.
+//!
+//! This module is plain data: it knows no tensors and no device. The engine reads it to
+//! allocate, record and free ([`crate::engine::exec`]), backends read it to compute, and the
+//! script language reads [`script`] to know which functions and methods exist.
+//!
+//! Families: [`elementwise`] (unary, binary, scalar, in-place, factories), products (matmul,
+//! linear), norms and the softmax family, losses, embedding, dropout, attention, reductions,
+//! views and copies, the gradient plumbing backward needs (copies, sums, concatenation) and
+//! the optimizer updates ([`optim`]).
+
+pub mod elementwise;
+pub mod norm;
+pub mod optim;
+pub mod script;
+
+pub use elementwise::{Binary, Fill, InPlace, Unary};
+pub use norm::Norm;
+pub use optim::{Hyper, OptimKind, OptimStep};
+
+use super::dtype::DType;
+use super::layout::{Dims, Layout, LayoutError};
+
+/// What an op's backward needs kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Save {
+    /// Input `i`.
+    Input(usize),
+    /// Input `i`, only if input `j` requires grad (`a * b` keeps `b` for `a`'s gradient).
+    InputFor(usize, usize),
+    /// The op's output (saved without its grad_fn).
+    Output,
+}
+
+/// Which of an op's tensors a saved tensor is, for its backward kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Input(usize),
+    Output,
+    /// The op's `k`-th extra output (layer_norm's mean then rstd, dropout's mask, a loss's
+    /// total weight, attention's statistics).
+    Extra(usize),
+}
+
+/// What a node's backward does with the incoming gradient, as PyTorch's derivative formulas do
+/// for memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Back {
+    /// A fresh gradient per differentiable input, contiguous in the input's shape.
+    Alloc,
+    /// The gradient itself, as it is (`clone`, `contiguous`, `expand` to the same shape).
+    Pass,
+    /// `grad.reshape(input shape)` (`view`, `reshape`, `unsqueeze`): a view when the
+    /// gradient's strides allow, else a copy.
+    Reshape,
+    /// The gradient permuted back (`t`, `transpose`, `permute`: output dim i was input dim
+    /// `perm[i]`): always a view.
+    Permute(Vec<usize>),
+    /// `a + b`: the gradient itself for an input of the same shape and dtype, a cast copy for
+    /// one of another dtype, a sum for a broadcast one.
+    Add,
+    /// `split`/`chunk`: once every part's gradient is in (zeros for those with none), one
+    /// `cat` into the input's shape.
+    Split,
+}
+
+/// What autocast does to an op's floating inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CastPolicy {
+    /// Run in the region's dtype (bf16/f16): matmul, linear, attention.
+    Lower,
+    /// Run in float32: softmax, log_softmax, the norms, losses.
+    Float32,
+}
+
+/// How a view was made from its input, for the backward of views that are not plain reshapes
+/// (`index`, `select`, slicing, `expand`): the view's layout over a contiguous tensor of the
+/// input's shape, through which the gradient is scattered (and summed, where strides are 0).
+pub type RelLayout = Layout;
+
+/// Every op, with its attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// A factory: `randn`, `zeros`, `full`, `arange`... `seed` numbers the factory call, so a
+    /// data device draws the same numbers for the same workload.
+    Fill {
+        fill: Fill,
+        seed: u64,
+    },
+    Unary(Unary),
+    Binary(Binary),
+    /// A tensor and a Python scalar: `x * 0.5`, `loss / 4`; `reversed` for `2 - x`.
+    Scalar {
+        op: Binary,
+        value: f64,
+        reversed: bool,
+    },
+    /// `x.masked_fill(mask, value)`.
+    MaskedFill {
+        value: f64,
+    },
+    /// `x.to(dtype)` (and autocast's casts): the output's dtype is the target.
+    Cast,
+    /// `F.dropout(x, p)` in training; the mask is drawn from `seed`, so a recomputation (a
+    /// checkpoint) draws the same one, as PyTorch's saved RNG state does.
+    Dropout {
+        p: f64,
+        seed: u64,
+    },
+    /// `a @ b` (`torch.matmul`), batched and broadcast.
+    Matmul,
+    /// `F.linear(x, w, b)`.
+    Linear,
+    /// The normalizations ([`norm`]).
+    Norm(Norm),
+    /// `softmax(dim)` / `log_softmax(dim)`.
+    Softmax {
+        dim: i64,
+        log: bool,
+    },
+    /// `sum()` / `mean()`, over everything or one dimension.
+    Reduce {
+        mean: bool,
+        dim: Option<i64>,
+        keepdim: bool,
+    },
+    /// `F.embedding(idx, table)`.
+    Embedding,
+    /// `nll_loss(log_probs [N, C], target [N])`, mean reduction (cross_entropy's second half).
+    NllLoss,
+    /// `scaled_dot_product_attention(q, k, v, is_causal=True)`: cuDNN's kernel for bf16/f16,
+    /// the memory-efficient one for float32.
+    Sdpa {
+        cudnn: bool,
+    },
+    /// A view: a new layout over the same storage. `kind` is PyTorch's op name; `rel` is the
+    /// view over a contiguous tensor of the input's shape, through which the backward of an
+    /// `index`, slice or `expand` scatters (and sums) the gradient.
+    View {
+        kind: ViewKind,
+        rel: RelLayout,
+    },
+    /// `split(size, dim)` / `chunk(n, dim)`: views of the parts.
+    Split {
+        chunk: bool,
+        dim: usize,
+    },
+    /// `clone()` (and `contiguous()` of a non-contiguous tensor): a contiguous copy.
+    Clone,
+    /// In-place ops; the second input, where there is one, is the operand.
+    InPlace(InPlace),
+    /// Backward's copy of a gradient into a new layout or dtype.
+    Copy,
+    /// `outs[0] += ins[0]`: a gradient summed into another (same shape).
+    Accumulate,
+    /// The sum of `ins[0]` over the dimensions it was broadcast along, into `outs[0]`'s shape
+    /// (and dtype): an operand's gradient after broadcasting.
+    SumTo,
+    /// One parameter's optimizer update.
+    OptimStep(OptimStep),
+}
+
+/// The view ops, by PyTorch's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewKind {
+    View,
+    Reshape,
+    Unsqueeze,
+    Squeeze,
+    Flatten,
+    T,
+    Transpose,
+    Permute,
+    Expand,
+    Index,
+}
+
+impl ViewKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ViewKind::View => "view",
+            ViewKind::Reshape => "reshape",
+            ViewKind::Unsqueeze => "unsqueeze",
+            ViewKind::Squeeze => "squeeze",
+            ViewKind::Flatten => "flatten",
+            ViewKind::T => "t",
+            ViewKind::Transpose => "transpose",
+            ViewKind::Permute => "permute",
+            ViewKind::Expand => "expand",
+            ViewKind::Index => "index",
+        }
+    }
+}
+
+/// An input's shape and dtype: what shape functions see.
+pub type Meta = (Vec<usize>, DType);
+
+/// An op's extra outputs: allocated after its output, kept by its node (or freed at once when
+/// no graph is recorded).
+pub type Extras = Vec<Meta>;
+
+impl Op {
+    /// PyTorch's name for it: the tag of its allocations, and `<name>_backward` in backward.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Fill { .. } => "fill",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) | Op::Scalar { op: b, .. } => b.name(),
+            Op::MaskedFill { .. } => "masked_fill",
+            Op::Cast => "to",
+            Op::Dropout { .. } => "dropout",
+            Op::Matmul => "matmul",
+            Op::Linear => "linear",
+            Op::Norm(n) => n.name(),
+            Op::Softmax { log: false, .. } => "softmax",
+            Op::Softmax { log: true, .. } => "log_softmax",
+            Op::Reduce { mean: false, .. } => "sum",
+            Op::Reduce { mean: true, .. } => "mean",
+            Op::Embedding => "embedding",
+            Op::NllLoss => "nll_loss",
+            Op::Sdpa { cudnn: true } => "sdpa_cudnn",
+            Op::Sdpa { cudnn: false } => "sdpa_efficient",
+            Op::View { kind, .. } => kind.name(),
+            Op::Split { chunk: false, .. } => "split",
+            Op::Split { chunk: true, .. } => "chunk",
+            Op::Clone => "clone",
+            Op::InPlace(_) => "inplace",
+            Op::Copy => "copy",
+            Op::Accumulate => "accumulate",
+            Op::SumTo => "sum_to",
+            Op::OptimStep(s) => s.kind.name(),
+        }
+    }
+
+    /// The kernel that runs it forward, by the name the CPU and CUDA kernels share (None for
+    /// views, which run nothing).
+    pub fn kernel(&self) -> Option<&'static str> {
+        Some(match self {
+            Op::View { .. } | Op::Split { .. } => return None,
+            Op::Fill { .. } => "fill",
+            Op::Unary(_) => "unary",
+            Op::Binary(_) => "binary",
+            Op::Scalar { .. } => "scalar",
+            Op::MaskedFill { .. } => "masked_fill",
+            Op::Cast | Op::Clone | Op::Copy => "copy",
+            Op::Dropout { .. } => "dropout",
+            Op::Matmul | Op::Linear => "gemm",
+            Op::Norm(n) => n.kernels().0,
+            Op::Softmax { .. } => "softmax",
+            Op::Reduce { .. } | Op::SumTo => "reduce",
+            Op::Embedding => "embedding",
+            Op::NllLoss => "nll_loss",
+            Op::Sdpa { .. } => "attention",
+            Op::InPlace(_) => "inplace",
+            Op::Accumulate => "accumulate",
+            Op::OptimStep(s) => s.kind.kernel(),
+        })
+    }
+
+    /// The kernel of its backward (None where backward only moves views or runs other ops).
+    pub fn backward_kernel(&self) -> Option<&'static str> {
+        Some(match self {
+            Op::Unary(_) => "unary_backward",
+            Op::Binary(_) | Op::Scalar { .. } => "binary_backward",
+            Op::MaskedFill { .. } => "masked_fill",
+            Op::Cast | Op::Clone => "copy",
+            Op::Dropout { .. } => "dropout_backward",
+            Op::Matmul | Op::Linear => "gemm",
+            Op::Norm(n) => n.kernels().1,
+            Op::Softmax { .. } => "softmax_backward",
+            Op::Reduce { .. } => "expand",
+            Op::Embedding => "embedding_backward",
+            Op::NllLoss => "nll_loss_backward",
+            Op::Sdpa { .. } => "attention_backward",
+            Op::View { .. } => "scatter_add",
+            Op::Split { .. } => "cat",
+            _ => return None,
+        })
+    }
+
+    /// Autocast's policy for its floating inputs (None: it runs in its inputs' dtype).
+    pub fn autocast(&self) -> Option<CastPolicy> {
+        match self {
+            Op::Matmul | Op::Linear | Op::Sdpa { .. } => Some(CastPolicy::Lower),
+            Op::Norm(n) => Some(n.autocast()),
+            Op::Softmax { .. } | Op::NllLoss => Some(CastPolicy::Float32),
+            _ => None,
+        }
+    }
+
+    /// What its backward keeps, beyond its extras.
+    pub fn saves(&self, inputs: usize) -> Vec<Save> {
+        match self {
+            Op::Unary(u) => u.saves().to_vec(),
+            Op::Binary(b) => b.saves().to_vec(),
+            Op::MaskedFill { .. } => vec![Save::Input(1)],
+            Op::Matmul | Op::Linear => vec![Save::InputFor(1, 0), Save::InputFor(0, 1)],
+            Op::Norm(n) => n.saves(inputs),
+            Op::Softmax { .. } => vec![Save::Output],
+            Op::Embedding => vec![Save::InputFor(0, 1)],
+            Op::NllLoss => vec![Save::Input(1)],
+            Op::Sdpa { .. } => vec![Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
+            _ => Vec::new(),
+        }
+    }
+
+    /// What its backward makes of the incoming gradient.
+    pub fn back(&self, in_ndim: usize, same_shape: bool) -> Back {
+        match self {
+            Op::Binary(Binary::Add) => Back::Add,
+            Op::Clone => Back::Pass,
+            Op::Split { .. } => Back::Split,
+            Op::View { kind, .. } => match kind {
+                ViewKind::View
+                | ViewKind::Reshape
+                | ViewKind::Unsqueeze
+                | ViewKind::Squeeze
+                | ViewKind::Flatten => Back::Reshape,
+                ViewKind::T if in_ndim == 2 => Back::Permute(vec![1, 0]),
+                ViewKind::T => Back::Pass,
+                ViewKind::Expand if same_shape => Back::Pass,
+                _ => Back::Alloc,
+            },
+            _ => Back::Alloc,
+        }
+    }
+
+    /// Output shape and dtype, and the extra outputs, of the ops the engine runs by one rule
+    /// (allocate the output, then the extras; run the kernel; record the node; the node keeps
+    /// the extras, or they go at once). `None` for the ops with their own allocation order.
+    pub fn simple_outputs(&self, ins: &[Meta]) -> Option<Result<(Meta, Extras), LayoutError>> {
+        let first = ins.first()?;
+        let same = || first.clone();
+        let r = match self {
+            Op::Unary(_) | Op::Scalar { .. } | Op::Clone => Ok((same(), vec![])),
+            Op::Binary(_) => {
+                let b = ins.get(1)?;
+                broadcast(&first.0, &b.0).map(|s| ((s, promote(first.1, b.1)), vec![]))
+            }
+            Op::MaskedFill { .. } => {
+                let m = ins.get(1)?;
+                broadcast(&first.0, &m.0).map(|s| ((s, first.1), vec![]))
+            }
+            Op::Dropout { .. } => Ok((same(), vec![(first.0.clone(), DType::Bool)])),
+            Op::Norm(n) => n.outputs(first),
+            Op::Softmax { dim, .. } => {
+                super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
+            }
+            Op::Reduce { dim, keepdim, .. } => {
+                let mut shape = first.0.clone();
+                match dim {
+                    None => {
+                        shape.clear();
+                        Ok(((shape, first.1), vec![]))
+                    }
+                    Some(d) => super::layout::wrap_dim(*d, shape.len()).map(|d| {
+                        if *keepdim {
+                            shape[d] = 1;
+                        } else {
+                            shape.remove(d);
+                        }
+                        ((shape, first.1), vec![])
+                    }),
+                }
+            }
+            Op::Embedding => {
+                let table = ins.get(1)?;
+                if table.0.len() != 2 {
+                    return Some(Err(LayoutError("embedding weight must be 2-D".into())));
+                }
+                if first.1.is_floating() {
+                    return Some(Err(LayoutError(
+                        "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int".into(),
+                    )));
+                }
+                let mut shape = first.0.clone();
+                shape.push(table.0[1]);
+                Ok(((shape, table.1), vec![]))
+            }
+            Op::NllLoss => {
+                let t = ins.get(1)?;
+                let s = &first.0;
+                if s.len() != 2 || t.0 != [s[0]] {
+                    return Some(Err(LayoutError(format!(
+                        "cross_entropy expects logits [N, C] and target [N], got {} and {}",
+                        Dims(s),
+                        Dims(&t.0)
+                    ))));
+                }
+                let scalar = (Vec::new(), first.1);
+                Ok((scalar.clone(), vec![scalar]))
+            }
+            _ => return None,
+        };
+        Some(r)
+    }
+}
+
+/// NumPy/PyTorch broadcasting of two shapes.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, LayoutError> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let x = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        out[i] = if x == y || y == 1 {
+            x
+        } else if x == 1 {
+            y
+        } else {
+            return Err(LayoutError(format!(
+                "The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {i}"
+            )));
+        };
+    }
+    Ok(out)
+}
+
+/// Result dtype of two operands: the wider float wins, floats beat integers.
+pub fn promote(a: DType, b: DType) -> DType {
+    if a == b {
+        return a;
+    }
+    match (a.is_floating(), b.is_floating()) {
+        (true, false) => a,
+        (false, true) => b,
+        _ if a.size() >= b.size() => a,
+        _ => b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_and_promotion() {
+        assert_eq!(broadcast(&[4, 1, 3], &[5, 1]).unwrap(), vec![4, 5, 3]);
+        assert!(broadcast(&[3], &[4])
+            .unwrap_err()
+            .0
+            .contains("must match the size of tensor b (4)"));
+        assert_eq!(promote(DType::F16, DType::F32), DType::F32);
+        assert_eq!(promote(DType::I64, DType::BF16), DType::BF16);
+    }
+
+    #[test]
+    fn every_op_that_computes_names_a_kernel() {
+        for u in Unary::ALL {
+            assert_eq!(Op::Unary(u).kernel(), Some("unary"));
+            assert!(Op::Unary(u).backward_kernel().is_some());
+        }
+        assert_eq!(Op::Sdpa { cudnn: false }.name(), "sdpa_efficient");
+    }
+}

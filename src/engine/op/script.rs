@@ -1,0 +1,568 @@
+//! The script language's tensor functions and methods, generated from the op definitions:
+//! each entry names an op family, its parameters (from which the signature shown in `--help`,
+//! the README and error messages is printed) and how bound arguments make the op. The runner
+//! binds a call's arguments to the parameters and hands the result to the engine; nothing else
+//! matches on op names.
+
+use super::{Binary, Fill, Op, Unary, ViewKind};
+use crate::engine::dtype::DType;
+
+/// How a script reaches an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `f(x, ...)` only.
+    Function,
+    /// `x.f(...)` only (the receiver is the first parameter).
+    Method,
+    /// Both.
+    Both,
+}
+
+/// One parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Param {
+    Tensor(&'static str),
+    /// A tensor or `none`.
+    OptTensor(&'static str),
+    /// An integer, with a default (None: required).
+    Int(&'static str, Option<i64>),
+    /// An integer or `none` (the default).
+    OptInt(&'static str),
+    Float(&'static str, Option<f64>),
+    Bool(&'static str, bool),
+    /// Sizes: `f(2, 3)` or `f([2, 3])`; all remaining positional arguments.
+    Sizes(&'static str),
+    /// A dtype keyword (None: the op's own default).
+    DType(&'static str),
+    /// Numbers: all remaining positional arguments (arange's start, end, step).
+    Numbers(&'static str),
+    /// A tensor or a number (an in-place op's operand), or `none`.
+    Operand(&'static str),
+}
+
+impl Param {
+    pub fn name(&self) -> &'static str {
+        match *self {
+            Param::Tensor(n)
+            | Param::OptTensor(n)
+            | Param::Int(n, _)
+            | Param::OptInt(n)
+            | Param::Float(n, _)
+            | Param::Bool(n, _)
+            | Param::Sizes(n)
+            | Param::DType(n)
+            | Param::Numbers(n)
+            | Param::Operand(n) => n,
+        }
+    }
+
+    fn shown(&self) -> String {
+        match *self {
+            Param::Tensor(n) => n.to_string(),
+            Param::OptTensor(n) | Param::OptInt(n) => format!("{n}=none"),
+            Param::Int(n, None) | Param::Float(n, None) => n.to_string(),
+            Param::Int(n, Some(d)) => format!("{n}={d}"),
+            Param::Float(n, Some(d)) => format!("{n}={d}"),
+            Param::Bool(n, d) => format!("{n}={d}"),
+            Param::Sizes(n) | Param::Numbers(n) => format!("*{n}"),
+            Param::DType(n) => format!("{n}=..."),
+            Param::Operand(n) => n.to_string(),
+        }
+    }
+}
+
+/// A bound argument.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg<T> {
+    Tensor(T),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    DType(DType),
+    None,
+}
+
+/// Arguments bound to an entry's parameters: one value per parameter, in order, plus the
+/// sizes or numbers of a variadic parameter.
+#[derive(Debug, Clone)]
+pub struct Bound<T> {
+    pub args: Vec<Arg<T>>,
+    pub list: Vec<f64>,
+    /// Whether every number of `list` was written as an integer.
+    pub list_ints: bool,
+}
+
+impl<T: Copy> Bound<T> {
+    pub fn tensor(&self, i: usize) -> Option<T> {
+        match self.args.get(i) {
+            Some(Arg::Tensor(t)) => Some(*t),
+            _ => None,
+        }
+    }
+    pub fn int(&self, i: usize) -> Option<i64> {
+        match self.args.get(i) {
+            Some(Arg::Int(v)) => Some(*v),
+            Some(Arg::Bool(b)) => Some(*b as i64),
+            _ => None,
+        }
+    }
+    pub fn float(&self, i: usize) -> Option<f64> {
+        match self.args.get(i) {
+            Some(Arg::Int(v)) => Some(*v as f64),
+            Some(Arg::Float(v)) => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn flag(&self, i: usize) -> bool {
+        matches!(self.args.get(i), Some(Arg::Bool(true)))
+    }
+    pub fn dtype(&self, i: usize) -> Option<DType> {
+        match self.args.get(i) {
+            Some(Arg::DType(d)) => Some(*d),
+            _ => None,
+        }
+    }
+    /// Integer sizes of the variadic parameter.
+    pub fn sizes(&self) -> Result<Vec<i64>, String> {
+        if !self.list_ints {
+            return Err("sizes must be integers, as f(2, 3) or f([2, 3])".into());
+        }
+        Ok(self.list.iter().map(|&v| v as i64).collect())
+    }
+    fn dims(&self) -> Result<Vec<usize>, String> {
+        self.sizes()?
+            .into_iter()
+            .map(|d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
+            .collect()
+    }
+}
+
+/// What a call makes, for the engine to run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Made<T> {
+    /// An op over tensor inputs (autocast applies by the op's policy).
+    Op { op: Op, inputs: Vec<T> },
+    /// A factory.
+    Factory {
+        fill: Fill,
+        shape: Vec<usize>,
+        dtype: DType,
+        requires_grad: bool,
+    },
+    /// A view or reshape of `x` with integer arguments.
+    View {
+        kind: ViewKind,
+        x: T,
+        args: Vec<i64>,
+    },
+    /// `split`/`chunk`.
+    Split {
+        chunk: bool,
+        x: T,
+        size: i64,
+        dim: i64,
+    },
+    /// The input itself (another handle): dropout outside training.
+    Same(T),
+    /// `contiguous()`: itself, or a copy.
+    Contiguous(T),
+    /// `cross_entropy(logits, target)`: log_softmax then nll_loss.
+    CrossEntropy { logits: T, target: T },
+    /// A cast to `dtype` (itself when it has that dtype already).
+    To { x: T, dtype: Option<DType> },
+    /// An in-place op on `x` (with an operand tensor or scalar).
+    InPlace {
+        name: &'static str,
+        x: T,
+        operand: Option<Arg<T>>,
+    },
+}
+
+/// One script function or method.
+pub struct Entry {
+    pub name: &'static str,
+    pub form: Form,
+    pub params: &'static [Param],
+    pub doc: &'static str,
+    pub make: fn(&'static str, &Bound<u32>) -> Result<Made<u32>, String>,
+}
+
+impl Entry {
+    /// `name(param, param=default, ...)`, for help and errors.
+    pub fn signature(&self) -> String {
+        let shown: Vec<String> = self.params.iter().map(Param::shown).collect();
+        match self.form {
+            Form::Method => format!("x.{}({})", self.name, shown[1..].join(", ")),
+            _ => format!("{}({})", self.name, shown.join(", ")),
+        }
+    }
+}
+
+use Param as P;
+
+const X: P = P::Tensor("input");
+const DIM: P = P::OptInt("dim");
+
+fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let u = Unary::parse(name).ok_or("not a unary op")?;
+    Ok(Made::Op {
+        op: Op::Unary(u),
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+    })
+}
+
+fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let (fill, shape) = match name {
+        "full" => {
+            let v = b.float(1).ok_or("full expects (size, fill_value)")?;
+            (Fill::Full(v), b.dims()?)
+        }
+        "arange" => {
+            let (start, end, step) = match b.list[..] {
+                [e] => (0.0, e, 1.0),
+                [s, e] => (s, e, 1.0),
+                [s, e, st] => (s, e, st),
+                _ => return Err("arange expects (end), (start, end) or (start, end, step)".into()),
+            };
+            if step == 0.0 {
+                return Err("arange step must be nonzero".into());
+            }
+            let n = ((end - start) / step).ceil().max(0.0) as usize;
+            (Fill::Arange { start, step }, vec![n])
+        }
+        "randn" => (Fill::Randn, b.dims()?),
+        "rand" => (Fill::Rand, b.dims()?),
+        "zeros" => (Fill::Zeros, b.dims()?),
+        "ones" => (Fill::Ones, b.dims()?),
+        _ => (Fill::Empty, b.dims()?),
+    };
+    let dtype_at = if name == "full" { 2 } else { 1 };
+    let default = if name == "arange" && b.list_ints {
+        DType::I64
+    } else {
+        DType::F32
+    };
+    Ok(Made::Factory {
+        fill,
+        shape,
+        dtype: b.dtype(dtype_at).unwrap_or(default),
+        requires_grad: b.flag(dtype_at + 1),
+    })
+}
+
+fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let op = match name {
+        "add" => Binary::Add,
+        "sub" => Binary::Sub,
+        "mul" => Binary::Mul,
+        _ => Binary::Div,
+    };
+    Ok(Made::Op {
+        op: Op::Binary(op),
+        inputs: vec![
+            b.tensor(0).ok_or("expects a tensor")?,
+            b.tensor(1).ok_or("expects two tensors")?,
+        ],
+    })
+}
+
+fn tensors(b: &Bound<u32>) -> Vec<u32> {
+    b.args
+        .iter()
+        .filter_map(|a| match a {
+            Arg::Tensor(t) => Some(*t),
+            _ => None,
+        })
+        .collect()
+}
+
+fn nn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let inputs = tensors(b);
+    let op = match name {
+        "linear" | "matmul" if inputs.len() < 2 => {
+            return Err(format!("{name} expects two tensors"))
+        }
+        "linear" => Op::Linear,
+        "matmul" => Op::Matmul,
+        "embedding" => Op::Embedding,
+        "scaled_dot_product_attention" => {
+            if inputs.len() != 3 {
+                return Err("scaled_dot_product_attention expects q, k and v".into());
+            }
+            // the kernel is picked by dtype once autocast has run (see exec)
+            Op::Sdpa { cudnn: false }
+        }
+        "masked_fill" => Op::MaskedFill {
+            value: b.float(2).ok_or("masked_fill expects (mask, value)")?,
+        },
+        "cross_entropy" => {
+            return Ok(Made::CrossEntropy {
+                logits: b.tensor(0).ok_or("expects logits")?,
+                target: b.tensor(1).ok_or("expects a target")?,
+            })
+        }
+        "dropout" => {
+            let p = b.float(1).unwrap_or(0.5);
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!(
+                    "dropout probability has to be between 0 and 1, but got {p}"
+                ));
+            }
+            if !b.flag(2) {
+                // training=false: the input itself
+                return Ok(Made::Same(inputs[0]));
+            }
+            Op::Dropout { p, seed: 0 }
+        }
+        _ => return Err(format!("{name}: unknown")),
+    };
+    Ok(Made::Op { op, inputs })
+}
+
+fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let x = b.tensor(0).ok_or("expects a tensor")?;
+    let op = match name {
+        "sum" | "mean" => Op::Reduce {
+            mean: name == "mean",
+            dim: b.int(1),
+            keepdim: b.flag(2),
+        },
+        _ => Op::Softmax {
+            dim: b.int(1).ok_or_else(|| format!("{name} needs dim"))?,
+            log: name == "log_softmax",
+        },
+    };
+    Ok(Made::Op {
+        op,
+        inputs: vec![x],
+    })
+}
+
+fn view(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let x = b.tensor(0).ok_or("expects a tensor")?;
+    let kind = match name {
+        "view" => ViewKind::View,
+        "reshape" => ViewKind::Reshape,
+        "t" => ViewKind::T,
+        "transpose" => ViewKind::Transpose,
+        "permute" => ViewKind::Permute,
+        "expand" => ViewKind::Expand,
+        "unsqueeze" => ViewKind::Unsqueeze,
+        "contiguous" => return Ok(Made::Contiguous(x)),
+        "clone" => {
+            return Ok(Made::Op {
+                op: Op::Clone,
+                inputs: vec![x],
+            })
+        }
+        "split" | "chunk" => {
+            let size = b.int(1).filter(|n| *n > 0);
+            let Some(size) = size else {
+                return Err(format!("{name} expects a positive size"));
+            };
+            return Ok(Made::Split {
+                chunk: name == "chunk",
+                x,
+                size,
+                dim: b.int(2).unwrap_or(0),
+            });
+        }
+        _ => return Err(format!("{name}: unknown")),
+    };
+    let args = if matches!(kind, ViewKind::T) {
+        vec![]
+    } else {
+        b.sizes()?
+    };
+    match (kind, args.len()) {
+        (ViewKind::Transpose, n) if n != 2 => Err("transpose expects two dimensions".into()),
+        (ViewKind::Unsqueeze, n) if n != 1 => Err("unsqueeze expects one dimension".into()),
+        _ => Ok(Made::View { kind, x, args }),
+    }
+}
+
+fn cast(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let dtype = match name {
+        "float" => Some(DType::F32),
+        "half" => Some(DType::F16),
+        "bfloat16" => Some(DType::BF16),
+        "double" => Some(DType::F64),
+        _ => b.dtype(1),
+    };
+    Ok(Made::To {
+        x: b.tensor(0).ok_or("expects a tensor")?,
+        dtype,
+    })
+}
+
+fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let name = super::InPlace::parse(name).ok_or("not in-place")?;
+    Ok(Made::InPlace {
+        name,
+        x: b.tensor(0).ok_or("expects a tensor")?,
+        operand: b.args.get(1).copied().filter(|a| *a != Arg::None),
+    })
+}
+
+const SIZES: &[P] = &[
+    P::Sizes("size"),
+    P::DType("dtype"),
+    P::Bool("requires_grad", false),
+];
+const FULL: &[P] = &[
+    P::Sizes("size"),
+    P::Float("fill_value", None),
+    P::DType("dtype"),
+    P::Bool("requires_grad", false),
+];
+const UNARY: &[P] = &[X];
+const TWO: &[P] = &[X, P::Tensor("other")];
+const REDUCE: &[P] = &[X, DIM, P::Bool("keepdim", false)];
+const SOFTMAX: &[P] = &[X, P::Int("dim", None)];
+const SHAPE: &[P] = &[X, P::Sizes("shape")];
+const INPLACE: &[P] = &[X, P::Operand("other")];
+
+macro_rules! entries {
+    ($($name:literal, $form:ident, $params:expr, $make:ident, $doc:literal;)*) => {
+        /// Every tensor function and method a script can call.
+        pub static ENTRIES: &[Entry] = &[$(Entry {
+            name: $name,
+            form: Form::$form,
+            params: $params,
+            doc: $doc,
+            make: $make,
+        }),*];
+    };
+}
+
+entries! {
+    "randn", Function, SIZES, factory, "standard normal";
+    "rand", Function, SIZES, factory, "uniform on [0, 1)";
+    "zeros", Function, SIZES, factory, "zeros";
+    "ones", Function, SIZES, factory, "ones";
+    "empty", Function, SIZES, factory, "uninitialized";
+    "full", Function, FULL, factory, "filled with fill_value";
+    "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
+    "add", Both, TWO, binary_fn, "x + other, broadcast";
+    "sub", Both, TWO, binary_fn, "x - other, broadcast";
+    "mul", Both, TWO, binary_fn, "x * other, broadcast";
+    "div", Both, TWO, binary_fn, "x / other, broadcast";
+    "matmul", Both, TWO, nn, "x @ other (1-D, 2-D, batched; the first takes the cuBLAS workspaces)";
+    "linear", Function, &[X, P::Tensor("weight"), P::OptTensor("bias")], nn, "F.linear: x @ weight.T + bias";
+    "embedding", Function, &[P::Tensor("indices"), P::Tensor("weight")], nn, "F.embedding (keeps the indices)";
+    "dropout", Function, &[X, P::Float("p", Some(0.5)), P::Bool("training", true)], nn, "F.dropout (keeps a bool mask)";
+    "cross_entropy", Function, &[P::Tensor("logits"), P::Tensor("target")], nn, "F.cross_entropy, mean: log_softmax then nll_loss";
+    "scaled_dot_product_attention", Function, &[P::Tensor("query"), P::Tensor("key"), P::Tensor("value")], nn, "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32";
+    "masked_fill", Method, &[X, P::Tensor("mask"), P::Float("value", None)], nn, "x where mask is false, value where true (use -inf for attention masks)";
+    "sum", Both, REDUCE, reduce, "sum, over everything or dim";
+    "mean", Both, REDUCE, reduce, "mean, over everything or dim";
+    "softmax", Both, SOFTMAX, reduce, "softmax along dim (saves its result)";
+    "log_softmax", Both, SOFTMAX, reduce, "log_softmax along dim (saves its result)";
+    "view", Method, SHAPE, view, "a view with a new shape (-1 inferred)";
+    "reshape", Method, SHAPE, view, "a view when strides allow, else a copy";
+    "t", Method, UNARY, view, "transpose of a 2-D tensor";
+    "transpose", Method, &[X, P::Sizes("dims")], view, "swap two dimensions";
+    "permute", Method, SHAPE, view, "reorder dimensions";
+    "expand", Method, SHAPE, view, "broadcast to a shape (-1 keeps a size)";
+    "unsqueeze", Method, &[X, P::Sizes("dim")], view, "a new dimension of size 1";
+    "contiguous", Method, UNARY, view, "itself when contiguous, else a copy";
+    "clone", Method, UNARY, view, "a contiguous copy";
+    "split", Method, &[X, P::Int("split_size", None), P::Int("dim", Some(0))], view, "views of pieces of split_size along dim";
+    "chunk", Method, &[X, P::Int("chunks", None), P::Int("dim", Some(0))], view, "views of n pieces along dim";
+    "to", Method, &[X, P::DType("dtype")], cast, "a cast to dtype (itself if it has it)";
+    "float", Method, UNARY, cast, "cast to float32";
+    "half", Method, UNARY, cast, "cast to float16";
+    "bfloat16", Method, UNARY, cast, "cast to bfloat16";
+    "double", Method, UNARY, cast, "cast to float64";
+    "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number)";
+    "sub_", Method, INPLACE, inplace, "in place: x -= other";
+    "mul_", Method, INPLACE, inplace, "in place: x *= other";
+    "div_", Method, INPLACE, inplace, "in place: x /= other";
+    "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value";
+    "zero_", Method, UNARY, inplace, "in place: zeros";
+    "relu_", Method, UNARY, inplace, "in place: relu";
+    "sin_", Method, UNARY, inplace, "in place: sine";
+    "exp_", Method, UNARY, inplace, "in place: exponential";
+    "neg_", Method, UNARY, inplace, "in place: negation";
+}
+
+/// The unary functions' entries, made from [`Unary::ALL`] (each a function and a method).
+fn unary_entries() -> &'static [Entry] {
+    use std::sync::OnceLock;
+    static U: OnceLock<Vec<Entry>> = OnceLock::new();
+    U.get_or_init(|| {
+        let mut names: Vec<&'static str> = Unary::ALL.iter().map(|u| u.name()).collect();
+        names.extend(Unary::ALIASES.iter().map(|(a, _)| *a));
+        names
+            .into_iter()
+            .map(|name| Entry {
+                name,
+                form: Form::Both,
+                params: UNARY,
+                doc: Unary::parse(name).expect("a unary op").doc(),
+                make: unary,
+            })
+            .collect()
+    })
+}
+
+/// Every entry: the unary family's, the table above, and the other families' own.
+pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
+    unary_entries()
+        .iter()
+        .chain(ENTRIES)
+        .chain(super::norm::ENTRIES)
+}
+
+/// The entry a function name (or, with `method`, a method name) reaches.
+pub fn lookup(name: &str, method: bool) -> Option<&'static Entry> {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static INDEX: OnceLock<HashMap<&'static str, &'static Entry>> = OnceLock::new();
+    let index = INDEX.get_or_init(|| all_entries().map(|e| (e.name, e)).collect());
+    let e: &'static Entry = index.get(name)?;
+    let ok = match e.form {
+        Form::Both => true,
+        Form::Function => !method,
+        Form::Method => method,
+    };
+    ok.then_some(e)
+}
+
+/// The names a script can call as functions (`method = false`) or methods.
+pub fn names(method: bool) -> Vec<&'static str> {
+    all_entries()
+        .filter(|e| match e.form {
+            Form::Both => true,
+            Form::Function => !method,
+            Form::Method => method,
+        })
+        .map(|e| e.name)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unary_op_is_callable_and_signatures_print() {
+        for u in Unary::ALL {
+            assert!(lookup(u.name(), false).is_some(), "{}", u.name());
+            assert!(lookup(u.name(), true).is_some(), "{}", u.name());
+        }
+        assert_eq!(
+            lookup("linear", false).unwrap().signature(),
+            "linear(input, weight, bias=none)"
+        );
+        assert_eq!(
+            lookup("masked_fill", true).unwrap().signature(),
+            "x.masked_fill(mask, value)"
+        );
+        assert!(lookup("masked_fill", false).is_none());
+        let mut seen = std::collections::HashSet::new();
+        for e in all_entries() {
+            assert!(seen.insert(e.name), "{} twice", e.name);
+        }
+    }
+}

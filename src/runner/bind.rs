@@ -1,0 +1,371 @@
+//! Calls of the engine's tensor ops from a script: a call's arguments bound to the
+//! parameters of its entry in [`crate::engine::op::script`], and what the entry makes run on
+//! the engine under the op's tag (autocast applied by the op's own policy).
+
+use super::{engine_err, script, Args, Flow, Runner, Value};
+use crate::engine::layout::Layout;
+use crate::engine::op::script::{Arg, Bound, Entry, Made, Param};
+use crate::engine::op::{Binary, InPlace, Unary, ViewKind};
+use crate::engine::{Category, DType, TensorId};
+use crate::workload::ast::Span;
+
+impl Runner {
+    /// Binds `a` (and the receiver of a method) to `e`'s parameters.
+    pub(super) fn bind(
+        &mut self,
+        span: Span,
+        e: &Entry,
+        recv: Option<TensorId>,
+        a: &Args,
+    ) -> Flow<Bound<u32>> {
+        let mut pos: Vec<&Value> = a.pos.iter().collect();
+        let recv_value = recv.map(Value::Tensor);
+        if let Some(r) = &recv_value {
+            pos.insert(0, r);
+        }
+        let mut next = 0usize;
+        let mut bound = Bound {
+            args: Vec::with_capacity(e.params.len()),
+            list: Vec::new(),
+            list_ints: true,
+        };
+        for (k, _) in &a.kw {
+            if k != "from" && !e.params.iter().any(|p| p.name() == k) {
+                return script(
+                    span,
+                    format!(
+                        "{} got an unexpected keyword argument '{k}' ({})",
+                        e.name,
+                        e.signature()
+                    ),
+                );
+            }
+        }
+        let what = |p: &Param| format!("{}'s argument '{}' ({})", e.name, p.name(), e.signature());
+        for p in e.params {
+            let given = match p {
+                Param::Sizes(_) | Param::Numbers(_) => None,
+                _ => a.kw(p.name()).or_else(|| {
+                    let v = pos.get(next).copied();
+                    if v.is_some() {
+                        next += 1;
+                    }
+                    v
+                }),
+            };
+            let arg = match (p, given) {
+                (
+                    Param::Tensor(_) | Param::OptTensor(_) | Param::Operand(_),
+                    Some(Value::Tensor(t)),
+                ) => Arg::Tensor(t.0),
+                (Param::Operand(_), Some(v)) if v.as_f64().is_some() => {
+                    Arg::Float(v.as_f64().expect("checked"))
+                }
+                (Param::Operand(_), None | Some(Value::None)) => Arg::None,
+                (Param::Operand(_), Some(v)) => {
+                    return script(
+                        span,
+                        format!("{} expects a tensor or a number, got {}", what(p), v.kind()),
+                    )
+                }
+                (Param::OptTensor(_), None | Some(Value::None)) => Arg::None,
+                (Param::Tensor(_) | Param::OptTensor(_), Some(v)) => {
+                    return script(
+                        span,
+                        format!("{} expects a tensor, got {}", what(p), v.kind()),
+                    )
+                }
+                (Param::Tensor(_), None) => {
+                    return script(
+                        span,
+                        format!("{} expects a tensor argument: {}", e.name, e.signature()),
+                    )
+                }
+                (Param::Int(_, _) | Param::OptInt(_), Some(v)) if v.as_i64().is_some() => {
+                    Arg::Int(v.as_i64().expect("checked"))
+                }
+                (Param::OptInt(_), None | Some(Value::None)) => Arg::None,
+                (Param::Int(_, Some(d)), None) => Arg::Int(*d),
+                (Param::Int(n, _) | Param::OptInt(n), Some(_)) => {
+                    return script(span, format!("{n} must be an integer ({})", e.signature()))
+                }
+                (Param::Int(n, None), None) => {
+                    return script(span, format!("{} needs {n}: {}", e.name, e.signature()))
+                }
+                (Param::Float(_, _), Some(v))
+                    if v.as_f64().is_some() && !matches!(v, Value::Bool(_)) =>
+                {
+                    Arg::Float(v.as_f64().expect("checked"))
+                }
+                (Param::Float(_, Some(d)), None) => Arg::Float(*d),
+                (Param::Float(n, _), Some(v)) => {
+                    return script(
+                        span,
+                        format!("{n} must be a number, not {} ({})", v.kind(), e.signature()),
+                    )
+                }
+                (Param::Float(n, None), None) => {
+                    return script(span, format!("{} needs {n}: {}", e.name, e.signature()))
+                }
+                (Param::Bool(_, _), Some(Value::Bool(b))) => Arg::Bool(*b),
+                (Param::Bool(_, d), None) => Arg::Bool(*d),
+                (Param::Bool(n, _), Some(v)) => {
+                    return script(span, format!("{n} must be true or false, not {}", v.kind()))
+                }
+                (Param::DType(_), Some(Value::DType(d))) => Arg::DType(*d),
+                (Param::DType(_), Some(Value::Str(s))) => match DType::parse(s) {
+                    Some(d) => Arg::DType(d),
+                    None => return script(span, format!("unknown dtype '{s}'")),
+                },
+                (Param::DType(_), None | Some(Value::None)) => Arg::None,
+                (Param::DType(_), Some(v)) => {
+                    return script(
+                        span,
+                        format!(
+                            "dtype must be a dtype such as float32 or bf16, not {}",
+                            v.kind()
+                        ),
+                    )
+                }
+                (Param::Sizes(_) | Param::Numbers(_), _) => {
+                    let rest = &pos[next.min(pos.len())..];
+                    let flat: Vec<&Value> = match rest {
+                        [Value::List(items)] if matches!(p, Param::Sizes(_)) => {
+                            items.iter().collect()
+                        }
+                        _ => rest.to_vec(),
+                    };
+                    next = pos.len();
+                    for v in flat {
+                        match v {
+                            Value::Int(i) => bound.list.push(*i as f64),
+                            Value::Float(f) => {
+                                bound.list.push(*f);
+                                bound.list_ints = false;
+                            }
+                            _ => {
+                                return script(
+                                    span,
+                                    format!(
+                                        "{} expects numbers, not {} ({})",
+                                        e.name,
+                                        v.kind(),
+                                        e.signature()
+                                    ),
+                                )
+                            }
+                        }
+                    }
+                    if matches!(p, Param::Numbers(_))
+                        && (bound.list.is_empty() || bound.list.len() > 3)
+                    {
+                        return script(
+                            span,
+                            "arange expects (end), (start, end) or (start, end, step)",
+                        );
+                    }
+                    Arg::None
+                }
+            };
+            bound.args.push(arg);
+        }
+        if next < pos.len() {
+            return script(
+                span,
+                format!(
+                    "{} takes at most {} arguments, got {}: {}",
+                    e.name,
+                    e.params.len() - recv.is_some() as usize,
+                    pos.len() - recv.is_some() as usize,
+                    e.signature()
+                ),
+            );
+        }
+        Ok(bound)
+    }
+
+    /// Runs a call of entry `e`.
+    pub(super) fn call_entry(
+        &mut self,
+        span: Span,
+        e: &'static Entry,
+        recv: Option<TensorId>,
+        a: &Args,
+    ) -> Flow<Value> {
+        let b = self.bind(span, e, recv, a)?;
+        let made = (e.make)(e.name, &b).or_else(|m| script(span, m))?;
+        let tid = TensorId;
+        match made {
+            Made::Op { op, inputs } => {
+                let inputs: Vec<TensorId> = inputs.into_iter().map(tid).collect();
+                self.op(span, e.name, |d| match op.autocast() {
+                    Some(p) => d.autocast_op(p, &inputs, |d, i| d.apply(&op, i)),
+                    None => d.apply(&op, &inputs),
+                })
+                .map(Value::Tensor)
+            }
+            Made::Factory {
+                fill,
+                shape,
+                dtype,
+                requires_grad,
+            } => {
+                let cat = if requires_grad && e.name != "arange" {
+                    Category::Parameter
+                } else {
+                    Category::Input
+                };
+                let t = self.op(span, e.name, |d| {
+                    d.factory_fill(&shape, dtype, requires_grad, cat, fill)
+                })?;
+                if let Some(from) = a.kw("from") {
+                    if let Err(stop) = self.load_named(span, t, from) {
+                        self.dev.release(t);
+                        return Err(stop);
+                    }
+                    if let (Some(named), Value::Str(n)) = (&mut self.named, from) {
+                        if requires_grad && !n.starts_with("data:") {
+                            named.push((n.clone(), self.dev.retain(t)));
+                        }
+                    }
+                }
+                Ok(Value::Tensor(t))
+            }
+            Made::View { kind, x, args } => self.view_call(span, kind, tid(x), &args),
+            Made::Split {
+                chunk,
+                x,
+                size,
+                dim,
+            } => {
+                let x = tid(x);
+                let layout = self.dev.info(x).layout.clone();
+                let parts = if chunk {
+                    layout.chunk(size as usize, dim)
+                } else {
+                    layout.split(size as usize, dim)
+                };
+                let parts = parts.map_err(|e| super::Stop::Script(span, e.0))?;
+                let d = crate::engine::layout::wrap_dim(dim, layout.ndim()).unwrap_or(0);
+                Ok(Value::List(
+                    self.dev
+                        .split_op(chunk, d, x, parts)
+                        .into_iter()
+                        .map(Value::Tensor)
+                        .collect(),
+                ))
+            }
+            Made::Contiguous(x) => self
+                .op(span, "contiguous", |d| d.contiguous_op(tid(x)))
+                .map(Value::Tensor),
+            Made::CrossEntropy { logits, target } => {
+                let ins = [tid(logits), tid(target)];
+                self.op(span, e.name, |d| {
+                    d.autocast_op(
+                        crate::engine::autocast::CastPolicy::Float32,
+                        &ins,
+                        |d, i| d.cross_entropy(i[0], i[1]),
+                    )
+                })
+                .map(Value::Tensor)
+            }
+            Made::To { x, dtype } => {
+                let x = tid(x);
+                let dtype = dtype.unwrap_or(self.dev.dtype(x));
+                if dtype == self.dev.dtype(x) {
+                    return Ok(Value::Tensor(self.dev.retain(x)));
+                }
+                self.op(span, "to", |d| d.cast_op(x, dtype))
+                    .map(Value::Tensor)
+            }
+            Made::InPlace { name, x, operand } => {
+                let x = tid(x);
+                let binary = |n: &str| match n {
+                    "add_" => Binary::Add,
+                    "sub_" => Binary::Sub,
+                    "mul_" => Binary::Mul,
+                    _ => Binary::Div,
+                };
+                let (op, other) = match (name, operand) {
+                    ("zero_", _) => (InPlace::Fill(0.0), None),
+                    ("fill_", Some(Arg::Float(v))) => (InPlace::Fill(v), None),
+                    ("relu_" | "sin_" | "exp_" | "neg_", _) => {
+                        let u = Unary::parse(name.trim_end_matches('_')).expect("a unary op");
+                        (InPlace::Unary(u), None)
+                    }
+                    (n, Some(Arg::Tensor(o))) => (InPlace::Tensor(binary(n)), Some(tid(o))),
+                    (n, Some(Arg::Float(v))) => (InPlace::Scalar(binary(n), v), None),
+                    (n, _) => return script(span, format!("{n} expects a tensor or a number")),
+                };
+                self.dev
+                    .inplace(op, x, other)
+                    .map_err(|e| engine_err(span, e))?;
+                Ok(Value::Tensor(self.dev.retain(x)))
+            }
+            Made::Same(x) => Ok(Value::Tensor(self.dev.retain(tid(x)))),
+        }
+    }
+
+    /// `view`, `reshape`, `t`, `transpose`, `permute`, `expand`, `unsqueeze`.
+    fn view_call(&mut self, span: Span, kind: ViewKind, t: TensorId, s: &[i64]) -> Flow<Value> {
+        let layout = self.dev.info(t).layout.clone();
+        let flat = Layout::contiguous(&layout.shape);
+        let err = |e: crate::engine::LayoutError| super::Stop::Script(span, e.0);
+        let wrap = |d: i64, nd: usize| crate::engine::layout::wrap_dim(d, nd).unwrap_or(0);
+        let nd = layout.ndim();
+        let (l, rel) = match kind {
+            ViewKind::Reshape => {
+                return self
+                    .op(span, "reshape", |d| d.reshape_op(t, s))
+                    .map(Value::Tensor)
+            }
+            ViewKind::Transpose | ViewKind::Permute => {
+                let (l, perm) = if kind == ViewKind::Transpose {
+                    let l = layout.transpose(s[0], s[1]).map_err(err)?;
+                    let mut perm: Vec<usize> = (0..nd).collect();
+                    perm.swap(wrap(s[0], nd), wrap(s[1], nd));
+                    (l, perm)
+                } else {
+                    let l = layout.permute(s).map_err(err)?;
+                    (l, s.iter().map(|&d| wrap(d, nd)).collect())
+                };
+                return Ok(Value::Tensor(self.dev.permute_op(kind, t, l, perm)));
+            }
+            ViewKind::View => (layout.view(s).map_err(err)?, flat.view(s).map_err(err)?),
+            ViewKind::T => (layout.t().map_err(err)?, flat.t().map_err(err)?),
+            ViewKind::Expand => (layout.expand(s).map_err(err)?, flat.expand(s).map_err(err)?),
+            ViewKind::Unsqueeze => (
+                layout.unsqueeze(s[0]).map_err(err)?,
+                flat.unsqueeze(s[0]).map_err(err)?,
+            ),
+            ViewKind::Squeeze | ViewKind::Flatten | ViewKind::Index => {
+                return script(span, format!("{} is not a method here", kind.name()))
+            }
+        };
+        Ok(Value::Tensor(self.dev.view_op(kind, t, l, rel)))
+    }
+
+    /// Fills a new tensor from the workload's weights or batch file, by name: `from="wte.weight"`
+    /// (weights) or `from="data:input_ids"` (this micro-batch of the batch file).
+    fn load_named(&mut self, span: Span, t: TensorId, from: &Value) -> Flow<()> {
+        let Value::Str(name) = from else {
+            return script(
+                span,
+                "from must be a tensor name string, as from=\"wte.weight\"",
+            );
+        };
+        let shape = self.dev.shape(t).to_vec();
+        let values = match name.strip_prefix("data:") {
+            Some(key) => self.data.as_mut().map(|d| d.batch(key, &shape)),
+            None => {
+                let dtype = self.dev.dtype(t);
+                self.weights.as_mut().map(|w| w.tensor(name, &shape, dtype))
+            }
+        };
+        match values {
+            None => Ok(()),
+            Some(Err(m)) => script(span, m),
+            Some(Ok(vals)) => self.dev.write(t, &vals).map_err(|e| engine_err(span, e)),
+        }
+    }
+}
