@@ -71,6 +71,11 @@ pub trait Device: SegmentSource + Debug {
     fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String>;
     /// Waits for queued kernels (a no-op where kernels run synchronously).
     fn synchronize(&mut self) {}
+    /// Why the device could not hold what the allocator asked of it (the host memory of a
+    /// data device ran out): the run's results are not the workload's, and the runner says so.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The devices this build has, behind one type.
@@ -172,5 +177,8 @@ impl Device for AnyDevice {
     }
     fn synchronize(&mut self) {
         self.inner_mut().synchronize()
+    }
+    fn failure(&self) -> Option<String> {
+        self.inner().failure()
     }
 }

@@ -34,7 +34,10 @@ macro_rules! forward_segments {
             }
             fn malloc(&mut self, size: u64) -> Option<u64> {
                 let a = self.$field.malloc(size)?;
-                $( ($map)(self, a, size); )?
+                $( if !($map)(self, a, size) {
+                    self.$field.free(a, size);
+                    return None;
+                } )?
                 Some(a)
             }
             fn free(&mut self, addr: u64, size: u64) {
@@ -51,7 +54,10 @@ macro_rules! forward_segments {
                 if !self.$field.map(addr, size) {
                     return false;
                 }
-                $( ($map)(self, addr, size); )?
+                $( if !($map)(self, addr, size) {
+                    self.$field.unmap(addr, size);
+                    return false;
+                } )?
                 true
             }
             fn unmap(&mut self, addr: u64, size: u64) {

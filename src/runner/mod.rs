@@ -329,6 +329,9 @@ pub fn run_on(
             }
         }
     }
+    if let Some(why) = crate::backend::Device::failure(r.dev.alloc.source()) {
+        return Err(Error::usage("--device", why));
+    }
     let mut peak = peak_breakdown(&r.dev.alloc, r.run_peak);
     // categories from the engine, which knows each storage's role at that moment (a temporary
     // saved for backward counts as an activation)

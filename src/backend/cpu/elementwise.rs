@@ -351,8 +351,8 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
     }
 }
 
-/// Binary arithmetic as float32 computes it (operands and result rounded to float32 by the
-/// stores around it).
+/// Binary arithmetic in float64; the store rounds the result to the output's dtype, which for
+/// float32 operands gives exactly float32's result (one rounding of the exact value).
 fn binary(b: Binary, x: f64, y: f64) -> f64 {
-    b.apply(x as f32, y as f32) as f64
+    b.apply(x, y)
 }

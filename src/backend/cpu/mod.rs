@@ -13,6 +13,8 @@
 //! gradient plumbing), [`attention`], [`optim`]; [`rng`] is the documented generator.
 
 mod attention;
+#[cfg(test)]
+mod check;
 mod elementwise;
 mod linalg;
 mod nn;
@@ -76,6 +78,24 @@ impl Mem {
 pub struct CpuDevice {
     src: SimSource,
     mem: Mem,
+    /// Host bytes held, and the most it may hold (the memory available when it was opened).
+    held: u64,
+    limit: u64,
+    /// A segment the host could not hold (see [`Device::failure`]).
+    failed: Option<u64>,
+}
+
+/// The host memory available now (Linux's `MemAvailable`), or no limit where it is unknown.
+fn host_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kb| kb * 1024)
 }
 
 impl CpuDevice {
@@ -83,6 +103,9 @@ impl CpuDevice {
         CpuDevice {
             src,
             mem: Mem::default(),
+            held: 0,
+            limit: host_available(),
+            failed: None,
         }
     }
 
@@ -90,12 +113,26 @@ impl CpuDevice {
         self.src
     }
 
-    fn hold(&mut self, addr: u64, size: u64) {
-        self.mem.chunks.insert(addr, vec![0u8; size as usize]);
+    /// Host memory for a segment or page the allocator took; false when the host has not
+    /// got it (the allocator then sees the device refuse, and the run reports the failure).
+    fn hold(&mut self, addr: u64, size: u64) -> bool {
+        let mut v = Vec::new();
+        if self.held.saturating_add(size) > self.limit
+            || v.try_reserve_exact(size as usize).is_err()
+        {
+            self.failed.get_or_insert(size);
+            return false;
+        }
+        v.resize(size as usize, 0u8);
+        self.held += size;
+        self.mem.chunks.insert(addr, v);
+        true
     }
 
     fn drop_chunk(&mut self, addr: u64) {
-        self.mem.chunks.remove(&addr);
+        if let Some(v) = self.mem.chunks.remove(&addr) {
+            self.held -= v.len() as u64;
+        }
     }
 }
 
@@ -298,5 +335,17 @@ impl Device for CpuDevice {
     }
     fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
         self.store(b, values)
+    }
+    fn failure(&self) -> Option<String> {
+        self.failed.map(|size| {
+            format!(
+                "the cpu device holds every segment in host memory, and the host could not hold \
+                 {} more (it had {} for gpumem, {} held): run this workload on the simulated \
+                 device, or with a smaller batch or model",
+                crate::units::format_bytes(size),
+                crate::units::format_bytes(self.limit),
+                crate::units::format_bytes(self.held)
+            )
+        })
     }
 }

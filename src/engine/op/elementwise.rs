@@ -118,7 +118,7 @@ impl Binary {
         }
     }
 
-    pub fn apply(self, a: f32, b: f32) -> f32 {
+    pub fn apply(self, a: f64, b: f64) -> f64 {
         match self {
             Binary::Add => a + b,
             Binary::Sub => a - b,

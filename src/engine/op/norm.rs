@@ -12,7 +12,17 @@ pub enum Norm {
     Layer { eps: f64 },
 }
 
+/// Every norm with its default attributes (the kernels' checks run each).
+pub const EXAMPLES: &[Norm] = &[Norm::Layer { eps: 1e-5 }];
+
 impl Norm {
+    /// How many tensors it takes: the input, then its weight (and bias).
+    pub fn inputs(self) -> usize {
+        match self {
+            Norm::Layer { .. } => 3,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Norm::Layer { .. } => "layer_norm",

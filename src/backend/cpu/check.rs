@@ -1,0 +1,187 @@
+//! The CPU kernels against central finite differences: every unary op, every norm, binary
+//! arithmetic with broadcasting, softmax and log_softmax, reductions, products, attention,
+//! embedding and the loss, forward and backward on fresh random float64 inputs, run through
+//! the engine exactly as a workload runs them (so the gradient plumbing is checked too).
+
+use crate::alloc::{AllocConf, CachingAllocator, SimSource};
+use crate::backend::cpu::CpuDevice;
+use crate::engine::op::{norm, Binary, Fill, Op, Unary};
+use crate::engine::{Category, DType, TensorId, Tensors};
+use crate::units::GIB;
+
+type Dev = Tensors<CpuDevice>;
+
+fn dev() -> Dev {
+    Tensors::new(CachingAllocator::new(
+        AllocConf::default(),
+        CpuDevice::new(SimSource::new(GIB, 0)),
+    ))
+}
+
+fn values(d: &Dev, t: TensorId) -> Vec<f64> {
+    d.read(t).unwrap().unwrap()
+}
+
+/// An input of `shape` with values from `f` (requires grad when asked).
+fn input(d: &mut Dev, shape: &[usize], rg: bool, f: impl Fn(usize) -> f64) -> TensorId {
+    let t = d
+        .factory_fill(shape, DType::F64, rg, Category::Input, Fill::Empty)
+        .unwrap();
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(f).collect();
+    d.write(t, &v).unwrap();
+    t
+}
+
+/// Pseudo-random values in [-1, 1] (never zeros, never ties).
+fn noise(seed: usize) -> impl Fn(usize) -> f64 {
+    move |i| {
+        let x = ((i * 7919 + seed * 104_729) % 10_007) as f64 / 10_007.0;
+        2.0 * x - 1.0 + 1e-3 * (i % 7) as f64
+    }
+}
+
+/// `sum(f(inputs) * r)` for a fixed random `r`: its gradient is each input's `r`-weighted one.
+fn objective(
+    d: &mut Dev,
+    f: &dyn Fn(&mut Dev, &[TensorId]) -> TensorId,
+    ins: &[TensorId],
+) -> TensorId {
+    let out = f(d, ins);
+    let shape = d.shape(out).to_vec();
+    let r = input(d, &shape, false, noise(99));
+    let prod = d.binary(Binary::Mul, out, r).unwrap();
+    let loss = d.reduce(false, prod, None, false).unwrap();
+    for t in [out, r, prod] {
+        d.release(t);
+    }
+    loss
+}
+
+/// Checks the gradients of `f` with respect to the inputs marked differentiable.
+fn check(name: &str, shapes: &[(Vec<usize>, bool)], f: &dyn Fn(&mut Dev, &[TensorId]) -> TensorId) {
+    let mut d = dev();
+    let ins: Vec<TensorId> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, (s, rg))| input(&mut d, s, *rg, noise(k + 1)))
+        .collect();
+    let loss = objective(&mut d, f, &ins);
+    d.backward(loss, false).unwrap();
+    d.release(loss);
+    d.grad_enabled = false;
+    let h = 1e-6;
+    for (k, (_, rg)) in shapes.iter().enumerate() {
+        if !*rg {
+            continue;
+        }
+        let g = values(
+            &d,
+            d.grad(ins[k])
+                .unwrap_or_else(|| panic!("{name}: no grad for input {k}")),
+        );
+        let base = values(&d, ins[k]);
+        let mut worst = 0f64;
+        let scale = g.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
+        for i in 0..base.len() {
+            let at = |x: f64, d: &mut Dev| {
+                let mut v = base.clone();
+                v[i] = x;
+                d.write(ins[k], &v).unwrap();
+                let l = objective(d, f, &ins);
+                let val = values(d, l)[0];
+                d.release(l);
+                val
+            };
+            let fd = (at(base[i] + h, &mut d) - at(base[i] - h, &mut d)) / (2.0 * h);
+            worst = worst.max((fd - g[i]).abs() / scale);
+        }
+        d.write(ins[k], &base).unwrap();
+        assert!(
+            worst < 1e-5,
+            "{name}: input {k}'s gradient is off by {worst:e} of its largest"
+        );
+    }
+}
+
+#[test]
+fn unary_ops_match_finite_differences() {
+    for u in Unary::ALL {
+        if matches!(u, Unary::BitwiseNot) {
+            continue; // integers and booleans: no gradient
+        }
+        check(u.name(), &[(vec![3, 5], true)], &|d, i| {
+            d.unary(u, i[0]).unwrap()
+        });
+    }
+}
+
+#[test]
+fn norms_match_finite_differences() {
+    for n in norm::EXAMPLES {
+        check(
+            n.name(),
+            &[(vec![4, 6], true), (vec![6], true), (vec![6], true)],
+            &|d, i| {
+                let ins: Vec<TensorId> = i[..n.inputs()].to_vec();
+                d.apply(&Op::Norm(*n), &ins).unwrap()
+            },
+        );
+    }
+}
+
+#[test]
+fn arithmetic_softmax_reductions_match_finite_differences() {
+    for b in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+        check(
+            b.name(),
+            &[(vec![2, 3, 4], true), (vec![3, 1], true)],
+            &|d, i| d.binary(b, i[0], i[1]).unwrap(),
+        );
+    }
+    for log in [false, true] {
+        check("softmax", &[(vec![3, 5], true)], &|d, i| {
+            d.softmax(log, i[0], -1).unwrap()
+        });
+    }
+    check("mean over a dim", &[(vec![3, 5], true)], &|d, i| {
+        d.reduce(true, i[0], Some(0), true).unwrap()
+    });
+    check("scalar", &[(vec![4], true)], &|d, i| {
+        d.scalar(Binary::Div, i[0], 3.0, false).unwrap()
+    });
+}
+
+#[test]
+fn products_attention_and_losses_match_finite_differences() {
+    check(
+        "linear",
+        &[(vec![2, 3, 4], true), (vec![5, 4], true), (vec![5], true)],
+        &|d, i| d.linear(i[0], i[1], Some(i[2])).unwrap(),
+    );
+    check(
+        "batched matmul",
+        &[(vec![2, 3, 4], true), (vec![4, 5], true)],
+        &|d, i| d.matmul(i[0], i[1]).unwrap(),
+    );
+    check(
+        "sdpa",
+        &[
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+        ],
+        &|d, i| d.sdpa(i[0], i[1], i[2]).unwrap(),
+    );
+    check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
+        let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);
+        let t = {
+            let c = d.cast_op(t, DType::I64).unwrap();
+            d.release(t);
+            c
+        };
+        let l = d.cross_entropy(i[0], t).unwrap();
+        d.release(t);
+        l
+    });
+}
