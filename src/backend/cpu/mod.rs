@@ -78,7 +78,8 @@ impl Mem {
 pub struct CpuDevice {
     src: SimSource,
     mem: Mem,
-    /// Host bytes held, and the most it may hold (the memory available when it was opened).
+    /// Host bytes held, and the most it may hold: half the memory available when it was opened
+    /// (the kernels' float64 working copies need the rest).
     held: u64,
     limit: u64,
     /// A segment the host could not hold (see [`Device::failure`]).
@@ -104,7 +105,7 @@ impl CpuDevice {
             src,
             mem: Mem::default(),
             held: 0,
-            limit: host_available(),
+            limit: host_available() / 2,
             failed: None,
         }
     }
