@@ -119,14 +119,11 @@ fn unary_ops_match_finite_differences() {
 #[test]
 fn norms_match_finite_differences() {
     for n in norm::EXAMPLES {
-        check(
-            n.name(),
-            &[(vec![4, 6], true), (vec![6], true), (vec![6], true)],
-            &|d, i| {
-                let ins: Vec<TensorId> = i[..n.inputs()].to_vec();
-                d.apply(&Op::Norm(*n), &ins).unwrap()
-            },
-        );
+        // the input, then as many weight-shaped parameters as the norm takes
+        let shapes = [(vec![4, 6], true), (vec![6], true), (vec![6], true)];
+        check(n.name(), &shapes[..n.inputs()], &|d, i| {
+            d.apply(&Op::Norm(*n), i).unwrap()
+        });
     }
 }
 
