@@ -61,6 +61,7 @@ fn unary(u: Unary, x: f64) -> f64 {
         Unary::Exp => x.exp(),
         Unary::Relu => x.max(0.0),
         Unary::Gelu => 0.5 * x * (1.0 + libm_erf(x / std::f64::consts::SQRT_2)),
+        Unary::Silu => x / (1.0 + (-x).exp()),
         Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Unary::Tanh => x.tanh(),
         Unary::Tril | Unary::BitwiseNot => unreachable!("not pointwise in x alone"),
@@ -79,6 +80,10 @@ fn unary_grad(u: Unary, x: f64, y: f64) -> f64 {
             let cdf = 0.5 * (1.0 + libm_erf(x / std::f64::consts::SQRT_2));
             let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
             cdf + x * pdf
+        }
+        Unary::Silu => {
+            let s = 1.0 / (1.0 + (-x).exp());
+            s * (1.0 + x * (1.0 - s))
         }
         Unary::Sigmoid => y * (1.0 - y),
         Unary::Tanh => 1.0 - y * y,

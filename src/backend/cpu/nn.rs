@@ -1,4 +1,4 @@
-//! Row-wise and indexing kernels: layer_norm, softmax and log_softmax,
+//! Row-wise and indexing kernels: layer_norm and rms_norm, softmax and log_softmax,
 //! reductions, embedding, nll_loss, and backward's plumbing (sums to a broadcast operand's
 //! shape, the scatter of a view's gradient, split's concatenation). Forward and backward of
 //! each side by side.
@@ -116,6 +116,59 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 _ => (0..c)
                     .map(|j| (0..rows).map(|r| g[r * c + j]).sum())
                     .collect(),
+            };
+            d.store(out, &v)
+        }
+        (Op::Norm(Norm::Rms { eps }), Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            let c = last(&l.inputs[0].layout.shape);
+            let w = l.inputs.get(1).map(|b| d.load(b)).transpose()?;
+            let rows = x.len() / c;
+            let (mut y, mut rstd) = (vec![0.0; x.len()], vec![0.0; rows]);
+            for r in 0..rows {
+                let row = &x[r * c..(r + 1) * c];
+                let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+                let rs = 1.0 / (ms + eps).sqrt();
+                rstd[r] = rs;
+                for j in 0..c {
+                    y[r * c + j] = row[j] * rs * w.as_ref().map_or(1.0, |w| w[j]);
+                }
+            }
+            d.store(out, &y)?;
+            if let Some(s) = l.outputs.get(1) {
+                d.store(s, &rstd)?;
+            }
+            Ok(())
+        }
+        (Op::Norm(Norm::Rms { .. }), Pass::Grad { input }) => {
+            let g = d.load(&l.inputs[0])?;
+            let x = d.load(saved(l, Role::Input(0))?)?;
+            let rstd = d.load(saved(l, Role::Extra(0))?)?;
+            let c = last(&saved(l, Role::Input(0))?.layout.shape);
+            let rows = x.len() / c;
+            let v = if input == 0 {
+                let w = match saved(l, Role::Input(1)) {
+                    Ok(b) => d.load(b)?,
+                    Err(_) => vec![1.0; c],
+                };
+                let mut gx = vec![0.0; x.len()];
+                for r in 0..rows {
+                    let rs = rstd[r];
+                    let dot: f64 = (0..c).map(|j| g[r * c + j] * w[j] * x[r * c + j]).sum();
+                    for j in 0..c {
+                        gx[r * c + j] =
+                            rs * g[r * c + j] * w[j] - rs * rs * rs * x[r * c + j] * dot / c as f64;
+                    }
+                }
+                gx
+            } else {
+                (0..c)
+                    .map(|j| {
+                        (0..rows)
+                            .map(|r| g[r * c + j] * x[r * c + j] * rstd[r])
+                            .sum()
+                    })
+                    .collect()
             };
             d.store(out, &v)
         }

@@ -14,6 +14,8 @@ pub enum Unary {
     Relu,
     /// GELU, exact (erf) form, PyTorch's default.
     Gelu,
+    /// `x * sigmoid(x)` (`F.silu`, Llama's MLP activation).
+    Silu,
     Sigmoid,
     Tanh,
     /// `tril()`: the lower triangle (of a mask, say); saves nothing.
@@ -23,13 +25,14 @@ pub enum Unary {
 }
 
 impl Unary {
-    pub const ALL: [Unary; 10] = [
+    pub const ALL: [Unary; 11] = [
         Unary::Neg,
         Unary::Sin,
         Unary::Cos,
         Unary::Exp,
         Unary::Relu,
         Unary::Gelu,
+        Unary::Silu,
         Unary::Sigmoid,
         Unary::Tanh,
         Unary::Tril,
@@ -44,6 +47,7 @@ impl Unary {
             Unary::Exp => "exp",
             Unary::Relu => "relu",
             Unary::Gelu => "gelu",
+            Unary::Silu => "silu",
             Unary::Sigmoid => "sigmoid",
             Unary::Tanh => "tanh",
             Unary::Tril => "tril",
@@ -72,6 +76,7 @@ impl Unary {
             Unary::Exp => "exponential (saves its result)",
             Unary::Relu => "max(x, 0) (saves its result)",
             Unary::Gelu => "GELU, erf form (saves its input)",
+            Unary::Silu => "x * sigmoid(x) (saves its input)",
             Unary::Sigmoid => "logistic (saves its result)",
             Unary::Tanh => "tanh (saves its result)",
             Unary::Tril => "lower triangle of the last two dimensions",
@@ -79,11 +84,11 @@ impl Unary {
         }
     }
 
-    /// derivatives.yaml: sin/cos/gelu need the input; exp/relu/sigmoid/tanh the result.
+    /// derivatives.yaml: sin/cos/gelu/silu need the input; exp/relu/sigmoid/tanh the result.
     pub fn saves(self) -> &'static [Save] {
         match self {
             Unary::Neg | Unary::Tril | Unary::BitwiseNot => &[],
-            Unary::Sin | Unary::Cos | Unary::Gelu => &[Save::Input(0)],
+            Unary::Sin | Unary::Cos | Unary::Gelu | Unary::Silu => &[Save::Input(0)],
             Unary::Exp | Unary::Relu | Unary::Sigmoid | Unary::Tanh => &[Save::Output],
         }
     }
