@@ -102,7 +102,7 @@ impl<S: Device> Tensors<S> {
             return Ok(out);
         }
         let saves = op.saves(inputs.len());
-        self.record(&op, inputs, &[out], &saves);
+        self.record(&op, inputs, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
         for (k, e) in all.drain(1..).enumerate() {
             self.recategorize(e, Category::Activation);
@@ -222,7 +222,7 @@ impl<S: Device> Tensors<S> {
             self.ensure_cublas_workspace(false)?;
             self.launch(&Op::Matmul, &[a, b], &[out])?;
             let saves = Op::Matmul.saves(2);
-            self.record(&Op::Matmul, &[a, b], &[out], &saves);
+            self.record(&Op::Matmul, &[a, b], &[out], saves);
             Ok(out)
         })();
         // the copies go when the product returns (the second first), unless bmm kept them
@@ -253,7 +253,11 @@ impl<S: Device> Tensors<S> {
         if expanded.shape == layout.shape {
             return self.clone_op(x).map(Some);
         }
-        let rel = Layout::contiguous(&layout.shape).expand(&sizes)?;
+        let rel = if self.computes() {
+            Layout::contiguous(&layout.shape).expand(&sizes)?
+        } else {
+            Layout::contiguous(&[])
+        };
         let e = self.view_op(ViewKind::Expand, x, expanded, rel);
         let copy = self.clone_op(e);
         self.release(e);
@@ -366,7 +370,8 @@ impl<S: Device> Tensors<S> {
     /// `reshape(shape)`: a view when strides allow, else a copy (as PyTorch).
     pub fn reshape_op(&mut self, x: TensorId, shape: &[i64]) -> Result<TensorId, EngineError> {
         let (new_shape, view) = self.info(x).layout.reshape(shape)?;
-        let rel = Layout::contiguous(&new_shape);
+        // a reshape's backward reshapes the gradient back: no scatter
+        let rel = Layout::contiguous(&[]);
         match view {
             Some(l) => Ok(self.view_op(ViewKind::Reshape, x, l, rel)),
             None => {
@@ -443,7 +448,7 @@ impl<S: Device> Tensors<S> {
         inputs.extend(b);
         self.launch(&Op::Linear, &inputs, &[out])?;
         let saves = Op::Linear.saves(inputs.len());
-        self.record(&Op::Linear, &inputs, &[out], &saves);
+        self.record(&Op::Linear, &inputs, &[out], saves);
         Ok(out)
     }
 
@@ -558,7 +563,7 @@ impl<S: Device> Tensors<S> {
             return Ok(out);
         }
         let saves = op.saves(3);
-        self.record(&op, &[q, k, v], &[out], &saves);
+        self.record(&op, &[q, k, v], &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
         for (i, e) in extra.into_iter().enumerate() {
             self.recategorize(e, Category::Activation);

@@ -309,7 +309,8 @@ impl Runner {
     /// `view`, `reshape`, `t`, `transpose`, `permute`, `expand`, `unsqueeze`.
     fn view_call(&mut self, span: Span, kind: ViewKind, t: TensorId, s: &[i64]) -> Flow<Value> {
         let layout = self.dev.info(t).layout.clone();
-        let flat = Layout::contiguous(&layout.shape);
+        // only an expand's backward scatters through its view, and only a data device runs it
+        let none = Layout::contiguous(&[]);
         let err = |e: crate::engine::LayoutError| super::Stop::Script(span, e.0);
         let wrap = |d: i64, nd: usize| crate::engine::layout::wrap_dim(d, nd).unwrap_or(0);
         let nd = layout.ndim();
@@ -331,13 +332,17 @@ impl Runner {
                 };
                 return Ok(Value::Tensor(self.dev.permute_op(kind, t, l, perm)));
             }
-            ViewKind::View => (layout.view(s).map_err(err)?, flat.view(s).map_err(err)?),
-            ViewKind::T => (layout.t().map_err(err)?, flat.t().map_err(err)?),
-            ViewKind::Expand => (layout.expand(s).map_err(err)?, flat.expand(s).map_err(err)?),
-            ViewKind::Unsqueeze => (
-                layout.unsqueeze(s[0]).map_err(err)?,
-                flat.unsqueeze(s[0]).map_err(err)?,
-            ),
+            ViewKind::View => (layout.view(s).map_err(err)?, none),
+            ViewKind::T => (layout.t().map_err(err)?, none),
+            ViewKind::Expand => {
+                let rel = if self.dev.computes() {
+                    Layout::contiguous(&layout.shape).expand(s).map_err(err)?
+                } else {
+                    none
+                };
+                (layout.expand(s).map_err(err)?, rel)
+            }
+            ViewKind::Unsqueeze => (layout.unsqueeze(s[0]).map_err(err)?, none),
             ViewKind::Squeeze | ViewKind::Flatten | ViewKind::Index => {
                 return script(span, format!("{} is not a method here", kind.name()))
             }

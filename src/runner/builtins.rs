@@ -505,7 +505,8 @@ impl Runner {
         let t = *t;
         let mut l = self.dev.info(t).layout.clone();
         // the same indexing of a contiguous tensor: where backward scatters the gradient
-        let mut rel = Layout::contiguous(&l.shape);
+        let mut rel = Layout::contiguous(if self.dev.computes() { &l.shape } else { &[] });
+        let computes = self.dev.computes();
         let real = items
             .iter()
             .filter(|i| matches!(i, IndexItem::Expr(_) | IndexItem::Slice { .. }))
@@ -530,7 +531,9 @@ impl Runner {
             let res = match item {
                 IndexItem::Expr(e) => {
                     let i = int(self, &Some(e.clone()))?.expect("given");
-                    rel = rel.select(dim, i).unwrap_or(rel);
+                    if computes {
+                        rel = rel.select(dim, i).unwrap_or(rel);
+                    }
                     l.select(dim, i)
                 }
                 IndexItem::Slice { start, stop, step } => {
@@ -540,13 +543,17 @@ impl Runner {
                         int(self, step)?.unwrap_or(1),
                     );
                     let r = l.slice(dim, s, e, st);
-                    rel = rel.slice(dim, s, e, st).unwrap_or(rel);
+                    if computes {
+                        rel = rel.slice(dim, s, e, st).unwrap_or(rel);
+                    }
                     dim += 1;
                     r
                 }
                 IndexItem::NewAxis => {
                     let r = l.unsqueeze(dim);
-                    rel = rel.unsqueeze(dim).unwrap_or(rel);
+                    if computes {
+                        rel = rel.unsqueeze(dim).unwrap_or(rel);
+                    }
                     dim += 1;
                     r
                 }

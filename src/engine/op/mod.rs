@@ -293,18 +293,18 @@ impl Op {
     }
 
     /// What its backward keeps, beyond its extras.
-    pub fn saves(&self, inputs: usize) -> Vec<Save> {
+    pub fn saves(&self, inputs: usize) -> &'static [Save] {
         match self {
-            Op::Unary(u) => u.saves().to_vec(),
-            Op::Binary(b) => b.saves().to_vec(),
-            Op::MaskedFill { .. } => vec![Save::Input(1)],
-            Op::Matmul | Op::Linear => vec![Save::InputFor(1, 0), Save::InputFor(0, 1)],
+            Op::Unary(u) => u.saves(),
+            Op::Binary(b) => b.saves(),
+            Op::MaskedFill { .. } => &[Save::Input(1)],
+            Op::Matmul | Op::Linear => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
             Op::Norm(n) => n.saves(inputs),
-            Op::Softmax { .. } => vec![Save::Output],
-            Op::Embedding => vec![Save::InputFor(0, 1)],
-            Op::NllLoss => vec![Save::Input(1)],
-            Op::Sdpa { .. } => vec![Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
-            _ => Vec::new(),
+            Op::Softmax { .. } => &[Save::Output],
+            Op::Embedding => &[Save::InputFor(0, 1)],
+            Op::NllLoss => &[Save::Input(1)],
+            Op::Sdpa { .. } => &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
+            _ => &[],
         }
     }
 
