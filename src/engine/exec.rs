@@ -90,13 +90,15 @@ impl<S: Device> Tensors<S> {
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
         let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
         let need = self.grad_enabled && inputs.iter().any(|&t| self.info(t).requires_grad);
-        let mut all = vec![out];
-        for (shape, dtype) in extras {
-            all.push(self.empty(&shape, dtype, Category::Temporary)?);
+        // the output, then at most two extras (no heap for the list)
+        let mut all = [out; 3];
+        let n = 1 + extras.len();
+        for (k, (shape, dtype)) in extras.into_iter().enumerate() {
+            all[1 + k] = self.empty(&shape, dtype, Category::Temporary)?;
         }
-        self.launch(&op, inputs, &all)?;
+        self.launch(&op, inputs, &all[..n])?;
         if !need {
-            for e in all.drain(1..) {
+            for &e in &all[1..n] {
                 self.release(e);
             }
             return Ok(out);
@@ -104,7 +106,7 @@ impl<S: Device> Tensors<S> {
         let saves = op.saves(inputs.len());
         self.record(&op, inputs, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
-        for (k, e) in all.drain(1..).enumerate() {
+        for (k, &e) in all[1..n].iter().enumerate() {
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e, Role::Extra(k));
         }

@@ -18,11 +18,9 @@ impl Runner {
         recv: Option<TensorId>,
         a: &Args,
     ) -> Flow<Bound<u32>> {
-        let mut pos: Vec<&Value> = a.pos.iter().collect();
+        // the receiver of a method is its first positional argument
         let recv_value = recv.map(Value::Tensor);
-        if let Some(r) = &recv_value {
-            pos.insert(0, r);
-        }
+        let pos: Vec<&Value> = recv_value.iter().chain(a.pos.iter()).collect();
         let mut next = 0usize;
         let mut bound = Bound {
             args: Vec::with_capacity(e.params.len()),
