@@ -9,6 +9,9 @@
 //! nodes downstream; the graph, and every activation it saved, lives exactly as long as some
 //! tensor made by it does: a `loss` kept in a list keeps the whole forward pass alive.
 //!
+//! Activation checkpoints (what a region's nodes drop and how backward recomputes them) are in
+//! [`super::checkpoint`]; the CUDA libraries' scratch in [`super::workspace`].
+//!
 //! Backward runs ready nodes newest first (PyTorch's sequence-number order), allocates one
 //! gradient per differentiable input, frees each incoming gradient after use and, unless
 //! `retain_graph`, each node's saved tensors right after the node ran.
@@ -56,48 +59,6 @@ struct Leaves {
     buffers: HashMap<TensorId, TensorId>,
 }
 
-/// An activation-checkpoint region: the nodes made inside it.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Region {
-    pub nodes: Vec<NodeId>,
-    pub recomputed: bool,
-    /// The forward's allocations and frees inside the region, in order: what the recompute
-    /// replays.
-    pub tape: Vec<TapeEvent>,
-}
-
-/// One step of a checkpoint region's forward, for its recompute.
-#[derive(Debug, Clone)]
-pub(crate) enum TapeEvent {
-    /// A storage made in the region (by its serial).
-    Alloc {
-        serial: u64,
-        shape: Vec<usize>,
-        dtype: DType,
-        category: Category,
-    },
-    /// A storage made in the region went.
-    Free { serial: u64 },
-    /// A matrix product ran (with a bias: through cuBLASLt).
-    Product { with_bias: bool },
-    /// A kernel ran (data devices only): what the recompute runs again.
-    Launch {
-        op: Op,
-        inputs: Vec<(TapeRef, Layout, DType)>,
-        outputs: Vec<(TapeRef, Layout, DType)>,
-    },
-}
-
-/// A kernel argument on a checkpoint's tape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TapeRef {
-    /// A storage made in the region, by serial (its recomputed twin has another address).
-    Made(u64),
-    /// A storage from outside the region, by address (alive through the recompute: a node of
-    /// the region holds it).
-    Outside(u64),
-}
-
 /// A tensor a node keeps for its backward.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Saved {
@@ -105,13 +66,6 @@ pub(crate) struct Saved {
     /// The version of its storage when it was saved.
     pub version: u32,
     pub role: Role,
-}
-
-/// Checkpoint state: the region being recorded, and all regions by id.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Checkpoints {
-    pub current: Option<u32>,
-    pub regions: Vec<Region>,
 }
 
 #[derive(Debug, Clone)]
@@ -124,7 +78,7 @@ pub(crate) struct Node {
     /// Creation order (backward runs the newest ready node first).
     pub seq: u64,
     refs: u32,
-    live: bool,
+    pub(crate) live: bool,
     /// A backward without retain_graph already freed the saved tensors.
     pub released: bool,
     /// The node saved tensors when it was made (so it cannot run again once they are freed).
@@ -250,39 +204,6 @@ impl<S: Device> Tensors<S> {
         }
     }
 
-    /// Releases what node `n` saved that was made in region `r` (or recomputed for it),
-    /// remembering it for the recompute when `defer`.
-    fn drop_region_saved(&mut self, n: NodeId, r: u32, defer: bool) {
-        let node = self.node_mut(n);
-        let saved = std::mem::take(&mut node.saved);
-        let mut keep = Vec::new();
-        for sv in saved {
-            if self.made_in_region(sv.t) != Some(r) {
-                keep.push(sv);
-                continue;
-            }
-            if defer {
-                let key = (
-                    self.storage_serial(sv.t),
-                    sv.role,
-                    self.info(sv.t).layout.clone(),
-                );
-                self.node_mut(n).deferred.push(key);
-            }
-            self.release(sv.t);
-        }
-        self.node_mut(n).saved = keep;
-    }
-
-    /// `checkpoint(fn, ...)` (non-reentrant) begins: ops from here on record their graph, but
-    /// what they save is dropped when the region ends and recomputed in backward.
-    pub fn checkpoint_enter(&mut self) -> Option<u32> {
-        let prev = self.checkpoint.current;
-        self.checkpoint.regions.push(Region::default());
-        self.checkpoint.current = Some((self.checkpoint.regions.len() - 1) as u32);
-        prev
-    }
-
     /// Adds `t` (an op's extra output kept for backward: layer_norm's mean and rstd, a loss's
     /// weight total, attention's statistics) to what `node` saves, with its version, so a
     /// checkpoint region drops and recomputes it like any saved tensor.
@@ -297,161 +218,6 @@ impl<S: Device> Tensors<S> {
         }
         let version = self.version(t);
         self.node_mut(node).saved.push(Saved { t, version, role });
-    }
-
-    /// The region ends (its nodes dropped what they saved from inside it as they were made).
-    pub fn checkpoint_exit(&mut self, prev: Option<u32>) {
-        if self.checkpoint.current.is_some() {
-            self.checkpoint.current = prev;
-        }
-    }
-
-    /// Backward reached a checkpointed node: recompute the region's forward once, as PyTorch's
-    /// non-reentrant checkpoint does: the forward's allocations and frees again, in order (the
-    /// autograd thread's cuBLAS handles taking their workspaces at their first product), the
-    /// tensors the nodes saved handed to them instead of freed, and the recompute stopped right
-    /// after the last of those is made (early stop), what else it made freed then.
-    fn recompute_region(&mut self, r: u32) -> Result<(), EngineError> {
-        if std::mem::replace(&mut self.checkpoint.regions[r as usize].recomputed, true) {
-            return Ok(());
-        }
-        self.alloc.recorder_mut().push_tag("checkpoint_recompute");
-        let nodes = self.checkpoint.regions[r as usize].nodes.clone();
-        let needed: std::collections::HashSet<u64> = nodes
-            .iter()
-            .filter(|n| self.nodes[n.0 as usize].live)
-            .flat_map(|n| self.nodes[n.0 as usize].deferred.iter().map(|d| d.0))
-            .collect();
-        let tape = std::mem::take(&mut self.checkpoint.regions[r as usize].tape);
-        let last = tape
-            .iter()
-            .rposition(|e| matches!(e, TapeEvent::Alloc { serial, .. } if needed.contains(serial)));
-        let mut made: HashMap<u64, TensorId> = HashMap::new();
-        let mut order: Vec<u64> = Vec::new();
-        let mut result = Ok(());
-        for e in tape.iter().take(last.map_or(0, |l| l + 1)) {
-            match e {
-                TapeEvent::Alloc {
-                    serial,
-                    shape,
-                    dtype,
-                    category,
-                } => {
-                    let cat = if needed.contains(serial) {
-                        Category::Activation
-                    } else {
-                        *category
-                    };
-                    match self.empty(shape, *dtype, cat) {
-                        Ok(t) => {
-                            // recomputed for the region (a node hands it over after its use)
-                            self.set_region(t, r);
-                            made.insert(*serial, t);
-                            order.push(*serial);
-                        }
-                        Err(err) => {
-                            result = Err(err);
-                            break;
-                        }
-                    }
-                }
-                TapeEvent::Free { serial } => {
-                    if !needed.contains(serial) {
-                        if let Some(t) = made.remove(serial) {
-                            self.release(t);
-                        }
-                    }
-                }
-                TapeEvent::Product { with_bias } => {
-                    if let Err(err) = self.ensure_cublas_workspace(*with_bias) {
-                        result = Err(err);
-                        break;
-                    }
-                }
-                TapeEvent::Launch { .. } => {
-                    if let Err(err) = self.replay_launch(e, &made) {
-                        result = Err(err);
-                        break;
-                    }
-                }
-            }
-        }
-        // on a data device, the kernels after the last allocation that matters still write
-        // what was allocated (layer_norm allocates its statistics, then runs): run those whose
-        // every buffer still exists, allocating nothing
-        if result.is_ok() && self.computes() {
-            for e in tape.iter().skip(last.map_or(0, |l| l + 1)) {
-                if matches!(e, TapeEvent::Launch { .. }) {
-                    if let Err(err) = self.replay_launch(e, &made) {
-                        result = Err(err);
-                        break;
-                    }
-                }
-            }
-        }
-        // early stop: what the recompute made and no node saved goes now
-        for serial in order.iter().rev() {
-            if !needed.contains(serial) {
-                if let Some(t) = made.remove(serial) {
-                    self.release(t);
-                }
-            }
-        }
-        if result.is_ok() {
-            for n in nodes {
-                if !self.nodes[n.0 as usize].live {
-                    continue;
-                }
-                let deferred = std::mem::take(&mut self.node_mut(n).deferred);
-                for (key, role, layout) in deferred {
-                    if let Some(&t) = made.get(&key) {
-                        // the saved view of the recomputed storage
-                        let t = self.view_with(t, layout);
-                        self.set_requires_grad(t, false);
-                        let version = self.version(t);
-                        self.node_mut(n).saved.push(Saved { t, version, role });
-                    }
-                }
-            }
-        }
-        // the nodes hold the recomputed tensors now
-        for (_, t) in made {
-            self.release(t);
-        }
-        self.alloc.recorder_mut().pop_tag();
-        result
-    }
-
-    /// Runs a taped kernel again on the recomputed storages (skipped when one of them is not
-    /// there: a launch only for what the early stop left out).
-    fn replay_launch(
-        &mut self,
-        e: &TapeEvent,
-        made: &HashMap<u64, TensorId>,
-    ) -> Result<(), EngineError> {
-        let TapeEvent::Launch {
-            op,
-            inputs,
-            outputs,
-        } = e
-        else {
-            return Ok(());
-        };
-        let resolve = |s: &Self, bufs: &[(TapeRef, Layout, DType)]| -> Option<Vec<_>> {
-            bufs.iter()
-                .map(|(at, l, d)| {
-                    let addr = match at {
-                        TapeRef::Outside(a) => *a,
-                        TapeRef::Made(serial) => s.storage_of(*made.get(serial)?).0,
-                    };
-                    Some((addr, l.clone(), *d))
-                })
-                .collect()
-        };
-        let (Some(ins), Some(outs)) = (resolve(self, inputs), resolve(self, outputs)) else {
-            return Ok(());
-        };
-        self.launch_raw(op, crate::backend::Pass::Forward, &ins, &outs, &[])
     }
 
     /// A handle for a node's saved tensors; a temporary saved for backward becomes an activation
@@ -1055,77 +821,6 @@ impl<S: Device> Tensors<S> {
         })();
         release_copy(self, copied);
         r
-    }
-
-    /// The scratch PyTorch's reduction kernel takes to sum a contiguous `[rows, cols]` over its
-    /// rows when the sum is split across thread blocks (float accumulators: per output, block
-    /// and lane of a block row; an int semaphore per block column), allocated and freed within the kernel.
-    /// The split follows the kernel's launch configuration on an H200 (132 SMs, 2,048 threads
-    /// each): outputs vectorized by 4 into 32-wide, 4-high blocks; each thread sums at least
-    /// 256 rows before the rows are spread over blocks, to fill the device, at least 16 rows
-    /// a thread.
-    pub(crate) fn column_sum_scratch(
-        &mut self,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), EngineError> {
-        const SMS: usize = 132;
-        const THREADS_PER_SM: usize = 2048;
-        let vec = match cols {
-            c if c % 4 == 0 => 4,
-            c if c % 2 == 0 => 2,
-            _ => 1,
-        };
-        let max_threads = 512 / vec;
-        let pow2_below = |n: usize| {
-            if n == 0 {
-                1
-            } else {
-                1usize << (usize::BITS - 1 - n.leading_zeros())
-            }
-        };
-        let dim0 = cols.div_ceil(vec);
-        let dim0_pow2 = if dim0 < max_threads {
-            pow2_below(dim0)
-        } else {
-            max_threads
-        };
-        let dim1_pow2 = if rows < max_threads {
-            pow2_below(rows)
-        } else {
-            max_threads
-        };
-        let width = dim0_pow2.min(32);
-        let height = dim1_pow2.min(max_threads / width);
-        let width = dim0_pow2.min(max_threads / height);
-        let grid = dim0.div_ceil(width);
-        let per_thread = rows.div_ceil(height);
-        let target = SMS * (THREADS_PER_SM / (width * height));
-        if per_thread < 256 || grid > target {
-            return Ok(());
-        }
-        let ctas = target
-            .div_ceil(grid)
-            .min(per_thread.div_ceil(16))
-            .max(per_thread.div_ceil(256));
-        if ctas <= 1 {
-            return Ok(());
-        }
-        let buf = self.empty(
-            &[cols * ctas * width * vec],
-            DType::F32,
-            Category::Temporary,
-        )?;
-        let sem = match self.empty(&[grid], DType::I32, Category::Temporary) {
-            Ok(t) => t,
-            Err(e) => {
-                self.release(buf);
-                return Err(e);
-            }
-        };
-        self.release(sem);
-        self.release(buf);
-        Ok(())
     }
 
     /// `x.detach()`: a view of the same storage outside the graph.

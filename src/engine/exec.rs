@@ -14,12 +14,7 @@ use super::op::{Binary, Fill, InPlace, Norm, Op, Role, Unary, ViewKind};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
-/// The cuBLAS workspace PyTorch takes from the caching allocator at the first matrix product
-/// on a stream (`CUBLAS_WORKSPACE_CONFIG` default `:4096:8` on Hopper), kept for the process.
-pub const CUBLAS_WORKSPACE: u64 = 8 * 4096 * 1024;
-
-/// The cuBLASLt workspace taken right after the cuBLAS one (1 MiB; seen in PyTorch's traces).
-pub const CUBLASLT_WORKSPACE: u64 = 1 << 20;
+pub use super::workspace::{CUBLASLT_WORKSPACE, CUBLAS_WORKSPACE};
 
 impl<S: Device> Tensors<S> {
     /// A factory (`zeros`, `ones`, `randn`, `empty`, `full`, `arange`...): a fresh tensor.
@@ -264,44 +259,6 @@ impl<S: Device> Tensors<S> {
         let copy = self.clone_op(e);
         self.release(e);
         copy.map(Some)
-    }
-
-    /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
-    /// one, right after allocating its output (as PyTorch 2.11 does on an H200). On the autograd
-    /// thread (in backward, a checkpoint's recomputation included) the handles are that
-    /// thread's: its first product takes a cuBLAS workspace, and its first product with a bias
-    /// (`addmm`, which goes through cuBLASLt) a cuBLASLt one.
-    pub(crate) fn ensure_cublas_workspace(&mut self, with_bias: bool) -> Result<(), EngineError> {
-        if self.on_autograd_thread {
-            if self.backward_workspace.is_none() {
-                let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
-                self.backward_workspace = Some(w);
-            }
-            if with_bias && self.backward_lt_workspace.is_none() {
-                let lt = self.empty(
-                    &[CUBLASLT_WORKSPACE as usize],
-                    DType::U8,
-                    Category::Workspace,
-                )?;
-                self.backward_lt_workspace = Some(lt);
-            }
-            return Ok(());
-        }
-        if let Some(r) = self.checkpoint.current {
-            let ev = super::autograd::TapeEvent::Product { with_bias };
-            self.checkpoint.regions[r as usize].tape.push(ev);
-        }
-        if self.workspace.is_none() {
-            let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
-            self.workspace = Some(w);
-            let lt = self.empty(
-                &[CUBLASLT_WORKSPACE as usize],
-                DType::U8,
-                Category::Workspace,
-            )?;
-            self.lt_workspace = Some(lt);
-        }
-        Ok(())
     }
 
     /// A view op (`view`, `t`, `transpose`, `permute`, `expand`, `select`, slicing...): a new

@@ -11,18 +11,22 @@
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack; kernel launches.
 //! - [`exec`]: running ops forward (allocation order, kernels, the node each records).
-//! - [`autograd`]: graph nodes, saved tensors, backward, activation checkpointing.
+//! - [`autograd`]: graph nodes, saved tensors, backward.
+//! - [`checkpoint`]: activation checkpoints: dropped in the forward, recomputed in backward.
+//! - [`workspace`]: the CUDA libraries' workspaces and scratch, as named notes.
 //! - [`autocast`]: casts and the cast cache of `torch.autocast`.
 //! - [`optim`]: SGD, momentum, Adam and AdamW: state, temporaries, updates.
 
 pub mod autocast;
 pub mod autograd;
+pub mod checkpoint;
 pub mod dtype;
 pub mod exec;
 pub mod layout;
 pub mod op;
 pub mod optim;
 pub mod tensor;
+pub mod workspace;
 
 pub use dtype::DType;
 pub use layout::{Layout, LayoutError};

@@ -16,48 +16,7 @@ use super::op::{Op, Role};
 use crate::alloc::{CachingAllocator, OutOfMemory};
 use crate::backend::{Buffer, Device, Launch, Pass};
 
-/// What a tensor's memory is for. The engine knows each tensor's role, so this is exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    Parameter,
-    Gradient,
-    OptimizerState,
-    /// Saved for backward.
-    Activation,
-    Temporary,
-    Input,
-    Workspace,
-}
-
-impl Category {
-    pub const ALL: [Category; 7] = [
-        Category::Parameter,
-        Category::Gradient,
-        Category::OptimizerState,
-        Category::Activation,
-        Category::Temporary,
-        Category::Input,
-        Category::Workspace,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Parameter => "parameter",
-            Category::Gradient => "gradient",
-            Category::OptimizerState => "optimizer_state",
-            Category::Activation => "activation",
-            Category::Temporary => "temporary",
-            Category::Input => "input",
-            Category::Workspace => "workspace",
-        }
-    }
-
-    /// The tag that marks an allocation's category in the event trace.
-    pub fn tag(self) -> String {
-        format!("category:{}", self.name())
-    }
-}
+pub use crate::trace::Category;
 
 /// A kernel argument by value: address, layout, dtype.
 pub(crate) type RawBuffer = (u64, Layout, DType);
@@ -154,7 +113,7 @@ pub struct Tensors<S: Device> {
     /// Autocast region state and cast cache.
     pub(crate) autocast: super::autocast::Autocast,
     /// Activation-checkpoint regions.
-    pub(crate) checkpoint: super::autograd::Checkpoints,
+    pub(crate) checkpoint: super::checkpoint::Checkpoints,
     /// Storages made so far (each one's serial).
     storage_serials: u64,
     /// Random draws made so far (factories, dropout): each draw's seed, so a data device
@@ -264,7 +223,7 @@ impl<S: Device> Tensors<S> {
         };
         // (a cuBLAS workspace belongs to its thread's handle, not to the region's forward)
         if let (Some(r), false) = (self.checkpoint.current, category == Category::Workspace) {
-            let ev = super::autograd::TapeEvent::Alloc {
+            let ev = super::checkpoint::TapeEvent::Alloc {
                 serial: self.storage_serials,
                 shape: shape.to_vec(),
                 dtype,
@@ -479,9 +438,9 @@ impl<S: Device> Tensors<S> {
             let i = s.info(t);
             let st = &s.storages[i.storage as usize];
             let at = if st.region == Some(r) {
-                super::autograd::TapeRef::Made(st.serial)
+                super::checkpoint::TapeRef::Made(st.serial)
             } else {
-                super::autograd::TapeRef::Outside(st.addr)
+                super::checkpoint::TapeRef::Outside(st.addr)
             };
             (at, i.layout.clone(), i.dtype)
         };
@@ -490,7 +449,7 @@ impl<S: Device> Tensors<S> {
         let _ = pass;
         self.checkpoint.regions[r as usize]
             .tape
-            .push(super::autograd::TapeEvent::Launch {
+            .push(super::checkpoint::TapeEvent::Launch {
                 op: op.clone(),
                 inputs: ins,
                 outputs: outs,
@@ -611,7 +570,7 @@ impl<S: Device> Tensors<S> {
             if let (Some(r), Some(made)) = (self.checkpoint.current, s.region) {
                 if r == made {
                     let serial = s.serial;
-                    let ev = super::autograd::TapeEvent::Free { serial };
+                    let ev = super::checkpoint::TapeEvent::Free { serial };
                     self.checkpoint.regions[r as usize].tape.push(ev);
                 }
             }

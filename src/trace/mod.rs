@@ -4,12 +4,14 @@
 //! too (a node of a trie: parent stack + tag), so an event carries one `u32` for its whole
 //! context. Recording is cheap enough to leave on by default.
 
+pub mod category;
 pub mod event;
 pub mod pickle;
 pub mod pickle_write;
 pub mod ring;
 pub mod tags;
 
+pub use category::Category;
 pub use event::{Event, EventKind};
 pub use ring::Ring;
 pub use tags::{StackId, TagId, Tags};

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::engine::Category;
+use crate::trace::Category;
 use crate::units::{parse_percent, parse_size};
 
 /// The metrics that are not per category, in the order reports list them.
