@@ -81,7 +81,8 @@ pub trait Device: SegmentSource + Debug {
 /// The devices this build has, behind one type.
 #[derive(Debug)]
 pub enum AnyDevice {
-    Sim(sim::SimDevice),
+    /// The simulated device is the address model itself.
+    Sim(SimSource),
     Cpu(cpu::CpuDevice),
 }
 
@@ -92,7 +93,7 @@ pub const DEVICES: &[(&str, bool)] = &[("sim", true), ("cpu", true), ("cuda", fa
 pub fn open(name: &str, total: u64, overhead: u64) -> Result<AnyDevice, String> {
     let src = SimSource::new(total, overhead);
     match name {
-        "sim" => Ok(AnyDevice::Sim(sim::SimDevice::new(src))),
+        "sim" => Ok(AnyDevice::Sim(src)),
         "cpu" => Ok(AnyDevice::Cpu(cpu::CpuDevice::new(src))),
         "cuda" => Err(
             "the cuda backend is not built yet in this version of gpumem; use --device sim or cpu"
@@ -109,7 +110,7 @@ impl AnyDevice {
     /// no device memory).
     pub fn into_addresses(self) -> SimSource {
         match self {
-            AnyDevice::Sim(d) => d.into_source(),
+            AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d.into_source(),
         }
     }

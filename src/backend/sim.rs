@@ -1,28 +1,14 @@
 //! The simulated device: the address model of [`SimSource`] (capacity, the CUDA context's
-//! share, the driver's address placement) and no data. Kernels compute nothing.
+//! share, the driver's address placement) and no data. Kernels compute nothing. Also the
+//! segment forwarding that a data device wraps around the same address model.
 
 use super::{Buffer, Device, Launch};
-use crate::alloc::{SegmentSource, SimSource};
-
-#[derive(Debug, Clone)]
-pub struct SimDevice {
-    src: SimSource,
-}
-
-impl SimDevice {
-    pub fn new(src: SimSource) -> Self {
-        SimDevice { src }
-    }
-
-    pub fn into_source(self) -> SimSource {
-        self.src
-    }
-}
+use crate::alloc::SimSource;
 
 /// Forwards the segment calls of a device to the [`SimSource`] address model it holds.
 macro_rules! forward_segments {
     ($t:ty, $field:ident $(, $map:expr, $unmap:expr)?) => {
-        impl SegmentSource for $t {
+        impl $crate::alloc::SegmentSource for $t {
             fn device_total(&self) -> u64 {
                 self.$field.device_total()
             }
@@ -69,27 +55,7 @@ macro_rules! forward_segments {
 }
 pub(crate) use forward_segments;
 
-forward_segments!(SimDevice, src);
-
-impl Device for SimDevice {
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-    fn computes(&self) -> bool {
-        false
-    }
-    fn launch(&mut self, _l: &Launch) -> Result<(), String> {
-        Ok(())
-    }
-    fn read(&self, _b: &Buffer) -> Result<Option<Vec<f64>>, String> {
-        Ok(None)
-    }
-    fn write(&mut self, _b: &Buffer, _values: &[f64]) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// The simulated device is also a device for the engine's own tests and for replays.
+/// The simulated device: [`SimSource`] is one as it is.
 impl Device for SimSource {
     fn name(&self) -> &'static str {
         "sim"

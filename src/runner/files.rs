@@ -50,20 +50,9 @@ fn dtype_of(d: Dtype) -> Option<DType> {
 }
 
 fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
-    let es = dtype.size() as usize;
     bytes
-        .chunks_exact(es)
-        .map(|b| match dtype {
-            DType::F32 => f32::from_le_bytes(b.try_into().expect("4")) as f64,
-            DType::F64 => f64::from_le_bytes(b.try_into().expect("8")),
-            DType::F16 => half::f16::from_le_bytes(b.try_into().expect("2")).to_f64(),
-            DType::BF16 => half::bf16::from_le_bytes(b.try_into().expect("2")).to_f64(),
-            DType::I64 => i64::from_le_bytes(b.try_into().expect("8")) as f64,
-            DType::I32 => i32::from_le_bytes(b.try_into().expect("4")) as f64,
-            DType::I8 => b[0] as i8 as f64,
-            DType::U8 => b[0] as f64,
-            DType::Bool => (b[0] != 0) as u8 as f64,
-        })
+        .chunks_exact(dtype.size() as usize)
+        .map(|b| crate::backend::cpu::decode(dtype, b))
         .collect()
 }
 

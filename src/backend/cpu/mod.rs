@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use super::sim::forward_segments;
 use super::{Buffer, Device, Launch, Pass};
-use crate::alloc::{SegmentSource, SimSource};
+use crate::alloc::SimSource;
 use crate::engine::dtype::DType;
 use crate::engine::layout::Layout;
 use crate::engine::op::{Op, Role};
@@ -183,7 +183,8 @@ fn extent(l: &Layout) -> (usize, usize) {
     (l.offset, last + 1)
 }
 
-fn decode(dtype: DType, b: &[u8]) -> f64 {
+/// One little-endian element of `dtype` as float64.
+pub(crate) fn decode(dtype: DType, b: &[u8]) -> f64 {
     match dtype {
         DType::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
         DType::F64 => f64::from_le_bytes(b.try_into().expect("8 bytes")),
