@@ -13,57 +13,271 @@ use crate::engine::optim::{OptimKind, Optimizer};
 use crate::engine::TensorId;
 use crate::workload::ast::{Expr, IndexItem, Span};
 
-/// The runtime's functions: (signature, what it does).
-pub const RUNTIME_FUNCTIONS: &[(&str, &str)] = &[
-    (
+/// A runtime function or method: its signature (`f(...)`, `x.f(...)` on a tensor, `opt.f(...)`
+/// on an optimizer), what it does, and what runs it (with the receiver, or `none`).
+pub struct Runtime {
+    pub sig: &'static str,
+    pub doc: &'static str,
+    call: fn(&mut Runner, Span, &Value, &Args) -> Flow<Value>,
+}
+
+impl Runtime {
+    /// The name as called: `keep`, `x.backward`, `opt.step`.
+    pub fn name(&self) -> &'static str {
+        self.sig.split('(').next().unwrap_or(self.sig)
+    }
+}
+
+fn runtime(table: &'static [Runtime], name: &str) -> Option<&'static Runtime> {
+    table.iter().find(|r| r.name() == name)
+}
+
+const fn rt(
+    sig: &'static str,
+    doc: &'static str,
+    call: fn(&mut Runner, Span, &Value, &Args) -> Flow<Value>,
+) -> Runtime {
+    Runtime { sig, doc, call }
+}
+
+/// The runtime's functions.
+pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
+    rt(
         "keep(*tensors)",
         "holds the tensors to the end of the run (a list that keeps them)",
+        rt_keep,
     ),
-    (
+    rt(
         "mark(label)",
         "notes allocated and reserved memory here under label",
+        rt_mark,
     ),
-    (
+    rt(
         "empty_cache()",
         "torch.cuda.empty_cache(): frees the cached segments",
+        rt_empty_cache,
     ),
-    ("reset_peak_memory_stats()", "resets the peak counters"),
-    ("synchronize()", "torch.cuda.synchronize()"),
-    (
+    rt(
+        "reset_peak_memory_stats()",
+        "resets the peak counters",
+        rt_reset_peak,
+    ),
+    rt("synchronize()", "torch.cuda.synchronize()", rt_synchronize),
+    rt(
         "sgd(params, lr=0.001, momentum=0, weight_decay=0, foreach=true)",
         "torch.optim.SGD",
+        rt_optimizer,
     ),
-    (
+    rt(
         "adam(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0, foreach=true)",
         "torch.optim.Adam",
+        rt_optimizer,
     ),
-    (
+    rt(
         "adamw(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
         "torch.optim.AdamW",
+        rt_optimizer,
     ),
 ];
 
-/// The runtime's methods: (signature, what it does).
-pub const RUNTIME_METHODS: &[(&str, &str)] = &[
-    (
+/// The runtime's methods.
+pub static RUNTIME_METHODS: &[Runtime] = &[
+    rt(
         "x.backward(retain_graph=false)",
         "backward from x (a scalar): gradients into the leaves' .grad",
+        rt_backward,
     ),
-    (
+    rt(
         "x.item()",
         "the value of a one-element tensor (its real value on a data device; 0.0 on sim)",
+        rt_item,
     ),
-    ("x.detach()", "a view outside the graph"),
-    ("x.requires_grad_(on=true)", "sets requires_grad"),
-    (
+    rt("x.detach()", "a view outside the graph", rt_detach),
+    rt(
+        "x.requires_grad_(on=true)",
+        "sets requires_grad",
+        rt_requires_grad,
+    ),
+    rt(
         "opt.step()",
         "the optimizer's update (its state appears at the first step)",
+        rt_step,
     ),
-    (
+    rt(
         "opt.zero_grad(set_to_none=true)",
         "drops (or zeros) the gradients",
+        rt_zero_grad,
     ),
 ];
+
+fn tensor_of(v: &Value) -> TensorId {
+    match v {
+        Value::Tensor(t) => *t,
+        _ => unreachable!("a tensor method's receiver is a tensor"),
+    }
+}
+
+fn optimizer_of(v: &Value) -> usize {
+    match v {
+        Value::Optimizer(i) => *i,
+        _ => unreachable!("an optimizer method's receiver is an optimizer"),
+    }
+}
+
+fn rt_optimizer(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    let name = me.calling;
+    me.make_optimizer(span, name, a)
+}
+
+fn rt_detach(me: &mut Runner, _span: Span, recv: &Value, _a: &Args) -> Flow<Value> {
+    Ok(Value::Tensor(me.dev.detach(tensor_of(recv))))
+}
+
+fn rt_keep(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    for v in &a.pos {
+        if let Value::Tensor(t) = v {
+            let h = me.dev.retain(*t);
+            me.kept.push(h);
+        }
+    }
+    Ok(Value::None)
+}
+
+fn rt_empty_cache(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    me.dev.alloc.empty_cache();
+    Ok(Value::None)
+}
+
+fn rt_reset_peak(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    me.note_peak();
+    me.dev.alloc.reset_peak_stats();
+    Ok(Value::None)
+}
+
+fn rt_synchronize(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    crate::backend::Device::synchronize(me.dev.alloc.source_mut());
+    Ok(Value::None)
+}
+
+fn rt_mark(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let label = match a.pos.first() {
+        Some(Value::Str(s)) => s.clone(),
+        _ => return script(span, "mark expects a label string: mark(\"after forward\")"),
+    };
+    let s = me.dev.alloc.stats();
+    me.marks.push(Mark {
+        label,
+        iteration: me.iteration,
+        line: span.line,
+        allocated: s.allocated_bytes.all().current as u64,
+        reserved: s.reserved_bytes.all().current as u64,
+    });
+    Ok(Value::None)
+}
+
+fn rt_step(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let i = optimizer_of(recv);
+    let mut opt = std::mem::replace(
+        &mut me.optimizers[i],
+        Optimizer::new(OptimKind::Sgd, Vec::new(), true),
+    );
+    me.capture_grads().map_err(|e| engine_err(span, e))?;
+    let saved = me.enter_phase("phase:optimizer");
+    me.dev.alloc.recorder_mut().push_tag("optimizer.step");
+    let r = opt.step(&mut me.dev);
+    me.dev.alloc.recorder_mut().set_current(saved);
+    me.optimizers[i] = opt;
+    r.map_err(|e| engine_err(span, e))?;
+    if me.iteration.is_some() {
+        me.current.after_step = Some(me.allocated());
+    }
+    Ok(Value::None)
+}
+
+fn rt_zero_grad(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let i = optimizer_of(recv);
+    let set_to_none = match a.kw("set_to_none") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return script(
+                span,
+                format!("set_to_none must be true or false, not {}", v.kind()),
+            )
+        }
+    };
+    let opt = std::mem::replace(
+        &mut me.optimizers[i],
+        Optimizer::new(OptimKind::Sgd, Vec::new(), true),
+    );
+    let r = opt.zero_grad(&mut me.dev, set_to_none);
+    me.optimizers[i] = opt;
+    r.map_err(|e| engine_err(span, e))?;
+    Ok(Value::None)
+}
+
+fn rt_backward(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let t = tensor_of(recv);
+    let retain = Runner::bool_kw(span, a, "retain_graph", false)?;
+    if me.current.after_forward.is_none() && me.iteration.is_some() {
+        me.current.after_forward = Some(me.allocated());
+    }
+    let saved = me.enter_phase("phase:backward");
+    let r = me.dev.backward(t, retain).map_err(|e| engine_err(span, e));
+    me.dev.alloc.recorder_mut().set_current(saved);
+    r?;
+    if me.iteration.is_some() {
+        me.current.after_backward = Some(me.allocated());
+    }
+    Ok(Value::None)
+}
+
+fn rt_item(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let t = tensor_of(recv);
+    if me.dev.info(t).layout.numel() != 1 {
+        return script(
+            span,
+            "a Tensor with more than one element cannot be converted to a Python scalar",
+        );
+    }
+    let v = me.dev.read(t).map_err(|e| engine_err(span, e))?;
+    match v {
+        Some(v) => {
+            let x = v[0];
+            if me.iteration.is_some() {
+                *me.current.loss.get_or_insert(0.0) += x;
+            }
+            Ok(Value::Float(x))
+        }
+        None => Ok(Value::Float(0.0)),
+    }
+}
+
+fn rt_requires_grad(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let t = tensor_of(recv);
+    let on = match a.pos.first() {
+        Some(Value::Bool(b)) => *b,
+        None => true,
+        Some(v) => {
+            return script(
+                span,
+                format!("requires_grad_ expects true or false, not {}", v.kind()),
+            )
+        }
+    };
+    me.dev.set_requires_grad(t, on);
+    Ok(Value::Tensor(me.dev.retain(t)))
+}
 
 /// Evaluated arguments: positional values and keyword values.
 #[derive(Default)]
@@ -81,11 +295,7 @@ impl Args {
 /// Every name a script can call as a function, for the unknown-function message.
 pub fn function_names() -> Vec<&'static str> {
     let mut v = script_table::names(false);
-    v.extend(
-        RUNTIME_FUNCTIONS
-            .iter()
-            .map(|(s, _)| s.split('(').next().unwrap_or(s)),
-    );
+    v.extend(RUNTIME_FUNCTIONS.iter().map(Runtime::name));
     v
 }
 
@@ -95,8 +305,7 @@ pub fn method_names() -> Vec<&'static str> {
     v.extend(
         RUNTIME_METHODS
             .iter()
-            .filter(|(s, _)| s.starts_with("x."))
-            .map(|(s, _)| s[2..].split('(').next().unwrap_or(s)),
+            .filter_map(|r| r.name().strip_prefix("x.")),
     );
     v
 }
@@ -168,45 +377,14 @@ impl Runner {
 
     fn call_with(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
         match func {
-            "sgd" | "adam" | "adamw" => self.make_optimizer(span, func, a),
-            "keep" => {
-                for v in &a.pos {
-                    if let Value::Tensor(t) = v {
-                        let h = self.dev.retain(*t);
-                        self.kept.push(h);
-                    }
-                }
-                Ok(Value::None)
-            }
-            "empty_cache" => {
-                self.dev.alloc.empty_cache();
-                Ok(Value::None)
-            }
-            "reset_peak_memory_stats" => {
-                self.note_peak();
-                self.dev.alloc.reset_peak_stats();
-                Ok(Value::None)
-            }
-            "synchronize" => {
-                crate::backend::Device::synchronize(self.dev.alloc.source_mut());
-                Ok(Value::None)
-            }
-            "mark" => {
-                let label = match a.pos.first() {
-                    Some(Value::Str(s)) => s.clone(),
-                    _ => {
-                        return script(span, "mark expects a label string: mark(\"after forward\")")
-                    }
+            other if runtime(RUNTIME_FUNCTIONS, other).is_some() => {
+                let f = runtime(RUNTIME_FUNCTIONS, other).expect("checked").call;
+                self.calling = match other {
+                    "sgd" => "sgd",
+                    "adam" => "adam",
+                    _ => "adamw",
                 };
-                let s = self.dev.alloc.stats();
-                self.marks.push(Mark {
-                    label,
-                    iteration: self.iteration,
-                    line: span.line,
-                    allocated: s.allocated_bytes.all().current as u64,
-                    reserved: s.reserved_bytes.all().current as u64,
-                });
-                Ok(Value::None)
+                f(self, span, &Value::None, a)
             }
             other => match script_table::lookup(other, false) {
                 Some(e) => self.call_entry(span, e, None, a),
@@ -314,47 +492,11 @@ impl Runner {
     }
 
     fn optimizer_method(&mut self, span: Span, i: usize, name: &str, a: &Args) -> Flow<Value> {
-        match name {
-            "step" => {
-                let mut opt = std::mem::replace(
-                    &mut self.optimizers[i],
-                    Optimizer::new(OptimKind::Sgd, Vec::new(), true),
-                );
-                self.capture_grads().map_err(|e| engine_err(span, e))?;
-                let saved = self.enter_phase("phase:optimizer");
-                self.dev.alloc.recorder_mut().push_tag("optimizer.step");
-                let r = opt.step(&mut self.dev);
-                self.dev.alloc.recorder_mut().set_current(saved);
-                self.optimizers[i] = opt;
-                r.map_err(|e| engine_err(span, e))?;
-                if self.iteration.is_some() {
-                    self.current.after_step = Some(self.allocated());
-                }
-                Ok(Value::None)
-            }
-            "zero_grad" => {
-                let set_to_none = match a.kw("set_to_none") {
-                    None => true,
-                    Some(Value::Bool(b)) => *b,
-                    Some(v) => {
-                        return script(
-                            span,
-                            format!("set_to_none must be true or false, not {}", v.kind()),
-                        )
-                    }
-                };
-                let opt = std::mem::replace(
-                    &mut self.optimizers[i],
-                    Optimizer::new(OptimKind::Sgd, Vec::new(), true),
-                );
-                let r = opt.zero_grad(&mut self.dev, set_to_none);
-                self.optimizers[i] = opt;
-                r.map_err(|e| engine_err(span, e))?;
-                Ok(Value::None)
-            }
-            other => script(
+        match runtime(RUNTIME_METHODS, &format!("opt.{name}")) {
+            Some(rt) => (rt.call)(self, span, &Value::Optimizer(i), a),
+            None => script(
                 span,
-                format!("optimizers have no method '{other}' (step, zero_grad)"),
+                format!("optimizers have no method '{name}' (step, zero_grad)"),
             ),
         }
     }
@@ -384,56 +526,11 @@ impl Runner {
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
         match name {
-            "detach" => Ok(Value::Tensor(self.dev.detach(t))),
-            "backward" => {
-                let retain = Self::bool_kw(span, a, "retain_graph", false)?;
-                if self.current.after_forward.is_none() && self.iteration.is_some() {
-                    self.current.after_forward = Some(self.allocated());
-                }
-                let saved = self.enter_phase("phase:backward");
-                let r = self
-                    .dev
-                    .backward(t, retain)
-                    .map_err(|e| engine_err(span, e));
-                self.dev.alloc.recorder_mut().set_current(saved);
-                r?;
-                if self.iteration.is_some() {
-                    self.current.after_backward = Some(self.allocated());
-                }
-                Ok(Value::None)
-            }
-            "item" => {
-                if self.dev.info(t).layout.numel() != 1 {
-                    return script(
-                        span,
-                        "a Tensor with more than one element cannot be converted to a Python scalar",
-                    );
-                }
-                let v = self.dev.read(t).map_err(|e| engine_err(span, e))?;
-                match v {
-                    Some(v) => {
-                        let x = v[0];
-                        if self.iteration.is_some() {
-                            *self.current.loss.get_or_insert(0.0) += x;
-                        }
-                        Ok(Value::Float(x))
-                    }
-                    None => Ok(Value::Float(0.0)),
-                }
-            }
-            "requires_grad_" => {
-                let on = match a.pos.first() {
-                    Some(Value::Bool(b)) => *b,
-                    None => true,
-                    Some(v) => {
-                        return script(
-                            span,
-                            format!("requires_grad_ expects true or false, not {}", v.kind()),
-                        )
-                    }
-                };
-                self.dev.set_requires_grad(t, on);
-                Ok(Value::Tensor(self.dev.retain(t)))
+            other if runtime(RUNTIME_METHODS, &format!("x.{other}")).is_some() => {
+                let f = runtime(RUNTIME_METHODS, &format!("x.{other}"))
+                    .expect("checked")
+                    .call;
+                f(self, span, &Value::Tensor(t), a)
             }
             other => match script_table::lookup(other, true) {
                 Some(e) => self.call_entry(span, e, Some(t), a),
@@ -581,8 +678,8 @@ pub fn script_reference() -> String {
         }
         rows.push((sig, e.doc));
     }
-    for (sig, doc) in RUNTIME_FUNCTIONS.iter().chain(RUNTIME_METHODS) {
-        rows.push((sig.to_string(), doc));
+    for r in RUNTIME_FUNCTIONS.iter().chain(RUNTIME_METHODS) {
+        rows.push((r.sig.to_string(), r.doc));
     }
     let width = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0).min(60);
     let mut out = String::new();

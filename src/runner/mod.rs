@@ -164,6 +164,8 @@ struct Runner {
     optimizers: Vec<crate::engine::optim::Optimizer>,
     /// The tag stack of the current iteration (or of setup), under which phases go.
     iter_stack: StackId,
+    /// The runtime function being called (the optimizer constructors share one).
+    calling: &'static str,
 }
 
 fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
@@ -244,6 +246,7 @@ pub fn run_on(
         run_peak_reserved: 0,
         optimizers: Vec::new(),
         iter_stack: StackId::ROOT,
+        calling: "",
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
