@@ -25,6 +25,7 @@ pub mod fragmentation;
 pub mod groundtruth;
 pub mod leaks;
 pub mod oom;
+pub mod record;
 pub mod replay;
 pub mod snapshot_file;
 pub mod stacks;

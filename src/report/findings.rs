@@ -10,8 +10,8 @@ use crate::analysis::findings::Findings;
 use crate::analysis::fragmentation::Fragmentation;
 use crate::analysis::leaks::LeakReport;
 use crate::analysis::oom::OomDiagnosis;
+use crate::analysis::record::Tried;
 use crate::analysis::stacks::{display_site, is_python_frame};
-use crate::runner::remedies::Tried;
 use crate::units::format_bytes as b;
 
 fn table(header: Vec<&str>, right_from: usize) -> Table {

@@ -5,8 +5,8 @@ use std::io::Write;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
+use crate::analysis::record::RunOutcome;
 use crate::report::{stats_table, torch_summary};
-use crate::runner::RunOutcome;
 use crate::units::format_bytes;
 
 fn opt(v: Option<u64>) -> String {

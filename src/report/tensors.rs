@@ -3,8 +3,8 @@
 
 use safetensors::tensor::{Dtype, TensorView};
 
+use crate::analysis::record::NamedValues;
 use crate::error::Error;
-use crate::runner::NamedValues;
 
 /// The bytes of a safetensors file holding `tensors` as float32.
 pub fn safetensors(tensors: &[NamedValues]) -> Result<Vec<u8>, Error> {

@@ -10,6 +10,8 @@
 
 use std::path::Path;
 
+pub use crate::analysis::record::{RemedyKind, Tried};
+
 use super::{RunOptions, RunOutcome};
 use crate::error::Error;
 use crate::workload::{self, transform, BlockKind, Overrides, Workload};
@@ -25,36 +27,6 @@ pub struct Remedy {
     pub overrides: Overrides,
     /// Which kind of remedy (for `fit`, which tries each kind once).
     pub kind: RemedyKind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RemedyKind {
-    ExpandableSegments,
-    MaxSplitSize,
-    KeepItem,
-    NoGrad,
-    Bf16Autocast,
-    Checkpointing,
-    Sgd,
-    SmallerBatch,
-}
-
-/// What running a remedy gave.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Tried {
-    pub name: String,
-    pub change: String,
-    pub kind: RemedyKind,
-    pub peak_allocated: u64,
-    pub peak_reserved: u64,
-    pub fits: bool,
-    /// Where the remedy's run ran out of memory, when it did ("iteration 0, line 412").
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oom_at: Option<String>,
-    /// Why the remedy could not run (the changed workload has an error), if so.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
 }
 
 fn with_conf(w: &Workload, base: &Overrides, add: &str) -> Overrides {

@@ -1,0 +1,112 @@
+//! A run's record: plain data any device produces (iterations, marks, the peak by category and
+//! tag, the out-of-memory, the allocator's final state over its address record, the device's
+//! name, captured gradients) and what a remedy's re-run gave. Reports format these without
+//! knowing the runner; a distributed run can be a list of them.
+
+use crate::alloc::{DeviceStats, OutOfMemory, SimAllocator};
+use crate::trace::Category;
+
+/// Memory at the measured points of one iteration (bytes; PyTorch's `memory_allocated()`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct IterationStats {
+    pub iteration: u32,
+    pub start: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_forward: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_backward: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_step: Option<u64>,
+    pub end: u64,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub reserved_end: u64,
+    /// The sum of the `.item()` values taken in the iteration (a preset's loss; with gradient
+    /// accumulation, the micro-batches' losses, each divided by the count, summed). Null on the
+    /// simulated device, which has no values.
+    pub loss: Option<f64>,
+}
+
+/// A `mark("label")` in the script: memory at that point.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mark {
+    pub label: String,
+    /// `None` in setup.
+    pub iteration: Option<u32>,
+    pub line: u32,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// Allocated bytes by category at the run's peak.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeakBreakdown {
+    pub peak_allocated: u64,
+    /// The highest reserved memory of the run (not necessarily at the same moment).
+    pub peak_reserved: u64,
+    pub by_category: Vec<(Category, u64)>,
+    /// The tag stacks holding the most memory at the peak, largest first.
+    pub top_tags: Vec<(String, u64)>,
+}
+
+/// Where and why a run stopped on out-of-memory.
+#[derive(Debug, Clone)]
+pub struct RunOom {
+    pub error: OutOfMemory,
+    pub line: u32,
+    pub column: u32,
+    pub iteration: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub name: String,
+    pub capacity: u64,
+    pub iterations: Vec<IterationStats>,
+    /// (iteration, index in the event trace of its last event) per finished iteration.
+    pub iteration_ends: Vec<(u32, u64)>,
+    pub marks: Vec<Mark>,
+    pub oom: Option<RunOom>,
+    pub peak: PeakBreakdown,
+    pub stats: DeviceStats,
+    /// The allocator's final state (its segment source now the plain address record).
+    pub allocator: SimAllocator,
+    /// The device it ran on (`sim`, `cpu`).
+    pub device: &'static str,
+    /// With [`RunOptions::capture_grads`] on a data device: each named parameter's gradient
+    /// before the first optimizer step, in the order the parameters were made.
+    pub grads: Vec<NamedValues>,
+}
+
+/// A named tensor's values: (name, shape, values).
+pub type NamedValues = (String, Vec<usize>, Vec<f64>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemedyKind {
+    ExpandableSegments,
+    MaxSplitSize,
+    KeepItem,
+    NoGrad,
+    Bf16Autocast,
+    Checkpointing,
+    Sgd,
+    SmallerBatch,
+}
+
+/// What running a remedy gave.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Tried {
+    pub name: String,
+    pub change: String,
+    pub kind: RemedyKind,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub fits: bool,
+    /// Where the remedy's run ran out of memory, when it did ("iteration 0, line 412").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_at: Option<String>,
+    /// Why the remedy could not run (the changed workload has an error), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
