@@ -10,6 +10,7 @@
 //! - [`leaks`]: memory born in one iteration and never freed, growing steadily.
 //! - [`oom`]: what an out-of-memory was: capacity or fragmentation, and what was live.
 //! - [`findings`]: all of the above for one recorded run.
+//! - [`record`]: a run's record as plain data (any device's), and what a remedy's re-run gave.
 //! - [`snapshot_file`]: a gpumem snapshot read back as a trace.
 //! - [`summary`]: what a snapshot says (state, sites, peak, leaks, OOMs).
 //! - [`walk`]: a trace walked (block sizes, allocated after each event), sharded on all cores.
