@@ -19,12 +19,29 @@ pub fn write_text(
     r: &RunOutcome,
     torch_style: bool,
 ) -> std::io::Result<()> {
+    let device = match r.device {
+        "sim" => "the simulated device",
+        "cpu" => "the cpu device (real numbers in host memory)",
+        other => other,
+    };
     writeln!(
         out,
-        "{path}: \"{}\" on the simulated device ({} capacity)",
+        "{path}: \"{}\" on {device} ({} capacity)",
         r.name,
         format_bytes(r.capacity)
     )?;
+    let losses: Vec<String> = r
+        .iterations
+        .iter()
+        .filter_map(|i| i.loss.map(|l| format!("{}: {l:.6}", i.iteration)))
+        .collect();
+    if !losses.is_empty() {
+        writeln!(
+            out,
+            "loss per iteration (the .item() values): {}",
+            losses.join(", ")
+        )?;
+    }
     if !r.iterations.is_empty() {
         let mut t = Table::new();
         t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
