@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use super::linalg::gemm;
-use super::{saved, CpuDevice};
+use super::{saved, CpuDevice, Scratch};
 use crate::backend::{Launch, Pass};
 use crate::engine::op::Role;
 
@@ -19,10 +19,10 @@ struct Dims {
 }
 
 /// Per head: the masked, scaled scores' softmax P [t, s] and the logsumexp of each row.
-fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Vec<f64>, Vec<f64>) {
+fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Scratch, Scratch) {
     let scale = 1.0 / (n.d as f64).sqrt();
     let mut p = gemm(n.t, n.d, n.s, q, false, k, true);
-    let mut lse = vec![0.0; n.t];
+    let mut lse = Scratch::zeros(n.t);
     for i in 0..n.t {
         let row = &mut p[i * n.s..(i + 1) * n.s];
         let mut mx = f64::NEG_INFINITY;
@@ -66,7 +66,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
     };
     match l.pass {
         Pass::Forward => {
-            let per: Vec<(Vec<f64>, Vec<f64>)> = (0..n.heads)
+            let per: Vec<(Scratch, Scratch)> = (0..n.heads)
                 .into_par_iter()
                 .map(|h| {
                     let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, h, n.s, n.d), &n);
@@ -76,11 +76,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                     )
                 })
                 .collect();
-            let out: Vec<f64> = per.iter().flat_map(|(o, _)| o.iter().copied()).collect();
+            let out: Scratch = per.iter().flat_map(|(o, _)| o.iter().copied()).collect();
             d.store(&l.outputs[0], &out)?;
             if let Some(lb) = l.outputs.last().filter(|_| l.outputs.len() > 1) {
                 let width = *lb.layout.shape.last().unwrap_or(&0);
-                let mut all = vec![0.0; lb.layout.numel()];
+                let mut all = Scratch::zeros(lb.layout.numel());
                 for (h, (_, lse)) in per.iter().enumerate() {
                     for i in 0..n.t.min(width) {
                         all[h * width + i] = lse[i];
@@ -94,7 +94,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let o = d.load(saved(l, Role::Output)?)?;
             let g = d.load(&l.inputs[0])?;
             let scale = 1.0 / (n.d as f64).sqrt();
-            let grads: Vec<Vec<f64>> = (0..n.heads)
+            let grads: Vec<Scratch> = (0..n.heads)
                 .into_par_iter()
                 .map(|h| {
                     let (qh, kh, vh) = (
@@ -125,7 +125,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                     }
                 })
                 .collect();
-            let all: Vec<f64> = grads.into_iter().flatten().collect();
+            let all: Scratch = grads.iter().flat_map(|g| g.iter().copied()).collect();
             d.store(&l.outputs[0], &all)
         }
     }

@@ -3,13 +3,13 @@
 //! gradient sums of backward. Forward and backward of each live side by side.
 
 use super::rng::Rng;
-use super::{saved, CpuDevice};
+use super::{saved, CpuDevice, Scratch};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::Layout;
 use crate::engine::op::{Binary, Fill, InPlace, Op, Role, Unary};
 
 /// `b`'s values broadcast to `shape` (row-major).
-pub(super) fn load_as(d: &CpuDevice, b: &Buffer, shape: &[usize]) -> Result<Vec<f64>, String> {
+pub(super) fn load_as(d: &CpuDevice, b: &Buffer, shape: &[usize]) -> Result<Scratch, String> {
     if b.layout.shape == shape {
         return d.load(b);
     }
@@ -23,12 +23,12 @@ pub(super) fn load_as(d: &CpuDevice, b: &Buffer, shape: &[usize]) -> Result<Vec<
 }
 
 /// Sums `full` (of `shape`) over the dimensions along which `target` was broadcast.
-pub(super) fn sum_to(full: &[f64], shape: &[usize], target: &[usize]) -> Vec<f64> {
+pub(super) fn sum_to(full: &[f64], shape: &[usize], target: &[usize]) -> Scratch {
     if shape == target {
-        return full.to_vec();
+        return full.iter().copied().collect();
     }
     let n: usize = target.iter().product();
-    let mut out = vec![0.0; n];
+    let mut out = Scratch::zeros(n);
     let nd = shape.len();
     let lead = nd - target.len();
     // strides of the target, 0 where it was broadcast, over the full shape's dimensions
@@ -148,7 +148,7 @@ fn fill(d: &mut CpuDevice, out: &Buffer, f: Fill, seed: u64) -> Result<(), Strin
     let n = out.layout.numel();
     // random draws in blocks of 2^16 elements, block k from stream (seed, k): the same
     // numbers on any number of threads
-    let random = |normal: bool| -> Vec<f64> {
+    let random = |normal: bool| -> Scratch {
         (0..n.div_ceil(BLOCK))
             .into_par_iter()
             .flat_map_iter(|k| {
@@ -158,11 +158,11 @@ fn fill(d: &mut CpuDevice, out: &Buffer, f: Fill, seed: u64) -> Result<(), Strin
             })
             .collect()
     };
-    let v: Vec<f64> = match f {
+    let v: Scratch = match f {
         Fill::Empty => return Ok(()),
-        Fill::Zeros => vec![0.0; n],
-        Fill::Ones => vec![1.0; n],
-        Fill::Full(x) => vec![x; n],
+        Fill::Zeros => Scratch::zeros(n),
+        Fill::Ones => Scratch::filled(n, 1.0),
+        Fill::Full(x) => Scratch::filled(n, x),
         Fill::Randn => random(true),
         Fill::Rand => random(false),
         Fill::Arange { start, step } => (0..n).map(|i| start + step * i as f64).collect(),
@@ -189,20 +189,20 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         }
         (Op::Unary(u), Pass::Grad { .. }) => {
             let g = d.load(&l.inputs[0])?;
-            let v: Vec<f64> = match u {
+            let v: Scratch = match u {
                 Unary::Neg => g.iter().map(|x| -x).collect(),
                 Unary::Tril => {
                     let mut g = g;
                     tril(&mut g, &oshape);
                     g
                 }
-                Unary::BitwiseNot => vec![0.0; g.len()],
+                Unary::BitwiseNot => Scratch::zeros(g.len()),
                 _ => {
                     let (xs, ys) = match u.saves().first() {
                         Some(crate::engine::op::Save::Input(_)) => {
                             (d.load(saved(l, Role::Input(0))?)?, None)
                         }
-                        _ => (Vec::new(), Some(d.load(saved(l, Role::Output)?)?)),
+                        _ => (Scratch::default(), Some(d.load(saved(l, Role::Output)?)?)),
                     };
                     (0..g.len())
                         .map(|i| {
@@ -218,16 +218,16 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::Binary(b), Pass::Forward) => {
             let x = load_as(d, &l.inputs[0], &oshape)?;
             let y = load_as(d, &l.inputs[1], &oshape)?;
-            let v: Vec<f64> = x.iter().zip(&y).map(|(a, c)| binary(*b, *a, *c)).collect();
+            let v: Scratch = x.iter().zip(&y).map(|(a, c)| binary(*b, *a, *c)).collect();
             d.store(out, &v)
         }
         (Op::Binary(b), Pass::Grad { input }) => {
             let g = d.load(&l.inputs[0])?;
             let gshape = l.inputs[0].layout.shape.clone();
-            let other = |d: &CpuDevice, k: usize| -> Result<Vec<f64>, String> {
+            let other = |d: &CpuDevice, k: usize| -> Result<Scratch, String> {
                 load_as(d, saved(l, Role::Input(k))?, &gshape)
             };
-            let full: Vec<f64> = match (b, input) {
+            let full: Scratch = match (b, input) {
                 (Binary::Add, _) | (Binary::Sub, 0) => g,
                 (Binary::Sub, _) => g.iter().map(|x| -x).collect(),
                 (Binary::Mul, k) => {
@@ -254,7 +254,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             pass,
         ) => {
             let x = d.load(&l.inputs[0])?;
-            let v: Vec<f64> =
+            let v: Scratch =
                 match pass {
                     Pass::Forward => x
                         .iter()
@@ -301,7 +301,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             } else {
                 0.0
             };
-            let v: Vec<f64> = x
+            let v: Scratch = x
                 .iter()
                 .zip(&mask)
                 .map(|(&a, &m)| if m != 0.0 { fillv } else { a })
@@ -315,11 +315,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::Dropout { p, seed }, Pass::Forward) => {
             let x = d.load(&l.inputs[0])?;
             let mut rng = Rng::new(*seed);
-            let keep: Vec<f64> = (0..x.len())
+            let keep: Scratch = (0..x.len())
                 .map(|_| (rng.uniform() >= *p) as u8 as f64)
                 .collect();
             let scale = if *p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            let v: Vec<f64> = x.iter().zip(&keep).map(|(a, k)| a * k * scale).collect();
+            let v: Scratch = x.iter().zip(&keep).map(|(a, k)| a * k * scale).collect();
             d.store(out, &v)?;
             match l.outputs.get(1) {
                 Some(mask) => d.store(mask, &keep),
@@ -330,26 +330,26 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let g = d.load(&l.inputs[0])?;
             let m = d.load(saved(l, Role::Extra(0))?)?;
             let scale = if *p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            let v: Vec<f64> = g.iter().zip(&m).map(|(a, k)| a * k * scale).collect();
+            let v: Scratch = g.iter().zip(&m).map(|(a, k)| a * k * scale).collect();
             d.store(out, &v)
         }
         (Op::InPlace(ip), _) => {
             let x = d.load(out)?;
-            let v: Vec<f64> = match ip {
+            let v: Scratch = match ip {
                 InPlace::Tensor(b) => {
                     let y = load_as(d, &l.inputs[1], &oshape)?;
                     x.iter().zip(&y).map(|(a, c)| binary(*b, *a, *c)).collect()
                 }
                 InPlace::Scalar(b, s) => x.iter().map(|a| binary(*b, *a, *s)).collect(),
                 InPlace::Unary(u) => x.iter().map(|a| unary(*u, *a)).collect(),
-                InPlace::Fill(s) => vec![*s; x.len()],
+                InPlace::Fill(s) => Scratch::filled(x.len(), *s),
             };
             d.store(out, &v)
         }
         (Op::Accumulate, _) => {
             let a = d.load(out)?;
             let b = d.load(&l.inputs[0])?;
-            let v: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            let v: Scratch = a.iter().zip(&b).map(|(x, y)| x + y).collect();
             d.store(out, &v)
         }
         (op, pass) => Err(format!("no CPU kernel for {} ({pass:?})", op.name())),

@@ -20,6 +20,9 @@ mod linalg;
 mod nn;
 mod optim;
 pub mod rng;
+mod scratch;
+
+pub(crate) use scratch::Scratch;
 
 use std::collections::BTreeMap;
 
@@ -56,6 +59,21 @@ impl Mem {
             done += n;
         }
         Ok(())
+    }
+
+    /// The `len` bytes at `addr` when one chunk holds them all (the common case: a tensor
+    /// inside one segment), so kernels decode and encode in place without a staging copy.
+    fn within(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (base, v) = self.chunk(addr).ok()?;
+        let from = (addr - base) as usize;
+        v.get(from..from.checked_add(len)?)
+    }
+
+    fn within_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let base = self.chunk(addr).ok()?.0;
+        let v = self.chunks.get_mut(&base)?;
+        let from = (addr - base) as usize;
+        v.get_mut(from..from.checked_add(len)?)
     }
 
     fn put(&mut self, addr: u64, bytes: &[u8]) -> Result<(), String> {
@@ -101,11 +119,19 @@ fn host_available() -> u64 {
 
 impl CpuDevice {
     pub fn new(src: SimSource) -> Self {
+        let limit = host_available() / 2;
+        // the working copies may keep a quarter of what the tensors may hold
+        scratch::set_budget(
+            std::env::var("GPUMEM_SCRATCH")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(limit / 4),
+        );
         CpuDevice {
             src,
             mem: Mem::default(),
             held: 0,
-            limit: host_available() / 2,
+            limit,
             failed: None,
         }
     }
@@ -213,49 +239,55 @@ fn encode(dtype: DType, v: f64, out: &mut [u8]) {
 }
 
 /// Decodes packed elements (in parallel for large tensors).
-fn decode_all(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+fn decode_all(dtype: DType, bytes: &[u8]) -> Scratch {
     use rayon::prelude::*;
     let es = dtype.size() as usize;
+    let mut out = Scratch::with_capacity(bytes.len() / es);
     match dtype {
         DType::F32 => bytes
             .par_chunks_exact(4)
             .with_min_len(1 << 14)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-            .collect(),
+            .collect_into_vec(&mut out),
         _ => bytes
             .par_chunks_exact(es)
             .with_min_len(1 << 14)
             .map(|b| decode(dtype, b))
-            .collect(),
+            .collect_into_vec(&mut out),
     }
+    out
 }
 
-/// Encodes elements packed (in parallel for large tensors).
-fn encode_all(dtype: DType, vals: &[f64]) -> Vec<u8> {
+/// Encodes elements packed into `out` (in parallel for large tensors).
+fn encode_into(dtype: DType, vals: &[f64], out: &mut [u8]) {
     use rayon::prelude::*;
     let es = dtype.size() as usize;
-    let mut out = vec![0u8; vals.len() * es];
     out.par_chunks_exact_mut(es)
         .with_min_len(1 << 14)
         .zip(vals.par_iter())
         .for_each(|(o, v)| encode(dtype, *v, o));
-    out
 }
 
 impl CpuDevice {
     /// A tensor's elements, row-major, as float64 (exact for every dtype gpumem has but the
     /// largest int64 values).
-    pub(crate) fn load(&self, b: &Buffer) -> Result<Vec<f64>, String> {
+    pub(crate) fn load(&self, b: &Buffer) -> Result<Scratch, String> {
         let es = b.dtype.size() as usize;
         let (first, span) = extent(b.layout);
+        let start = b.addr + (first * es) as u64;
+        if b.layout.is_contiguous() {
+            if let Some(bytes) = self.mem.within(start, span * es) {
+                return Ok(decode_all(b.dtype, bytes));
+            }
+        }
         let mut bytes = vec![0u8; span * es];
         if span > 0 {
-            self.mem.get(b.addr + (first * es) as u64, &mut bytes)?;
+            self.mem.get(start, &mut bytes)?;
         }
         if b.layout.is_contiguous() {
             return Ok(decode_all(b.dtype, &bytes));
         }
-        let mut out = Vec::with_capacity(b.layout.numel());
+        let mut out = Scratch::with_capacity(b.layout.numel());
         for_each_offset(b.layout, |o| {
             let at = (o - first) * es;
             out.push(decode(b.dtype, &bytes[at..at + es]));
@@ -279,7 +311,13 @@ impl CpuDevice {
         }
         let base = b.addr + (first * es) as u64;
         if b.layout.is_contiguous() {
-            return self.mem.put(base, &encode_all(b.dtype, vals));
+            if let Some(out) = self.mem.within_mut(base, span * es) {
+                encode_into(b.dtype, vals, out);
+                return Ok(());
+            }
+            let mut bytes = vec![0u8; span * es];
+            encode_into(b.dtype, vals, &mut bytes);
+            return self.mem.put(base, &bytes);
         }
         let mut bytes = vec![0u8; span * es];
         // keep what the layout does not cover
@@ -333,7 +371,7 @@ impl Device for CpuDevice {
         }
     }
     fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String> {
-        self.load(b).map(Some)
+        self.load(b).map(|v| Some(v.into_vec()))
     }
     fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
         self.store(b, values)

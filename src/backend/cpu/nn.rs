@@ -4,7 +4,7 @@
 //! each side by side.
 
 use super::elementwise::sum_to;
-use super::{for_each_offset, saved, CpuDevice};
+use super::{for_each_offset, saved, CpuDevice, Scratch};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::{wrap_dim, Layout};
 use crate::engine::op::{Norm, Op, Role};
@@ -22,7 +22,7 @@ fn dim_last(b: &Buffer, dim: usize) -> Layout {
     b.layout.permute(&perm).expect("a permutation")
 }
 
-fn load_moved(d: &CpuDevice, b: &Buffer, dim: usize) -> Result<(Vec<f64>, Layout), String> {
+fn load_moved(d: &CpuDevice, b: &Buffer, dim: usize) -> Result<(Scratch, Layout), String> {
     let l = dim_last(b, dim);
     let v = d.load(&Buffer {
         addr: b.addr,
@@ -54,8 +54,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let w = l.inputs.get(1).map(|b| d.load(b)).transpose()?;
             let bias = l.inputs.get(2).map(|b| d.load(b)).transpose()?;
             let rows = x.len() / c;
-            let (mut y, mut mean, mut rstd) =
-                (vec![0.0; x.len()], vec![0.0; rows], vec![0.0; rows]);
+            let (mut y, mut mean, mut rstd) = (
+                Scratch::zeros(x.len()),
+                Scratch::zeros(rows),
+                Scratch::zeros(rows),
+            );
             for r in 0..rows {
                 let row = &x[r * c..(r + 1) * c];
                 let mu = row.iter().sum::<f64>() / c as f64;
@@ -92,9 +95,9 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 0 => {
                     let w = match saved(l, Role::Input(1)) {
                         Ok(b) => d.load(b)?,
-                        Err(_) => vec![1.0; c],
+                        Err(_) => Scratch::filled(c, 1.0),
                     };
-                    let mut gx = vec![0.0; x.len()];
+                    let mut gx = Scratch::zeros(x.len());
                     for r in 0..rows {
                         let (mut s1, mut s2) = (0.0, 0.0);
                         for j in 0..c {
@@ -124,7 +127,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let c = last(&l.inputs[0].layout.shape);
             let w = l.inputs.get(1).map(|b| d.load(b)).transpose()?;
             let rows = x.len() / c;
-            let (mut y, mut rstd) = (vec![0.0; x.len()], vec![0.0; rows]);
+            let (mut y, mut rstd) = (Scratch::zeros(x.len()), Scratch::zeros(rows));
             for r in 0..rows {
                 let row = &x[r * c..(r + 1) * c];
                 let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
@@ -149,9 +152,9 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let v = if input == 0 {
                 let w = match saved(l, Role::Input(1)) {
                     Ok(b) => d.load(b)?,
-                    Err(_) => vec![1.0; c],
+                    Err(_) => Scratch::filled(c, 1.0),
                 };
-                let mut gx = vec![0.0; x.len()];
+                let mut gx = Scratch::zeros(x.len());
                 for r in 0..rows {
                     let rs = rstd[r];
                     let dot: f64 = (0..c).map(|j| g[r * c + j] * w[j] * x[r * c + j]).sum();
@@ -182,7 +185,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let (v, lay) = load_moved(d, src, dim)?;
             let c = lay.shape.last().copied().unwrap_or(1).max(1);
             let rows = v.len() / c;
-            let mut r = vec![0.0; v.len()];
+            let mut r = Scratch::zeros(v.len());
             match pass {
                 Pass::Forward => {
                     for i in 0..rows {
@@ -271,7 +274,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let g = d.load(&l.inputs[0])?;
             let idx = d.load(saved(l, Role::Input(0))?)?;
             let c = oshape[1];
-            let mut v = vec![0.0; oshape[0] * c];
+            let mut v = Scratch::zeros(oshape[0] * c);
             for (k, &i) in idx.iter().enumerate() {
                 let i = i as usize;
                 for j in 0..c {
@@ -308,7 +311,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let t = d.load(saved(l, Role::Input(1))?)?;
             let n = d.load(saved(l, Role::Extra(0))?)?[0];
             let c = oshape[1];
-            let mut v = vec![0.0; oshape[0] * c];
+            let mut v = Scratch::zeros(oshape[0] * c);
             for (i, &ti) in t.iter().enumerate() {
                 if ti as i64 != -100 {
                     v[i * c + ti as usize] = -g / n;
@@ -324,7 +327,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::View { rel, .. }, Pass::Grad { .. }) => {
             // zeros in the input's shape, the gradient added through the view's layout
             let g = d.load(&l.inputs[0])?;
-            let mut v = vec![0.0; oshape.iter().product()];
+            let mut v = Scratch::zeros(oshape.iter().product());
             let mut i = 0;
             for_each_offset(rel, |o| {
                 v[o] += g[i];
@@ -335,7 +338,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::Split { dim, .. }, Pass::Grad { .. }) => {
             // the parts' gradients, in order along `dim`, into the input's shape
             let full = Layout::contiguous(&oshape);
-            let mut v = vec![0.0; oshape.iter().product()];
+            let mut v = Scratch::zeros(oshape.iter().product());
             let mut at = 0i64;
             for part in l.inputs {
                 let n = part.layout.shape[*dim] as i64;
