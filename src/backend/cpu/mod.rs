@@ -121,12 +121,7 @@ impl CpuDevice {
     pub fn new(src: SimSource) -> Self {
         let limit = host_available() / 2;
         // the working copies may keep a quarter of what the tensors may hold
-        scratch::set_budget(
-            std::env::var("GPUMEM_SCRATCH")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(limit / 4),
-        );
+        scratch::set_budget(limit / 4);
         CpuDevice {
             src,
             mem: Mem::default(),
