@@ -2,6 +2,8 @@
 //! tensor with a scalar, masked_fill, casts and copies, dropout, in-place updates, and the
 //! gradient sums of backward. Forward and backward of each live side by side.
 
+use rayon::prelude::*;
+
 use super::rng::Rng;
 use super::{saved, CpuDevice, Scratch};
 use crate::backend::{Buffer, Launch, Pass};
@@ -144,7 +146,6 @@ fn tril(v: &mut [f64], shape: &[usize]) {
 const BLOCK: usize = 1 << 16;
 
 fn fill(d: &mut CpuDevice, out: &Buffer, f: Fill, seed: u64) -> Result<(), String> {
-    use rayon::prelude::*;
     let n = out.layout.numel();
     // random draws in blocks of 2^16 elements, block k from stream (seed, k): the same
     // numbers on any number of threads
@@ -180,17 +181,17 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             match u {
                 Unary::Tril => tril(&mut v, &oshape),
                 Unary::BitwiseNot if l.inputs[0].dtype == crate::engine::DType::Bool => {
-                    v.iter_mut().for_each(|x| *x = (*x == 0.0) as u8 as f64)
+                    v.par_iter_mut().for_each(|x| *x = (*x == 0.0) as u8 as f64)
                 }
-                Unary::BitwiseNot => v.iter_mut().for_each(|x| *x = -*x - 1.0),
-                _ => v.iter_mut().for_each(|x| *x = unary(*u, *x)),
+                Unary::BitwiseNot => v.par_iter_mut().for_each(|x| *x = -*x - 1.0),
+                _ => v.par_iter_mut().for_each(|x| *x = unary(*u, *x)),
             }
             d.store(out, &v)
         }
         (Op::Unary(u), Pass::Grad { .. }) => {
             let g = d.load(&l.inputs[0])?;
             let v: Scratch = match u {
-                Unary::Neg => g.iter().map(|x| -x).collect(),
+                Unary::Neg => g.par_iter().map(|x| -x).collect(),
                 Unary::Tril => {
                     let mut g = g;
                     tril(&mut g, &oshape);
@@ -205,6 +206,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         _ => (Scratch::default(), Some(d.load(saved(l, Role::Output)?)?)),
                     };
                     (0..g.len())
+                        .into_par_iter()
                         .map(|i| {
                             let x = xs.get(i).copied().unwrap_or(0.0);
                             let y = ys.as_ref().map_or(0.0, |y| y[i]);
@@ -218,7 +220,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::Binary(b), Pass::Forward) => {
             let x = load_as(d, &l.inputs[0], &oshape)?;
             let y = load_as(d, &l.inputs[1], &oshape)?;
-            let v: Scratch = x.iter().zip(&y).map(|(a, c)| binary(*b, *a, *c)).collect();
+            let v: Scratch = x
+                .par_iter()
+                .zip(y.par_iter())
+                .map(|(a, c)| binary(*b, *a, *c))
+                .collect();
             d.store(out, &v)
         }
         (Op::Binary(b), Pass::Grad { input }) => {
@@ -229,14 +235,14 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             };
             let full: Scratch = match (b, input) {
                 (Binary::Add, _) | (Binary::Sub, 0) => g,
-                (Binary::Sub, _) => g.iter().map(|x| -x).collect(),
+                (Binary::Sub, _) => g.par_iter().map(|x| -x).collect(),
                 (Binary::Mul, k) => {
                     let o = other(d, 1 - k)?;
-                    g.iter().zip(&o).map(|(a, c)| a * c).collect()
+                    g.par_iter().zip(o.par_iter()).map(|(a, c)| a * c).collect()
                 }
                 (Binary::Div, 0) => {
                     let o = other(d, 1)?;
-                    g.iter().zip(&o).map(|(a, c)| a / c).collect()
+                    g.par_iter().zip(o.par_iter()).map(|(a, c)| a / c).collect()
                 }
                 (Binary::Div, _) => {
                     let (a, c) = (other(d, 0)?, other(d, 1)?);
@@ -268,9 +274,9 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         .collect(),
                     Pass::Grad { .. } => match (op, reversed) {
                         (Binary::Add, _) | (Binary::Sub, false) => x,
-                        (Binary::Sub, true) => x.iter().map(|g| -g).collect(),
-                        (Binary::Mul, _) => x.iter().map(|g| g * value).collect(),
-                        (Binary::Div, false) => x.iter().map(|g| g / value).collect(),
+                        (Binary::Sub, true) => x.par_iter().map(|g| -g).collect(),
+                        (Binary::Mul, _) => x.par_iter().map(|g| g * value).collect(),
+                        (Binary::Div, false) => x.par_iter().map(|g| g / value).collect(),
                         (Binary::Div, true) => return Err(
                             "the gradient of a number divided by a tensor needs the tensor, which \
                              this op does not keep; write (x ** -1) * c as x.reciprocal() is not \
@@ -302,8 +308,8 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 0.0
             };
             let v: Scratch = x
-                .iter()
-                .zip(&mask)
+                .par_iter()
+                .zip(mask.par_iter())
                 .map(|(&a, &m)| if m != 0.0 { fillv } else { a })
                 .collect();
             d.store(out, &sum_to(&v, &shape, &oshape))
@@ -319,7 +325,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .map(|_| (rng.uniform() >= *p) as u8 as f64)
                 .collect();
             let scale = if *p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            let v: Scratch = x.iter().zip(&keep).map(|(a, k)| a * k * scale).collect();
+            let v: Scratch = x
+                .par_iter()
+                .zip(keep.par_iter())
+                .map(|(a, k)| a * k * scale)
+                .collect();
             d.store(out, &v)?;
             match l.outputs.get(1) {
                 Some(mask) => d.store(mask, &keep),
@@ -330,7 +340,11 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let g = d.load(&l.inputs[0])?;
             let m = d.load(saved(l, Role::Extra(0))?)?;
             let scale = if *p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            let v: Scratch = g.iter().zip(&m).map(|(a, k)| a * k * scale).collect();
+            let v: Scratch = g
+                .par_iter()
+                .zip(m.par_iter())
+                .map(|(a, k)| a * k * scale)
+                .collect();
             d.store(out, &v)
         }
         (Op::InPlace(ip), _) => {
@@ -338,10 +352,13 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let v: Scratch = match ip {
                 InPlace::Tensor(b) => {
                     let y = load_as(d, &l.inputs[1], &oshape)?;
-                    x.iter().zip(&y).map(|(a, c)| binary(*b, *a, *c)).collect()
+                    x.par_iter()
+                        .zip(y.par_iter())
+                        .map(|(a, c)| binary(*b, *a, *c))
+                        .collect()
                 }
-                InPlace::Scalar(b, s) => x.iter().map(|a| binary(*b, *a, *s)).collect(),
-                InPlace::Unary(u) => x.iter().map(|a| unary(*u, *a)).collect(),
+                InPlace::Scalar(b, s) => x.par_iter().map(|a| binary(*b, *a, *s)).collect(),
+                InPlace::Unary(u) => x.par_iter().map(|a| unary(*u, *a)).collect(),
                 InPlace::Fill(s) => Scratch::filled(x.len(), *s),
             };
             d.store(out, &v)
@@ -349,7 +366,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::Accumulate, _) => {
             let a = d.load(out)?;
             let b = d.load(&l.inputs[0])?;
-            let v: Scratch = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            let v: Scratch = a.par_iter().zip(b.par_iter()).map(|(x, y)| x + y).collect();
             d.store(out, &v)
         }
         (op, pass) => Err(format!("no CPU kernel for {} ({pass:?})", op.name())),

@@ -190,6 +190,43 @@ pub(crate) fn for_each_offset(l: &Layout, mut f: impl FnMut(usize)) {
     }
 }
 
+/// The elements of a strided layout, row-major, from the bytes it spans (which start at element
+/// `first`): rows of the last dimension in parallel.
+fn gather(l: &Layout, first: usize, dtype: DType, bytes: &[u8]) -> Scratch {
+    use rayon::prelude::*;
+    let n = l.numel();
+    let es = dtype.size() as usize;
+    let mut out = Scratch::zeros(n);
+    if n == 0 {
+        return out;
+    }
+    let nd = l.ndim();
+    if nd == 0 {
+        out[0] = decode(dtype, &bytes[(l.offset - first) * es..][..es]);
+        return out;
+    }
+    let (inner, stride) = (l.shape[nd - 1], l.strides[nd - 1]);
+    if inner == 0 {
+        return out;
+    }
+    out.par_chunks_mut(inner)
+        .with_min_len((1 << 12) / inner.max(1) + 1)
+        .enumerate()
+        .for_each(|(row, o)| {
+            // the row's first element: the row index unravelled over the outer dimensions
+            let (mut rem, mut off) = (row, l.offset);
+            for d in (0..nd - 1).rev() {
+                off += (rem % l.shape[d]) * l.strides[d];
+                rem /= l.shape[d];
+            }
+            for (j, v) in o.iter_mut().enumerate() {
+                let at = (off + j * stride - first) * es;
+                *v = decode(dtype, &bytes[at..at + es]);
+            }
+        });
+    out
+}
+
 /// The bytes a layout touches: (first element, elements spanned).
 fn extent(l: &Layout) -> (usize, usize) {
     if l.numel() == 0 {
@@ -270,24 +307,23 @@ impl CpuDevice {
         let es = b.dtype.size() as usize;
         let (first, span) = extent(b.layout);
         let start = b.addr + (first * es) as u64;
-        if b.layout.is_contiguous() {
-            if let Some(bytes) = self.mem.within(start, span * es) {
-                return Ok(decode_all(b.dtype, bytes));
+        // in place when one chunk holds it all, else staged (a tensor across mapped pages)
+        let staged;
+        let bytes = match self.mem.within(start, span * es) {
+            Some(b) => b,
+            None => {
+                let mut b = vec![0u8; span * es];
+                if span > 0 {
+                    self.mem.get(start, &mut b)?;
+                }
+                staged = b;
+                &staged
             }
-        }
-        let mut bytes = vec![0u8; span * es];
-        if span > 0 {
-            self.mem.get(start, &mut bytes)?;
-        }
+        };
         if b.layout.is_contiguous() {
-            return Ok(decode_all(b.dtype, &bytes));
+            return Ok(decode_all(b.dtype, bytes));
         }
-        let mut out = Scratch::with_capacity(b.layout.numel());
-        for_each_offset(b.layout, |o| {
-            let at = (o - first) * es;
-            out.push(decode(b.dtype, &bytes[at..at + es]));
-        });
-        Ok(out)
+        Ok(gather(b.layout, first, b.dtype, bytes))
     }
 
     /// Writes row-major values through the buffer's layout, rounding to its dtype.

@@ -3,6 +3,8 @@
 //! shape, the scatter of a view's gradient, split's concatenation). Forward and backward of
 //! each side by side.
 
+use rayon::prelude::*;
+
 use super::elementwise::sum_to;
 use super::{for_each_offset, saved, CpuDevice, Scratch};
 use crate::backend::{Buffer, Launch, Pass};
@@ -59,23 +61,26 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 Scratch::zeros(rows),
                 Scratch::zeros(rows),
             );
-            for r in 0..rows {
-                let row = &x[r * c..(r + 1) * c];
-                let mu = row.iter().sum::<f64>() / c as f64;
-                let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / c as f64;
-                let rs = 1.0 / (var + eps).sqrt();
-                (mean[r], rstd[r]) = (mu, rs);
-                for j in 0..c {
-                    let mut v = (row[j] - mu) * rs;
-                    if let Some(w) = &w {
-                        v *= w[j];
+            y.par_chunks_mut(c)
+                .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
+                .enumerate()
+                .for_each(|(r, (yr, (mean, rstd)))| {
+                    let row = &x[r * c..(r + 1) * c];
+                    let mu = row.iter().sum::<f64>() / c as f64;
+                    let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / c as f64;
+                    let rs = 1.0 / (var + eps).sqrt();
+                    (*mean, *rstd) = (mu, rs);
+                    for j in 0..c {
+                        let mut v = (row[j] - mu) * rs;
+                        if let Some(w) = &w {
+                            v *= w[j];
+                        }
+                        if let Some(b) = &bias {
+                            v += b[j];
+                        }
+                        yr[j] = v;
                     }
-                    if let Some(b) = &bias {
-                        v += b[j];
-                    }
-                    y[r * c + j] = v;
-                }
-            }
+                });
             d.store(out, &y)?;
             if let (Some(m), Some(s)) = (l.outputs.get(1), l.outputs.get(2)) {
                 d.store(m, &mean)?;
@@ -98,7 +103,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         Err(_) => Scratch::filled(c, 1.0),
                     };
                     let mut gx = Scratch::zeros(x.len());
-                    for r in 0..rows {
+                    gx.par_chunks_mut(c).enumerate().for_each(|(r, gxr)| {
                         let (mut s1, mut s2) = (0.0, 0.0);
                         for j in 0..c {
                             let gh = g[r * c + j] * w[j];
@@ -107,16 +112,17 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         }
                         for j in 0..c {
                             let gh = g[r * c + j] * w[j];
-                            gx[r * c + j] =
-                                rstd[r] * (gh - s1 / c as f64 - xhat(r, j) * s2 / c as f64);
+                            gxr[j] = rstd[r] * (gh - s1 / c as f64 - xhat(r, j) * s2 / c as f64);
                         }
-                    }
+                    });
                     gx
                 }
                 1 => (0..c)
+                    .into_par_iter()
                     .map(|j| (0..rows).map(|r| g[r * c + j] * xhat(r, j)).sum())
                     .collect(),
                 _ => (0..c)
+                    .into_par_iter()
                     .map(|j| (0..rows).map(|r| g[r * c + j]).sum())
                     .collect(),
             };
@@ -128,15 +134,18 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let w = l.inputs.get(1).map(|b| d.load(b)).transpose()?;
             let rows = x.len() / c;
             let (mut y, mut rstd) = (Scratch::zeros(x.len()), Scratch::zeros(rows));
-            for r in 0..rows {
-                let row = &x[r * c..(r + 1) * c];
-                let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
-                let rs = 1.0 / (ms + eps).sqrt();
-                rstd[r] = rs;
-                for j in 0..c {
-                    y[r * c + j] = row[j] * rs * w.as_ref().map_or(1.0, |w| w[j]);
-                }
-            }
+            y.par_chunks_mut(c)
+                .zip(rstd.par_iter_mut())
+                .enumerate()
+                .for_each(|(r, (yr, rstd))| {
+                    let row = &x[r * c..(r + 1) * c];
+                    let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+                    let rs = 1.0 / (ms + eps).sqrt();
+                    *rstd = rs;
+                    for j in 0..c {
+                        yr[j] = row[j] * rs * w.as_ref().map_or(1.0, |w| w[j]);
+                    }
+                });
             d.store(out, &y)?;
             if let Some(s) = l.outputs.get(1) {
                 d.store(s, &rstd)?;
@@ -155,17 +164,18 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                     Err(_) => Scratch::filled(c, 1.0),
                 };
                 let mut gx = Scratch::zeros(x.len());
-                for r in 0..rows {
+                gx.par_chunks_mut(c).enumerate().for_each(|(r, gxr)| {
                     let rs = rstd[r];
                     let dot: f64 = (0..c).map(|j| g[r * c + j] * w[j] * x[r * c + j]).sum();
                     for j in 0..c {
-                        gx[r * c + j] =
+                        gxr[j] =
                             rs * g[r * c + j] * w[j] - rs * rs * rs * x[r * c + j] * dot / c as f64;
                     }
-                }
+                });
                 gx
             } else {
                 (0..c)
+                    .into_par_iter()
                     .map(|j| {
                         (0..rows)
                             .map(|r| g[r * c + j] * x[r * c + j] * rstd[r])
@@ -184,39 +194,39 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             };
             let (v, lay) = load_moved(d, src, dim)?;
             let c = lay.shape.last().copied().unwrap_or(1).max(1);
-            let rows = v.len() / c;
+
             let mut r = Scratch::zeros(v.len());
             match pass {
                 Pass::Forward => {
-                    for i in 0..rows {
+                    r.par_chunks_mut(c).enumerate().for_each(|(i, ri)| {
                         let row = &v[i * c..(i + 1) * c];
                         let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                         let s: f64 = row.iter().map(|x| (x - mx).exp()).sum();
                         for j in 0..c {
-                            r[i * c + j] = if *log {
+                            ri[j] = if *log {
                                 row[j] - mx - s.ln()
                             } else {
                                 (row[j] - mx).exp() / s
                             };
                         }
-                    }
+                    });
                 }
                 Pass::Grad { .. } => {
                     let (g, _) = load_moved(d, &l.inputs[0], dim)?;
-                    for i in 0..rows {
+                    r.par_chunks_mut(c).enumerate().for_each(|(i, ri)| {
                         let (gr, yr) = (&g[i * c..(i + 1) * c], &v[i * c..(i + 1) * c]);
                         if *log {
                             let s: f64 = gr.iter().sum();
                             for j in 0..c {
-                                r[i * c + j] = gr[j] - yr[j].exp() * s;
+                                ri[j] = gr[j] - yr[j].exp() * s;
                             }
                         } else {
                             let s: f64 = gr.iter().zip(yr).map(|(a, b)| a * b).sum();
                             for j in 0..c {
-                                r[i * c + j] = yr[j] * (gr[j] - s);
+                                ri[j] = yr[j] * (gr[j] - s);
                             }
                         }
-                    }
+                    });
                 }
             }
             store_moved(d, out, dim, &r)

@@ -8,6 +8,8 @@
 //!   `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`; weight decay adds `wd * p`
 //!   to `g`. AdamW instead decays the parameter first: `p *= 1 - lr * wd`.
 
+use rayon::prelude::*;
+
 use super::CpuDevice;
 use crate::backend::Launch;
 use crate::engine::op::{OptimKind, OptimStep};
@@ -19,31 +21,34 @@ pub(super) fn step(d: &mut CpuDevice, l: &Launch, s: &OptimStep) -> Result<(), S
     match s.kind {
         OptimKind::Sgd | OptimKind::SgdMomentum => {
             if h.weight_decay != 0.0 {
-                g.iter_mut()
-                    .zip(&p)
+                g.par_iter_mut()
+                    .zip(p.par_iter())
                     .for_each(|(g, p)| *g += h.weight_decay * p);
             }
             if s.kind == OptimKind::SgdMomentum {
                 let mut buf = d.load(&l.outputs[1])?;
-                for (b, &gi) in buf.iter_mut().zip(&g) {
+                buf.par_iter_mut().zip(g.par_iter()).for_each(|(b, &gi)| {
                     *b = if s.step == 1 {
                         gi
                     } else {
                         h.momentum * *b + gi
                     };
-                }
+                });
                 d.store(&l.outputs[1], &buf)?;
                 g = buf;
             }
-            p.iter_mut().zip(&g).for_each(|(p, g)| *p -= h.lr * g);
+            p.par_iter_mut()
+                .zip(g.par_iter())
+                .for_each(|(p, g)| *p -= h.lr * g);
         }
         OptimKind::Adam | OptimKind::AdamW => {
             let (b1, b2) = h.betas;
             if s.kind == OptimKind::AdamW {
-                p.iter_mut().for_each(|p| *p *= 1.0 - h.lr * h.weight_decay);
+                p.par_iter_mut()
+                    .for_each(|p| *p *= 1.0 - h.lr * h.weight_decay);
             } else if h.weight_decay != 0.0 {
-                g.iter_mut()
-                    .zip(&p)
+                g.par_iter_mut()
+                    .zip(p.par_iter())
                     .for_each(|(g, p)| *g += h.weight_decay * p);
             }
             let mut m = d.load(&l.outputs[1])?;
@@ -51,12 +56,16 @@ pub(super) fn step(d: &mut CpuDevice, l: &Launch, s: &OptimStep) -> Result<(), S
             let t = s.step as i32;
             let bc1 = 1.0 - b1.powi(t);
             let bc2 = 1.0 - b2.powi(t);
-            for i in 0..p.len() {
-                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
-                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
-                let denom = v[i].sqrt() / bc2.sqrt() + h.eps;
-                p[i] -= h.lr / bc1 * m[i] / denom;
-            }
+            p.par_iter_mut()
+                .zip(m.par_iter_mut())
+                .zip(v.par_iter_mut())
+                .zip(g.par_iter())
+                .for_each(|(((p, m), v), &g)| {
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    let denom = v.sqrt() / bc2.sqrt() + h.eps;
+                    *p -= h.lr / bc1 * *m / denom;
+                });
             d.store(&l.outputs[1], &m)?;
             d.store(&l.outputs[2], &v)?;
         }
