@@ -28,8 +28,15 @@ impl Runtime {
     }
 }
 
-fn runtime(table: &'static [Runtime], name: &str) -> Option<&'static Runtime> {
-    table.iter().find(|r| r.name() == name)
+/// The entry called `receiver` + `name` (`receiver` is "", "x." or "opt."), compared in place:
+/// this runs for every call a script makes.
+fn runtime(table: &'static [Runtime], receiver: &str, name: &str) -> Option<&'static Runtime> {
+    table.iter().find(|r| {
+        r.sig
+            .strip_prefix(receiver)
+            .and_then(|s| s.strip_prefix(name))
+            .is_some_and(|rest| rest.starts_with('('))
+    })
 }
 
 const fn rt(
@@ -377,8 +384,8 @@ impl Runner {
 
     fn call_with(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
         match func {
-            other if runtime(RUNTIME_FUNCTIONS, other).is_some() => {
-                let f = runtime(RUNTIME_FUNCTIONS, other).expect("checked").call;
+            other if runtime(RUNTIME_FUNCTIONS, "", other).is_some() => {
+                let f = runtime(RUNTIME_FUNCTIONS, "", other).expect("checked").call;
                 self.calling = match other {
                     "sgd" => "sgd",
                     "adam" => "adam",
@@ -492,7 +499,7 @@ impl Runner {
     }
 
     fn optimizer_method(&mut self, span: Span, i: usize, name: &str, a: &Args) -> Flow<Value> {
-        match runtime(RUNTIME_METHODS, &format!("opt.{name}")) {
+        match runtime(RUNTIME_METHODS, "opt.", name) {
             Some(rt) => (rt.call)(self, span, &Value::Optimizer(i), a),
             None => script(
                 span,
@@ -526,8 +533,8 @@ impl Runner {
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
         match name {
-            other if runtime(RUNTIME_METHODS, &format!("x.{other}")).is_some() => {
-                let f = runtime(RUNTIME_METHODS, &format!("x.{other}"))
+            other if runtime(RUNTIME_METHODS, "x.", other).is_some() => {
+                let f = runtime(RUNTIME_METHODS, "x.", other)
                     .expect("checked")
                     .call;
                 f(self, span, &Value::Tensor(t), a)
