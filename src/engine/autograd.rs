@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use super::dtype::DType;
 use super::layout::Layout;
 pub use super::op::{Back, Save};
-use super::op::{Binary, Fill, Op, Role};
+use super::op::{Binary, Fill, Op, Role, Step};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
@@ -675,22 +675,11 @@ impl<S: Device> Tensors<S> {
             }
             Back::Alloc | Back::Split => {}
         }
-        // a batched product's (or a folded linear's) gradient is reshaped to the rows the
-        // product saw: a copy when its strides do not allow a view
-        let linear = matches!(op, Op::Linear);
-        let batched =
-            matches!(op, Op::Matmul) && meta.len() == 2 && meta.iter().all(|(s, _)| s.len() >= 3);
-        let folded = linear && self.shape(grad_out).len() >= 3;
-        if batched || folded {
+        let gmeta = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
+        let plan = op.grad_plan(meta, &gmeta);
+        if let Some(dims) = &plan.rows {
             let l = self.info(grad_out).layout.clone();
-            let nd = l.ndim();
-            let dims: Vec<i64> = if batched {
-                let prod: usize = l.shape[..nd - 2].iter().product();
-                vec![prod as i64, l.shape[nd - 2] as i64, l.shape[nd - 1] as i64]
-            } else {
-                vec![-1, l.shape[nd - 1] as i64]
-            };
-            if l.reshape(&dims)?.1.is_none() {
+            if l.reshape(dims)?.1.is_none() {
                 // (the reshape is its own node in PyTorch: the gradient it copied goes at once)
                 let c = self.empty(&l.shape, self.dtype(grad_out), Category::Temporary)?;
                 let r = self.launch(&Op::Copy, &[grad_out], &[c]);
@@ -705,10 +694,8 @@ impl<S: Device> Tensors<S> {
                 grad_out = c;
             }
         }
-        // bmm's and mm's derivatives make the second operand's gradient first (a linear
-        // without bias is an mm; with one, addmm makes the input's first)
         let mut order: Vec<usize> = (0..next.len()).collect();
-        if batched || (linear && next.len() == 2) {
+        if plan.reversed {
             order.reverse();
         }
         let r = (|| {
@@ -719,9 +706,7 @@ impl<S: Device> Tensors<S> {
                 }
                 let (shape, dtype) = &meta[slot];
                 let g = self.empty(shape, *dtype, cat_for(self, e))?;
-                // a linear's weight gradient reaches the weight through `t()`: a view whose
-                // base lives as long as it does
-                let g = if linear && slot == 1 {
+                let g = if plan.through_t == Some(slot) {
                     let l = self.info(g).layout.clone();
                     let v = self.view_with(g, l);
                     self.info_mut(v).base = Some(g);
@@ -729,9 +714,7 @@ impl<S: Device> Tensors<S> {
                 } else {
                     g
                 };
-                // attention kernels write q, k and v gradients as [B, T, H, D], handed back
-                // transposed to the inputs' [B, H, T, D]
-                let g = if matches!(op, Op::Sdpa { .. }) && shape.len() == 4 {
+                let g = if plan.bthd && shape.len() == 4 {
                     let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
                     let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;
                     let v = self.view_with(g, l);
@@ -741,86 +724,56 @@ impl<S: Device> Tensors<S> {
                     g
                 };
                 made.push((*e, g));
-                // the autograd thread's first matrix product takes its own cuBLAS workspace,
-                // right after that product's first output (backward's products are plain mm:
-                // no cuBLASLt)
-                if matches!(op, Op::Matmul | Op::Linear) {
+                if plan.cublas {
                     self.ensure_cublas_workspace(false)?;
                 }
                 if self.computes() {
                     let saved = self.saved_roles(n);
                     self.launch_grad(op, slot, &[grad_out], g, &saved)?;
                 }
-                // in a checkpointed region the recomputed input is handed over once: the
-                // weight's gradient is its last use, and it goes before the bias's sum
-                if linear && slot == 1 {
+                if plan.through_t == Some(slot) {
                     if let Some(r) = self.nodes[n.0 as usize].region {
                         self.drop_region_saved(n, r, false);
                     }
                 }
-                // a linear's bias gradient sums the incoming gradient over its rows
-                if linear && slot == 2 {
+                if plan.column_sum == Some(slot) {
                     let rows = self.info(grad_out).layout.numel() / shape[0].max(1);
                     self.column_sum_scratch(rows, shape[0])?;
                 }
             }
-            // softmax's backward computes grad * output into a temporary first
-            if matches!(op, Op::Softmax { log: false, .. }) {
-                let (shape, dtype) = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
-                let tmp = self.empty(&shape, dtype, Category::Temporary)?;
-                self.release(tmp);
-            }
-            // cuDNN's attention backward takes a workspace after its three gradients, freed
-            // before it returns: a float32 accumulator for the query gradient, a float32 word
-            // per query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256 in the H200 traces)
-            if matches!(op, Op::Sdpa { cudnn: true }) {
-                let shape = self.shape(grad_out).to_vec();
-                let elems: usize = shape.iter().product();
-                let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
-                let ws = self.empty(
-                    &[elems * 4 + rows * 4 + 256],
-                    DType::U8,
-                    Category::Workspace,
-                )?;
-                self.release(ws);
-            }
-            // the memory-efficient attention kernel's backward computes, after its three
-            // gradients, delta = (grad_out * out).sum(-1): a product the size of the output and
-            // a [B, H, T] float32 sum, copied; the sum and the product are freed at once. Then
-            // the kernel's float32 workspace, per batch and head: a query-gradient accumulator
-            // of T rows by the head size rounded up to 64, and 4 words per block of 64 queries;
-            // it goes before the kernel returns, after the copy.
-            if matches!(op, Op::Sdpa { cudnn: false }) {
-                let shape = self.shape(grad_out).to_vec();
-                let rows = shape[..shape.len().saturating_sub(1)].to_vec();
-                let prod = self.empty(&shape, DType::F32, Category::Temporary)?;
-                let sum = self.empty(&rows, DType::F32, Category::Temporary);
-                let sum = match sum {
-                    Ok(s) => s,
-                    Err(e) => {
-                        self.release(prod);
-                        return Err(e);
-                    }
-                };
-                let copy = self.empty(&rows, DType::F32, Category::Temporary);
-                self.release(sum);
-                self.release(prod);
-                let copy = copy?;
-                let nd = shape.len();
-                let (bh, t, d) = (
-                    shape[..nd.saturating_sub(2)].iter().product::<usize>(),
-                    shape[nd - 2],
-                    shape[nd - 1],
-                );
-                let per_bh = t * d.div_ceil(64) * 64 + 4 * t.div_ceil(64);
-                let ws = self.empty(&[bh * per_bh], DType::F32, Category::Workspace);
-                self.release(copy);
-                self.release(ws?);
-            }
-            Ok(())
+            self.run_scratch(&plan.scratch)
         })();
         release_copy(self, copied);
         r
+    }
+
+    /// A backward kernel's scratch, step by step; on a refusal, what it holds goes (last
+    /// taken first) and the error is returned.
+    fn run_scratch(&mut self, steps: &[Step]) -> Result<(), EngineError> {
+        let mut held: Vec<Option<TensorId>> = Vec::new();
+        for s in steps {
+            match s {
+                Step::Alloc {
+                    shape,
+                    dtype,
+                    category,
+                } => match self.empty(shape, *dtype, *category) {
+                    Ok(t) => held.push(Some(t)),
+                    Err(e) => {
+                        for t in held.into_iter().rev().flatten() {
+                            self.release(t);
+                        }
+                        return Err(e);
+                    }
+                },
+                Step::Free(k) => {
+                    if let Some(t) = held.get_mut(*k).and_then(Option::take) {
+                        self.release(t);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `x.detach()`: a view of the same storage outside the graph.

@@ -534,9 +534,7 @@ impl Runner {
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
         match name {
             other if runtime(RUNTIME_METHODS, "x.", other).is_some() => {
-                let f = runtime(RUNTIME_METHODS, "x.", other)
-                    .expect("checked")
-                    .call;
+                let f = runtime(RUNTIME_METHODS, "x.", other).expect("checked").call;
                 f(self, span, &Value::Tensor(t), a)
             }
             other => match script_table::lookup(other, true) {

@@ -14,11 +14,13 @@
 //! the optimizer updates ([`optim`]).
 
 pub mod elementwise;
+pub mod grad;
 pub mod norm;
 pub mod optim;
 pub mod script;
 
 pub use elementwise::{Binary, Fill, InPlace, Unary};
+pub use grad::{GradPlan, Step};
 pub use norm::Norm;
 pub use optim::{Hyper, OptimKind, OptimStep};
 
