@@ -9,22 +9,11 @@
 //! for the whole region, as PyTorch's autocast cache does, so each weight is cast once per
 //! forward (under `no_grad` too); the cache is emptied when the outermost region ends.
 
-use std::collections::BTreeMap;
-
 use super::dtype::DType;
 pub use super::op::CastPolicy;
 use super::op::Op;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
-
-/// The autocast state: the region's dtype and the cast cache.
-#[derive(Debug, Clone, Default)]
-pub struct Autocast {
-    pub dtype: Option<DType>,
-    /// Nesting depth of autocast regions.
-    pub depth: u32,
-    cache: BTreeMap<TensorId, TensorId>,
-}
 
 impl<S: Device> Tensors<S> {
     /// Enters an autocast region with `dtype` (bf16 or f16).

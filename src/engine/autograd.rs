@@ -19,25 +19,11 @@
 use std::collections::HashMap;
 
 use super::dtype::DType;
-use super::layout::Layout;
+use super::graph::{Edge, Node, NodeId, Saved};
 pub use super::op::{Back, Save};
 use super::op::{Binary, Fill, Op, Role, Step};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct NodeId(pub u32);
-
-/// Where an input's gradient goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Edge {
-    /// The input needs no gradient.
-    None,
-    /// The input was made by this node, as its output number `.1`.
-    Node(NodeId, u32),
-    /// The input is a leaf requiring grad: accumulate into its `.grad` (handle held).
-    Leaf(TensorId),
-}
 
 /// Nodes whose gradients are all in, newest (highest sequence number) first.
 #[derive(Default)]
@@ -57,47 +43,6 @@ impl Ready {
 struct Leaves {
     pending: HashMap<TensorId, u32>,
     buffers: HashMap<TensorId, TensorId>,
-}
-
-/// A tensor a node keeps for its backward.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Saved {
-    pub t: TensorId,
-    /// The version of its storage when it was saved.
-    pub version: u32,
-    pub role: Role,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Node {
-    pub op: Op,
-    pub saved: Vec<Saved>,
-    pub next: Vec<Edge>,
-    /// Shape and dtype of each input: the shape of its gradient.
-    pub input_meta: Vec<(Vec<usize>, DType)>,
-    /// Creation order (backward runs the newest ready node first).
-    pub seq: u64,
-    refs: u32,
-    pub(crate) live: bool,
-    /// A backward without retain_graph already freed the saved tensors.
-    pub released: bool,
-    /// The node saved tensors when it was made (so it cannot run again once they are freed).
-    pub had_saved: bool,
-    /// What the backward makes of the incoming gradient (see [`Back`]).
-    pub back: Back,
-    /// How many outputs the op made (a split's parts); each has its own gradient slot.
-    pub outputs: u32,
-    /// A split's parts' shapes (for the zeros of parts no gradient reached).
-    pub out_shapes: Vec<Vec<usize>>,
-    /// The activation-checkpoint region the node was made in, if any.
-    pub region: Option<u32>,
-    /// In a checkpoint region: (shape, dtype) of each saved tensor dropped after the forward,
-    /// to be recomputed when backward reaches the node.
-    /// Tensors saved by several nodes (an op's output and the next op's input) share a key, so
-    /// the recompute makes them once.
-    /// Each with its role and the layout it was saved with (a view of the storage, as q, k and
-    /// v are of the qkv product's output).
-    pub deferred: Vec<(u64, Role, Layout)>,
 }
 
 impl<S: Device> Tensors<S> {

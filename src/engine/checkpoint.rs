@@ -8,61 +8,11 @@
 
 use std::collections::HashMap;
 
-use super::autograd::{NodeId, Saved};
 use super::dtype::DType;
+use super::graph::{NodeId, Region, Saved, TapeEvent, TapeRef};
 use super::layout::Layout;
-use super::op::Op;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
-
-/// An activation-checkpoint region: the nodes made inside it.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Region {
-    pub nodes: Vec<NodeId>,
-    pub recomputed: bool,
-    /// The forward's allocations and frees inside the region, in order: what the recompute
-    /// replays.
-    pub tape: Vec<TapeEvent>,
-}
-
-/// One step of a checkpoint region's forward, for its recompute.
-#[derive(Debug, Clone)]
-pub(crate) enum TapeEvent {
-    /// A storage made in the region (by its serial).
-    Alloc {
-        serial: u64,
-        shape: Vec<usize>,
-        dtype: DType,
-        category: Category,
-    },
-    /// A storage made in the region went.
-    Free { serial: u64 },
-    /// A matrix product ran (with a bias: through cuBLASLt).
-    Product { with_bias: bool },
-    /// A kernel ran (data devices only): what the recompute runs again.
-    Launch {
-        op: Op,
-        inputs: Vec<(TapeRef, Layout, DType)>,
-        outputs: Vec<(TapeRef, Layout, DType)>,
-    },
-}
-
-/// A kernel argument on a checkpoint's tape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TapeRef {
-    /// A storage made in the region, by serial (its recomputed twin has another address).
-    Made(u64),
-    /// A storage from outside the region, by address (alive through the recompute: a node of
-    /// the region holds it).
-    Outside(u64),
-}
-
-/// Checkpoint state: the region being recorded, and all regions by id.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Checkpoints {
-    pub current: Option<u32>,
-    pub regions: Vec<Region>,
-}
 
 impl<S: Device> Tensors<S> {
     /// Releases what node `n` saved that was made in region `r` (or recomputed for it),

@@ -8,6 +8,8 @@
 //!   expand, split and chunk as ATen computes them.
 //! - [`op`]: every op, defined once (plain data: attributes, kernels, autocast policy, saves,
 //!   backward); the script language's function table ([`op::script`]).
+//! - [`graph`]: ids, graph nodes and saved tensors, checkpoint tapes, the autocast region: plain
+//!   data, below everything that acts on it (the modules form no import cycle).
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack; kernel launches.
 //! - [`exec`]: running ops forward (allocation order, kernels, the node each records).
@@ -22,6 +24,7 @@ pub mod autograd;
 pub mod checkpoint;
 pub mod dtype;
 pub mod exec;
+pub mod graph;
 pub mod layout;
 pub mod op;
 pub mod optim;

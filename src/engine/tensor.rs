@@ -9,8 +9,9 @@
 //! Every allocation is recorded under the allocator's current tag stack with its memory
 //! [`Category`] pushed as the innermost tag, so reports can split memory by role.
 
-use super::autograd::{Node, NodeId};
 use super::dtype::DType;
+pub use super::graph::TensorId;
+use super::graph::{Autocast, Checkpoints, Node, NodeId, TapeEvent, TapeRef};
 use super::layout::{Layout, LayoutError};
 use super::op::{Op, Role};
 use crate::alloc::{CachingAllocator, OutOfMemory};
@@ -20,10 +21,6 @@ pub use crate::trace::Category;
 
 /// A kernel argument by value: address, layout, dtype.
 pub(crate) type RawBuffer = (u64, Layout, DType);
-
-/// A tensor, by handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TensorId(pub u32);
 
 #[derive(Debug, Clone)]
 struct Storage {
@@ -111,9 +108,9 @@ pub struct Tensors<S: Device> {
     /// The highest allocated memory so far and the split by category at that moment.
     peak: (u64, [u64; 7]),
     /// Autocast region state and cast cache.
-    pub(crate) autocast: super::autocast::Autocast,
+    pub(crate) autocast: Autocast,
     /// Activation-checkpoint regions.
-    pub(crate) checkpoint: super::checkpoint::Checkpoints,
+    pub(crate) checkpoint: Checkpoints,
     /// Storages made so far (each one's serial).
     storage_serials: u64,
     /// Random draws made so far (factories, dropout): each draw's seed, so a data device
@@ -223,7 +220,7 @@ impl<S: Device> Tensors<S> {
         };
         // (a cuBLAS workspace belongs to its thread's handle, not to the region's forward)
         if let (Some(r), false) = (self.checkpoint.current, category == Category::Workspace) {
-            let ev = super::checkpoint::TapeEvent::Alloc {
+            let ev = TapeEvent::Alloc {
                 serial: self.storage_serials,
                 shape: shape.to_vec(),
                 dtype,
@@ -438,9 +435,9 @@ impl<S: Device> Tensors<S> {
             let i = s.info(t);
             let st = &s.storages[i.storage as usize];
             let at = if st.region == Some(r) {
-                super::checkpoint::TapeRef::Made(st.serial)
+                TapeRef::Made(st.serial)
             } else {
-                super::checkpoint::TapeRef::Outside(st.addr)
+                TapeRef::Outside(st.addr)
             };
             (at, i.layout.clone(), i.dtype)
         };
@@ -449,7 +446,7 @@ impl<S: Device> Tensors<S> {
         let _ = pass;
         self.checkpoint.regions[r as usize]
             .tape
-            .push(super::checkpoint::TapeEvent::Launch {
+            .push(TapeEvent::Launch {
                 op: op.clone(),
                 inputs: ins,
                 outputs: outs,
@@ -570,7 +567,7 @@ impl<S: Device> Tensors<S> {
             if let (Some(r), Some(made)) = (self.checkpoint.current, s.region) {
                 if r == made {
                     let serial = s.serial;
-                    let ev = super::checkpoint::TapeEvent::Free { serial };
+                    let ev = TapeEvent::Free { serial };
                     self.checkpoint.regions[r as usize].tape.push(ev);
                 }
             }

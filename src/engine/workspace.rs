@@ -4,6 +4,7 @@
 //! (Note [reduction scratch]).
 
 use super::dtype::DType;
+use super::graph::TapeEvent;
 use super::tensor::{Category, EngineError, Tensors};
 use crate::backend::Device;
 
@@ -38,7 +39,7 @@ impl<S: Device> Tensors<S> {
             return Ok(());
         }
         if let Some(r) = self.checkpoint.current {
-            let ev = super::checkpoint::TapeEvent::Product { with_bias };
+            let ev = TapeEvent::Product { with_bias };
             self.checkpoint.regions[r as usize].tape.push(ev);
         }
         if self.workspace.is_none() {

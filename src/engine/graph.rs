@@ -1,0 +1,131 @@
+//! What the engine records besides storages, as plain data: tensor and node ids, the autograd
+//! graph (nodes, their edges and saved tensors), activation-checkpoint regions with the tapes
+//! their recompute replays, and the autocast region with its cast cache.
+//!
+//! The behaviour lives above: [`super::tensor`] (storages and views), [`super::autograd`]
+//! (backward), [`super::checkpoint`], [`super::autocast`]. This module imports none of them, so
+//! the engine's modules form no cycle.
+
+use std::collections::BTreeMap;
+
+use super::dtype::DType;
+use super::layout::Layout;
+use super::op::{Back, Op, Role};
+use crate::trace::Category;
+
+/// A tensor, by handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeId(pub u32);
+
+/// Where an input's gradient goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Edge {
+    /// The input needs no gradient.
+    None,
+    /// The input was made by this node, as its output number `.1`.
+    Node(NodeId, u32),
+    /// The input is a leaf requiring grad: accumulate into its `.grad` (handle held).
+    Leaf(TensorId),
+}
+
+/// A tensor a node keeps for its backward.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Saved {
+    pub t: TensorId,
+    /// The version of its storage when it was saved.
+    pub version: u32,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub op: Op,
+    pub saved: Vec<Saved>,
+    pub next: Vec<Edge>,
+    /// Shape and dtype of each input: the shape of its gradient.
+    pub input_meta: Vec<(Vec<usize>, DType)>,
+    /// Creation order (backward runs the newest ready node first).
+    pub seq: u64,
+    pub(crate) refs: u32,
+    pub(crate) live: bool,
+    /// A backward without retain_graph already freed the saved tensors.
+    pub released: bool,
+    /// The node saved tensors when it was made (so it cannot run again once they are freed).
+    pub had_saved: bool,
+    /// What the backward makes of the incoming gradient (see [`Back`]).
+    pub back: Back,
+    /// How many outputs the op made (a split's parts); each has its own gradient slot.
+    pub outputs: u32,
+    /// A split's parts' shapes (for the zeros of parts no gradient reached).
+    pub out_shapes: Vec<Vec<usize>>,
+    /// The activation-checkpoint region the node was made in, if any.
+    pub region: Option<u32>,
+    /// In a checkpoint region: (shape, dtype) of each saved tensor dropped after the forward,
+    /// to be recomputed when backward reaches the node.
+    /// Tensors saved by several nodes (an op's output and the next op's input) share a key, so
+    /// the recompute makes them once.
+    /// Each with its role and the layout it was saved with (a view of the storage, as q, k and
+    /// v are of the qkv product's output).
+    pub deferred: Vec<(u64, Role, Layout)>,
+}
+
+/// An activation-checkpoint region: the nodes made inside it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Region {
+    pub nodes: Vec<NodeId>,
+    pub recomputed: bool,
+    /// The forward's allocations and frees inside the region, in order: what the recompute
+    /// replays.
+    pub tape: Vec<TapeEvent>,
+}
+
+/// One step of a checkpoint region's forward, for its recompute.
+#[derive(Debug, Clone)]
+pub(crate) enum TapeEvent {
+    /// A storage made in the region (by its serial).
+    Alloc {
+        serial: u64,
+        shape: Vec<usize>,
+        dtype: DType,
+        category: Category,
+    },
+    /// A storage made in the region went.
+    Free { serial: u64 },
+    /// A matrix product ran (with a bias: through cuBLASLt).
+    Product { with_bias: bool },
+    /// A kernel ran (data devices only): what the recompute runs again.
+    Launch {
+        op: Op,
+        inputs: Vec<(TapeRef, Layout, DType)>,
+        outputs: Vec<(TapeRef, Layout, DType)>,
+    },
+}
+
+/// A kernel argument on a checkpoint's tape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TapeRef {
+    /// A storage made in the region, by serial (its recomputed twin has another address).
+    Made(u64),
+    /// A storage from outside the region, by address (alive through the recompute: a node of
+    /// the region holds it).
+    Outside(u64),
+}
+
+/// Checkpoint state: the region being recorded, and all regions by id.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Checkpoints {
+    pub current: Option<u32>,
+    pub regions: Vec<Region>,
+}
+
+/// The autocast state: the region's dtype and the cast cache.
+#[derive(Debug, Clone, Default)]
+pub struct Autocast {
+    pub dtype: Option<DType>,
+    /// Nesting depth of autocast regions.
+    pub depth: u32,
+    pub(crate) cache: BTreeMap<TensorId, TensorId>,
+}
