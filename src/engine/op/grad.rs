@@ -1,7 +1,8 @@
-//! What a node's backward allocates beyond one fresh gradient per input, per op family: the
-//! products' reshaped rows, order and views (cuBLAS's mm/bmm/addmm derivatives), attention's
-//! gradient layout and its kernels' workspaces, softmax's temporary. The engine's backward
-//! ([`crate::engine::autograd`]) carries out a [`GradPlan`] and knows no op by name.
+//! What a node's backward allocates beyond one fresh gradient per input: a [`GradPlan`], which
+//! each family makes for its ops (the products' reshaped rows, order and views in
+//! [`super::product`], attention's gradient layout and workspaces in [`super::attention`],
+//! softmax's temporary in [`super::softmax`]). The engine's backward
+//! ([`crate::engine::autograd`]) carries a plan out and knows no op by name.
 
 use super::{Meta, Op};
 use crate::engine::dtype::DType;
@@ -47,94 +48,14 @@ pub struct GradPlan {
     pub scratch: Vec<Step>,
 }
 
-fn alloc(shape: Vec<usize>, dtype: DType, category: Category) -> Step {
-    Step::Alloc {
-        shape,
-        dtype,
-        category,
-    }
-}
-
 impl Op {
     /// The plan of its backward, given its inputs' shapes and dtypes and the incoming
     /// gradient's shape and dtype.
     pub fn grad_plan(&self, inputs: &[Meta], grad: &Meta) -> GradPlan {
-        let (gshape, gdtype) = (&grad.0, grad.1);
         match self {
-            Op::Matmul => {
-                let batched = inputs.len() == 2 && inputs.iter().all(|(s, _)| s.len() >= 3);
-                let nd = gshape.len();
-                GradPlan {
-                    rows: batched.then(|| {
-                        let prod: usize = gshape[..nd - 2].iter().product();
-                        vec![prod as i64, gshape[nd - 2] as i64, gshape[nd - 1] as i64]
-                    }),
-                    reversed: batched,
-                    cublas: true,
-                    ..GradPlan::default()
-                }
-            }
-            Op::Linear => GradPlan {
-                // a linear over [..., k] folds its leading dimensions into rows
-                rows: (gshape.len() >= 3).then(|| vec![-1, gshape[gshape.len() - 1] as i64]),
-                reversed: inputs.len() == 2,
-                through_t: Some(1),
-                cublas: true,
-                column_sum: Some(2),
-                ..GradPlan::default()
-            },
-            Op::Softmax { log: false, .. } => GradPlan {
-                // grad * output, into a temporary first
-                scratch: vec![
-                    alloc(gshape.clone(), gdtype, Category::Temporary),
-                    Step::Free(0),
-                ],
-                ..GradPlan::default()
-            },
-            Op::Sdpa { cudnn } => {
-                let elems: usize = gshape.iter().product();
-                let rows = gshape[..gshape.len().saturating_sub(1)].to_vec();
-                let nrows: usize = rows.iter().product();
-                let scratch = if *cudnn {
-                    // cuDNN's workspace: a float32 accumulator for the query gradient, a
-                    // float32 word per query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256 in
-                    // the H200 traces)
-                    vec![
-                        alloc(
-                            vec![elems * 4 + nrows * 4 + 256],
-                            DType::U8,
-                            Category::Workspace,
-                        ),
-                        Step::Free(0),
-                    ]
-                } else {
-                    // the memory-efficient kernel computes delta = (grad_out * out).sum(-1): a
-                    // product the size of the output and a [B, H, T] float32 sum, copied; the
-                    // sum and the product go at once. Then its float32 workspace per batch
-                    // and head: a query-gradient accumulator of T rows by the head size
-                    // rounded up to 64, and 4 words per block of 64 queries; it goes before
-                    // the kernel returns, after the copy.
-                    let nd = gshape.len();
-                    let bh: usize = gshape[..nd.saturating_sub(2)].iter().product();
-                    let (t, d) = (gshape[nd - 2], gshape[nd - 1]);
-                    let per_bh = t * d.div_ceil(64) * 64 + 4 * t.div_ceil(64);
-                    vec![
-                        alloc(gshape.clone(), DType::F32, Category::Temporary),
-                        alloc(rows.clone(), DType::F32, Category::Temporary),
-                        alloc(rows, DType::F32, Category::Temporary),
-                        Step::Free(1),
-                        Step::Free(0),
-                        alloc(vec![bh * per_bh], DType::F32, Category::Workspace),
-                        Step::Free(2),
-                        Step::Free(3),
-                    ]
-                };
-                GradPlan {
-                    bthd: true,
-                    scratch,
-                    ..GradPlan::default()
-                }
-            }
+            Op::Matmul | Op::Linear => super::product::grad_plan(self, inputs, grad),
+            Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
+            Op::Sdpa { cudnn } => super::attention::grad_plan(*cudnn, grad),
             _ => GradPlan::default(),
         }
     }

@@ -8,21 +8,29 @@
 //! allocate, record and free ([`crate::engine::exec`]), backends read it to compute, and the
 //! script language reads [`script`] to know which functions and methods exist.
 //!
-//! Families: [`elementwise`] (unary, binary, scalar, in-place, factories), products (matmul,
-//! linear), norms and the softmax family, losses, embedding, dropout, attention, reductions,
-//! views and copies, the gradient plumbing backward needs (copies, sums, concatenation) and
-//! the optimizer updates ([`optim`]).
+//! Families, each in its module with its script functions: [`elementwise`] (unary, binary,
+//! scalar, in-place, factories), [`product`] (matmul, linear), [`norm`], [`softmax`] (and the
+//! cross-entropy loss), [`attention`], [`nn`] (embedding, dropout, masked_fill), [`view`]
+//! (views, split, contiguous, clone), the optimizer updates ([`optim`]); reductions, casts and
+//! the gradient plumbing backward needs (copies, sums, concatenation) are here. What a
+//! backward allocates beyond its gradients is each family's [`grad::GradPlan`].
 
+pub mod attention;
 pub mod elementwise;
 pub mod grad;
+pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod product;
 pub mod script;
+pub mod softmax;
+pub mod view;
 
 pub use elementwise::{Binary, Fill, InPlace, Unary};
 pub use grad::{GradPlan, Step};
 pub use norm::Norm;
 pub use optim::{Hyper, OptimKind, OptimStep};
+pub use view::ViewKind;
 
 use super::dtype::DType;
 use super::layout::{Dims, Layout, LayoutError};
@@ -166,38 +174,6 @@ pub enum Op {
     OptimStep(OptimStep),
 }
 
-/// The view ops, by PyTorch's names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ViewKind {
-    View,
-    Reshape,
-    Unsqueeze,
-    Squeeze,
-    Flatten,
-    T,
-    Transpose,
-    Permute,
-    Expand,
-    Index,
-}
-
-impl ViewKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ViewKind::View => "view",
-            ViewKind::Reshape => "reshape",
-            ViewKind::Unsqueeze => "unsqueeze",
-            ViewKind::Squeeze => "squeeze",
-            ViewKind::Flatten => "flatten",
-            ViewKind::T => "t",
-            ViewKind::Transpose => "transpose",
-            ViewKind::Permute => "permute",
-            ViewKind::Expand => "expand",
-            ViewKind::Index => "index",
-        }
-    }
-}
-
 /// An input's shape and dtype: what shape functions see.
 pub type Meta = (Vec<usize>, DType);
 
@@ -316,17 +292,7 @@ impl Op {
             Op::Binary(Binary::Add) => Back::Add,
             Op::Clone => Back::Pass,
             Op::Split { .. } => Back::Split,
-            Op::View { kind, .. } => match kind {
-                ViewKind::View
-                | ViewKind::Reshape
-                | ViewKind::Unsqueeze
-                | ViewKind::Squeeze
-                | ViewKind::Flatten => Back::Reshape,
-                ViewKind::T if in_ndim == 2 => Back::Permute(vec![1, 0]),
-                ViewKind::T => Back::Pass,
-                ViewKind::Expand if same_shape => Back::Pass,
-                _ => Back::Alloc,
-            },
+            Op::View { kind, .. } => kind.back(in_ndim, same_shape),
             _ => Back::Alloc,
         }
     }

@@ -200,7 +200,7 @@ impl Entry {
 
 use Param as P;
 
-const X: P = P::Tensor("input");
+pub(super) const X: P = P::Tensor("input");
 const DIM: P = P::OptInt("dim");
 
 fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
@@ -266,7 +266,7 @@ fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-fn tensors(b: &Bound<u32>) -> Vec<u32> {
+pub(super) fn tensors(b: &Bound<u32>) -> Vec<u32> {
     b.args
         .iter()
         .filter_map(|a| match a {
@@ -276,109 +276,17 @@ fn tensors(b: &Bound<u32>) -> Vec<u32> {
         .collect()
 }
 
-fn nn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let inputs = tensors(b);
-    let op = match name {
-        "linear" | "matmul" if inputs.len() < 2 => {
-            return Err(format!("{name} expects two tensors"))
-        }
-        "linear" => Op::Linear,
-        "matmul" => Op::Matmul,
-        "embedding" => Op::Embedding,
-        "scaled_dot_product_attention" => {
-            if inputs.len() != 3 {
-                return Err("scaled_dot_product_attention expects q, k and v".into());
-            }
-            // the kernel is picked by dtype once autocast has run (see exec)
-            Op::Sdpa { cudnn: false }
-        }
-        "masked_fill" => Op::MaskedFill {
-            value: b.float(2).ok_or("masked_fill expects (mask, value)")?,
-        },
-        "cross_entropy" => {
-            return Ok(Made::CrossEntropy {
-                logits: b.tensor(0).ok_or("expects logits")?,
-                target: b.tensor(1).ok_or("expects a target")?,
-            })
-        }
-        "dropout" => {
-            let p = b.float(1).unwrap_or(0.5);
-            if !(0.0..=1.0).contains(&p) {
-                return Err(format!(
-                    "dropout probability has to be between 0 and 1, but got {p}"
-                ));
-            }
-            if !b.flag(2) {
-                // training=false: the input itself
-                return Ok(Made::Same(inputs[0]));
-            }
-            Op::Dropout { p, seed: 0 }
-        }
-        _ => return Err(format!("{name}: unknown")),
-    };
-    Ok(Made::Op { op, inputs })
-}
-
 fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
-    let op = match name {
-        "sum" | "mean" => Op::Reduce {
-            mean: name == "mean",
-            dim: b.int(1),
-            keepdim: b.flag(2),
-        },
-        _ => Op::Softmax {
-            dim: b.int(1).ok_or_else(|| format!("{name} needs dim"))?,
-            log: name == "log_softmax",
-        },
+    let op = Op::Reduce {
+        mean: name == "mean",
+        dim: b.int(1),
+        keepdim: b.flag(2),
     };
     Ok(Made::Op {
         op,
         inputs: vec![x],
     })
-}
-
-fn view(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let x = b.tensor(0).ok_or("expects a tensor")?;
-    let kind = match name {
-        "view" => ViewKind::View,
-        "reshape" => ViewKind::Reshape,
-        "t" => ViewKind::T,
-        "transpose" => ViewKind::Transpose,
-        "permute" => ViewKind::Permute,
-        "expand" => ViewKind::Expand,
-        "unsqueeze" => ViewKind::Unsqueeze,
-        "contiguous" => return Ok(Made::Contiguous(x)),
-        "clone" => {
-            return Ok(Made::Op {
-                op: Op::Clone,
-                inputs: vec![x],
-            })
-        }
-        "split" | "chunk" => {
-            let size = b.int(1).filter(|n| *n > 0);
-            let Some(size) = size else {
-                return Err(format!("{name} expects a positive size"));
-            };
-            return Ok(Made::Split {
-                chunk: name == "chunk",
-                x,
-                size,
-                dim: b.int(2).unwrap_or(0),
-            });
-        }
-        _ => return Err(format!("{name}: unknown")),
-    };
-    let args = if matches!(kind, ViewKind::T) {
-        vec![]
-    } else {
-        b.sizes()?
-    };
-    match (kind, args.len()) {
-        (ViewKind::Transpose, n) if n != 2 => Err("transpose expects two dimensions".into()),
-        (ViewKind::Unsqueeze, n) if n != 1 => Err("unsqueeze expects one dimension".into()),
-        _ => Ok(Made::View { kind, x, args }),
-    }
 }
 
 fn cast(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
@@ -415,11 +323,9 @@ const FULL: &[P] = &[
     P::DType("dtype"),
     P::Bool("requires_grad", false),
 ];
-const UNARY: &[P] = &[X];
+pub(super) const UNARY: &[P] = &[X];
 const TWO: &[P] = &[X, P::Tensor("other")];
 const REDUCE: &[P] = &[X, DIM, P::Bool("keepdim", false)];
-const SOFTMAX: &[P] = &[X, P::Int("dim", None)];
-const SHAPE: &[P] = &[X, P::Sizes("shape")];
 const INPLACE: &[P] = &[X, P::Operand("other")];
 
 macro_rules! entries {
@@ -447,28 +353,8 @@ entries! {
     "sub", Both, TWO, binary_fn, "x - other, broadcast";
     "mul", Both, TWO, binary_fn, "x * other, broadcast";
     "div", Both, TWO, binary_fn, "x / other, broadcast";
-    "matmul", Both, TWO, nn, "x @ other (1-D, 2-D, batched; the first takes the cuBLAS workspaces)";
-    "linear", Function, &[X, P::Tensor("weight"), P::OptTensor("bias")], nn, "F.linear: x @ weight.T + bias";
-    "embedding", Function, &[P::Tensor("indices"), P::Tensor("weight")], nn, "F.embedding (keeps the indices)";
-    "dropout", Function, &[X, P::Float("p", Some(0.5)), P::Bool("training", true)], nn, "F.dropout (keeps a bool mask)";
-    "cross_entropy", Function, &[P::Tensor("logits"), P::Tensor("target")], nn, "F.cross_entropy, mean: log_softmax then nll_loss";
-    "scaled_dot_product_attention", Function, &[P::Tensor("query"), P::Tensor("key"), P::Tensor("value")], nn, "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32";
-    "masked_fill", Method, &[X, P::Tensor("mask"), P::Float("value", None)], nn, "x where mask is false, value where true (use -inf for attention masks)";
     "sum", Both, REDUCE, reduce, "sum, over everything or dim";
     "mean", Both, REDUCE, reduce, "mean, over everything or dim";
-    "softmax", Both, SOFTMAX, reduce, "softmax along dim (saves its result)";
-    "log_softmax", Both, SOFTMAX, reduce, "log_softmax along dim (saves its result)";
-    "view", Method, SHAPE, view, "a view with a new shape (-1 inferred)";
-    "reshape", Method, SHAPE, view, "a view when strides allow, else a copy";
-    "t", Method, UNARY, view, "transpose of a 2-D tensor";
-    "transpose", Method, &[X, P::Sizes("dims")], view, "swap two dimensions";
-    "permute", Method, SHAPE, view, "reorder dimensions";
-    "expand", Method, SHAPE, view, "broadcast to a shape (-1 keeps a size)";
-    "unsqueeze", Method, &[X, P::Sizes("dim")], view, "a new dimension of size 1";
-    "contiguous", Method, UNARY, view, "itself when contiguous, else a copy";
-    "clone", Method, UNARY, view, "a contiguous copy";
-    "split", Method, &[X, P::Int("split_size", None), P::Int("dim", Some(0))], view, "views of pieces of split_size along dim";
-    "chunk", Method, &[X, P::Int("chunks", None), P::Int("dim", Some(0))], view, "views of n pieces along dim";
     "to", Method, &[X, P::DType("dtype")], cast, "a cast to dtype (itself if it has it)";
     "float", Method, UNARY, cast, "cast to float32";
     "half", Method, UNARY, cast, "cast to float16";
@@ -506,12 +392,18 @@ fn unary_entries() -> &'static [Entry] {
     })
 }
 
-/// Every entry: the unary family's, the table above, and the other families' own.
+/// Every entry: the unary family's, the table above (factories, arithmetic, reductions, casts,
+/// in-place ops), and the other families' own.
 pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
     unary_entries()
         .iter()
         .chain(ENTRIES)
+        .chain(super::product::ENTRIES)
+        .chain(super::attention::ENTRIES)
+        .chain(super::softmax::ENTRIES)
         .chain(super::norm::ENTRIES)
+        .chain(super::nn::ENTRIES)
+        .chain(super::view::ENTRIES)
 }
 
 /// The entry a function name (or, with `method`, a method name) reaches.

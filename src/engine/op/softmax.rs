@@ -1,0 +1,67 @@
+//! The softmax family and the loss built on it: `softmax` and `log_softmax` along a dimension
+//! (float32 under autocast; each keeps its result), and `cross_entropy` (mean reduction),
+//! which runs as `log_softmax` then `nll_loss`, the latter keeping its target and a total
+//! weight.
+
+use super::grad::{GradPlan, Step};
+use super::script::{Bound, Entry, Form, Made, Param, X};
+use super::{Meta, Op};
+use crate::trace::Category;
+
+fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    if name == "cross_entropy" {
+        return Ok(Made::CrossEntropy {
+            logits: b.tensor(0).ok_or("expects logits")?,
+            target: b.tensor(1).ok_or("expects a target")?,
+        });
+    }
+    Ok(Made::Op {
+        op: Op::Softmax {
+            dim: b.int(1).ok_or_else(|| format!("{name} needs dim"))?,
+            log: name == "log_softmax",
+        },
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+    })
+}
+
+const SOFTMAX: &[Param] = &[X, Param::Int("dim", None)];
+
+/// The script functions of the family.
+pub(super) static ENTRIES: &[Entry] = &[
+    Entry {
+        name: "softmax",
+        form: Form::Both,
+        params: SOFTMAX,
+        doc: "softmax along dim (saves its result)",
+        make,
+    },
+    Entry {
+        name: "log_softmax",
+        form: Form::Both,
+        params: SOFTMAX,
+        doc: "log_softmax along dim (saves its result)",
+        make,
+    },
+    Entry {
+        name: "cross_entropy",
+        form: Form::Function,
+        params: &[Param::Tensor("logits"), Param::Tensor("target")],
+        doc: "F.cross_entropy, mean: log_softmax then nll_loss",
+        make,
+    },
+];
+
+/// softmax's backward computes grad * output into a temporary first (log_softmax's does not).
+pub(super) fn grad_plan(grad: &Meta) -> GradPlan {
+    GradPlan {
+        scratch: vec![
+            Step::Alloc {
+                shape: grad.0.clone(),
+                dtype: grad.1,
+                category: Category::Temporary,
+            },
+            Step::Free(0),
+        ],
+        ..GradPlan::default()
+    }
+}

@@ -1,0 +1,147 @@
+//! Views and copies: `view`, `reshape`, `t`, `transpose`, `permute`, `expand`, `unsqueeze`
+//! (new layouts over the same storage, allocating nothing; `reshape` copies when the strides do
+//! not allow a view), `split`/`chunk` (views of the parts, whose backward concatenates),
+//! `contiguous` (itself, or a copy) and `clone`.
+
+use super::script::{Bound, Entry, Form, Made, Param, UNARY, X};
+use super::{Back, Op};
+
+/// The view ops, by PyTorch's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewKind {
+    View,
+    Reshape,
+    Unsqueeze,
+    Squeeze,
+    Flatten,
+    T,
+    Transpose,
+    Permute,
+    Expand,
+    Index,
+}
+
+impl ViewKind {
+    /// What its backward makes of the incoming gradient: a reshape back for the reshaping
+    /// views, the gradient permuted back for `t` of a matrix, the gradient itself for `t` of
+    /// a vector and for an `expand` to the same shape, else a fresh gradient scattered (and
+    /// summed) through the view's layout.
+    pub fn back(self, in_ndim: usize, same_shape: bool) -> Back {
+        match self {
+            ViewKind::View
+            | ViewKind::Reshape
+            | ViewKind::Unsqueeze
+            | ViewKind::Squeeze
+            | ViewKind::Flatten => Back::Reshape,
+            ViewKind::T if in_ndim == 2 => Back::Permute(vec![1, 0]),
+            ViewKind::T => Back::Pass,
+            ViewKind::Expand if same_shape => Back::Pass,
+            _ => Back::Alloc,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ViewKind::View => "view",
+            ViewKind::Reshape => "reshape",
+            ViewKind::Unsqueeze => "unsqueeze",
+            ViewKind::Squeeze => "squeeze",
+            ViewKind::Flatten => "flatten",
+            ViewKind::T => "t",
+            ViewKind::Transpose => "transpose",
+            ViewKind::Permute => "permute",
+            ViewKind::Expand => "expand",
+            ViewKind::Index => "index",
+        }
+    }
+}
+
+fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let x = b.tensor(0).ok_or("expects a tensor")?;
+    let kind = match name {
+        "view" => ViewKind::View,
+        "reshape" => ViewKind::Reshape,
+        "t" => ViewKind::T,
+        "transpose" => ViewKind::Transpose,
+        "permute" => ViewKind::Permute,
+        "expand" => ViewKind::Expand,
+        "unsqueeze" => ViewKind::Unsqueeze,
+        "contiguous" => return Ok(Made::Contiguous(x)),
+        "clone" => {
+            return Ok(Made::Op {
+                op: Op::Clone,
+                inputs: vec![x],
+            })
+        }
+        "split" | "chunk" => {
+            let size = b.int(1).filter(|n| *n > 0);
+            let Some(size) = size else {
+                return Err(format!("{name} expects a positive size"));
+            };
+            return Ok(Made::Split {
+                chunk: name == "chunk",
+                x,
+                size,
+                dim: b.int(2).unwrap_or(0),
+            });
+        }
+        _ => return Err(format!("{name}: unknown")),
+    };
+    let args = if matches!(kind, ViewKind::T) {
+        vec![]
+    } else {
+        b.sizes()?
+    };
+    match (kind, args.len()) {
+        (ViewKind::Transpose, n) if n != 2 => Err("transpose expects two dimensions".into()),
+        (ViewKind::Unsqueeze, n) if n != 1 => Err("unsqueeze expects one dimension".into()),
+        _ => Ok(Made::View { kind, x, args }),
+    }
+}
+
+const SHAPE: &[Param] = &[X, Param::Sizes("shape")];
+
+const fn entry(name: &'static str, params: &'static [Param], doc: &'static str) -> Entry {
+    Entry {
+        name,
+        form: Form::Method,
+        params,
+        doc,
+        make,
+    }
+}
+
+/// The script methods of the family.
+pub(super) static ENTRIES: &[Entry] = &[
+    entry("view", SHAPE, "a view with a new shape (-1 inferred)"),
+    entry("reshape", SHAPE, "a view when strides allow, else a copy"),
+    entry("t", UNARY, "transpose of a 2-D tensor"),
+    entry(
+        "transpose",
+        &[X, Param::Sizes("dims")],
+        "swap two dimensions",
+    ),
+    entry("permute", SHAPE, "reorder dimensions"),
+    entry("expand", SHAPE, "broadcast to a shape (-1 keeps a size)"),
+    entry(
+        "unsqueeze",
+        &[X, Param::Sizes("dim")],
+        "a new dimension of size 1",
+    ),
+    entry("contiguous", UNARY, "itself when contiguous, else a copy"),
+    entry("clone", UNARY, "a contiguous copy"),
+    entry(
+        "split",
+        &[
+            X,
+            Param::Int("split_size", None),
+            Param::Int("dim", Some(0)),
+        ],
+        "views of pieces of split_size along dim",
+    ),
+    entry(
+        "chunk",
+        &[X, Param::Int("chunks", None), Param::Int("dim", Some(0))],
+        "views of n pieces along dim",
+    ),
+];
