@@ -438,6 +438,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_name_is_one_entry_and_lookup_finds_each() {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in all_entries() {
+            assert!(seen.insert(e.name), "{} is defined twice", e.name);
+            let method = e.form == Form::Method;
+            assert!(std::ptr::eq(lookup(e.name, method).unwrap(), e));
+        }
+        assert!(lookup("no_such_op", false).is_none());
+    }
+
+    #[test]
     fn every_unary_op_is_callable_and_signatures_print() {
         for u in Unary::ALL {
             assert!(lookup(u.name(), false).is_some(), "{}", u.name());
