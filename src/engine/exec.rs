@@ -10,7 +10,7 @@
 
 use super::dtype::DType;
 use super::layout::{Dims, Layout};
-use super::op::{Binary, Fill, InPlace, Norm, Op, Role, Unary, ViewKind};
+use super::op::{Binary, Fill, InPlace, MetaRef, Norm, Op, Role, Unary, ViewKind};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
@@ -76,12 +76,23 @@ impl<S: Device> Tensors<S> {
 
     /// An op by the one rule (see the module doc).
     pub fn simple(&mut self, op: Op, inputs: &[TensorId]) -> Result<TensorId, EngineError> {
-        let metas: Vec<_> = inputs
-            .iter()
-            .map(|&t| (self.shape(t).to_vec(), self.dtype(t)))
-            .collect();
+        // the inputs' shapes, borrowed (on the stack for up to four inputs)
+        let mut few: [MetaRef; 4] = [(&[], DType::F32); 4];
+        let many: Vec<MetaRef>;
+        let metas: &[MetaRef] = if inputs.len() <= few.len() {
+            for (m, &t) in few.iter_mut().zip(inputs) {
+                *m = (self.shape(t), self.dtype(t));
+            }
+            &few[..inputs.len()]
+        } else {
+            many = inputs
+                .iter()
+                .map(|&t| (self.shape(t), self.dtype(t)))
+                .collect();
+            &many
+        };
         let (out_meta, extras) = op
-            .simple_outputs(&metas)
+            .simple_outputs(metas)
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
         let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
         let need = self.grad_enabled && inputs.iter().any(|&t| self.info(t).requires_grad);

@@ -20,7 +20,15 @@ impl Runner {
     ) -> Flow<Bound<u32>> {
         // the receiver of a method is its first positional argument
         let recv_value = recv.map(Value::Tensor);
-        let pos: Vec<&Value> = recv_value.iter().chain(a.pos.iter()).collect();
+        // positional arguments, the receiver first (no list made: this runs for every call)
+        let npos = recv_value.is_some() as usize + a.pos.len();
+        let pos_at = |i: usize| -> Option<&Value> {
+            match (&recv_value, i) {
+                (Some(r), 0) => Some(r),
+                (Some(_), i) => a.pos.get(i - 1),
+                (None, i) => a.pos.get(i),
+            }
+        };
         let mut next = 0usize;
         let mut bound = Bound {
             args: Vec::with_capacity(e.params.len()),
@@ -44,7 +52,7 @@ impl Runner {
             let given = match p {
                 Param::Sizes(_) | Param::Numbers(_) => None,
                 _ => a.kw(p.name()).or_else(|| {
-                    let v = pos.get(next).copied();
+                    let v = pos_at(next);
                     if v.is_some() {
                         next += 1;
                     }
@@ -126,14 +134,14 @@ impl Runner {
                     )
                 }
                 (Param::Sizes(_) | Param::Numbers(_), _) => {
-                    let rest = &pos[next.min(pos.len())..];
-                    let flat: Vec<&Value> = match rest {
+                    let rest: Vec<&Value> = (next.min(npos)..npos).filter_map(pos_at).collect();
+                    let flat: Vec<&Value> = match rest[..] {
                         [Value::List(items)] if matches!(p, Param::Sizes(_)) => {
                             items.iter().collect()
                         }
-                        _ => rest.to_vec(),
+                        _ => rest,
                     };
-                    next = pos.len();
+                    next = npos;
                     for v in flat {
                         match v {
                             Value::Int(i) => bound.list.push(*i as f64),
@@ -167,14 +175,14 @@ impl Runner {
             };
             bound.args.push(arg);
         }
-        if next < pos.len() {
+        if next < npos {
             return script(
                 span,
                 format!(
                     "{} takes at most {} arguments, got {}: {}",
                     e.name,
                     e.params.len() - recv.is_some() as usize,
-                    pos.len() - recv.is_some() as usize,
+                    npos - recv.is_some() as usize,
                     e.signature()
                 ),
             );

@@ -177,6 +177,10 @@ pub enum Op {
 /// An input's shape and dtype: what shape functions see.
 pub type Meta = (Vec<usize>, DType);
 
+/// An input's shape and dtype, borrowed (the forward's shape functions run on every op: no
+/// copies).
+pub type MetaRef<'a> = (&'a [usize], DType);
+
 /// An op's extra outputs: allocated after its output, kept by its node (or freed at once when
 /// no graph is recorded).
 pub type Extras = Vec<Meta>;
@@ -300,26 +304,26 @@ impl Op {
     /// Output shape and dtype, and the extra outputs, of the ops the engine runs by one rule
     /// (allocate the output, then the extras; run the kernel; record the node; the node keeps
     /// the extras, or they go at once). `None` for the ops with their own allocation order.
-    pub fn simple_outputs(&self, ins: &[Meta]) -> Option<Result<(Meta, Extras), LayoutError>> {
+    pub fn simple_outputs(&self, ins: &[MetaRef]) -> Option<Result<(Meta, Extras), LayoutError>> {
         let first = ins.first()?;
-        let same = || first.clone();
+        let same = || (first.0.to_vec(), first.1);
         let r = match self {
             Op::Unary(_) | Op::Scalar { .. } | Op::Clone => Ok((same(), vec![])),
             Op::Binary(_) => {
                 let b = ins.get(1)?;
-                broadcast(&first.0, &b.0).map(|s| ((s, promote(first.1, b.1)), vec![]))
+                broadcast(first.0, b.0).map(|s| ((s, promote(first.1, b.1)), vec![]))
             }
             Op::MaskedFill { .. } => {
                 let m = ins.get(1)?;
-                broadcast(&first.0, &m.0).map(|s| ((s, first.1), vec![]))
+                broadcast(first.0, m.0).map(|s| ((s, first.1), vec![]))
             }
-            Op::Dropout { .. } => Ok((same(), vec![(first.0.clone(), DType::Bool)])),
-            Op::Norm(n) => n.outputs(first),
+            Op::Dropout { .. } => Ok((same(), vec![(first.0.to_vec(), DType::Bool)])),
+            Op::Norm(n) => n.outputs(*first),
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
             Op::Reduce { dim, keepdim, .. } => {
-                let mut shape = first.0.clone();
+                let mut shape = first.0.to_vec();
                 match dim {
                     None => {
                         shape.clear();
@@ -345,18 +349,18 @@ impl Op {
                         "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int".into(),
                     )));
                 }
-                let mut shape = first.0.clone();
+                let mut shape = first.0.to_vec();
                 shape.push(table.0[1]);
                 Ok(((shape, table.1), vec![]))
             }
             Op::NllLoss => {
                 let t = ins.get(1)?;
-                let s = &first.0;
+                let s = first.0;
                 if s.len() != 2 || t.0 != [s[0]] {
                     return Some(Err(LayoutError(format!(
                         "cross_entropy expects logits [N, C] and target [N], got {} and {}",
                         Dims(s),
-                        Dims(&t.0)
+                        Dims(t.0)
                     ))));
                 }
                 let scalar = (Vec::new(), first.1);

@@ -3,7 +3,7 @@
 //! weight and a float32 rstd per row). Both run in float32 under autocast.
 
 use super::script::{Bound, Entry, Form, Made, Param};
-use super::{CastPolicy, Extras, Meta, Op, Save};
+use super::{CastPolicy, Extras, Meta, MetaRef, Op, Save};
 use crate::engine::dtype::DType;
 use crate::engine::layout::LayoutError;
 
@@ -52,7 +52,7 @@ impl Norm {
 
     /// The output (the input's shape and dtype) and the float32 statistics per row: mean and
     /// rstd for layer_norm, rstd for rms_norm.
-    pub fn outputs(self, x: &Meta) -> Result<(Meta, Extras), LayoutError> {
+    pub fn outputs(self, x: MetaRef) -> Result<(Meta, Extras), LayoutError> {
         if x.0.is_empty() {
             return Err(LayoutError(format!(
                 "{} needs at least one dimension",
@@ -65,7 +65,7 @@ impl Norm {
             Norm::Layer { .. } => 2,
             Norm::Rms { .. } => 1,
         };
-        Ok((x.clone(), vec![stat; n]))
+        Ok(((x.0.to_vec(), x.1), vec![stat; n]))
     }
 }
 
