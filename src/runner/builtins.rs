@@ -28,15 +28,36 @@ impl Runtime {
     }
 }
 
-/// The entry called `receiver` + `name` (`receiver` is "", "x." or "opt."), compared in place:
-/// this runs for every call a script makes.
+/// The entry called `receiver` + `name` (`receiver` is "", "x." or "opt."): one hash lookup,
+/// as this runs for every call a script makes.
 fn runtime(table: &'static [Runtime], receiver: &str, name: &str) -> Option<&'static Runtime> {
-    table.iter().find(|r| {
-        r.sig
-            .strip_prefix(receiver)
-            .and_then(|s| s.strip_prefix(name))
-            .is_some_and(|rest| rest.starts_with('('))
-    })
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    type Index = HashMap<&'static str, Vec<(&'static str, &'static Runtime)>>;
+    static FUNCTIONS: OnceLock<Index> = OnceLock::new();
+    static METHODS: OnceLock<Index> = OnceLock::new();
+    let build = |t: &'static [Runtime]| {
+        let mut m: Index = HashMap::new();
+        for r in t {
+            let full = r.name();
+            let (recv, bare) = match full.split_once('.') {
+                Some((x, b)) => (&full[..x.len() + 1], b),
+                None => ("", full),
+            };
+            m.entry(bare).or_default().push((recv, r));
+        }
+        m
+    };
+    let index = if std::ptr::eq(table, RUNTIME_FUNCTIONS) {
+        FUNCTIONS.get_or_init(|| build(RUNTIME_FUNCTIONS))
+    } else {
+        METHODS.get_or_init(|| build(RUNTIME_METHODS))
+    };
+    index
+        .get(name)?
+        .iter()
+        .find(|(r, _)| *r == receiver)
+        .map(|(_, e)| *e)
 }
 
 const fn rt(
@@ -383,26 +404,23 @@ impl Runner {
     }
 
     fn call_with(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
-        match func {
-            other if runtime(RUNTIME_FUNCTIONS, "", other).is_some() => {
-                let f = runtime(RUNTIME_FUNCTIONS, "", other).expect("checked").call;
-                self.calling = match other {
-                    "sgd" => "sgd",
-                    "adam" => "adam",
-                    _ => "adamw",
-                };
-                f(self, span, &Value::None, a)
-            }
-            other => match script_table::lookup(other, false) {
-                Some(e) => self.call_entry(span, e, None, a),
-                None => script(
-                    span,
-                    format!(
-                        "unknown function '{other}'; known: {}",
-                        function_names().join(", ")
-                    ),
+        if let Some(f) = runtime(RUNTIME_FUNCTIONS, "", func).map(|r| r.call) {
+            self.calling = match func {
+                "sgd" => "sgd",
+                "adam" => "adam",
+                _ => "adamw",
+            };
+            return f(self, span, &Value::None, a);
+        }
+        match script_table::lookup(func, false) {
+            Some(e) => self.call_entry(span, e, None, a),
+            None => script(
+                span,
+                format!(
+                    "unknown function '{func}'; known: {}",
+                    function_names().join(", ")
                 ),
-            },
+            ),
         }
     }
 
@@ -532,21 +550,18 @@ impl Runner {
     }
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
-        match name {
-            other if runtime(RUNTIME_METHODS, "x.", other).is_some() => {
-                let f = runtime(RUNTIME_METHODS, "x.", other).expect("checked").call;
-                f(self, span, &Value::Tensor(t), a)
-            }
-            other => match script_table::lookup(other, true) {
-                Some(e) => self.call_entry(span, e, Some(t), a),
-                None => script(
-                    span,
-                    format!(
-                        "tensors have no method '{other}' in gpumem's engine; known: {}",
-                        method_names().join(", ")
-                    ),
+        if let Some(f) = runtime(RUNTIME_METHODS, "x.", name).map(|r| r.call) {
+            return f(self, span, &Value::Tensor(t), a);
+        }
+        match script_table::lookup(name, true) {
+            Some(e) => self.call_entry(span, e, Some(t), a),
+            None => script(
+                span,
+                format!(
+                    "tensors have no method '{name}' in gpumem's engine; known: {}",
+                    method_names().join(", ")
                 ),
-            },
+            ),
         }
     }
 
