@@ -1,8 +1,11 @@
 //! Elementwise ops: unary functions, binary arithmetic (with broadcasting), a tensor with a
 //! Python scalar, and the in-place forms. Each carries its name, its kernel name and what its
-//! backward keeps (PyTorch's `derivatives.yaml`).
+//! backward keeps (PyTorch's `derivatives.yaml`); and the family's script functions: factories,
+//! arithmetic, the unary functions (generated from [`Unary::ALL`]) and the in-place methods.
 
-use super::Save;
+use super::script::{entries, Arg, Bound, Entry, Form, Made, Param as P, UNARY, X};
+use super::{Op, Save};
+use crate::engine::dtype::DType;
 
 /// Elementwise unary functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,4 +189,136 @@ impl InPlace {
         ];
         NAMES.iter().copied().find(|n| *n == name)
     }
+}
+
+// The family's script functions and methods.
+
+fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let u = Unary::parse(name).ok_or("not a unary op")?;
+    Ok(Made::Op {
+        op: Op::Unary(u),
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+    })
+}
+
+fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let (fill, shape) = match name {
+        "full" => {
+            let v = b.float(1).ok_or("full expects (size, fill_value)")?;
+            (Fill::Full(v), b.dims()?)
+        }
+        "arange" => {
+            let (start, end, step) = match b.list[..] {
+                [e] => (0.0, e, 1.0),
+                [s, e] => (s, e, 1.0),
+                [s, e, st] => (s, e, st),
+                _ => return Err("arange expects (end), (start, end) or (start, end, step)".into()),
+            };
+            if step == 0.0 {
+                return Err("arange step must be nonzero".into());
+            }
+            let n = ((end - start) / step).ceil().max(0.0) as usize;
+            (Fill::Arange { start, step }, vec![n])
+        }
+        "randn" => (Fill::Randn, b.dims()?),
+        "rand" => (Fill::Rand, b.dims()?),
+        "zeros" => (Fill::Zeros, b.dims()?),
+        "ones" => (Fill::Ones, b.dims()?),
+        _ => (Fill::Empty, b.dims()?),
+    };
+    let dtype_at = if name == "full" { 2 } else { 1 };
+    let default = if name == "arange" && b.list_ints {
+        DType::I64
+    } else {
+        DType::F32
+    };
+    Ok(Made::Factory {
+        fill,
+        shape,
+        dtype: b.dtype(dtype_at).unwrap_or(default),
+        requires_grad: b.flag(dtype_at + 1),
+    })
+}
+
+fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let op = match name {
+        "add" => Binary::Add,
+        "sub" => Binary::Sub,
+        "mul" => Binary::Mul,
+        _ => Binary::Div,
+    };
+    Ok(Made::Op {
+        op: Op::Binary(op),
+        inputs: vec![
+            b.tensor(0).ok_or("expects a tensor")?,
+            b.tensor(1).ok_or("expects two tensors")?,
+        ],
+    })
+}
+
+fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let name = InPlace::parse(name).ok_or("not in-place")?;
+    Ok(Made::InPlace {
+        name,
+        x: b.tensor(0).ok_or("expects a tensor")?,
+        operand: b.args.get(1).copied().filter(|a| *a != Arg::None),
+    })
+}
+
+const SIZES: &[P] = &[
+    P::Sizes("size"),
+    P::DType("dtype"),
+    P::Bool("requires_grad", false),
+];
+const FULL: &[P] = &[
+    P::Sizes("size"),
+    P::Float("fill_value", None),
+    P::DType("dtype"),
+    P::Bool("requires_grad", false),
+];
+const TWO: &[P] = &[X, P::Tensor("other")];
+const INPLACE: &[P] = &[X, P::Operand("other")];
+
+entries! {
+    "randn", Function, SIZES, factory, "standard normal";
+    "rand", Function, SIZES, factory, "uniform on [0, 1)";
+    "zeros", Function, SIZES, factory, "zeros";
+    "ones", Function, SIZES, factory, "ones";
+    "empty", Function, SIZES, factory, "uninitialized";
+    "full", Function, FULL, factory, "filled with fill_value";
+    "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
+    "add", Both, TWO, binary_fn, "x + other, broadcast";
+    "sub", Both, TWO, binary_fn, "x - other, broadcast";
+    "mul", Both, TWO, binary_fn, "x * other, broadcast";
+    "div", Both, TWO, binary_fn, "x / other, broadcast";
+    "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number)";
+    "sub_", Method, INPLACE, inplace, "in place: x -= other";
+    "mul_", Method, INPLACE, inplace, "in place: x *= other";
+    "div_", Method, INPLACE, inplace, "in place: x /= other";
+    "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value";
+    "zero_", Method, UNARY, inplace, "in place: zeros";
+    "relu_", Method, UNARY, inplace, "in place: relu";
+    "sin_", Method, UNARY, inplace, "in place: sine";
+    "exp_", Method, UNARY, inplace, "in place: exponential";
+    "neg_", Method, UNARY, inplace, "in place: negation";
+}
+
+/// The unary functions' entries, made from [`Unary::ALL`] (each a function and a method).
+pub(super) fn unary_entries() -> &'static [Entry] {
+    use std::sync::OnceLock;
+    static U: OnceLock<Vec<Entry>> = OnceLock::new();
+    U.get_or_init(|| {
+        let mut names: Vec<&'static str> = Unary::ALL.iter().map(|u| u.name()).collect();
+        names.extend(Unary::ALIASES.iter().map(|(a, _)| *a));
+        names
+            .into_iter()
+            .map(|name| Entry {
+                name,
+                form: Form::Both,
+                params: UNARY,
+                doc: Unary::parse(name).expect("a unary op").doc(),
+                make: unary,
+            })
+            .collect()
+    })
 }

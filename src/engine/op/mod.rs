@@ -11,17 +11,19 @@
 //! Families, each in its module with its script functions: [`elementwise`] (unary, binary,
 //! scalar, in-place, factories), [`product`] (matmul, linear), [`norm`], [`softmax`] (and the
 //! cross-entropy loss), [`attention`], [`nn`] (embedding, dropout, masked_fill), [`view`]
-//! (views, split, contiguous, clone), the optimizer updates ([`optim`]); reductions, casts and
-//! the gradient plumbing backward needs (copies, sums, concatenation) are here. What a
+//! (views, split, contiguous, clone), [`reduce`] (sum, mean), [`cast`], the optimizer updates
+//! ([`optim`]); the gradient plumbing backward needs (copies, sums, concatenation) is here. What a
 //! backward allocates beyond its gradients is each family's [`grad::GradPlan`].
 
 pub mod attention;
+pub mod cast;
 pub mod elementwise;
 pub mod grad;
 pub mod nn;
 pub mod norm;
 pub mod optim;
 pub mod product;
+pub mod reduce;
 pub mod script;
 pub mod softmax;
 pub mod view;
@@ -322,23 +324,7 @@ impl Op {
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
-            Op::Reduce { dim, keepdim, .. } => {
-                let mut shape = first.0.to_vec();
-                match dim {
-                    None => {
-                        shape.clear();
-                        Ok(((shape, first.1), vec![]))
-                    }
-                    Some(d) => super::layout::wrap_dim(*d, shape.len()).map(|d| {
-                        if *keepdim {
-                            shape[d] = 1;
-                        } else {
-                            shape.remove(d);
-                        }
-                        ((shape, first.1), vec![])
-                    }),
-                }
-            }
+            Op::Reduce { dim, keepdim, .. } => reduce::outputs(*first, *dim, *keepdim),
             Op::Embedding => {
                 let table = ins.get(1)?;
                 if table.0.len() != 2 {

@@ -4,7 +4,7 @@
 //! binds a call's arguments to the parameters and hands the result to the engine; nothing else
 //! matches on op names.
 
-use super::{Binary, Fill, Op, Unary, ViewKind};
+use super::{Fill, Op, ViewKind};
 use crate::engine::dtype::DType;
 
 /// How a script reaches an entry.
@@ -129,7 +129,7 @@ impl<T: Copy> Bound<T> {
         }
         Ok(self.list.iter().map(|&v| v as i64).collect())
     }
-    fn dims(&self) -> Result<Vec<usize>, String> {
+    pub(super) fn dims(&self) -> Result<Vec<usize>, String> {
         self.sizes()?
             .into_iter()
             .map(|d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
@@ -201,70 +201,22 @@ impl Entry {
 use Param as P;
 
 pub(super) const X: P = P::Tensor("input");
-const DIM: P = P::OptInt("dim");
+pub(super) const UNARY: &[P] = &[X];
 
-fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let u = Unary::parse(name).ok_or("not a unary op")?;
-    Ok(Made::Op {
-        op: Op::Unary(u),
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
-    })
-}
-
-fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let (fill, shape) = match name {
-        "full" => {
-            let v = b.float(1).ok_or("full expects (size, fill_value)")?;
-            (Fill::Full(v), b.dims()?)
-        }
-        "arange" => {
-            let (start, end, step) = match b.list[..] {
-                [e] => (0.0, e, 1.0),
-                [s, e] => (s, e, 1.0),
-                [s, e, st] => (s, e, st),
-                _ => return Err("arange expects (end), (start, end) or (start, end, step)".into()),
-            };
-            if step == 0.0 {
-                return Err("arange step must be nonzero".into());
-            }
-            let n = ((end - start) / step).ceil().max(0.0) as usize;
-            (Fill::Arange { start, step }, vec![n])
-        }
-        "randn" => (Fill::Randn, b.dims()?),
-        "rand" => (Fill::Rand, b.dims()?),
-        "zeros" => (Fill::Zeros, b.dims()?),
-        "ones" => (Fill::Ones, b.dims()?),
-        _ => (Fill::Empty, b.dims()?),
+/// A family's table of script entries: name, form, parameters, what makes the op, doc.
+macro_rules! entries {
+    ($($name:literal, $form:ident, $params:expr, $make:ident, $doc:literal;)*) => {
+        /// The script functions and methods of the family.
+        pub(super) static ENTRIES: &[Entry] = &[$(Entry {
+            name: $name,
+            form: Form::$form,
+            params: $params,
+            doc: $doc,
+            make: $make,
+        }),*];
     };
-    let dtype_at = if name == "full" { 2 } else { 1 };
-    let default = if name == "arange" && b.list_ints {
-        DType::I64
-    } else {
-        DType::F32
-    };
-    Ok(Made::Factory {
-        fill,
-        shape,
-        dtype: b.dtype(dtype_at).unwrap_or(default),
-        requires_grad: b.flag(dtype_at + 1),
-    })
 }
-
-fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let op = match name {
-        "add" => Binary::Add,
-        "sub" => Binary::Sub,
-        "mul" => Binary::Mul,
-        _ => Binary::Div,
-    };
-    Ok(Made::Op {
-        op: Op::Binary(op),
-        inputs: vec![
-            b.tensor(0).ok_or("expects a tensor")?,
-            b.tensor(1).ok_or("expects two tensors")?,
-        ],
-    })
-}
+pub(super) use entries;
 
 pub(super) fn tensors(b: &Bound<u32>) -> Vec<u32> {
     b.args
@@ -276,128 +228,13 @@ pub(super) fn tensors(b: &Bound<u32>) -> Vec<u32> {
         .collect()
 }
 
-fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let x = b.tensor(0).ok_or("expects a tensor")?;
-    let op = Op::Reduce {
-        mean: name == "mean",
-        dim: b.int(1),
-        keepdim: b.flag(2),
-    };
-    Ok(Made::Op {
-        op,
-        inputs: vec![x],
-    })
-}
-
-fn cast(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let dtype = match name {
-        "float" => Some(DType::F32),
-        "half" => Some(DType::F16),
-        "bfloat16" => Some(DType::BF16),
-        "double" => Some(DType::F64),
-        _ => b.dtype(1),
-    };
-    Ok(Made::To {
-        x: b.tensor(0).ok_or("expects a tensor")?,
-        dtype,
-    })
-}
-
-fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
-    let name = super::InPlace::parse(name).ok_or("not in-place")?;
-    Ok(Made::InPlace {
-        name,
-        x: b.tensor(0).ok_or("expects a tensor")?,
-        operand: b.args.get(1).copied().filter(|a| *a != Arg::None),
-    })
-}
-
-const SIZES: &[P] = &[
-    P::Sizes("size"),
-    P::DType("dtype"),
-    P::Bool("requires_grad", false),
-];
-const FULL: &[P] = &[
-    P::Sizes("size"),
-    P::Float("fill_value", None),
-    P::DType("dtype"),
-    P::Bool("requires_grad", false),
-];
-pub(super) const UNARY: &[P] = &[X];
-const TWO: &[P] = &[X, P::Tensor("other")];
-const REDUCE: &[P] = &[X, DIM, P::Bool("keepdim", false)];
-const INPLACE: &[P] = &[X, P::Operand("other")];
-
-macro_rules! entries {
-    ($($name:literal, $form:ident, $params:expr, $make:ident, $doc:literal;)*) => {
-        /// Every tensor function and method a script can call.
-        pub static ENTRIES: &[Entry] = &[$(Entry {
-            name: $name,
-            form: Form::$form,
-            params: $params,
-            doc: $doc,
-            make: $make,
-        }),*];
-    };
-}
-
-entries! {
-    "randn", Function, SIZES, factory, "standard normal";
-    "rand", Function, SIZES, factory, "uniform on [0, 1)";
-    "zeros", Function, SIZES, factory, "zeros";
-    "ones", Function, SIZES, factory, "ones";
-    "empty", Function, SIZES, factory, "uninitialized";
-    "full", Function, FULL, factory, "filled with fill_value";
-    "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
-    "add", Both, TWO, binary_fn, "x + other, broadcast";
-    "sub", Both, TWO, binary_fn, "x - other, broadcast";
-    "mul", Both, TWO, binary_fn, "x * other, broadcast";
-    "div", Both, TWO, binary_fn, "x / other, broadcast";
-    "sum", Both, REDUCE, reduce, "sum, over everything or dim";
-    "mean", Both, REDUCE, reduce, "mean, over everything or dim";
-    "to", Method, &[X, P::DType("dtype")], cast, "a cast to dtype (itself if it has it)";
-    "float", Method, UNARY, cast, "cast to float32";
-    "half", Method, UNARY, cast, "cast to float16";
-    "bfloat16", Method, UNARY, cast, "cast to bfloat16";
-    "double", Method, UNARY, cast, "cast to float64";
-    "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number)";
-    "sub_", Method, INPLACE, inplace, "in place: x -= other";
-    "mul_", Method, INPLACE, inplace, "in place: x *= other";
-    "div_", Method, INPLACE, inplace, "in place: x /= other";
-    "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value";
-    "zero_", Method, UNARY, inplace, "in place: zeros";
-    "relu_", Method, UNARY, inplace, "in place: relu";
-    "sin_", Method, UNARY, inplace, "in place: sine";
-    "exp_", Method, UNARY, inplace, "in place: exponential";
-    "neg_", Method, UNARY, inplace, "in place: negation";
-}
-
-/// The unary functions' entries, made from [`Unary::ALL`] (each a function and a method).
-fn unary_entries() -> &'static [Entry] {
-    use std::sync::OnceLock;
-    static U: OnceLock<Vec<Entry>> = OnceLock::new();
-    U.get_or_init(|| {
-        let mut names: Vec<&'static str> = Unary::ALL.iter().map(|u| u.name()).collect();
-        names.extend(Unary::ALIASES.iter().map(|(a, _)| *a));
-        names
-            .into_iter()
-            .map(|name| Entry {
-                name,
-                form: Form::Both,
-                params: UNARY,
-                doc: Unary::parse(name).expect("a unary op").doc(),
-                make: unary,
-            })
-            .collect()
-    })
-}
-
-/// Every entry: the unary family's, the table above (factories, arithmetic, reductions, casts,
-/// in-place ops), and the other families' own.
+/// Every entry, family by family.
 pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
-    unary_entries()
+    super::elementwise::unary_entries()
         .iter()
-        .chain(ENTRIES)
+        .chain(super::elementwise::ENTRIES)
+        .chain(super::reduce::ENTRIES)
+        .chain(super::cast::ENTRIES)
         .chain(super::product::ENTRIES)
         .chain(super::attention::ENTRIES)
         .chain(super::softmax::ENTRIES)
@@ -436,6 +273,7 @@ pub fn names(method: bool) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::op::Unary;
 
     #[test]
     fn every_name_is_one_entry_and_lookup_finds_each() {
