@@ -73,7 +73,7 @@ pub struct RunOutcome {
     pub allocator: SimAllocator,
     /// The device it ran on (`sim`, `cpu`).
     pub device: &'static str,
-    /// With [`RunOptions::capture_grads`] on a data device: each named parameter's gradient
+    /// With `Target::capture_grads` (`crate::runner::Target`) on a data device: each named parameter's gradient
     /// before the first optimizer step, in the order the parameters were made.
     pub grads: Vec<NamedValues>,
 }

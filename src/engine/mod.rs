@@ -13,7 +13,7 @@
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack; kernel launches.
 //! - [`exec`]: running ops forward (allocation order, kernels, the node each records).
-//! - [`autograd`]: graph nodes, saved tensors, backward.
+//! - [`autograd`]: recording nodes and backward (each op's [`op::GradPlan`] carried out).
 //! - [`checkpoint`]: activation checkpoints: dropped in the forward, recomputed in backward.
 //! - [`workspace`]: the CUDA libraries' workspaces and scratch, as named notes.
 //! - [`autocast`]: casts and the cast cache of `torch.autocast`.

@@ -4,9 +4,10 @@
 //! model ([`SimSource`]) gave them, so a tensor's bytes live exactly where the allocator put
 //! them: a freed block's bytes are reused by the next tensor placed there, as on a GPU. Every
 //! kernel is plain Rust that reads its inputs through their layouts (strides, offset, dtype)
-//! into float32 (or int64 indices), computes with float64 accumulators where sums are long,
-//! and writes its outputs through theirs, rounding to the output's dtype (bfloat16 and float16
-//! round to nearest even). They are the reference the CUDA kernels are checked against.
+//! into float64 working copies (recycled through [`scratch`]), computes in float64 on rayon's
+//! threads (by rows, elements, heads or product blocks), and writes its outputs through their
+//! layouts, rounding to the output's dtype (bfloat16 and float16 round to nearest even). They
+//! are the reference the CUDA kernels are checked against.
 //!
 //! Kernel families: [`elementwise`] (factories, unary, binary, casts, in-place, dropout),
 //! [`linalg`] (matmul, linear), [`nn`] (norms, softmax, losses, embedding, reductions,
