@@ -31,13 +31,12 @@ impl Runtime {
 /// The entry called `receiver` + `name` (`receiver` is "", "x." or "opt."): one hash lookup,
 /// as this runs for every call a script makes.
 fn runtime(table: &'static [Runtime], receiver: &str, name: &str) -> Option<&'static Runtime> {
-    use std::collections::HashMap;
     use std::sync::OnceLock;
-    type Index = HashMap<&'static str, Vec<(&'static str, &'static Runtime)>>;
+    type Index = script_table::NameMap<Vec<(&'static str, &'static Runtime)>>;
     static FUNCTIONS: OnceLock<Index> = OnceLock::new();
     static METHODS: OnceLock<Index> = OnceLock::new();
     let build = |t: &'static [Runtime]| {
-        let mut m: Index = HashMap::new();
+        let mut m = Index::default();
         for r in t {
             let full = r.name();
             let (recv, bare) = match full.split_once('.') {

@@ -243,11 +243,36 @@ pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
         .chain(super::view::ENTRIES)
 }
 
+/// FNV-1a, for the fixed tables of names looked up on every script call (ours, not a
+/// stranger's: no need for SipHash's resistance, whose cost showed in the simulation).
+#[derive(Debug, Clone, Copy)]
+pub struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map from the names of a fixed table.
+pub type NameMap<V> =
+    std::collections::HashMap<&'static str, V, std::hash::BuildHasherDefault<NameHasher>>;
+
 /// The entry a function name (or, with `method`, a method name) reaches.
 pub fn lookup(name: &str, method: bool) -> Option<&'static Entry> {
-    use std::collections::HashMap;
     use std::sync::OnceLock;
-    static INDEX: OnceLock<HashMap<&'static str, &'static Entry>> = OnceLock::new();
+    static INDEX: OnceLock<NameMap<&'static Entry>> = OnceLock::new();
     let index = INDEX.get_or_init(|| all_entries().map(|e| (e.name, e)).collect());
     let e: &'static Entry = index.get(name)?;
     let ok = match e.form {
