@@ -620,8 +620,7 @@ impl<S: Device> Tensors<S> {
             }
             Back::Alloc | Back::Split => {}
         }
-        let gmeta = (self.shape(grad_out).to_vec(), self.dtype(grad_out));
-        let plan = op.grad_plan(meta, &gmeta);
+        let plan = op.grad_plan(meta, (self.shape(grad_out), self.dtype(grad_out)));
         if let Some(dims) = &plan.rows {
             let l = self.info(grad_out).layout.clone();
             if l.reshape(dims)?.1.is_none() {

@@ -5,7 +5,7 @@
 
 use super::grad::{GradPlan, Step};
 use super::script::{tensors, Bound, Entry, Form, Made, Param};
-use super::{Meta, Op};
+use super::{MetaRef, Op};
 use crate::engine::dtype::DType;
 use crate::trace::Category;
 
@@ -42,8 +42,8 @@ fn alloc(shape: Vec<usize>, dtype: DType, category: Category) -> Step {
 }
 
 /// The backward's gradient layout and workspaces, as the H200 traces show them.
-pub(super) fn grad_plan(cudnn: bool, grad: &Meta) -> GradPlan {
-    let g = &grad.0;
+pub(super) fn grad_plan(cudnn: bool, grad: MetaRef) -> GradPlan {
+    let g = grad.0;
     let elems: usize = g.iter().product();
     let rows = g[..g.len().saturating_sub(1)].to_vec();
     let nrows: usize = rows.iter().product();
@@ -69,7 +69,7 @@ pub(super) fn grad_plan(cudnn: bool, grad: &Meta) -> GradPlan {
         let (t, d) = (g[nd - 2], g[nd - 1]);
         let per_bh = t * d.div_ceil(64) * 64 + 4 * t.div_ceil(64);
         vec![
-            alloc(g.clone(), DType::F32, Category::Temporary),
+            alloc(g.to_vec(), DType::F32, Category::Temporary),
             alloc(rows.clone(), DType::F32, Category::Temporary),
             alloc(rows, DType::F32, Category::Temporary),
             Step::Free(1),

@@ -4,7 +4,7 @@
 //! softmax's temporary in [`super::softmax`]). The engine's backward
 //! ([`crate::engine::autograd`]) carries a plan out and knows no op by name.
 
-use super::{Meta, Op};
+use super::{Meta, MetaRef, Op};
 use crate::engine::dtype::DType;
 use crate::trace::Category;
 
@@ -51,7 +51,7 @@ pub struct GradPlan {
 impl Op {
     /// The plan of its backward, given its inputs' shapes and dtypes and the incoming
     /// gradient's shape and dtype.
-    pub fn grad_plan(&self, inputs: &[Meta], grad: &Meta) -> GradPlan {
+    pub fn grad_plan(&self, inputs: &[Meta], grad: MetaRef) -> GradPlan {
         match self {
             Op::Matmul | Op::Linear => super::product::grad_plan(self, inputs, grad),
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
@@ -78,7 +78,7 @@ mod tests {
                 log: false,
             },
         ] {
-            let plan = op.grad_plan(&ins, &g);
+            let plan = op.grad_plan(&ins, (&g.0, g.1));
             let mut live = Vec::new();
             let mut n = 0;
             for s in &plan.scratch {
@@ -95,7 +95,7 @@ mod tests {
             }
             assert!(live.is_empty(), "{}: {live:?} left", op.name());
         }
-        let lin = Op::Linear.grad_plan(&[g.clone(), (vec![8, 32], DType::F32)], &g);
+        let lin = Op::Linear.grad_plan(&[g.clone(), (vec![8, 32], DType::F32)], (&g.0, g.1));
         assert_eq!(lin.rows, Some(vec![-1, 32]));
         assert!(lin.reversed && lin.cublas);
     }

@@ -5,7 +5,7 @@
 
 use super::grad::GradPlan;
 use super::script::{tensors, Bound, Entry, Form, Made, Param, X};
-use super::{Meta, Op};
+use super::{Meta, MetaRef, Op};
 
 fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let inputs = tensors(b);
@@ -42,8 +42,8 @@ pub(super) static ENTRIES: &[Entry] = &[
 /// matmul's [batch, n, m], a linear's folded [rows, out]), the gradients of bmm and of a
 /// linear made second operand first, a linear's weight gradient through `t()` and its bias
 /// gradient a sum over rows.
-pub(super) fn grad_plan(op: &Op, inputs: &[Meta], grad: &Meta) -> GradPlan {
-    let g = &grad.0;
+pub(super) fn grad_plan(op: &Op, inputs: &[Meta], grad: MetaRef) -> GradPlan {
+    let g = grad.0;
     let nd = g.len();
     match op {
         Op::Linear => GradPlan {

@@ -5,7 +5,7 @@
 
 use super::grad::{GradPlan, Step};
 use super::script::{Bound, Entry, Form, Made, Param, X};
-use super::{Meta, Op};
+use super::{MetaRef, Op};
 use crate::trace::Category;
 
 fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
@@ -52,11 +52,11 @@ pub(super) static ENTRIES: &[Entry] = &[
 ];
 
 /// softmax's backward computes grad * output into a temporary first (log_softmax's does not).
-pub(super) fn grad_plan(grad: &Meta) -> GradPlan {
+pub(super) fn grad_plan(grad: MetaRef) -> GradPlan {
     GradPlan {
         scratch: vec![
             Step::Alloc {
-                shape: grad.0.clone(),
+                shape: grad.0.to_vec(),
                 dtype: grad.1,
                 category: Category::Temporary,
             },
