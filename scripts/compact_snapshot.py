@@ -1,6 +1,7 @@
 """Turns a PyTorch memory snapshot (pickle from torch.cuda.memory._dump_snapshot) into a small
 JSON trace for comparing gpumem's engine with PyTorch op by op: per allocator event its action,
-address, size, the ATen op that caused it and the innermost Python frame.
+address, size, the ATen op that caused it, the innermost Python frame, and the innermost four
+Python frames outside torch.nn's module machinery (where in the modelling code it happened).
 
 Usage: python3 compact_snapshot.py SNAPSHOT.pickle OUT.json   (no torch needed)
 """
@@ -27,12 +28,23 @@ def py_of(frames):
     return ""
 
 
+def py_stack(frames):
+    out = []
+    for f in frames:
+        fn = f["filename"]
+        if fn.endswith(".py") and "torch/nn/modules/module.py" not in fn and "_contextlib" not in fn:
+            out.append(f"{fn.split('/')[-1]}:{f['line']}:{f['name']}")
+            if len(out) == 4:
+                break
+    return out
+
+
 def main():
     snap = pickle.load(open(sys.argv[1], "rb"))
     events = []
     for e in snap["device_traces"][0]:
         fr = e.get("frames", [])
-        events.append([e["action"], e.get("addr", e.get("device_free", 0)), e.get("size", 0), op_of(fr), py_of(fr)])
+        events.append([e["action"], e.get("addr", e.get("device_free", 0)), e.get("size", 0), op_of(fr), py_of(fr), py_stack(fr)])
     live = []
     for s in snap["segments"]:
         for b in s["blocks"]:
