@@ -9,7 +9,7 @@
 //! composite cross_entropy, views, casts and in-place ops.
 
 use super::dtype::DType;
-use super::layout::{Dims, Layout};
+use super::layout::{elementwise_layout, Dims, Layout};
 use super::op::{Binary, Fill, InPlace, MetaRef, Norm, Op, Role, Unary, ViewKind};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
@@ -95,6 +95,14 @@ impl<S: Device> Tensors<S> {
             .simple_outputs(metas)
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
         let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
+        if op.elementwise() && inputs.iter().any(|&t| !self.info(t).layout.is_contiguous()) {
+            // TensorIterator orders the output's dimensions by its inputs' strides
+            let ins: Vec<&Layout> = inputs.iter().map(|&t| &self.info(t).layout).collect();
+            let l = elementwise_layout(&out_meta.0, &ins);
+            if !l.is_contiguous() {
+                self.info_mut(out).layout = l;
+            }
+        }
         let need = self.grad_enabled && inputs.iter().any(|&t| self.info(t).requires_grad);
         // the output, then at most two extras (no heap for the list)
         let mut all = [out; 3];

@@ -401,6 +401,80 @@ impl Layout {
     }
 }
 
+/// The layout of an elementwise op's new output (PyTorch's TensorIterator): with every input
+/// broadcast to `shape`, the dimensions are ordered by the inputs' strides (the first input
+/// that tells two dimensions apart decides; a broadcast dimension tells nothing), and the
+/// output is dense in that order. Inputs laid out alike give the output their layout: a
+/// transposed input gives a transposed output, so a later `reshape` may have to copy.
+pub fn elementwise_layout(shape: &[usize], inputs: &[&Layout]) -> Layout {
+    let n = shape.len();
+    // each input's strides on the output's dimensions (0 where broadcast or missing)
+    let strides: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|l| {
+            (0..n)
+                .map(|d| {
+                    let k = d as isize - (n as isize - l.ndim() as isize);
+                    if k < 0 {
+                        return 0;
+                    }
+                    let k = k as usize;
+                    if l.shape[k] == 1 && shape[d] != 1 {
+                        0
+                    } else {
+                        l.strides[k]
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    // 1: d0 goes after (is slower than) d1; -1: before; 0: no input tells
+    let should_swap = |d0: usize, d1: usize| -> i32 {
+        for st in &strides {
+            let (a, b) = (st[d0], st[d1]);
+            if a == 0 || b == 0 {
+                continue;
+            }
+            if a < b {
+                return -1;
+            }
+            if a > b {
+                return 1;
+            }
+            if shape[d0] > shape[d1] {
+                return 1;
+            }
+        }
+        0
+    };
+    // fastest first, starting from the last logical dimension; insertion sort
+    let mut perm: Vec<usize> = (0..n).rev().collect();
+    for i in 1..n {
+        let mut d1 = i;
+        for d0 in (0..i).rev() {
+            match should_swap(perm[d0], perm[d1]) {
+                c if c > 0 => {
+                    perm.swap(d0, d1);
+                    d1 = d0;
+                }
+                c if c < 0 => break,
+                _ => {}
+            }
+        }
+    }
+    let mut out = vec![0; n];
+    let mut acc = 1usize;
+    for &d in &perm {
+        out[d] = acc;
+        acc = acc.saturating_mul(shape[d].max(1));
+    }
+    Layout {
+        shape: shape.to_vec(),
+        strides: out,
+        offset: 0,
+    }
+}
+
 /// ATen's `computeStride`: strides for `new_shape` over the same elements as
 /// (`old_shape`, `old_strides`) without copying, or `None` when a view is impossible.
 pub fn compute_stride(
@@ -463,6 +537,34 @@ mod tests {
 
     fn c(shape: &[usize]) -> Layout {
         Layout::contiguous(shape)
+    }
+
+    /// TensorIterator's output order, on what Llama's rotary embedding does: `q * cos` with q
+    /// a [B, H, T, D] transpose of a [B, T, H, D] projection keeps q's order; a sum of that and
+    /// a contiguous tensor takes the first operand's; a broadcast input decides nothing.
+    #[test]
+    fn elementwise_outputs_follow_the_first_input_that_decides() {
+        let q = c(&[2, 4, 8, 3]).transpose(1, 2).unwrap(); // [2, 8, 4, 3] over [2, 4, 8, 3]
+        let cos = c(&[1, 1, 4, 3]);
+        let qc = elementwise_layout(&q.shape, &[&q, &cos]);
+        assert_eq!(qc.strides, q.strides);
+        let rh = c(&[2, 8, 4, 3]);
+        assert_eq!(
+            elementwise_layout(&rh.shape, &[&qc, &rh]).strides,
+            q.strides
+        );
+        assert_eq!(
+            elementwise_layout(&rh.shape, &[&rh, &qc]).strides,
+            rh.strides
+        );
+        // a broadcast first input leaves it to the second
+        let w = c(&[3]);
+        assert_eq!(elementwise_layout(&q.shape, &[&w, &q]).strides, q.strides);
+        // all contiguous: contiguous
+        assert!(elementwise_layout(&rh.shape, &[&rh, &cos]).is_contiguous());
+        // a transposed matrix alone stays transposed (empty_like keeps its strides)
+        let t = c(&[5, 7]).t().unwrap();
+        assert_eq!(elementwise_layout(&t.shape, &[&t]).strides, vec![1, 7]);
     }
 
     #[test]

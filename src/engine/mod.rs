@@ -16,6 +16,7 @@
 //! - [`autograd`]: recording nodes and backward (each op's [`op::GradPlan`] carried out).
 //! - [`checkpoint`]: activation checkpoints: dropped in the forward, recomputed in backward.
 //! - [`workspace`]: the CUDA libraries' workspaces and scratch, as named notes.
+//! - [`reduction`]: the reduction kernel's staging buffer and semaphores, by its launch rule.
 //! - [`autocast`]: casts and the cast cache of `torch.autocast`.
 //! - [`optim`]: SGD, momentum, Adam and AdamW: state, temporaries, updates.
 
@@ -28,6 +29,7 @@ pub mod graph;
 pub mod layout;
 pub mod op;
 pub mod optim;
+pub mod reduction;
 pub mod tensor;
 pub mod workspace;
 

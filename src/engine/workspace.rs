@@ -55,67 +55,31 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
-    // Note [reduction scratch]
     /// The scratch PyTorch's reduction kernel takes to sum a contiguous `[rows, cols]` over its
-    /// rows when the sum is split across thread blocks (float accumulators: per output, block
-    /// and lane of a block row; an int semaphore per block column), allocated and freed within the kernel.
-    /// The split follows the kernel's launch configuration on an H200 (132 SMs, 2,048 threads
-    /// each): outputs vectorized by 4 into 32-wide, 4-high blocks; each thread sums at least
-    /// 256 rows before the rows are spread over blocks, to fill the device, at least 16 rows
-    /// a thread.
+    /// rows (a bias gradient), allocated and freed within the kernel
+    /// ([`super::reduction`]).
     pub(crate) fn column_sum_scratch(
         &mut self,
         rows: usize,
         cols: usize,
     ) -> Result<(), EngineError> {
-        const SMS: usize = 132;
-        const THREADS_PER_SM: usize = 2048;
-        let vec = match cols {
-            c if c % 4 == 0 => 4,
-            c if c % 2 == 0 => 2,
-            _ => 1,
-        };
-        let max_threads = 512 / vec;
-        let pow2_below = |n: usize| {
-            if n == 0 {
-                1
-            } else {
-                1usize << (usize::BITS - 1 - n.leading_zeros())
-            }
-        };
-        let dim0 = cols.div_ceil(vec);
-        let dim0_pow2 = if dim0 < max_threads {
-            pow2_below(dim0)
-        } else {
-            max_threads
-        };
-        let dim1_pow2 = if rows < max_threads {
-            pow2_below(rows)
-        } else {
-            max_threads
-        };
-        let width = dim0_pow2.min(32);
-        let height = dim1_pow2.min(max_threads / width);
-        let width = dim0_pow2.min(max_threads / height);
-        let grid = dim0.div_ceil(width);
-        let per_thread = rows.div_ceil(height);
-        let target = SMS * (THREADS_PER_SM / (width * height));
-        if per_thread < 256 || grid > target {
+        self.reduce_scratch(&[rows, cols], &[0], DType::F32)
+    }
+
+    /// The reduction kernel's staging buffer and semaphores for a contiguous tensor of
+    /// `shape` summed over `dims` (nothing when the kernel reduces within its blocks).
+    pub(crate) fn reduce_scratch(
+        &mut self,
+        shape: &[usize],
+        dims: &[usize],
+        dtype: DType,
+    ) -> Result<(), EngineError> {
+        let Some((buffer, sem)) = super::reduction::sum_scratch(shape, dims, dtype.size() as usize)
+        else {
             return Ok(());
-        }
-        let ctas = target
-            .div_ceil(grid)
-            .min(per_thread.div_ceil(16))
-            .max(per_thread.div_ceil(256));
-        if ctas <= 1 {
-            return Ok(());
-        }
-        let buf = self.empty(
-            &[cols * ctas * width * vec],
-            DType::F32,
-            Category::Temporary,
-        )?;
-        let sem = match self.empty(&[grid], DType::I32, Category::Temporary) {
+        };
+        let buf = self.empty(&[buffer as usize], DType::U8, Category::Temporary)?;
+        let sem = match self.empty(&[sem as usize], DType::U8, Category::Temporary) {
             Ok(t) => t,
             Err(e) => {
                 self.release(buf);

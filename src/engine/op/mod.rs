@@ -303,6 +303,15 @@ impl Op {
         }
     }
 
+    /// An elementwise op: its output is laid out like its inputs (TensorIterator's order,
+    /// [`crate::engine::layout::elementwise_layout`]), not necessarily contiguous.
+    pub fn elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::MaskedFill { .. }
+        )
+    }
+
     /// Output shape and dtype, and the extra outputs, of the ops the engine runs by one rule
     /// (allocate the output, then the extras; run the kernel; record the node; the node keeps
     /// the extras, or they go at once). `None` for the ops with their own allocation order.
