@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use super::dtype::DType;
 use super::graph::{Edge, Node, NodeId, Saved};
 pub use super::op::{Back, Save};
-use super::op::{Binary, Fill, Op, Role, Step};
+use super::op::{Binary, FStep, Fill, Formula, Op, Role, Step};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
@@ -578,7 +578,7 @@ impl<S: Device> Tensors<S> {
                     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
                     let (_, view) = self.info(grad_out).layout.reshape(&dims)?;
                     let g = match view {
-                        Some(l) => self.view_with(grad_out, l),
+                        Some(l) => self.grad_view(grad_out, l),
                         None => {
                             let g = self.empty(shape, *dtype, cat_for(self, &next[0]))?;
                             made.push((next[0], g));
@@ -596,7 +596,7 @@ impl<S: Device> Tensors<S> {
                         inv[p] = i as i64;
                     }
                     let l = self.info(grad_out).layout.permute(&inv)?;
-                    made.push((next[0], self.view_with(grad_out, l)));
+                    made.push((next[0], self.grad_view(grad_out, l)));
                 }
                 return Ok(());
             }
@@ -612,9 +612,27 @@ impl<S: Device> Tensors<S> {
                         let g = self.empty(shape, *dtype, cat_for(self, e))?;
                         made.push((*e, g));
                         self.launch(&Op::SumTo, &[grad_out], &[g])?;
+                        let dims = super::op::grad::sum_to_dims(&gshape, shape);
+                        if !dims.is_empty() {
+                            self.reduce_scratch(&gshape, &dims, *dtype)?;
+                        }
                         continue;
                     };
                     made.push((*e, g));
+                }
+                return Ok(());
+            }
+            Back::Cat(dim) => {
+                let l = self.info(grad_out).layout.clone();
+                let d = super::layout::wrap_dim(*dim, l.ndim())?;
+                let mut at = 0i64;
+                for (e, (shape, _)) in next.iter().zip(meta) {
+                    let len = shape[d] as i64;
+                    if *e != Edge::None {
+                        let part = l.slice(d as i64, Some(at), Some(at + len), 1)?;
+                        made.push((*e, self.grad_view(grad_out, part)));
+                    }
+                    at += len;
                 }
                 return Ok(());
             }
@@ -638,6 +656,11 @@ impl<S: Device> Tensors<S> {
                 grad_out = c;
             }
         }
+        if !plan.formulas.is_empty() {
+            let r = self.run_formulas(op, &plan.formulas, next, meta, grad_out, n, made);
+            release_copy(self, copied);
+            return r;
+        }
         let mut order: Vec<usize> = (0..next.len()).collect();
         if plan.reversed {
             order.reverse();
@@ -650,7 +673,7 @@ impl<S: Device> Tensors<S> {
                 }
                 let (shape, dtype) = &meta[slot];
                 let g = self.empty(shape, *dtype, cat_for(self, e))?;
-                let g = if plan.through_t == Some(slot) {
+                let g = if plan.through_t == Some(slot) || plan.reshaped.contains(&slot) {
                     let l = self.info(g).layout.clone();
                     let v = self.view_with(g, l);
                     self.info_mut(v).base = Some(g);
@@ -691,9 +714,104 @@ impl<S: Device> Tensors<S> {
         r
     }
 
+    /// A view of a gradient made in backward (a reshape, a permute, a slice): like PyTorch's
+    /// views it holds its base, so the storage has two owners and a second gradient for
+    /// the same input is summed out of place.
+    fn grad_view(&mut self, of: TensorId, l: super::layout::Layout) -> TensorId {
+        let v = self.view_with(of, l);
+        let base = self.retain(of);
+        self.info_mut(v).base = Some(base);
+        v
+    }
+
+    /// Derivatives made of several ops: per input that needs a gradient, its temporaries
+    /// around its gradient; then (the engine's `validate_outputs`) each gradient made in a
+    /// broadcast shape summed to its input's, with the reduction's scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn run_formulas(
+        &mut self,
+        op: &Op,
+        formulas: &[Formula],
+        next: &[Edge],
+        meta: &[(Vec<usize>, DType)],
+        grad_out: TensorId,
+        n: NodeId,
+        made: &mut Vec<(Edge, TensorId)>,
+    ) -> Result<(), EngineError> {
+        let cat_for = |s: &Self, e: &Edge| match e {
+            Edge::Leaf(t) if s.grad(*t).is_none() => Category::Gradient,
+            _ => Category::Temporary,
+        };
+        // (index in `made`, formula) of the gradients still in a broadcast shape
+        let mut full = Vec::new();
+        for f in formulas {
+            let e = next[f.slot];
+            if e == Edge::None {
+                continue;
+            }
+            let mut temps: Vec<Option<TensorId>> = Vec::new();
+            let r: Result<(), EngineError> = (|| {
+                for step in &f.steps {
+                    match step {
+                        FStep::Temp((shape, dtype)) => {
+                            temps.push(Some(self.empty(shape, *dtype, Category::Temporary)?));
+                        }
+                        FStep::Free(k) => {
+                            if let Some(t) = temps.get_mut(*k).and_then(Option::take) {
+                                self.release(t);
+                            }
+                        }
+                        FStep::Grad => {
+                            let (shape, dtype) = f.full.as_ref().unwrap_or(&meta[f.slot]);
+                            let cat = if f.full.is_some() {
+                                Category::Temporary
+                            } else {
+                                cat_for(self, &e)
+                            };
+                            let g = self.empty(shape, *dtype, cat)?;
+                            made.push((e, g));
+                            if f.full.is_some() {
+                                full.push((made.len() - 1, f));
+                            } else if self.computes() {
+                                let saved = self.saved_roles(n);
+                                self.launch_grad(op, f.slot, &[grad_out], g, &saved)?;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            for t in temps.into_iter().rev().flatten() {
+                self.release(t);
+            }
+            r?;
+        }
+        full.sort_by_key(|(_, f)| f.slot);
+        for (at, f) in full {
+            let (shape, dtype) = &meta[f.slot];
+            let e = made[at].0;
+            let whole = made[at].1;
+            // (on an error `made` holds the full-size one, which the caller frees)
+            let g = self.empty(shape, *dtype, cat_for(self, &e))?;
+            made[at].1 = g;
+            let r: Result<(), EngineError> = (|| {
+                if self.computes() {
+                    let saved = self.saved_roles(n);
+                    self.launch_grad(op, f.slot, &[grad_out], g, &saved)?;
+                }
+                let full_shape = &f.full.as_ref().expect("a broadcast gradient").0;
+                let dims = super::op::grad::sum_to_dims(full_shape, shape);
+                self.reduce_scratch(full_shape, &dims, *dtype)
+            })();
+            self.release(whole);
+            r?;
+        }
+        Ok(())
+    }
+
     /// A backward kernel's scratch, step by step; on a refusal, what it holds goes (last
     /// taken first) and the error is returned.
-    fn run_scratch(&mut self, steps: &[Step]) -> Result<(), EngineError> {
+    pub(crate) fn run_scratch(&mut self, steps: &[Step]) -> Result<(), EngineError> {
         let mut held: Vec<Option<TensorId>> = Vec::new();
         for s in steps {
             match s {

@@ -94,6 +94,7 @@ impl<S: Device> Tensors<S> {
         let (out_meta, extras) = op
             .simple_outputs(metas)
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
+        let scratch = op.forward_scratch(metas);
         let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
         if op.elementwise() && inputs.iter().any(|&t| !self.info(t).layout.is_contiguous()) {
             // TensorIterator orders the output's dimensions by its inputs' strides
@@ -111,6 +112,9 @@ impl<S: Device> Tensors<S> {
             all[1 + k] = self.empty(&shape, dtype, Category::Temporary)?;
         }
         self.launch(&op, inputs, &all[..n])?;
+        if !scratch.is_empty() {
+            self.run_scratch(&scratch)?;
+        }
         if !need {
             for &e in &all[1..n] {
                 self.release(e);
@@ -171,7 +175,14 @@ impl<S: Device> Tensors<S> {
 
     /// `softmax(dim)` / `log_softmax(dim)`: same shape; backward needs the result.
     pub fn softmax(&mut self, log: bool, x: TensorId, dim: i64) -> Result<TensorId, EngineError> {
-        self.simple(Op::Softmax { dim, log }, &[x])
+        self.simple(
+            Op::Softmax {
+                dim,
+                log,
+                safe: false,
+            },
+            &[x],
+        )
     }
 
     /// `a @ b` (`torch.matmul`): 1-D, 2-D and batched with broadcast batch dimensions. The first

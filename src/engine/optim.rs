@@ -99,7 +99,8 @@ impl Optimizer {
                         }
                     }
                 }
-                for t in temps {
+                // a Python list (`exp_avg_sq_sqrt`): CPython drops its items last first
+                for t in temps.into_iter().rev() {
                     d.release(t);
                 }
             } else {

@@ -17,8 +17,10 @@ pub const CUBLASLT_WORKSPACE: u64 = 1 << 20;
 
 impl<S: Device> Tensors<S> {
     // Note [cuBLAS workspaces]
-    /// The first matrix product of the process takes the cuBLAS workspace and then the cuBLASLt
-    /// one, right after allocating its output (as PyTorch 2.11 does on an H200). On the autograd
+    /// The first matrix product of the process takes the cuBLAS workspace, right after
+    /// allocating its output, and its first product with a bias (`addmm`, through cuBLASLt)
+    /// the cuBLASLt one (as PyTorch 2.11 does on an H200: Llama's bias-free `mm` and `bmm`
+    /// take no cuBLASLt workspace, an MLP's first `addmm` takes both at once). On the autograd
     /// thread (in backward, a checkpoint's recomputation included) the handles are that
     /// thread's: its first product takes a cuBLAS workspace, and its first product with a bias
     /// (`addmm`, which goes through cuBLASLt) a cuBLASLt one.
@@ -45,6 +47,8 @@ impl<S: Device> Tensors<S> {
         if self.workspace.is_none() {
             let w = self.empty(&[CUBLAS_WORKSPACE as usize], DType::U8, Category::Workspace)?;
             self.workspace = Some(w);
+        }
+        if with_bias && self.lt_workspace.is_none() {
             let lt = self.empty(
                 &[CUBLASLT_WORKSPACE as usize],
                 DType::U8,

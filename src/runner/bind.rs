@@ -34,6 +34,7 @@ impl Runner {
             args: Vec::with_capacity(e.params.len()),
             list: Vec::new(),
             list_ints: true,
+            tensors: Vec::new(),
         };
         for (k, _) in &a.kw {
             if k != "from" && !e.params.iter().any(|p| p.name() == k) {
@@ -112,6 +113,36 @@ impl Runner {
                 }
                 (Param::Float(n, None), None) => {
                     return script(span, format!("{} needs {n}: {}", e.name, e.signature()))
+                }
+                (Param::Tensors(_), Some(Value::List(items))) => {
+                    for v in items {
+                        match v {
+                            Value::Tensor(t) => bound.tensors.push(t.0),
+                            other => {
+                                return script(
+                                    span,
+                                    format!(
+                                        "{} expects a list of tensors, found {} in it",
+                                        what(p),
+                                        other.kind()
+                                    ),
+                                )
+                            }
+                        }
+                    }
+                    Arg::None
+                }
+                (Param::Tensors(_), Some(v)) => {
+                    return script(
+                        span,
+                        format!("{} expects a list of tensors, got {}", what(p), v.kind()),
+                    )
+                }
+                (Param::Tensors(_), None) => {
+                    return script(
+                        span,
+                        format!("{} needs a list of tensors: {}", e.name, e.signature()),
+                    )
                 }
                 (Param::Bool(_, _), Some(Value::Bool(b))) => Arg::Bool(*b),
                 (Param::Bool(_, d), None) => Arg::Bool(*d),
@@ -349,7 +380,35 @@ impl Runner {
                 (layout.expand(s).map_err(err)?, rel)
             }
             ViewKind::Unsqueeze => (layout.unsqueeze(s[0]).map_err(err)?, none),
-            ViewKind::Squeeze | ViewKind::Flatten | ViewKind::Index => {
+            ViewKind::Flatten => {
+                let (a, b) = (wrap(s[0], nd.max(1)), wrap(s[1], nd.max(1)));
+                if nd == 0 || a > b {
+                    return script(
+                        span,
+                        "flatten() has invalid args: start_dim cannot come after end_dim",
+                    );
+                }
+                let mut shape: Vec<i64> = layout.shape[..a].iter().map(|&d| d as i64).collect();
+                shape.push(layout.shape[a..=b].iter().product::<usize>() as i64);
+                shape.extend(layout.shape[b + 1..].iter().map(|&d| d as i64));
+                return self
+                    .op(span, "flatten", |d| d.reshape_op(t, &shape))
+                    .map(Value::Tensor);
+            }
+            ViewKind::Squeeze => {
+                let keep: Vec<usize> = (0..nd)
+                    .filter(|&d| {
+                        layout.shape[d] != 1 || s.first().is_some_and(|&k| wrap(k, nd) != d)
+                    })
+                    .collect();
+                let l = Layout {
+                    shape: keep.iter().map(|&d| layout.shape[d]).collect(),
+                    strides: keep.iter().map(|&d| layout.strides[d]).collect(),
+                    offset: layout.offset,
+                };
+                (l, none)
+            }
+            ViewKind::Index => {
                 return script(span, format!("{} is not a method here", kind.name()))
             }
         };

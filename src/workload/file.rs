@@ -1,6 +1,8 @@
 //! The TOML layer of a workload file: the `[workload]` keys, their checks, and the hand-off of
 //! `setup` and `body` to the line-language parser with their positions in the file.
 
+use std::path::Path;
+
 use serde::Deserialize;
 use toml::{Spanned, Value};
 
@@ -131,7 +133,7 @@ fn override_preset(model: &mut Table, train: &mut Table, o: &Overrides, kind: &s
 }
 
 /// Parses and checks the whole file, with `overrides` applied.
-pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload> {
+pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PResult<Workload> {
     let index = LineIndex::new(text);
     let raw: RawFile = toml::from_str(text).map_err(|e| toml_error(&index, &e))?;
     let span_of = |offset: usize| index.span(offset);
@@ -146,7 +148,13 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload>
                 model.get_ref().clone(),
                 raw.train.as_ref().map(|t| t.get_ref().clone()),
             );
-            if !overrides.is_empty() {
+            if !overrides.is_empty() && super::hf::is_hf(&model_t) {
+                let t = train_t.get_or_insert_with(Table::new);
+                for (k, v) in &overrides.params {
+                    let range = t.get(k).map_or(0..0, |old| old.span());
+                    t.insert(k.clone(), Spanned::new(range, Value::Integer(*v)));
+                }
+            } else if !overrides.is_empty() {
                 let kind = match model_t.get("kind").map(|v| v.get_ref()) {
                     Some(Value::String(k)) => k.clone(),
                     _ => String::new(),
@@ -154,8 +162,18 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides) -> PResult<Workload>
                 let t = train_t.get_or_insert_with(Table::new);
                 override_preset(&mut model_t, t, overrides, &kind);
             }
-            let expanded =
-                preset::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?;
+            let expanded = if super::hf::is_hf(&model_t) {
+                super::hf::expand(
+                    &model_t,
+                    model_at,
+                    train_t.as_ref(),
+                    train_at,
+                    base,
+                    &span_of,
+                )?
+            } else {
+                preset::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?
+            };
             Some((model_at, expanded))
         }
         None => {

@@ -58,6 +58,7 @@ pub mod ast;
 pub mod check;
 mod error;
 mod file;
+mod hf;
 mod lexer;
 mod parser;
 mod preset;
@@ -102,9 +103,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload> {
 
 /// [`parse`] with `overrides` applied.
 pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<Workload> {
-    let mut w = file::parse_file(text, overrides).map_err(|e| e.into_error(path))?;
     // files named in the workload are found beside it
     let base = path.parent().unwrap_or(Path::new(""));
+    let mut w = file::parse_file(text, overrides, base).map_err(|e| e.into_error(path))?;
     for p in [&mut w.weights, &mut w.data].into_iter().flatten() {
         if p.is_relative() {
             *p = base.join(&*p);

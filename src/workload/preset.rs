@@ -116,19 +116,19 @@ struct Train {
 }
 
 /// Reads one table's values, each error at the value (or at the table when a key is missing).
-struct Reader<'a> {
-    table: &'a Table,
-    name: &'static str,
-    at: Span,
-    span: &'a dyn Fn(usize) -> Span,
+pub(super) struct Reader<'a> {
+    pub(super) table: &'a Table,
+    pub(super) name: &'static str,
+    pub(super) at: Span,
+    pub(super) span: &'a dyn Fn(usize) -> Span,
 }
 
 impl Reader<'_> {
-    fn pos(&self, v: &Spanned<Value>) -> Span {
+    pub(super) fn pos(&self, v: &Spanned<Value>) -> Span {
         (self.span)(v.span().start)
     }
 
-    fn check_keys(&self, known: &[&str], what: &str) -> PResult<()> {
+    pub(super) fn check_keys(&self, known: &[&str], what: &str) -> PResult<()> {
         for (k, v) in self.table {
             if !known.contains(&k.as_str()) {
                 return Err(SyntaxError::new(
@@ -144,7 +144,7 @@ impl Reader<'_> {
         Ok(())
     }
 
-    fn int(&self, key: &str, default: Option<u64>, hint: &str) -> PResult<u64> {
+    pub(super) fn int(&self, key: &str, default: Option<u64>, hint: &str) -> PResult<u64> {
         match self.table.get(key) {
             None => default.ok_or_else(|| {
                 SyntaxError::new(
@@ -170,7 +170,7 @@ impl Reader<'_> {
         }
     }
 
-    fn choice(
+    pub(super) fn choice(
         &self,
         key: &str,
         default: &'static str,
@@ -205,7 +205,7 @@ impl Reader<'_> {
         }
     }
 
-    fn flag(&self, key: &str) -> PResult<bool> {
+    pub(super) fn flag(&self, key: &str) -> PResult<bool> {
         match self.table.get(key) {
             None => Ok(false),
             Some(v) => match v.get_ref() {
@@ -418,7 +418,7 @@ fn gpt_setup(g: &Gpt, optimizer: &str) -> String {
     s
 }
 
-fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
+pub(super) fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
     match optimizer {
         "none" => {}
         // the learning rates of ../shared/tools/reference_models.py; the rest PyTorch's defaults
@@ -436,7 +436,7 @@ fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
 
 /// Writes `stmt` under the tag of module `path` (each statement its own scope, so a tag is one
 /// module path, `blocks.3.qkv`, not a nesting of them).
-fn at(s: &mut String, indent: &str, path: &str, stmt: &str) {
+pub(super) fn at(s: &mut String, indent: &str, path: &str, stmt: &str) {
     let _ = writeln!(s, "{indent}scope \"{path}\" {{");
     let _ = writeln!(s, "{indent}  {stmt}");
     let _ = writeln!(s, "{indent}}}");

@@ -66,6 +66,8 @@ fn unary(u: Unary, x: f64) -> f64 {
         Unary::Silu => x / (1.0 + (-x).exp()),
         Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Unary::Tanh => x.tanh(),
+        Unary::Rsqrt => 1.0 / x.sqrt(),
+        Unary::Sqrt => x.sqrt(),
         Unary::Tril | Unary::BitwiseNot => unreachable!("not pointwise in x alone"),
     }
 }
@@ -89,6 +91,8 @@ fn unary_grad(u: Unary, x: f64, y: f64) -> f64 {
         }
         Unary::Sigmoid => y * (1.0 - y),
         Unary::Tanh => 1.0 - y * y,
+        Unary::Rsqrt => -0.5 * y * y * y,
+        Unary::Sqrt => 0.5 / y,
         Unary::Tril | Unary::BitwiseNot => 0.0,
     }
 }
@@ -215,6 +219,128 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         .collect()
                 }
             };
+            d.store(out, &v)
+        }
+        (Op::Pow { exponent }, Pass::Forward) => {
+            let mut v = d.load(&l.inputs[0])?;
+            v.par_iter_mut().for_each(|x| *x = x.powf(*exponent));
+            d.store(out, &v)
+        }
+        (Op::Pow { exponent }, Pass::Grad { .. }) => {
+            let g = d.load(&l.inputs[0])?;
+            let x = d.load(saved(l, Role::Input(0))?)?;
+            let e = *exponent;
+            let v: Scratch = (0..g.len())
+                .into_par_iter()
+                .map(|i| {
+                    if e == 0.0 {
+                        0.0
+                    } else {
+                        g[i] * e * x[i].powf(e - 1.0)
+                    }
+                })
+                .collect();
+            d.store(out, &v)
+        }
+        (Op::Where, Pass::Forward) => {
+            let c = load_as(d, &l.inputs[0], &oshape)?;
+            let x = load_as(d, &l.inputs[1], &oshape)?;
+            let y = load_as(d, &l.inputs[2], &oshape)?;
+            let v: Scratch = (0..c.len())
+                .into_par_iter()
+                .map(|i| if c[i] != 0.0 { x[i] } else { y[i] })
+                .collect();
+            d.store(out, &v)
+        }
+        (Op::Where, Pass::Grad { input }) => {
+            let g = d.load(&l.inputs[0])?;
+            let gshape = l.inputs[0].layout.shape.clone();
+            let c = load_as(d, saved(l, Role::Input(0))?, &gshape)?;
+            let pick = input == 1;
+            let full: Scratch = (0..g.len())
+                .into_par_iter()
+                .map(|i| if (c[i] != 0.0) == pick { g[i] } else { 0.0 })
+                .collect();
+            d.store(out, &sum_to(&full, &gshape, &oshape))
+        }
+        (Op::Cat { dim }, Pass::Forward) => {
+            let dim = crate::engine::layout::wrap_dim(*dim, oshape.len()).map_err(|e| e.0)?;
+            let outer: usize = oshape[..dim].iter().product();
+            let inner: usize = oshape[dim + 1..].iter().product();
+            let parts = l
+                .inputs
+                .iter()
+                .map(|b| Ok((d.load(b)?, b.layout.shape[dim] * inner)))
+                .collect::<Result<Vec<_>, String>>()?;
+            let mut v = Vec::with_capacity(oshape.iter().product());
+            for o in 0..outer {
+                for (p, n) in &parts {
+                    v.extend_from_slice(&p[o * n..(o + 1) * n]);
+                }
+            }
+            d.store(out, &v)
+        }
+        (Op::Pad { pads, value }, pass) => {
+            // forward: the input placed in a field of `value`; backward: the input's part of the
+            // gradient
+            let (src, big, small) = match pass {
+                Pass::Forward => (
+                    &l.inputs[0],
+                    oshape.clone(),
+                    l.inputs[0].layout.shape.clone(),
+                ),
+                Pass::Grad { .. } => (
+                    &l.inputs[0],
+                    l.inputs[0].layout.shape.clone(),
+                    oshape.clone(),
+                ),
+            };
+            let vals = d.load(src)?;
+            let n = big.len();
+            let before = |k: usize| -> i64 {
+                let pair = n - 1 - k;
+                pads.get(2 * pair).copied().unwrap_or(0)
+            };
+            let big_strides = crate::engine::layout::contiguous_strides(&big);
+            let small_strides = crate::engine::layout::contiguous_strides(&small);
+            let forward = matches!(pass, Pass::Forward);
+            let total: usize = if forward {
+                big.iter().product()
+            } else {
+                small.iter().product()
+            };
+            let v: Vec<f64> = (0..total)
+                .map(|i| {
+                    // the element's index in the padded tensor, and whether the input has it
+                    let (shape, strides) = if forward {
+                        (&big, &big_strides)
+                    } else {
+                        (&small, &small_strides)
+                    };
+                    let mut at_big = 0usize;
+                    let mut at_small = 0i64;
+                    let mut inside = true;
+                    for k in 0..n {
+                        let idx = (i / strides[k]) % shape[k].max(1);
+                        let (bi, si) = if forward {
+                            (idx as i64, idx as i64 - before(k))
+                        } else {
+                            (idx as i64 + before(k), idx as i64)
+                        };
+                        if si < 0 || si >= small[k] as i64 || bi < 0 || bi >= big[k] as i64 {
+                            inside = false;
+                        }
+                        at_big += (bi.max(0) as usize) * big_strides[k];
+                        at_small += si * small_strides[k] as i64;
+                    }
+                    match (forward, inside) {
+                        (true, true) => vals[at_small as usize],
+                        (true, false) => *value,
+                        (false, true) => vals[at_big],
+                        (false, false) => 0.0,
+                    }
+                })
+                .collect();
             d.store(out, &v)
         }
         (Op::Binary(b), Pass::Forward) => {

@@ -385,6 +385,10 @@ impl Device for CpuDevice {
             (
                 Op::Fill { .. }
                 | Op::Unary(_)
+                | Op::Pow { .. }
+                | Op::Where
+                | Op::Cat { .. }
+                | Op::Pad { .. }
                 | Op::Binary(_)
                 | Op::Scalar { .. }
                 | Op::MaskedFill { .. }

@@ -185,7 +185,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             };
             d.store(out, &v)
         }
-        (Op::Softmax { dim, log }, pass) => {
+        (Op::Softmax { dim, log, .. }, pass) => {
             let nd = oshape.len();
             let dim = wrap_dim(*dim, nd).map_err(|e| e.0)?;
             let src = match pass {

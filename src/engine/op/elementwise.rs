@@ -21,6 +21,9 @@ pub enum Unary {
     Silu,
     Sigmoid,
     Tanh,
+    /// `1 / sqrt(x)` (Llama's RMSNorm).
+    Rsqrt,
+    Sqrt,
     /// `tril()`: the lower triangle (of a mask, say); saves nothing.
     Tril,
     /// `~x` / `bitwise_not()`; saves nothing.
@@ -28,7 +31,7 @@ pub enum Unary {
 }
 
 impl Unary {
-    pub const ALL: [Unary; 11] = [
+    pub const ALL: [Unary; 13] = [
         Unary::Neg,
         Unary::Sin,
         Unary::Cos,
@@ -38,6 +41,8 @@ impl Unary {
         Unary::Silu,
         Unary::Sigmoid,
         Unary::Tanh,
+        Unary::Rsqrt,
+        Unary::Sqrt,
         Unary::Tril,
         Unary::BitwiseNot,
     ];
@@ -53,6 +58,8 @@ impl Unary {
             Unary::Silu => "silu",
             Unary::Sigmoid => "sigmoid",
             Unary::Tanh => "tanh",
+            Unary::Rsqrt => "rsqrt",
+            Unary::Sqrt => "sqrt",
             Unary::Tril => "tril",
             Unary::BitwiseNot => "bitwise_not",
         }
@@ -82,17 +89,25 @@ impl Unary {
             Unary::Silu => "x * sigmoid(x) (saves its input)",
             Unary::Sigmoid => "logistic (saves its result)",
             Unary::Tanh => "tanh (saves its result)",
+            Unary::Rsqrt => "1 / sqrt(x) (saves its result; backward takes two temporaries)",
+            Unary::Sqrt => "square root (saves its result)",
             Unary::Tril => "lower triangle of the last two dimensions",
             Unary::BitwiseNot => "~x (also logical_not)",
         }
     }
 
-    /// derivatives.yaml: sin/cos/gelu/silu need the input; exp/relu/sigmoid/tanh the result.
+    /// derivatives.yaml: sin/cos/gelu/silu need the input; exp/relu/sigmoid/tanh/rsqrt/sqrt
+    /// the result.
     pub fn saves(self) -> &'static [Save] {
         match self {
             Unary::Neg | Unary::Tril | Unary::BitwiseNot => &[],
             Unary::Sin | Unary::Cos | Unary::Gelu | Unary::Silu => &[Save::Input(0)],
-            Unary::Exp | Unary::Relu | Unary::Sigmoid | Unary::Tanh => &[Save::Output],
+            Unary::Exp
+            | Unary::Relu
+            | Unary::Sigmoid
+            | Unary::Tanh
+            | Unary::Rsqrt
+            | Unary::Sqrt => &[Save::Output],
         }
     }
 }
@@ -256,6 +271,32 @@ fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
+fn pow(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    Ok(Made::Op {
+        op: Op::Pow {
+            exponent: b
+                .float(1)
+                .ok_or("pow expects (input, exponent), the exponent a number")?,
+        },
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+    })
+}
+
+fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    Ok(Made::Op {
+        op: Op::Where,
+        inputs: vec![
+            b.tensor(0).ok_or("where expects a condition tensor")?,
+            b.tensor(1).ok_or(
+                "where expects tensors (make a number a 0-dim tensor: full(fill_value=v))",
+            )?,
+            b.tensor(2).ok_or(
+                "where expects tensors (make a number a 0-dim tensor: full(fill_value=v))",
+            )?,
+        ],
+    })
+}
+
 fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let name = InPlace::parse(name).ok_or("not in-place")?;
     Ok(Made::InPlace {
@@ -287,6 +328,8 @@ entries! {
     "empty", Function, SIZES, factory, "uninitialized";
     "full", Function, FULL, factory, "filled with fill_value";
     "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
+    "pow", Both, &[X, P::Float("exponent", None)], pow, "x ** exponent, a number (also x ** 2; saves its input; backward takes two temporaries)";
+    "where", Function, &[P::Tensor("condition"), X, P::Tensor("other")], where_fn, "input where condition, else other, broadcast (keeps the condition)";
     "add", Both, TWO, binary_fn, "x + other, broadcast";
     "sub", Both, TWO, binary_fn, "x - other, broadcast";
     "mul", Both, TWO, binary_fn, "x * other, broadcast";

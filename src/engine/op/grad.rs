@@ -20,6 +20,51 @@ pub enum Step {
     Free(usize),
 }
 
+/// One step of a derivative formula that runs several ops for one input's gradient: a
+/// temporary (numbered by its place among the formula's temporaries), the gradient itself,
+/// or the free of a temporary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FStep {
+    Temp(Meta),
+    Grad,
+    Free(usize),
+}
+
+/// The derivative of one input, as the node computes it (`mul`: `grad * other`; `pow`:
+/// `grad * (e * x.pow(e - 1))`, two temporaries around it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Formula {
+    pub slot: usize,
+    pub steps: Vec<FStep>,
+    /// The gradient is made in this (broadcast) shape and summed to the input's after the
+    /// node returns (the engine's `validate_outputs`): the sum's output, the reduction's
+    /// scratch, then the full-size one freed.
+    pub full: Option<Meta>,
+}
+
+impl Formula {
+    /// A formula that makes the gradient with nothing around it.
+    pub fn plain(slot: usize) -> Formula {
+        Formula {
+            slot,
+            steps: vec![FStep::Grad],
+            full: None,
+        }
+    }
+
+    /// The gradient after `temps` temporaries of `meta`, which go (last first) after it.
+    pub fn around(slot: usize, meta: &Meta, temps: usize) -> Formula {
+        let mut steps: Vec<FStep> = (0..temps).map(|_| FStep::Temp(meta.clone())).collect();
+        steps.push(FStep::Grad);
+        steps.extend((0..temps).rev().map(FStep::Free));
+        Formula {
+            slot,
+            steps,
+            full: None,
+        }
+    }
+}
+
 /// How a node's backward makes its gradients (the default: one fresh gradient per input,
 /// in input order, nothing else).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +79,10 @@ pub struct GradPlan {
     /// as it does (a linear's weight). Its gradient is also the saved input's last use, so a
     /// checkpointed region hands the recomputed input back right after it.
     pub through_t: Option<usize>,
+    /// The inputs whose gradient reaches them through a reshape of the product's output (a
+    /// 3-D input folded to 2-D rows, a batched operand folded for `bmm`): a view that holds
+    /// its base, so a second gradient for the same input is summed out of place.
+    pub reshaped: Vec<usize>,
     /// The q, k and v gradients are written as [B, T, H, D] and handed back transposed to
     /// the inputs' [B, H, T, D] (the attention kernels).
     pub bthd: bool,
@@ -46,6 +95,9 @@ pub struct GradPlan {
     /// The kernel's scratch after the gradients, in order; all of it is freed before the
     /// backward returns.
     pub scratch: Vec<Step>,
+    /// Derivatives made of several ops, in the order the node computes them (empty: one
+    /// fresh gradient per input, as above). Only the inputs that need a gradient run theirs.
+    pub formulas: Vec<Formula>,
 }
 
 impl Op {
@@ -56,9 +108,48 @@ impl Op {
             Op::Matmul | Op::Linear => super::product::grad_plan(self, inputs, grad),
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
             Op::Sdpa { cudnn } => super::attention::grad_plan(*cudnn, grad),
+            Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
+            Op::Unary(super::Unary::Rsqrt) => GradPlan {
+                formulas: vec![Formula::around(0, &inputs[0], 2)],
+                ..GradPlan::default()
+            },
+            Op::Unary(super::Unary::Sqrt) => GradPlan {
+                formulas: vec![Formula::around(0, &inputs[0], 1)],
+                ..GradPlan::default()
+            },
+            Op::Pow { exponent } if *exponent != 0.0 => GradPlan {
+                formulas: vec![Formula::around(0, &inputs[0], 2)],
+                ..GradPlan::default()
+            },
             _ => GradPlan::default(),
         }
     }
+}
+
+/// `a * b`: derivatives.yaml's `grad * b` and `grad * a`, the second operand's made first (as
+/// the H200 traces show: a SwiGLU's `up` gradient comes before the gate's); a broadcast
+/// operand's is made in the product's shape and summed back.
+fn mul_plan(inputs: &[Meta], grad: MetaRef) -> GradPlan {
+    let formula = |slot: usize| {
+        let mut f = Formula::plain(slot);
+        if inputs[slot].0 != grad.0 {
+            f.full = Some((grad.0.to_vec(), inputs[slot].1));
+        }
+        f
+    };
+    GradPlan {
+        formulas: vec![formula(1), formula(0)],
+        ..GradPlan::default()
+    }
+}
+
+/// The dimensions along which a gradient of `full` shape is summed to `to`'s (leading ones,
+/// and those `to` has as 1).
+pub fn sum_to_dims(full: &[usize], to: &[usize]) -> Vec<usize> {
+    let lead = full.len().saturating_sub(to.len());
+    (0..full.len())
+        .filter(|&d| d < lead || (to[d - lead] == 1 && full[d] != 1))
+        .collect()
 }
 
 #[cfg(test)]
@@ -76,6 +167,7 @@ mod tests {
             Op::Softmax {
                 dim: -1,
                 log: false,
+                safe: false,
             },
         ] {
             let plan = op.grad_plan(&ins, (&g.0, g.1));

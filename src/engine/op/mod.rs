@@ -29,7 +29,7 @@ pub mod softmax;
 pub mod view;
 
 pub use elementwise::{Binary, Fill, InPlace, Unary};
-pub use grad::{GradPlan, Step};
+pub use grad::{FStep, Formula, GradPlan, Step};
 pub use norm::Norm;
 pub use optim::{Hyper, OptimKind, OptimStep};
 pub use view::ViewKind;
@@ -78,6 +78,9 @@ pub enum Back {
     /// `split`/`chunk`: once every part's gradient is in (zeros for those with none), one
     /// `cat` into the input's shape.
     Split,
+    /// `cat` along the dimension: each input's gradient is a slice of the incoming one (a
+    /// view).
+    Cat(i64),
 }
 
 /// What autocast does to an op's floating inputs.
@@ -105,6 +108,10 @@ pub enum Op {
     },
     Unary(Unary),
     Binary(Binary),
+    /// `x.pow(exponent)` / `x ** exponent` with a Python number.
+    Pow {
+        exponent: f64,
+    },
     /// A tensor and a Python scalar: `x * 0.5`, `loss / 4`; `reversed` for `2 - x`.
     Scalar {
         op: Binary,
@@ -129,10 +136,23 @@ pub enum Op {
     Linear,
     /// The normalizations ([`norm`]).
     Norm(Norm),
-    /// `softmax(dim)` / `log_softmax(dim)`.
+    /// `softmax(dim)` / `log_softmax(dim)`; `safe`: `_safe_softmax` (SDPA's math path: 0 for
+    /// a fully masked row, found with temporaries).
     Softmax {
         dim: i64,
         log: bool,
+        safe: bool,
+    },
+    /// `torch.cat(tensors, dim)`.
+    Cat {
+        dim: i64,
+    },
+    /// `torch.where(cond, x, y)`, broadcast.
+    Where,
+    /// `F.pad(x, pads, value=...)` (constant): `pads` from the last dimension inwards.
+    Pad {
+        pads: Vec<i64>,
+        value: f64,
     },
     /// `sum()` / `mean()`, over everything or one dimension.
     Reduce {
@@ -193,6 +213,7 @@ impl Op {
         match self {
             Op::Fill { .. } => "fill",
             Op::Unary(u) => u.name(),
+            Op::Pow { .. } => "pow",
             Op::Binary(b) | Op::Scalar { op: b, .. } => b.name(),
             Op::MaskedFill { .. } => "masked_fill",
             Op::Cast => "to",
@@ -202,6 +223,9 @@ impl Op {
             Op::Norm(n) => n.name(),
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
+            Op::Cat { .. } => "cat",
+            Op::Where => "where",
+            Op::Pad { .. } => "pad",
             Op::Reduce { mean: false, .. } => "sum",
             Op::Reduce { mean: true, .. } => "mean",
             Op::Embedding => "embedding",
@@ -227,6 +251,7 @@ impl Op {
             Op::View { .. } | Op::Split { .. } => return None,
             Op::Fill { .. } => "fill",
             Op::Unary(_) => "unary",
+            Op::Pow { .. } => "pow",
             Op::Binary(_) => "binary",
             Op::Scalar { .. } => "scalar",
             Op::MaskedFill { .. } => "masked_fill",
@@ -235,6 +260,9 @@ impl Op {
             Op::Matmul | Op::Linear => "gemm",
             Op::Norm(n) => n.kernels().0,
             Op::Softmax { .. } => "softmax",
+            Op::Cat { .. } => "cat",
+            Op::Where => "where",
+            Op::Pad { .. } => "pad",
             Op::Reduce { .. } | Op::SumTo => "reduce",
             Op::Embedding => "embedding",
             Op::NllLoss => "nll_loss",
@@ -249,6 +277,7 @@ impl Op {
     pub fn backward_kernel(&self) -> Option<&'static str> {
         Some(match self {
             Op::Unary(_) => "unary_backward",
+            Op::Pow { .. } => "pow_backward",
             Op::Binary(_) | Op::Scalar { .. } => "binary_backward",
             Op::MaskedFill { .. } => "masked_fill",
             Op::Cast | Op::Clone => "copy",
@@ -256,6 +285,9 @@ impl Op {
             Op::Matmul | Op::Linear => "gemm",
             Op::Norm(n) => n.kernels().1,
             Op::Softmax { .. } => "softmax_backward",
+            Op::Cat { .. } => "split",
+            Op::Where => "where_backward",
+            Op::Pad { .. } => "pad_backward",
             Op::Reduce { .. } => "expand",
             Op::Embedding => "embedding_backward",
             Op::NllLoss => "nll_loss_backward",
@@ -280,8 +312,10 @@ impl Op {
     pub fn saves(&self, inputs: usize) -> &'static [Save] {
         match self {
             Op::Unary(u) => u.saves(),
+            Op::Pow { .. } => &[Save::Input(0)],
             Op::Binary(b) => b.saves(),
             Op::MaskedFill { .. } => &[Save::Input(1)],
+            Op::Where => &[Save::Input(0)],
             Op::Matmul | Op::Linear => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
             Op::Norm(n) => n.saves(inputs),
             Op::Softmax { .. } => &[Save::Output],
@@ -296,8 +330,15 @@ impl Op {
     pub fn back(&self, in_ndim: usize, same_shape: bool) -> Back {
         match self {
             Op::Binary(Binary::Add) => Back::Add,
+            // `x + 2.0`: the gradient itself
+            Op::Scalar {
+                op: Binary::Add | Binary::Sub,
+                reversed: false,
+                ..
+            } => Back::Pass,
             Op::Clone => Back::Pass,
             Op::Split { .. } => Back::Split,
+            Op::Cat { dim } => Back::Cat(*dim),
             Op::View { kind, .. } => kind.back(in_ndim, same_shape),
             _ => Back::Alloc,
         }
@@ -308,8 +349,27 @@ impl Op {
     pub fn elementwise(&self) -> bool {
         matches!(
             self,
-            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::MaskedFill { .. }
+            Op::Unary(_)
+                | Op::Pow { .. }
+                | Op::Binary(_)
+                | Op::Scalar { .. }
+                | Op::MaskedFill { .. }
+                | Op::Where
         )
+    }
+
+    /// What the op's kernel takes and gives back before it returns, after its outputs (none
+    /// for most).
+    pub fn forward_scratch(&self, ins: &[MetaRef]) -> Vec<Step> {
+        match (self, ins.first()) {
+            (
+                Op::Softmax {
+                    safe: true, dim, ..
+                },
+                Some(x),
+            ) => softmax::safe_scratch(*x, *dim),
+            _ => Vec::new(),
+        }
     }
 
     /// Output shape and dtype, and the extra outputs, of the ops the engine runs by one rule
@@ -319,7 +379,7 @@ impl Op {
         let first = ins.first()?;
         let same = || (first.0.to_vec(), first.1);
         let r = match self {
-            Op::Unary(_) | Op::Scalar { .. } | Op::Clone => Ok((same(), vec![])),
+            Op::Unary(_) | Op::Pow { .. } | Op::Scalar { .. } | Op::Clone => Ok((same(), vec![])),
             Op::Binary(_) => {
                 let b = ins.get(1)?;
                 broadcast(first.0, b.0).map(|s| ((s, promote(first.1, b.1)), vec![]))
@@ -330,6 +390,14 @@ impl Op {
             }
             Op::Dropout { .. } => Ok((same(), vec![(first.0.to_vec(), DType::Bool)])),
             Op::Norm(n) => n.outputs(*first),
+            Op::Cat { dim } => cat_shape(ins, *dim).map(|s| ((s, first.1), vec![])),
+            Op::Where => {
+                let (x, y) = (ins.get(1)?, ins.get(2)?);
+                broadcast(first.0, x.0)
+                    .and_then(|s| broadcast(&s, y.0))
+                    .map(|s| ((s, promote(x.1, y.1)), vec![]))
+            }
+            Op::Pad { pads, .. } => pad_shape(first.0, pads).map(|s| ((s, first.1), vec![])),
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
@@ -365,6 +433,57 @@ impl Op {
         };
         Some(r)
     }
+}
+
+/// The shape of `cat` along `dim`: the inputs agree on every other dimension.
+fn cat_shape(ins: &[MetaRef], dim: i64) -> Result<Vec<usize>, LayoutError> {
+    let first = ins
+        .first()
+        .ok_or_else(|| LayoutError("torch.cat(): expected a non-empty list of Tensors".into()))?;
+    let d = super::layout::wrap_dim(dim, first.0.len())?;
+    let mut out = first.0.to_vec();
+    out[d] = 0;
+    for (i, m) in ins.iter().enumerate() {
+        let same = m.0.len() == out.len()
+            && m.0
+                .iter()
+                .zip(&out)
+                .enumerate()
+                .all(|(k, (a, b))| k == d || a == b);
+        if !same {
+            return Err(LayoutError(format!(
+                "Sizes of tensors must match except in dimension {d}. Expected {} but got {} for tensor number {i} in the list",
+                Dims(first.0),
+                Dims(m.0)
+            )));
+        }
+        out[d] += m.0[d];
+    }
+    Ok(out)
+}
+
+/// The shape of a constant pad: `pads` pairs (before, after) from the last dimension in.
+fn pad_shape(shape: &[usize], pads: &[i64]) -> Result<Vec<usize>, LayoutError> {
+    if pads.len() % 2 != 0 || pads.len() / 2 > shape.len() {
+        return Err(LayoutError(format!(
+            "Padding length must be divisible by 2 and at most twice the dimensions ({}), got {}",
+            shape.len(),
+            pads.len()
+        )));
+    }
+    let mut out = shape.to_vec();
+    for (k, pair) in pads.chunks(2).enumerate() {
+        let d = shape.len() - 1 - k;
+        let n = out[d] as i64 + pair[0] + pair[1];
+        if n < 0 {
+            return Err(LayoutError(format!(
+                "The input size {}, plus negative padding {} and {} resulted in a negative output size",
+                out[d], pair[0], pair[1]
+            )));
+        }
+        out[d] = n as usize;
+    }
+    Ok(out)
 }
 
 /// NumPy/PyTorch broadcasting of two shapes.

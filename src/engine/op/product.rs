@@ -50,6 +50,11 @@ pub(super) fn grad_plan(op: &Op, inputs: &[Meta], grad: MetaRef) -> GradPlan {
             rows: (nd >= 3).then(|| vec![-1, g[nd - 1] as i64]),
             reversed: inputs.len() == 2,
             through_t: Some(1),
+            reshaped: if inputs[0].0.len() >= 3 {
+                vec![0]
+            } else {
+                vec![]
+            },
             cublas: true,
             column_sum: Some(2),
             ..GradPlan::default()
@@ -62,6 +67,7 @@ pub(super) fn grad_plan(op: &Op, inputs: &[Meta], grad: MetaRef) -> GradPlan {
                     vec![prod as i64, g[nd - 2] as i64, g[nd - 1] as i64]
                 }),
                 reversed: batched,
+                reshaped: if batched { vec![0, 1] } else { vec![] },
                 cublas: true,
                 ..GradPlan::default()
             }

@@ -38,6 +38,8 @@ pub enum Param {
     Numbers(&'static str),
     /// A tensor or a number (an in-place op's operand), or `none`.
     Operand(&'static str),
+    /// A list of tensors (`cat([a, b])`).
+    Tensors(&'static str),
 }
 
 impl Param {
@@ -52,7 +54,8 @@ impl Param {
             | Param::Sizes(n)
             | Param::DType(n)
             | Param::Numbers(n)
-            | Param::Operand(n) => n,
+            | Param::Operand(n)
+            | Param::Tensors(n) => n,
         }
     }
 
@@ -67,6 +70,7 @@ impl Param {
             Param::Sizes(n) | Param::Numbers(n) => format!("*{n}"),
             Param::DType(n) => format!("{n}=..."),
             Param::Operand(n) => n.to_string(),
+            Param::Tensors(n) => format!("[{n}]"),
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct Bound<T> {
     pub list: Vec<f64>,
     /// Whether every number of `list` was written as an integer.
     pub list_ints: bool,
+    /// The tensors of a list parameter.
+    pub tensors: Vec<T>,
 }
 
 impl<T: Copy> Bound<T> {

@@ -19,6 +19,7 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         op: Op::Softmax {
             dim: b.int(1).ok_or_else(|| format!("{name} needs dim"))?,
             log: name == "log_softmax",
+            safe: name == "safe_softmax",
         },
         inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
     })
@@ -36,6 +37,13 @@ pub(super) static ENTRIES: &[Entry] = &[
         make,
     },
     Entry {
+        name: "safe_softmax",
+        form: Form::Both,
+        params: SOFTMAX,
+        doc: "torch._safe_softmax: softmax, 0 for a row of -inf (SDPA's math path; takes an isneginf mask, a row flag and a scalar)",
+        make,
+    },
+    Entry {
         name: "log_softmax",
         form: Form::Both,
         params: SOFTMAX,
@@ -50,6 +58,28 @@ pub(super) static ENTRIES: &[Entry] = &[
         make,
     },
 ];
+
+/// `_safe_softmax`'s temporaries after its output: which inputs are -inf, whether a whole row
+/// is, and a 0 scalar (freed last first).
+pub(super) fn safe_scratch(x: MetaRef, dim: i64) -> Vec<Step> {
+    let mut row = x.0.to_vec();
+    if let Ok(d) = crate::engine::layout::wrap_dim(dim, row.len()) {
+        row.remove(d);
+    }
+    let temp = |shape: Vec<usize>, dtype| Step::Alloc {
+        shape,
+        dtype,
+        category: Category::Temporary,
+    };
+    vec![
+        temp(x.0.to_vec(), crate::engine::DType::Bool),
+        temp(row, crate::engine::DType::Bool),
+        temp(vec![], x.1),
+        Step::Free(2),
+        Step::Free(1),
+        Step::Free(0),
+    ]
+}
 
 /// softmax's backward computes grad * output into a temporary first (log_softmax's does not).
 pub(super) fn grad_plan(grad: MetaRef) -> GradPlan {

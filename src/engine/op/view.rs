@@ -56,6 +56,30 @@ impl ViewKind {
     }
 }
 
+/// `cat(tensors, dim)` and `pad(input, pad, value)`: new tensors of a joined or padded shape.
+fn join(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    match name {
+        "cat" => {
+            if b.tensors.is_empty() {
+                return Err("torch.cat(): expected a non-empty list of Tensors".into());
+            }
+            Ok(Made::Op {
+                op: Op::Cat {
+                    dim: b.int(1).unwrap_or(0),
+                },
+                inputs: b.tensors.clone(),
+            })
+        }
+        _ => Ok(Made::Op {
+            op: Op::Pad {
+                pads: b.sizes()?,
+                value: b.float(2).unwrap_or(0.0),
+            },
+            inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        }),
+    }
+}
+
 fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
     let kind = match name {
@@ -66,6 +90,20 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         "permute" => ViewKind::Permute,
         "expand" => ViewKind::Expand,
         "unsqueeze" => ViewKind::Unsqueeze,
+        "flatten" => {
+            return Ok(Made::View {
+                kind: ViewKind::Flatten,
+                x,
+                args: vec![b.int(1).unwrap_or(0), b.int(2).unwrap_or(-1)],
+            })
+        }
+        "squeeze" => {
+            return Ok(Made::View {
+                kind: ViewKind::Squeeze,
+                x,
+                args: b.int(1).into_iter().collect(),
+            })
+        }
         "contiguous" => return Ok(Made::Contiguous(x)),
         "clone" => {
             return Ok(Made::Op {
@@ -128,6 +166,34 @@ pub(super) static ENTRIES: &[Entry] = &[
         &[X, Param::Sizes("dim")],
         "a new dimension of size 1",
     ),
+    entry(
+        "flatten",
+        &[
+            X,
+            Param::Int("start_dim", Some(0)),
+            Param::Int("end_dim", Some(-1)),
+        ],
+        "dimensions start_dim..=end_dim as one (a view when strides allow, else a copy)",
+    ),
+    entry(
+        "squeeze",
+        &[X, Param::OptInt("dim")],
+        "without dimensions of size 1 (all, or dim)",
+    ),
+    Entry {
+        name: "cat",
+        form: Form::Function,
+        params: &[Param::Tensors("tensors"), Param::Int("dim", Some(0))],
+        doc: "torch.cat: the tensors joined along dim (each one's gradient is a view)",
+        make: join,
+    },
+    Entry {
+        name: "pad",
+        form: Form::Function,
+        params: &[X, Param::Sizes("pad"), Param::Float("value", Some(0.0))],
+        doc: "F.pad, constant: pad = (before, after) pairs from the last dimension in",
+        make: join,
+    },
     entry("contiguous", UNARY, "itself when contiguous, else a copy"),
     entry("clone", UNARY, "a contiguous copy"),
     entry(

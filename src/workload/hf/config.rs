@@ -1,0 +1,254 @@
+//! Reading a Hugging Face `config.json`: every key is modelled, known not to change memory,
+//! or refused by name. Missing keys take transformers' defaults for the model type.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+/// At most this much of a config file is read (real ones are a few KiB).
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Keys of real configs that change nothing gpumem measures (token ids, labels, generation
+/// defaults, bookkeeping, initialisation).
+const INERT: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "id2label",
+    "label2id",
+    "initializer_range",
+    "transformers_version",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "problem_type",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "max_position_embeddings",
+    "torch_dtype",
+    "dtype",
+    "tie_encoder_decoder",
+    "tokenizer_class",
+    "auto_map",
+];
+
+/// A config.json's object (or the one in a folder's config.json).
+pub(super) fn read(path: &Path) -> Result<Map<String, Value>, String> {
+    let path = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let shown = path.display();
+    let meta =
+        std::fs::metadata(&path).map_err(|e| format!("cannot read the config {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("the config {shown} is not a regular file"));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "the config {shown} is {} bytes; a Hugging Face config.json is a few KiB",
+            meta.len()
+        ));
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read the config {shown}: {e}"))?;
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(format!("the config {shown} is not a JSON object")),
+        Err(e) => Err(format!(
+            "the config {shown}: line {} column {}: invalid JSON: {e}",
+            e.line(),
+            e.column()
+        )),
+    }
+}
+
+/// A llama-family decoder, as `LlamaConfig` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LlamaConfig {
+    pub vocab: u64,
+    pub hidden: u64,
+    pub intermediate: u64,
+    pub layers: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub tie_embeddings: bool,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    /// `torch_dtype`/`dtype` of the config, where it names one gpumem knows.
+    pub dtype: Option<&'static str>,
+}
+
+/// The llama config in `m` (read from `path`, for messages).
+pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, String> {
+    let shown = path.display();
+    let model_type = match m.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(format!("{shown}: 'model_type' must be a string")),
+        None => {
+            return Err(format!(
+                "{shown}: no 'model_type' (llama, mistral, qwen2, gpt2 or bert)"
+            ))
+        }
+    };
+    match model_type {
+        "llama" => {}
+        "mistral" | "qwen2" | "gpt2" | "bert" => {
+            return Err(format!(
+                "{shown}: model_type \"{model_type}\" is not modelled yet (llama is)"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "{shown}: model_type \"{other}\" is not a family gpumem models (llama; mistral, qwen2, gpt2 and bert are planned)"
+            ))
+        }
+    }
+    const MODELLED: &[&str] = &[
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "hidden_act",
+        "rms_norm_eps",
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "attention_dropout",
+        "pretraining_tp",
+    ];
+    let unknown: Vec<&str> = m
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !MODELLED.contains(k) && !INERT.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{shown}: gpumem cannot model the key{} {} of a llama config (it models {})",
+            if unknown.len() > 1 { "s" } else { "" },
+            unknown
+                .iter()
+                .map(|k| format!("'{k}'"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            MODELLED.join(", ")
+        ));
+    }
+    let int = |key: &str, default: u64| -> Result<u64, String> {
+        match m.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) if v >= 1 => Ok(v),
+                _ => Err(format!(
+                    "{shown}: '{key}' must be a positive integer, found {n}"
+                )),
+            },
+            Some(other) => Err(format!(
+                "{shown}: '{key}' must be a positive integer, found {other}"
+            )),
+        }
+    };
+    let flag = |key: &str, default: bool| -> Result<bool, String> {
+        match m.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(format!(
+                "{shown}: '{key}' must be true or false, found {other}"
+            )),
+        }
+    };
+    // LlamaConfig's defaults
+    let hidden = int("hidden_size", 4096)?;
+    let heads = int("num_attention_heads", 32)?;
+    let kv_heads = int("num_key_value_heads", heads)?;
+    if heads % kv_heads != 0 {
+        return Err(format!(
+            "{shown}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+        ));
+    }
+    let head_dim = match m.get("head_dim") {
+        None | Some(Value::Null) => {
+            if hidden % heads != 0 {
+                return Err(format!(
+                    "{shown}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads}), or give head_dim"
+                ));
+            }
+            hidden / heads
+        }
+        Some(_) => int("head_dim", 1)?,
+    };
+    if head_dim % 2 != 0 {
+        return Err(format!(
+            "{shown}: head_dim ({head_dim}) must be even for rotary embeddings"
+        ));
+    }
+    match m.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if a == "silu" => {}
+        Some(other) => {
+            return Err(format!(
+                "{shown}: hidden_act {other} is not modelled (silu is)"
+            ))
+        }
+    }
+    if int("pretraining_tp", 1)? != 1 {
+        return Err(format!("{shown}: pretraining_tp > 1 is not modelled (its sliced products allocate differently)"));
+    }
+    match m.get("attention_dropout") {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_f64() == Some(0.0) => {}
+        Some(other) => {
+            return Err(format!(
+                "{shown}: attention_dropout {other} is not modelled yet (0.0 is)"
+            ))
+        }
+    }
+    for key in ["rope_parameters", "rope_scaling"] {
+        if let Some(Value::Object(r)) = m.get(key) {
+            let kind = r
+                .get("rope_type")
+                .or_else(|| r.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            // dynamic NTK recomputes its frequencies per forward (allocations of its own)
+            if !matches!(kind, "default" | "linear" | "llama3" | "yarn" | "longrope") {
+                return Err(format!(
+                    "{shown}: '{key}' rope_type \"{kind}\" is not modelled (default, linear, llama3, yarn and longrope are)"
+                ));
+            }
+        }
+    }
+    let dtype = ["dtype", "torch_dtype"]
+        .iter()
+        .find_map(|k| m.get(*k).and_then(Value::as_str))
+        .and_then(|d| match d {
+            "float32" => Some("fp32"),
+            "bfloat16" => Some("bf16"),
+            _ => None,
+        });
+    Ok(LlamaConfig {
+        vocab: int("vocab_size", 32000)?,
+        hidden,
+        intermediate: int("intermediate_size", 11008)?,
+        layers: int("num_hidden_layers", 32)?,
+        heads,
+        kv_heads,
+        head_dim,
+        tie_embeddings: flag("tie_word_embeddings", false)?,
+        attention_bias: flag("attention_bias", false)?,
+        mlp_bias: flag("mlp_bias", false)?,
+        dtype,
+    })
+}

@@ -1,0 +1,345 @@
+//! `LlamaForCausalLM` (transformers 5.17) as line-language statements: the parameters in the
+//! order `model.to(device)` moves them, and the training loop of hf_models.py, op for op as
+//! the H200 traces show transformers running it:
+//!
+//! - `LlamaModel`: the embedding; `cache_position` (an `arange` plus the cache's length) and
+//!   `position_ids` from it; no causal mask (sdpa without padding takes `is_causal`); the
+//!   rotary cos and sin (no grad, float32: the frequencies' product, `cat((f, f))`, `cos()`
+//!   and `sin()` times the attention scaling); a `DynamicCache`, which in training too keeps
+//!   every layer's keys and values (`torch.cat` into the cache) until the output is dropped.
+//! - Each decoder layer: RMSNorm as transformers writes it (`pow(2).mean(-1, keepdim)`,
+//!   `x * rsqrt(v + eps)`, `weight * x`), the projections, `apply_rotary_pos_emb` with
+//!   `rotate_half`'s `cat((-x2, x1))`, the cache update, attention, `o_proj`, the residual,
+//!   the SwiGLU MLP.
+//! - Attention: with fewer key/value heads than query heads in float32, PyTorch's SDPA runs
+//!   its math path (`enable_gqa`: no fused kernel takes it): q and k each scaled by the square
+//!   root of the scale, the causal mask built (`ones(T, T).tril()`, then `where` of two
+//!   0-dim scalars), k and v repeated per group, the product, the mask added in place,
+//!   `_safe_softmax`, the product with v. Otherwise the memory-efficient kernel.
+//! - The loss: `ForCausalLMLoss`: the labels padded by one and shifted (`pad`, a slice made
+//!   contiguous), then `cross_entropy` over the flattened logits.
+//!
+//! Locals die where Python's do: a function's at its return, in the order it named them.
+
+use std::fmt::Write as _;
+
+use super::{LlamaConfig, Run};
+use crate::workload::preset::{at, optimizer_line};
+
+/// `(variable, module path, parameter name, shape)` of every parameter, in `model.to()`
+/// order (each module's children first, then its own parameters).
+fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
+    let (h, q, kv, i) = (
+        c.hidden,
+        c.heads * c.head_dim,
+        c.kv_heads * c.head_dim,
+        c.intermediate,
+    );
+    let mut p = vec![(
+        "embed".to_string(),
+        "model.embed_tokens".to_string(),
+        "weight",
+        vec![c.vocab, h],
+    )];
+    for l in 0..c.layers {
+        let m = |s: &str| format!("model.layers.{l}.{s}");
+        let mut lin = |var: &str, path: &str, out: u64, inp: u64, bias: bool| {
+            p.push((format!("l{l}_{var}_w"), m(path), "weight", vec![out, inp]));
+            if bias {
+                p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![out]));
+            }
+        };
+        let ab = c.attention_bias;
+        lin("q", "self_attn.q_proj", q, h, ab);
+        lin("k", "self_attn.k_proj", kv, h, ab);
+        lin("v", "self_attn.v_proj", kv, h, ab);
+        lin("o", "self_attn.o_proj", h, q, ab);
+        let mb = c.mlp_bias;
+        lin("gate", "mlp.gate_proj", i, h, mb);
+        lin("up", "mlp.up_proj", i, h, mb);
+        lin("down", "mlp.down_proj", h, i, mb);
+        p.push((format!("l{l}_ln1"), m("input_layernorm"), "weight", vec![h]));
+        p.push((
+            format!("l{l}_ln2"),
+            m("post_attention_layernorm"),
+            "weight",
+            vec![h],
+        ));
+    }
+    p.push(("norm".into(), "model.norm".into(), "weight", vec![h]));
+    p
+}
+
+fn dims(shape: &[u64]) -> String {
+    shape
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The setup and body scripts.
+pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
+    let mut s = String::new();
+    let ps = params(c);
+    for (var, path, name, shape) in &ps {
+        let _ = writeln!(s, "scope \"{path}\" {{");
+        let _ = writeln!(
+            s,
+            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
+            dims(shape)
+        );
+        let _ = writeln!(s, "}}");
+    }
+    // the rotary embedding's buffers: inv_freq and original_inv_freq
+    let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
+    let _ = writeln!(s, "  inv_freq = zeros({})", c.head_dim / 2);
+    let _ = writeln!(s, "  original_inv_freq = zeros({})", c.head_dim / 2);
+    let _ = writeln!(s, "}}");
+    let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
+    if c.tie_embeddings {
+        let _ = writeln!(s, "lm_head = embed");
+    } else {
+        let _ = writeln!(s, "scope \"lm_head\" {{");
+        let _ = writeln!(
+            s,
+            "  lm_head = randn({}, {}, requires_grad=true, from=\"lm_head.weight\")",
+            c.vocab, c.hidden
+        );
+        let _ = writeln!(s, "}}");
+        list.push("lm_head");
+    }
+    optimizer_line(&mut s, r.optimizer, &list.join(", "));
+    (s, body(c, r))
+}
+
+fn body(c: &LlamaConfig, r: &Run) -> String {
+    let mut s = String::new();
+    let (b, t) = (r.batch, r.seq);
+    let _ = writeln!(
+        s,
+        "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
+    );
+    let _ = writeln!(s, "labels = input_ids.clone()");
+    let _ = writeln!(s, "phase \"forward\" {{");
+    let ind = "  ";
+    forward(&mut s, c, r, ind);
+    loss(&mut s, c, r, ind);
+    let _ = writeln!(s, "}}");
+    let _ = writeln!(s, "loss.backward()");
+    let _ = writeln!(s, "value = loss.item()");
+    // `del out`: the output's loss, logits and cache (each layer's keys, then values)
+    let caches: Vec<String> = (0..c.layers).map(|l| format!("kc{l}, vc{l}")).collect();
+    let _ = writeln!(s, "del logits");
+    if !caches.is_empty() {
+        let _ = writeln!(s, "del {}", caches.join(", "));
+    }
+    let _ = writeln!(s, "del loss, input_ids, labels");
+    if r.optimizer != "none" {
+        let _ = writeln!(s, "opt.step()");
+        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
+    }
+    s
+}
+
+/// `LlamaModel.forward` then `lm_head`: leaves `logits` (and each layer's cache `kc`, `vc`).
+fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    at(
+        s,
+        ind,
+        "model.embed_tokens",
+        "h = embedding(input_ids, embed)",
+    );
+    line(s, &format!("cp0 = arange({t})"));
+    line(s, "cache_position = cp0 + 0");
+    line(s, "del cp0");
+    line(s, "position_ids = cache_position.unsqueeze(0)");
+    // the rotary embedding: no grad, autocast off
+    let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
+    let _ = writeln!(s, "{ind}  no_grad {{");
+    let i2 = format!("{ind}    ");
+    for stmt in [
+        "inv_freq_expanded = inv_freq[none, :, none].expand(1, -1, 1)".to_string(),
+        "position_ids_expanded = position_ids[:, none, :].float()".to_string(),
+        "freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)".to_string(),
+        "emb = cat([freqs, freqs], -1)".to_string(),
+        "c0 = emb.cos()".to_string(),
+        "cos = c0 * 1.0".to_string(),
+        "del c0".to_string(),
+        "s0 = emb.sin()".to_string(),
+        "sin = s0 * 1.0".to_string(),
+        "del s0".to_string(),
+        "del inv_freq_expanded, position_ids_expanded, freqs, emb".to_string(),
+    ] {
+        let _ = writeln!(s, "{i2}{stmt}");
+    }
+    let _ = writeln!(s, "{ind}  }}");
+    let _ = writeln!(s, "{ind}}}");
+    for l in 0..c.layers {
+        layer(s, c, r, l, ind);
+    }
+    rms_norm(s, "model.norm", "norm", "h", "h", ind);
+    line(s, "del position_ids, cache_position");
+    at(s, ind, "lm_head", "logits = linear(h, lm_head)");
+    line(s, "del h, cos, sin");
+    let _ = b;
+}
+
+/// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller).
+fn rms_norm(s: &mut String, path: &str, w: &str, x: &str, out: &str, ind: &str) {
+    let stmts = [
+        format!("variance = {x}.pow(2).mean(-1, keepdim=true)"),
+        "n0 = variance + 0.000001".to_string(),
+        "n1 = n0.rsqrt()".to_string(),
+        "del n0".to_string(),
+        format!("n2 = {x} * n1"),
+        "del n1".to_string(),
+        format!("{out} = {w} * n2"),
+        "del n2, variance".to_string(),
+    ];
+    let _ = writeln!(s, "{ind}scope \"{path}\" {{");
+    for st in stmts {
+        let _ = writeln!(s, "{ind}  {st}");
+    }
+    let _ = writeln!(s, "{ind}}}");
+}
+
+/// One `LlamaDecoderLayer`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.
+fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
+    let m = |x: &str| format!("model.layers.{l}.{x}");
+    let p = |x: &str| format!("l{l}_{x}");
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let lin = |s: &mut String, name: &str, path: &str, input: &str, out: &str| {
+        let bias = if (name == "gate" || name == "up" || name == "down") && c.mlp_bias
+            || !(name == "gate" || name == "up" || name == "down") && c.attention_bias
+        {
+            format!(", {}", p(&format!("{name}_b")))
+        } else {
+            String::new()
+        };
+        at(
+            s,
+            ind,
+            &m(path),
+            &format!("{out} = linear({input}, {}{bias})", p(&format!("{name}_w"))),
+        );
+    };
+    line(s, "residual = h");
+    rms_norm(s, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
+    // self_attn
+    let attn = m("self_attn");
+    for (name, v, heads) in [("q", "q0", nh), ("k", "k0", nkv), ("v", "v0", nkv)] {
+        lin(s, name, &format!("self_attn.{name}_proj"), "x", v);
+        at(
+            s,
+            ind,
+            &attn,
+            &format!("{v} = {v}.view({b}, {t}, {heads}, {hd}).transpose(1, 2)"),
+        );
+    }
+    let half = hd / 2;
+    for (x, out) in [("q0", "q1"), ("k0", "k1")] {
+        for st in [
+            format!("e0 = {x} * cos.unsqueeze(1)"),
+            format!("x1 = {x}[..., :{half}]"),
+            format!("x2 = {x}[..., {half}:]"),
+            "e1 = x2.neg()".to_string(),
+            "e2 = cat([e1, x1], -1)".to_string(),
+            "del e1, x1, x2".to_string(),
+            "e3 = e2 * sin.unsqueeze(1)".to_string(),
+            "del e2".to_string(),
+            format!("{out} = e0 + e3"),
+            "del e0, e3".to_string(),
+        ] {
+            at(s, ind, &attn, &st);
+        }
+    }
+    line(s, "del q0, k0");
+    // past_key_values.update
+    at(s, ind, &attn, &format!("kc{l} = cat([k1], -2)"));
+    at(s, ind, &attn, &format!("vc{l} = cat([v0], -2)"));
+    line(s, "del k1, v0");
+    attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
+    line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
+    lin(s, "o", "self_attn.o_proj", "y", "a");
+    line(s, "del q1, y");
+    let block = format!("model.layers.{l}");
+    at(s, ind, &block, "h = residual + a");
+    line(s, "del a, x");
+    line(s, "residual = h");
+    rms_norm(s, &m("post_attention_layernorm"), &p("ln2"), "h", "x", ind);
+    lin(s, "gate", "mlp.gate_proj", "x", "g0");
+    at(s, ind, &m("mlp.act_fn"), "g1 = g0.silu()");
+    lin(s, "up", "mlp.up_proj", "x", "u0");
+    at(s, ind, &m("mlp"), "g2 = g1 * u0");
+    lin(s, "down", "mlp.down_proj", "g2", "d0");
+    line(s, "del g0, g1, u0, g2, x");
+    at(s, ind, &block, "h = residual + d0");
+    line(s, "del d0, residual");
+}
+
+/// `sdpa_attention_forward` of `q1` against keys `k` and values `v` (the cache's): `y`, the
+/// output as [B, T, H, D] made contiguous.
+fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &str, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
+    let rep = nh / nkv;
+    let mut st: Vec<String> = Vec::new();
+    if rep > 1 {
+        // PyTorch's math path with enable_gqa (float32)
+        let sq = (1.0 / (hd as f64).sqrt()).sqrt();
+        st.extend([
+            format!("aq = q1 * {sq:?}"),
+            format!("am0 = ones({t}, {t}, dtype=bool)"),
+            "am1 = am0.tril()".to_string(),
+            "del am0".to_string(),
+            "az = zeros()".to_string(),
+            "ai = full(fill_value=-inf)".to_string(),
+            "am = where(am1, az, ai)".to_string(),
+            "del ai, az, am1".to_string(),
+            format!(
+                "ak = {k}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).clone().flatten(1, 2)"
+            ),
+            format!(
+                "av = {v}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).clone().flatten(1, 2)"
+            ),
+            format!("aks = ak.transpose(-2, -1) * {sq:?}"),
+            "att = aq @ aks".to_string(),
+            "att.add_(am)".to_string(),
+            "att = safe_softmax(att, -1)".to_string(),
+            "y0 = att @ av".to_string(),
+            "del att, av, aks, ak, aq, am".to_string(),
+        ]);
+    } else {
+        st.push(format!("y0 = scaled_dot_product_attention(q1, {k}, {v})"));
+    }
+    st.push("y = y0.transpose(1, 2).contiguous()".to_string());
+    st.push("del y0".to_string());
+    for x in st {
+        at(s, ind, path, &x);
+    }
+}
+
+/// `ForCausalLMLoss`: `loss` from `logits` and `labels`.
+fn loss(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
+    let n = r.batch * r.seq;
+    for st in [
+        "lp = pad(labels, [0, 1], value=-100)".to_string(),
+        "shift_labels = lp[..., 1:].contiguous()".to_string(),
+        format!(
+            "loss = cross_entropy(logits.view({n}, {}), shift_labels.view({n}))",
+            c.vocab
+        ),
+        "del lp, shift_labels".to_string(),
+    ] {
+        at(s, ind, "loss_function", &st);
+    }
+}

@@ -1,0 +1,170 @@
+//! Models from a Hugging Face `config.json`: `[model] hf_config = "config.json"` with
+//! `[train]` (and `[generate]`) builds the model transformers builds from that config and runs
+//! the loop of ../shared/tools/hf_models.py, expanded into the same line-language statements a
+//! user would write, each op tagged with its module path (`model.layers.3.self_attn.q_proj`).
+//!
+//! The config is read whole; every key is either modelled, known not to change memory, or
+//! refused by name (exit 2): gpumem never approximates a config it cannot model.
+//!
+//! Families: `llama` ([`llama`]). Mistral, Qwen2, GPT-2 and BERT configs are recognised and
+//! refused as not modelled yet.
+
+mod config;
+mod llama;
+
+use std::path::Path;
+
+use toml::{Spanned, Value};
+
+use super::ast::Span;
+use super::error::{PResult, SyntaxError};
+use super::preset::{Expanded, PresetInfo, Reader, Table};
+
+pub(crate) use config::LlamaConfig;
+
+/// The keys of `[model]` for a Hugging Face config.
+pub const MODEL_KEYS: &[&str] = &["hf_config", "attention", "dtype", "gradient_checkpointing"];
+/// The keys of `[train]` for a Hugging Face config.
+pub const TRAIN_KEYS: &[&str] = &[
+    "batch",
+    "seq",
+    "iterations",
+    "optimizer",
+    "precision",
+    "mode",
+];
+
+/// What the workload asks of the model and its loop.
+#[derive(Debug, Clone)]
+pub(crate) struct Run {
+    pub batch: u64,
+    pub seq: u64,
+    pub iterations: u32,
+    pub optimizer: &'static str,
+    pub bf16_autocast: bool,
+    /// `train` or `inference`.
+    pub mode: &'static str,
+    pub eager: bool,
+    pub bf16_weights: bool,
+    pub checkpointing: bool,
+}
+
+/// Is this `[model]` table a Hugging Face one?
+pub(crate) fn is_hf(model: &Table) -> bool {
+    model.contains_key("hf_config")
+}
+
+/// Expands `[model] hf_config = ...` and `[train]`. `base` is the workload's folder (the
+/// config's path is relative to it).
+pub(crate) fn expand(
+    model: &Table,
+    model_at: Span,
+    train: Option<&Table>,
+    train_at: Span,
+    base: &Path,
+    span: &dyn Fn(usize) -> Span,
+) -> PResult<Expanded> {
+    let m = Reader {
+        table: model,
+        name: "model",
+        at: model_at,
+        span,
+    };
+    m.check_keys(MODEL_KEYS, " for a Hugging Face config (hf_config)")?;
+    let cfg_v = model.get("hf_config").expect("is_hf");
+    let cfg_at = m.pos(cfg_v);
+    let path = match cfg_v.get_ref() {
+        Value::String(p) if !p.is_empty() => base.join(p),
+        _ => {
+            return Err(SyntaxError::new(
+                cfg_at,
+                "'hf_config' in [model] must be the path of a Hugging Face config.json (or of \
+                 a folder holding one), as hf_config = \"config.json\"",
+            ))
+        }
+    };
+    let json = config::read(&path).map_err(|m| SyntaxError::new(cfg_at, m))?;
+    let empty = Table::new();
+    let t = Reader {
+        table: train.unwrap_or(&empty),
+        name: "train",
+        at: train_at,
+        span,
+    };
+    t.check_keys(TRAIN_KEYS, " for a Hugging Face config")?;
+    let cfg = config::llama(&json, &path).map_err(|m| SyntaxError::new(cfg_at, m))?;
+    let dtype = match model.get("dtype") {
+        None => cfg.dtype.unwrap_or("fp32"),
+        Some(_) => m.choice("dtype", "fp32", &["fp32", "bf16"])?,
+    };
+    let iterations = t.int("iterations", Some(3), "")?;
+    let iterations = u32::try_from(iterations).map_err(|_| {
+        SyntaxError::new(
+            value_at(&t, "iterations"),
+            format!("'iterations' in [train] must be at most {}", u32::MAX),
+        )
+    })?;
+    let run = Run {
+        batch: t.int("batch", None, "the batch size, e.g. batch = 4")?,
+        seq: t.int("seq", None, "tokens per sample, e.g. seq = 1024")?,
+        iterations,
+        optimizer: t.choice(
+            "optimizer",
+            "adamw",
+            &["sgd", "sgd_momentum", "adam", "adamw", "none"],
+        )?,
+        bf16_autocast: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?
+            == "bf16-autocast",
+        mode: t.choice("mode", "train", &["train", "inference", "generate"])?,
+        eager: m.choice("attention", "sdpa", &["sdpa", "eager"])? == "eager",
+        bf16_weights: dtype == "bf16",
+        checkpointing: m.flag("gradient_checkpointing")?,
+    };
+    let unsupported = |key: &str, what: &str| -> PResult<()> {
+        Err(SyntaxError::new(
+            value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
+            format!("{what} is not modelled yet for Hugging Face configs (llama trains in fp32 with sdpa attention); remove '{key}' or set it to its default"),
+        ))
+    };
+    if run.mode != "train" {
+        unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
+    }
+    if run.bf16_autocast {
+        unsupported("precision", "bf16 autocast")?;
+    }
+    if run.eager {
+        unsupported("attention", "eager attention")?;
+    }
+    if run.bf16_weights {
+        unsupported("dtype", "bf16 weights")?;
+    }
+    if run.checkpointing {
+        unsupported("gradient_checkpointing", "gradient checkpointing")?;
+    }
+    let (setup, body) = llama::expand(&cfg, &run);
+    let info = PresetInfo {
+        kind: "llama",
+        ints: vec![
+            ("batch".into(), run.batch),
+            ("seq".into(), run.seq),
+            ("iterations".into(), run.iterations as u64),
+        ],
+        optimizer: run.optimizer,
+        bf16: run.bf16_autocast,
+        checkpointing: run.checkpointing,
+        mode: run.mode,
+        keep_tensor: false,
+    };
+    Ok(Expanded {
+        kind: "llama",
+        iterations: run.iterations,
+        setup,
+        body,
+        info,
+        weights: None,
+    })
+}
+
+fn value_at(r: &Reader<'_>, key: &str) -> Span {
+    r.table.get(key).map_or(r.at, |v: &Spanned<Value>| r.pos(v))
+}
