@@ -128,8 +128,12 @@ fn body(c: &LlamaConfig, r: &Run) -> String {
     let _ = writeln!(s, "}}");
     let _ = writeln!(s, "loss.backward()");
     let _ = writeln!(s, "value = loss.item()");
-    // `del out`: the output's loss, logits and cache (each layer's keys, then values)
-    let caches: Vec<String> = (0..c.layers).map(|l| format!("kc{l}, vc{l}")).collect();
+    // `del out`: the output's loss, logits and cache: its list of layers goes last first
+    // (CPython frees a list's items from the end), each layer's keys then values
+    let caches: Vec<String> = (0..c.layers)
+        .rev()
+        .map(|l| format!("kc{l}, vc{l}"))
+        .collect();
     let _ = writeln!(s, "del logits");
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));
