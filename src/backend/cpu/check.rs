@@ -60,11 +60,28 @@ fn objective(
 
 /// Checks the gradients of `f` with respect to the inputs marked differentiable.
 fn check(name: &str, shapes: &[(Vec<usize>, bool)], f: &dyn Fn(&mut Dev, &[TensorId]) -> TensorId) {
+    check_on(name, shapes, false, f)
+}
+
+/// [`check`], with inputs in (0.5, 1.5] when `positive` (square roots).
+fn check_on(
+    name: &str,
+    shapes: &[(Vec<usize>, bool)],
+    positive: bool,
+    f: &dyn Fn(&mut Dev, &[TensorId]) -> TensorId,
+) {
     let mut d = dev();
     let ins: Vec<TensorId> = shapes
         .iter()
         .enumerate()
-        .map(|(k, (s, rg))| input(&mut d, s, *rg, noise(k + 1)))
+        .map(|(k, (s, rg))| {
+            let n = noise(k + 1);
+            if positive {
+                input(&mut d, s, *rg, move |i| 1.0 + 0.5 * n(i))
+            } else {
+                input(&mut d, s, *rg, n)
+            }
+        })
         .collect();
     let loss = objective(&mut d, f, &ins);
     d.backward(loss, false).unwrap();
@@ -94,6 +111,11 @@ fn check(name: &str, shapes: &[(Vec<usize>, bool)], f: &dyn Fn(&mut Dev, &[Tenso
                 val
             };
             let fd = (at(base[i] + h, &mut d) - at(base[i] - h, &mut d)) / (2.0 * h);
+            assert!(
+                fd.is_finite() && g[i].is_finite(),
+                "{name}: input {k}, element {i}: finite difference {fd}, gradient {}",
+                g[i]
+            );
             worst = worst.max((fd - g[i]).abs() / scale);
         }
         d.write(ins[k], &base).unwrap();
@@ -110,7 +132,8 @@ fn unary_ops_match_finite_differences() {
         if matches!(u, Unary::BitwiseNot) {
             continue; // integers and booleans: no gradient
         }
-        check(u.name(), &[(vec![3, 5], true)], &|d, i| {
+        let positive = matches!(u, Unary::Rsqrt | Unary::Sqrt);
+        check_on(u.name(), &[(vec![3, 5], true)], positive, &|d, i| {
             d.unary(u, i[0]).unwrap()
         });
     }
@@ -146,6 +169,70 @@ fn arithmetic_softmax_reductions_match_finite_differences() {
     });
     check("scalar", &[(vec![4], true)], &|d, i| {
         d.scalar(Binary::Div, i[0], 3.0, false).unwrap()
+    });
+    check(
+        "scalar add (the gradient passes)",
+        &[(vec![4], true)],
+        &|d, i| d.scalar(Binary::Add, i[0], 1e-6, false).unwrap(),
+    );
+    for e in [2.0, 3.0, 0.5] {
+        check_on("pow", &[(vec![3, 4], true)], true, &|d, i| {
+            d.apply(&Op::Pow { exponent: e }, i).unwrap()
+        });
+    }
+    // elementwise outputs laid out like a transposed input, and broadcast gradients summed
+    check(
+        "mul of a transposed input and a broadcast one",
+        &[(vec![4, 3], true), (vec![1, 4], true)],
+        &|d, i| {
+            let l = d.info(i[0]).layout.t().unwrap();
+            let t = d.view_op(
+                crate::engine::op::ViewKind::T,
+                i[0],
+                l,
+                crate::engine::Layout::contiguous(&[]),
+            );
+            let y = d.binary(Binary::Mul, t, i[1]).unwrap();
+            d.release(t);
+            y
+        },
+    );
+    check("safe_softmax", &[(vec![3, 5], true)], &|d, i| {
+        d.apply(
+            &Op::Softmax {
+                dim: -1,
+                log: false,
+                safe: true,
+            },
+            i,
+        )
+        .unwrap()
+    });
+    check(
+        "cat",
+        &[(vec![2, 3, 2], true), (vec![2, 1, 2], true)],
+        &|d, i| d.apply(&Op::Cat { dim: 1 }, i).unwrap(),
+    );
+    check("where", &[(vec![3, 4], true), (vec![4], true)], &|d, i| {
+        let c = input(d, &[3, 4], false, |k| (k % 3 == 0) as u8 as f64);
+        let c = {
+            let b = d.cast_op(c, DType::Bool).unwrap();
+            d.release(c);
+            b
+        };
+        let y = d.apply(&Op::Where, &[c, i[0], i[1]]).unwrap();
+        d.release(c);
+        y
+    });
+    check("pad", &[(vec![2, 3], true)], &|d, i| {
+        d.apply(
+            &Op::Pad {
+                pads: vec![1, 2, 0, 1],
+                value: 0.5,
+            },
+            i,
+        )
+        .unwrap()
     });
 }
 

@@ -78,7 +78,8 @@ pub(crate) struct LlamaConfig {
     pub kv_heads: u64,
     pub head_dim: u64,
     pub tie_embeddings: bool,
-    pub attention_bias: bool,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
     pub mlp_bias: bool,
     /// `torch_dtype`/`dtype` of the config, where it names one gpumem knows.
     pub dtype: Option<&'static str>,
@@ -96,11 +97,12 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             ))
         }
     };
+    let qwen2 = model_type == "qwen2";
     match model_type {
-        "llama" => {}
-        "mistral" | "qwen2" | "gpt2" | "bert" => {
+        "llama" | "qwen2" => {}
+        "mistral" | "gpt2" | "bert" => {
             return Err(format!(
-                "{shown}: model_type \"{model_type}\" is not modelled yet (llama is)"
+                "{shown}: model_type \"{model_type}\" is not modelled yet (llama and qwen2 are)"
             ))
         }
         other => {
@@ -128,6 +130,11 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "rope_theta",
         "attention_dropout",
         "pretraining_tp",
+        // qwen2
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
     ];
     let unknown: Vec<&str> = m
         .keys()
@@ -169,7 +176,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             )),
         }
     };
-    // LlamaConfig's defaults
+    // LlamaConfig's and Qwen2Config's defaults
     let hidden = int("hidden_size", 4096)?;
     let heads = int("num_attention_heads", 32)?;
     let kv_heads = int("num_key_value_heads", heads)?;
@@ -230,6 +237,18 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             }
         }
     }
+    if flag("use_sliding_window", false)? {
+        return Err(format!(
+            "{shown}: use_sliding_window = true is not modelled yet (its sliding-window masks allocate)"
+        ));
+    }
+    if let Some(Value::Array(kinds)) = m.get("layer_types") {
+        if let Some(k) = kinds.iter().find(|k| k.as_str() != Some("full_attention")) {
+            return Err(format!(
+                "{shown}: layer_types {k} is not modelled yet (full_attention is)"
+            ));
+        }
+    }
     let dtype = ["dtype", "torch_dtype"]
         .iter()
         .find_map(|k| m.get(*k).and_then(Value::as_str))
@@ -239,15 +258,25 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             _ => None,
         });
     Ok(LlamaConfig {
-        vocab: int("vocab_size", 32000)?,
+        vocab: int("vocab_size", if qwen2 { 151936 } else { 32000 })?,
         hidden,
-        intermediate: int("intermediate_size", 11008)?,
+        intermediate: int("intermediate_size", if qwen2 { 22016 } else { 11008 })?,
         layers: int("num_hidden_layers", 32)?,
         heads,
         kv_heads,
         head_dim,
         tie_embeddings: flag("tie_word_embeddings", false)?,
-        attention_bias: flag("attention_bias", false)?,
+        // Qwen2's q, k and v projections have biases, its o_proj none
+        qkv_bias: if qwen2 {
+            true
+        } else {
+            flag("attention_bias", false)?
+        },
+        o_bias: if qwen2 {
+            false
+        } else {
+            flag("attention_bias", false)?
+        },
         mlp_bias: flag("mlp_bias", false)?,
         dtype,
     })

@@ -49,11 +49,10 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
                 p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![out]));
             }
         };
-        let ab = c.attention_bias;
-        lin("q", "self_attn.q_proj", q, h, ab);
-        lin("k", "self_attn.k_proj", kv, h, ab);
-        lin("v", "self_attn.v_proj", kv, h, ab);
-        lin("o", "self_attn.o_proj", h, q, ab);
+        lin("q", "self_attn.q_proj", q, h, c.qkv_bias);
+        lin("k", "self_attn.k_proj", kv, h, c.qkv_bias);
+        lin("v", "self_attn.v_proj", kv, h, c.qkv_bias);
+        lin("o", "self_attn.o_proj", h, q, c.o_bias);
         let mb = c.mlp_bias;
         lin("gate", "mlp.gate_proj", i, h, mb);
         lin("up", "mlp.up_proj", i, h, mb);
@@ -222,9 +221,12 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
         let _ = writeln!(s, "{ind}{stmt}");
     };
     let lin = |s: &mut String, name: &str, path: &str, input: &str, out: &str| {
-        let bias = if (name == "gate" || name == "up" || name == "down") && c.mlp_bias
-            || !(name == "gate" || name == "up" || name == "down") && c.attention_bias
-        {
+        let has = match name {
+            "gate" | "up" | "down" => c.mlp_bias,
+            "o" => c.o_bias,
+            _ => c.qkv_bias,
+        };
+        let bias = if has {
             format!(", {}", p(&format!("{name}_b")))
         } else {
             String::new()

@@ -6,7 +6,7 @@
 //! The config is read whole; every key is either modelled, known not to change memory, or
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
-//! Families: `llama` ([`llama`]). Mistral, Qwen2, GPT-2 and BERT configs are recognised and
+//! Families: `llama` and `qwen2` ([`llama`]). Mistral, GPT-2 and BERT configs are recognised and
 //! refused as not modelled yet.
 
 mod config;

@@ -1,0 +1,236 @@
+//! Issue 14: models from a Hugging Face config.json against PyTorch 2.11 and transformers 5.17
+//! on an H200 (fixtures/hf: the cases' per-iteration figures and allocator traces).
+
+mod common;
+
+use common::{at_root, run_json, u, Scratch};
+use serde_json::Value;
+
+/// The fields hf_models.py records per training iteration.
+const FIELDS: [&str; 8] = [
+    "start",
+    "after_forward",
+    "after_backward",
+    "after_step",
+    "end",
+    "peak_allocated",
+    "peak_reserved",
+    "reserved_end",
+];
+
+/// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
+/// iteration to the byte.
+const CASES: [(&str, &str, bool); 3] = [
+    ("llama_s_sdpa_adamw_fp32", "llama_s_sdpa_adamw_fp32", true),
+    ("llama_t_sdpa_adamw_fp32", "llama_t_sdpa_adamw_fp32", false),
+    ("qwen2_t_sdpa_adamw_fp32", "qwen2_t_sdpa_adamw_fp32", false),
+];
+
+fn case(name: &str) -> Value {
+    let p = common::root().join(format!("fixtures/hf/cases/hf_{name}.json"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["cases"][0].clone()
+}
+
+/// Per-iteration differences (gpumem minus PyTorch) of every field, and the worst relative
+/// error of the allocated fields and of the reserved ones.
+fn differences(workload: &str, name: &str) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
+    let path = format!("fixtures/hf/workloads/{workload}.toml");
+    let (code, g) = run_json(&["run", &path]);
+    assert_eq!(code, Some(0), "{path}: {g}");
+    let t = case(name);
+    let (gi, ti) = (
+        g["iterations"].as_array().unwrap(),
+        t["iterations"].as_array().unwrap(),
+    );
+    assert_eq!(gi.len(), ti.len(), "{name}: iterations");
+    let mut diffs = Vec::new();
+    let (mut alloc, mut reserved) = (0f64, 0f64);
+    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
+        for f in FIELDS {
+            let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
+            if x != y {
+                diffs.push((k as u64, f, x - y));
+            }
+            let rel = (x - y).unsigned_abs() as f64 / y.max(1) as f64;
+            if f.contains("reserved") {
+                // the issue's bound: 1% or 2 MiB, whichever is larger
+                let slack = ((x - y).unsigned_abs() as f64 - (2 << 20) as f64).max(0.0);
+                reserved = reserved.max(slack / y.max(1) as f64);
+            } else {
+                alloc = alloc.max(rel);
+            }
+        }
+    }
+    (diffs, alloc, reserved)
+}
+
+#[test]
+fn hf_cases_match_pytorch() {
+    let mut report = Vec::new();
+    for (w, name, exact) in CASES {
+        let (diffs, alloc, reserved) = differences(w, name);
+        report.push(format!(
+            "{name}: {} fields differ; worst allocated error {:.4}%, reserved {:.4}% beyond 2 MiB",
+            diffs.len(),
+            alloc * 100.0,
+            reserved * 100.0
+        ));
+        if exact {
+            assert!(diffs.is_empty(), "{name} was exact to the byte: {diffs:?}");
+        }
+        assert!(
+            reserved <= 0.01,
+            "{name}: reserved off by more than 1% or 2 MiB: {diffs:?}"
+        );
+        // the tiny cases' marks differ by a few blocks left unsplit (best-fit ties on
+        // addresses, see the closing note of issue 14): bounded here, not hidden
+        assert!(
+            alloc <= 0.0025,
+            "{name}: allocated off by {:.4}%: {diffs:?}",
+            alloc * 100.0
+        );
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// gpumem's own trace of a case, as tests compare it: ["a", size] per allocation and ["f",
+/// ordinal of the allocation] per free, after the setup (PyTorch's trace starts after the
+/// model is built).
+fn gpumem_events(workload: &str) -> Vec<(char, i64)> {
+    let s = Scratch::new("hf-events");
+    let snap = s.path("snap.json");
+    let path = format!("fixtures/hf/workloads/{workload}.toml");
+    let out = at_root(&["run", &path, "--snapshot", snap.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let stacks = v["stacks"].as_array().unwrap();
+    let mut live = std::collections::HashMap::new();
+    let mut n = 0i64;
+    let mut out = Vec::new();
+    for e in v["trace"]["events"].as_array().unwrap() {
+        let setup = e["stack"]
+            .as_u64()
+            .and_then(|k| stacks[k as usize].as_array())
+            .and_then(|t| t.first())
+            .and_then(Value::as_str)
+            == Some("setup");
+        if setup {
+            continue;
+        }
+        match e["action"].as_str().unwrap() {
+            "alloc" => {
+                live.insert(u(&e["addr"]), n);
+                out.push(('a', u(&e["size"]) as i64));
+                n += 1;
+            }
+            "free_completed" => out.push(('f', live.remove(&u(&e["addr"])).unwrap_or(-1))),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Every allocation and free of three iterations, in PyTorch's order, releasing the same
+/// allocations: the model runs transformers' ops, autograd's backward and AdamW's foreach
+/// step as they ran on the H200.
+#[test]
+fn hf_cases_allocate_and_free_as_pytorch_does() {
+    for (w, name, _) in CASES {
+        if name.starts_with("llama_s") {
+            // its embedding backward's sort scratch is not modelled yet (4,096 tokens > 3,072)
+            continue;
+        }
+        let p = common::root().join(format!("fixtures/hf/traces/events_{name}.json"));
+        let t: Vec<(String, i64)> =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let g = gpumem_events(w);
+        let first = g
+            .iter()
+            .zip(&t)
+            .position(|(a, b)| a.0.to_string() != b.0 || a.1 != b.1);
+        assert_eq!(first, None, "{name}: first difference at event {first:?}");
+        assert_eq!(g.len(), t.len(), "{name}: event count");
+    }
+}
+
+#[test]
+fn hf_configs_are_refused_by_name() {
+    let s = Scratch::new("hf-refuse");
+    let base =
+        std::fs::read_to_string(common::root().join("fixtures/hf/cases/llama_t.config.json"))
+            .unwrap();
+    let mut cfg: serde_json::Map<String, Value> = serde_json::from_str(&base).unwrap();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "quantization_config",
+            serde_json::json!({"bits": 4}),
+            "'quantization_config'",
+        ),
+        ("model_type", Value::from("mistral"), "not modelled yet"),
+        (
+            "model_type",
+            Value::from("t5"),
+            "not a family gpumem models",
+        ),
+        ("hidden_act", Value::from("gelu"), "hidden_act"),
+        (
+            "num_key_value_heads",
+            Value::from(3),
+            "multiple of num_key_value_heads",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "dynamic", "factor": 2.0}),
+            "dynamic",
+        ),
+    ];
+    for (key, value, want) in cases {
+        let old = cfg.insert(key.to_string(), value);
+        let c = s.write(
+            "config.json",
+            &serde_json::to_string(&Value::Object(cfg.clone())).unwrap(),
+        );
+        let w = s.write(
+            "w.toml",
+            &format!(
+                "[model]\nhf_config = \"{}\"\n[train]\nbatch = 1\nseq = 8\n",
+                c.file_name().unwrap().to_str().unwrap()
+            ),
+        );
+        let out = at_root(&["run", w.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert!(
+            err.contains(want) && err.contains("config.json"),
+            "{key}: {err}"
+        );
+        assert!(
+            err.contains("line 2"),
+            "{key}: the error points at hf_config: {err}"
+        );
+        match old {
+            Some(v) => cfg.insert(key.to_string(), v),
+            None => cfg.remove(key),
+        };
+    }
+    // a missing file and a key of [model] that is not for configs
+    let w = s.write(
+        "w2.toml",
+        "[model]\nhf_config = \"nope.json\"\n[train]\nbatch = 1\nseq = 8\n",
+    );
+    let out = at_root(&["run", w.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the config"));
+    let w = s.write(
+        "w3.toml",
+        "[model]\nhf_config = \"config.json\"\nd_model = 4\n[train]\nbatch = 1\nseq = 8\n",
+    );
+    let out = at_root(&["run", w.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key 'd_model'"));
+}
