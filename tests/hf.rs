@@ -258,3 +258,44 @@ fn llama_on_the_cpu_device_allocates_as_simulated() {
         .expect("a loss on cpu");
     assert!(loss.is_finite() && loss > 0.0, "{loss}");
 }
+
+/// `compare-torch` takes hf_models.py's files: the given llama case runs from its recorded
+/// config and is exact, beside accelerate's and MemTracker's estimates with their errors.
+#[test]
+fn compare_torch_takes_hf_cases_with_other_estimators() {
+    let out = at_root(&[
+        "compare-torch",
+        "fixtures/hf/cases/hf_llama_s_sdpa_adamw_fp32.json",
+        "fixtures/hf/cases/hf_resnet50_sgdm_fp32.json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // resnet50 is not modelled: a finding
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains("llama_s_sdpa_adamw_fp32") && l.contains("exact"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("24/24"), "{row}");
+    let est = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Estimators"))
+        .find(|l| l.contains("llama_s_sdpa_adamw_fp32"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        est.contains("-72.8148%") && est.contains("-7.7107%"),
+        "{est}"
+    );
+    assert!(text.contains("resnet50_sgdm_fp32") && text.contains("not modelled"));
+    let (code, v) = run_json(&[
+        "compare-torch",
+        "fixtures/hf/cases/hf_llama_s_sdpa_adamw_fp32.json",
+    ]);
+    assert_eq!(code, Some(0));
+    let e = v["cases"][0]["estimates"].as_array().unwrap();
+    assert_eq!(e.len(), 2, "{v}");
+    assert_eq!(
+        u(&e[0]["peak"]),
+        2491696128,
+        "accelerate's float32 step: 4x the parameters"
+    );
+}

@@ -1,6 +1,9 @@
 //! `gpumem compare-torch MODELS.json`: runs every case of a reference_models.py result file
 //! (../shared/groundtruth/models/models.json, or one `case_NAME.json`) as a `[model]`/`[train]`
-//! preset and compares gpumem's per-iteration figures with PyTorch's, case by case.
+//! preset, or of an hf_models.py one (`hf_NAME.json`) as a Hugging Face config, and compares
+//! gpumem's per-iteration figures with PyTorch's, case by case; beside them the estimates
+//! other tools made of the same cases (accelerate's, recorded in the case; MemTracker's, in an
+//! `mt_NAME.json` beside it).
 
 use std::io::Write;
 use std::path::Path;
@@ -10,7 +13,7 @@ use serde_json::Value;
 use crate::cli::CompareTorchArgs;
 use crate::commands::Outcome;
 use crate::error::{Error, Result};
-use crate::report::compare_torch::{write_text, CaseRow, FieldDiff};
+use crate::report::compare_torch::{write_text, CaseRow, Estimate, FieldDiff};
 use crate::runner::{run, RunOptions};
 use crate::units::{parse_size, MIB};
 use crate::workload;
@@ -106,6 +109,92 @@ pub fn preset_for(
     Ok(t)
 }
 
+/// An hf_models.py case's workload: its config (transformers' class defaults for what the
+/// case leaves out) written to `dir`, and the TOML naming it.
+fn hf_workload(
+    config: &Value,
+    iterations: usize,
+    dir: &Path,
+) -> std::result::Result<String, String> {
+    let family = config.get("family").and_then(Value::as_str).unwrap_or("?");
+    let mut cfg = config
+        .get("cfg")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    cfg.insert("model_type".into(), Value::from(family));
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let path = dir.join("config.json");
+    std::fs::write(&path, Value::Object(cfg).to_string())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let get = |k: &str| config.get(k);
+    let flag = |k: &str| get(k).and_then(Value::as_bool).unwrap_or(false);
+    let mut t = "[model]\nhf_config = \"config.json\"\n".to_string();
+    if let Some(a) = get("attn").and_then(Value::as_str) {
+        t += &format!("attention = {}\n", Value::from(a));
+    }
+    if get("weights").and_then(Value::as_str) == Some("bf16") {
+        t += "dtype = \"bf16\"\n";
+    }
+    if flag("ckpt") {
+        t += "gradient_checkpointing = true\n";
+    }
+    if flag("lora") {
+        return Err("LoRA is not modelled yet".into());
+    }
+    let int = |k: &str| {
+        get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("config has no integer '{k}'"))
+    };
+    t += &format!(
+        "[train]\nbatch = {}\nseq = {}\niterations = {}\noptimizer = {}\n",
+        int("batch")?,
+        int("seq")?,
+        iterations.max(1),
+        Value::from(get("opt").and_then(Value::as_str).unwrap_or("none"))
+    );
+    if get("amp").and_then(Value::as_str) == Some("bf16") {
+        t += "precision = \"bf16-autocast\"\n";
+    }
+    if get("generate").is_some() {
+        t += "mode = \"generate\"\n";
+    } else if flag("no_grad") {
+        t += "mode = \"inference\"\n";
+    }
+    Ok(t)
+}
+
+/// Other tools' estimates recorded for a case: accelerate's training estimate (the largest
+/// of its figures, what `accelerate estimate-memory` prints as the peak) and MemTracker's peak
+/// (`mt_NAME.json` beside the case file).
+fn estimates(case: &Value, name: &str, path: &Path) -> Vec<Estimate> {
+    let mut out = Vec::new();
+    if let Some(t) = case
+        .pointer("/accelerate_estimate/training")
+        .and_then(Value::as_object)
+    {
+        if let Some(peak) = t.values().filter_map(Value::as_u64).max() {
+            out.push(Estimate {
+                tool: "accelerate".into(),
+                peak,
+            });
+        }
+    }
+    let mt = path.with_file_name(format!("mt_{name}.json"));
+    if let Some(peak) = std::fs::read_to_string(mt)
+        .ok()
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .and_then(|v| v.get("peak_total").and_then(Value::as_u64))
+    {
+        out.push(Estimate {
+            tool: "MemTracker".into(),
+            peak,
+        });
+    }
+    out
+}
+
 fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
     let name = case
         .get("name")
@@ -117,8 +206,16 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    let peak = |f: &str| {
+        theirs
+            .iter()
+            .filter_map(|t| t.get(f).and_then(Value::as_u64))
+            .max()
+    };
     let mut row = CaseRow {
         name: name.clone(),
+        estimates: estimates(case, &name, path),
+        pytorch_peaks: (peak("peak_allocated"), peak("peak_reserved")),
         ..CaseRow::default()
     };
     if let Some(e) = case.get("error").and_then(Value::as_str) {
@@ -126,17 +223,37 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
         return row;
     }
     let config = case.get("config").cloned().unwrap_or(Value::Null);
-    let text = match preset_for(&name, &config, theirs.len()) {
+    // a Hugging Face case's config goes in a folder of its own, removed after the run
+    let scratch =
+        std::env::temp_dir().join(format!("gpumem-compare-{}-{name}", std::process::id()));
+    let hf = config.get("family").is_some();
+    let made = if hf {
+        hf_workload(&config, theirs.len(), &scratch)
+    } else {
+        preset_for(&name, &config, theirs.len())
+    };
+    // messages name the case's config, not the scratch copy
+    let shown = scratch.join("config.json").display().to_string();
+    let plain = |e: String| e.replace(&shown, "its config");
+    let text = match made {
         Ok(t) => t,
         Err(e) => {
-            row.not_modelled = Some(e);
+            let _ = std::fs::remove_dir_all(&scratch);
+            row.not_modelled = Some(plain(e));
             return row;
         }
     };
-    let w = match workload::parse(&text, Path::new(&format!("{name} (preset)"))) {
+    let wpath = if hf {
+        scratch.join(format!("{name}.toml"))
+    } else {
+        Path::new(&format!("{name} (preset)")).to_path_buf()
+    };
+    let parsed = workload::parse(&text, &wpath);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let w = match parsed {
         Ok(w) => w,
         Err(e) => {
-            row.not_modelled = Some(e.to_string());
+            row.not_modelled = Some(plain(e.to_string()));
             return row;
         }
     };

@@ -41,6 +41,19 @@ pub struct CaseRow {
     /// Why gpumem could not run this case (no preset for it yet, PyTorch's run failed...).
     pub not_modelled: Option<String>,
     pub fields: Vec<FieldDiff>,
+    /// Other tools' estimates of the peak recorded with the case (accelerate's training
+    /// estimate, PyTorch's MemTracker).
+    pub estimates: Vec<Estimate>,
+    /// PyTorch's largest peak allocated and reserved over the iterations, as recorded (also
+    /// for a case gpumem cannot run).
+    pub pytorch_peaks: (Option<u64>, Option<u64>),
+}
+
+/// Another estimator's peak for a case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Estimate {
+    pub tool: String,
+    pub peak: u64,
 }
 
 impl CaseRow {
@@ -148,6 +161,7 @@ pub fn write_text(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()> 
         }
     }
     writeln!(out, "{t}")?;
+    write_estimates(out, rows)?;
     let modelled: Vec<&CaseRow> = rows.iter().filter(|r| r.not_modelled.is_none()).collect();
     let exact = modelled
         .iter()
@@ -163,6 +177,68 @@ pub fn write_text(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()> 
         rows.len(),
         rows.iter().filter(|r| r.passes()).count()
     )
+}
+
+/// Beside PyTorch's peaks, gpumem's and the other estimators' recorded with the cases (only
+/// when some case has one), each with its error.
+fn write_estimates(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()> {
+    let mut tools: Vec<&str> = Vec::new();
+    for r in rows {
+        for e in &r.estimates {
+            if !tools.contains(&e.tool.as_str()) {
+                tools.push(&e.tool);
+            }
+        }
+    }
+    if tools.is_empty() {
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    let mut header = vec![
+        "case".to_string(),
+        "PyTorch peak allocated".into(),
+        "gpumem".into(),
+        "PyTorch peak reserved".into(),
+        "gpumem".into(),
+    ];
+    header.extend(tools.iter().map(|k| format!("{k} (vs allocated)")));
+    t.set_header(header);
+    let cell = |v: Option<u64>, p: Option<u64>| match (v, p) {
+        (Some(v), Some(p)) if p > 0 => format!(
+            "{} ({})",
+            format_bytes(v),
+            pct(Some((v as f64 - p as f64) / p as f64 * 100.0))
+        ),
+        (Some(v), _) => format_bytes(v),
+        _ => "-".into(),
+    };
+    for r in rows {
+        let (_, ga) = r.peak("peak_allocated");
+        let (_, gr) = r.peak("peak_reserved");
+        let (pa, pr) = r.pytorch_peaks;
+        let mut cells = vec![
+            r.name.clone(),
+            pa.map_or("-".into(), format_bytes),
+            if r.not_modelled.is_some() {
+                "not modelled".into()
+            } else {
+                cell(ga, pa)
+            },
+            pr.map_or("-".into(), format_bytes),
+            cell(gr, pr),
+        ];
+        for k in &tools {
+            let e = r.estimates.iter().find(|e| e.tool == *k).map(|e| e.peak);
+            cells.push(cell(e, pa));
+        }
+        t.add_row(cells);
+    }
+    writeln!(
+        out,
+        "Estimators beside PyTorch (errors against its measured peaks):"
+    )?;
+    writeln!(out, "{t}")
 }
 
 /// The reason's gist for a table cell: after any "FILE: line L column C: " prefix, up to the
