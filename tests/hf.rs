@@ -20,8 +20,9 @@ const FIELDS: [&str; 8] = [
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 3] = [
+const CASES: [(&str, &str, bool); 4] = [
     ("llama_s_sdpa_adamw_fp32", "llama_s_sdpa_adamw_fp32", true),
+    ("llama_t_nograd_fp32", "llama_t_nograd_fp32", true),
     ("llama_t_sdpa_adamw_fp32", "llama_t_sdpa_adamw_fp32", false),
     ("qwen2_t_sdpa_adamw_fp32", "qwen2_t_sdpa_adamw_fp32", false),
 ];

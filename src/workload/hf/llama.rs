@@ -121,12 +121,21 @@ fn body(c: &LlamaConfig, r: &Run) -> String {
     );
     let _ = writeln!(s, "labels = input_ids.clone()");
     let _ = writeln!(s, "phase \"forward\" {{");
-    let ind = "  ";
-    forward(&mut s, c, r, ind);
-    loss(&mut s, c, r, ind);
+    let train = r.mode == "train";
+    if train {
+        forward(&mut s, c, r, "  ");
+        loss(&mut s, c, r, "  ");
+    } else {
+        // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
+        let _ = writeln!(s, "  no_grad {{");
+        forward(&mut s, c, r, "    ");
+        let _ = writeln!(s, "  }}");
+    }
     let _ = writeln!(s, "}}");
-    let _ = writeln!(s, "loss.backward()");
-    let _ = writeln!(s, "value = loss.item()");
+    if train {
+        let _ = writeln!(s, "loss.backward()");
+        let _ = writeln!(s, "value = loss.item()");
+    }
     // `del out`: the output's loss, logits and cache: its list of layers goes last first
     // (CPython frees a list's items from the end), each layer's keys then values
     let caches: Vec<String> = (0..c.layers)
@@ -137,8 +146,11 @@ fn body(c: &LlamaConfig, r: &Run) -> String {
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));
     }
-    let _ = writeln!(s, "del loss, input_ids, labels");
-    if r.optimizer != "none" {
+    if train {
+        let _ = writeln!(s, "del loss");
+    }
+    let _ = writeln!(s, "del input_ids, labels");
+    if train && r.optimizer != "none" {
         let _ = writeln!(s, "opt.step()");
         let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
     }
@@ -155,8 +167,9 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         s,
         ind,
         "model.embed_tokens",
-        "h = embedding(input_ids, embed)",
+        "inputs_embeds = embedding(input_ids, embed)",
     );
+    line(s, "h = inputs_embeds");
     line(s, &format!("cp0 = arange({t})"));
     line(s, "cache_position = cp0 + 0");
     line(s, "del cp0");
@@ -185,10 +198,17 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     for l in 0..c.layers {
         layer(s, c, r, l, ind);
     }
-    rms_norm(s, "model.norm", "norm", "h", "h", ind);
-    line(s, "del position_ids, cache_position");
+    // `hidden_states = self.norm(hidden_states)`: the input goes once the norm has returned
+    rms_norm(s, "model.norm", "norm", "h", "hf", ind);
+    line(s, "h = hf");
+    line(s, "del hf");
+    // LlamaModel.forward's locals as the H200 traces free them (the rotary pair last)
+    line(
+        s,
+        "del position_ids, cache_position, inputs_embeds, cos, sin",
+    );
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
-    line(s, "del h, cos, sin");
+    line(s, "del h");
     let _ = b;
 }
 
@@ -238,6 +258,8 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
             &format!("{out} = linear({input}, {}{bias})", p(&format!("{name}_w"))),
         );
     };
+    // the model's loop holds the layer's input until the layer returns
+    line(s, "h_in = h");
     line(s, "residual = h");
     rms_norm(s, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
     // self_attn
@@ -276,20 +298,23 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
     lin(s, "o", "self_attn.o_proj", "y", "a");
-    line(s, "del q1, y");
+    // `attn_output = o_proj(attn_output)`, self_attn's locals, then the layer's `hidden_states`
+    line(s, "del y, q1, x");
     let block = format!("model.layers.{l}");
     at(s, ind, &block, "h = residual + a");
-    line(s, "del a, x");
+    line(s, "del a");
     line(s, "residual = h");
     rms_norm(s, &m("post_attention_layernorm"), &p("ln2"), "h", "x", ind);
     lin(s, "gate", "mlp.gate_proj", "x", "g0");
     at(s, ind, &m("mlp.act_fn"), "g1 = g0.silu()");
+    line(s, "del g0");
     lin(s, "up", "mlp.up_proj", "x", "u0");
     at(s, ind, &m("mlp"), "g2 = g1 * u0");
+    line(s, "del g1, u0");
     lin(s, "down", "mlp.down_proj", "g2", "d0");
-    line(s, "del g0, g1, u0, g2, x");
+    line(s, "del g2, x");
     at(s, ind, &block, "h = residual + d0");
-    line(s, "del d0, residual");
+    line(s, "del d0, residual, h_in");
 }
 
 /// `sdpa_attention_forward` of `q1` against keys `k` and values `v` (the cache's): `y`, the
@@ -319,10 +344,12 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
             ),
             format!("aks = ak.transpose(-2, -1) * {sq:?}"),
             "att = aq @ aks".to_string(),
+            "del aks".to_string(),
             "att.add_(am)".to_string(),
             "att = safe_softmax(att, -1)".to_string(),
             "y0 = att @ av".to_string(),
-            "del att, av, aks, ak, aq, am".to_string(),
+            // C++'s locals in reverse order of declaration; the weights last (returned)
+            "del ak, av, aq, am, att".to_string(),
         ]);
     } else {
         st.push(format!("y0 = scaled_dot_product_attention(q1, {k}, {v})"));

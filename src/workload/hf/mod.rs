@@ -126,7 +126,7 @@ pub(crate) fn expand(
             format!("{what} is not modelled yet for Hugging Face configs (llama trains in fp32 with sdpa attention); remove '{key}' or set it to its default"),
         ))
     };
-    if run.mode != "train" {
+    if run.mode == "generate" {
         unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
     }
     if run.bf16_autocast {
