@@ -49,6 +49,10 @@ fn differences(workload: &str, name: &str) -> (Vec<(u64, &'static str, i64)>, f6
     let (mut alloc, mut reserved) = (0f64, 0f64);
     for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
         for f in FIELDS {
+            // a no-grad case records no backward or step
+            if b.get(f).is_none() {
+                continue;
+            }
             let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
             if x != y {
                 diffs.push((k as u64, f, x - y));

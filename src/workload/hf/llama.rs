@@ -202,10 +202,11 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     rms_norm(s, "model.norm", "norm", "h", "hf", ind);
     line(s, "h = hf");
     line(s, "del hf");
-    // LlamaModel.forward's locals as the H200 traces free them (the rotary pair last)
+    // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
+    // whose items CPython drops from the end
     line(
         s,
-        "del position_ids, cache_position, inputs_embeds, cos, sin",
+        "del position_ids, cache_position, inputs_embeds, sin, cos",
     );
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
     line(s, "del h");
