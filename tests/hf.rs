@@ -304,3 +304,30 @@ fn compare_torch_takes_hf_cases_with_other_estimators() {
         "accelerate's float32 step: 4x the parameters"
     );
 }
+
+/// A bare config.json runs as it is (`gpumem run config.json --batch 4 --seq 1024`): the same
+/// figures as its workload; without --batch and --seq, a usage error naming them.
+#[test]
+fn a_bare_config_runs_with_batch_and_seq() {
+    let cfg = "fixtures/hf/cases/llama_s_sdpa_adamw_fp32.config.json";
+    let (code, v) = run_json(&["run", cfg, "--batch", "4", "--seq", "1024"]);
+    assert_eq!(code, Some(0), "{v}");
+    let t = case("llama_s_sdpa_adamw_fp32");
+    for (a, b) in v["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(t["iterations"].as_array().unwrap())
+    {
+        for f in FIELDS {
+            assert_eq!(a[f], b[f], "{f}");
+        }
+    }
+    let out = at_root(&["run", cfg, "--batch", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--seq") && err.contains("Hugging Face config"),
+        "{err}"
+    );
+}

@@ -75,8 +75,18 @@ pub enum Command {
 #[derive(Debug, Args)]
 #[command(after_long_help = run_after_help())]
 pub struct RunArgs {
-    /// The workload file (TOML).
+    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
+    /// train as it is: `gpumem run config.json --batch 4 --seq 1024`.
     pub workload: PathBuf,
+
+    /// The batch size (a preset's or config's `batch`, a script's `batch` parameter): the same
+    /// as `--param batch=N`.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u64>,
+
+    /// Tokens per sample (a config's or GPT preset's `seq`): the same as `--param seq=N`.
+    #[arg(long, value_name = "N")]
+    pub seq: Option<u64>,
 
     /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
     /// default; sizes and addresses only, no GPU needed), or `cpu` (real numbers in host memory

@@ -27,7 +27,30 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.iterations == Some(0) {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }
-    let overrides = parse_overrides(&args.params, args.alloc_conf.as_deref())?;
+    let mut params = args.params.clone();
+    for (k, v) in [("batch", args.batch), ("seq", args.seq)] {
+        if let Some(v) = v {
+            params.push(format!("{k}={v}"));
+        }
+    }
+    if crate::workload::is_config(&args.workload) {
+        let given = |k: &str| params.iter().any(|p| p.split('=').next() == Some(k));
+        for (k, flag) in [("batch", "--batch"), ("seq", "--seq")] {
+            if !given(k) {
+                return Err(Error::usage(
+                    flag,
+                    format!(
+                        "{} is a Hugging Face config: give the batch size and the tokens per \
+                         sample, e.g. gpumem run {} --batch 4 --seq 1024 (or write a workload \
+                         with [model] hf_config = ... and [train])",
+                        args.workload.display(),
+                        args.workload.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let overrides = parse_overrides(&params, args.alloc_conf.as_deref())?;
     let w = load_workload(&args.workload, &overrides)?;
     let device = match args.device.as_deref() {
         Some(d) => {

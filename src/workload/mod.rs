@@ -89,11 +89,35 @@ pub fn load(path: &Path) -> Result<Workload> {
 /// Reads and parses the workload file at `path` with `overrides` applied (parameters,
 /// allocator settings, remedies).
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
+    if let Some(text) = config_workload(path) {
+        return parse_with(&text, path, overrides);
+    }
     let bytes = std::fs::read(path).map_err(|source| Error::Read {
         path: path.to_path_buf(),
         source,
     })?;
     parse_bytes(&bytes, path, overrides)
+}
+
+/// Whether `path` names a Hugging Face config (a `.json` file, or a folder holding a
+/// config.json) rather than a workload.
+pub fn is_config(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "json") || path.join("config.json").is_file()
+}
+
+/// The workload of a bare Hugging Face config: the model it describes, trained with AdamW
+/// for 3 iterations at batch 1 and 1 token (the caller sets `batch` and `seq` as parameters).
+fn config_workload(path: &Path) -> Option<String> {
+    if !is_config(path) {
+        return None;
+    }
+    // the config, or its folder, named from the folder it is in
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    let quoted = toml::Value::String(name.clone()).to_string();
+    Some(format!(
+        "[workload]\nname = {}\n\n[model]\nhf_config = {quoted}\n\n[train]\nbatch = 1\nseq = 1\n",
+        toml::Value::String(format!("{name} (Hugging Face config)"))
+    ))
 }
 
 /// Parses the text of a workload file; `path` is only used in error messages.
