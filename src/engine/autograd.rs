@@ -626,11 +626,32 @@ impl<S: Device> Tensors<S> {
                 let l = self.info(grad_out).layout.clone();
                 let d = super::layout::wrap_dim(*dim, l.ndim())?;
                 let mut at = 0i64;
-                for (e, (shape, _)) in next.iter().zip(meta) {
+                let gdtype = self.dtype(grad_out);
+                for (e, (shape, dtype)) in next.iter().zip(meta) {
+                    if super::op::cat_skips(shape) {
+                        continue;
+                    }
                     let len = shape[d] as i64;
                     if *e != Edge::None {
                         let part = l.slice(d as i64, Some(at), Some(at + len), 1)?;
-                        made.push((*e, self.grad_view(grad_out, part)));
+                        let v = self.grad_view(grad_out, part);
+                        if *dtype == gdtype {
+                            made.push((*e, v));
+                        } else {
+                            // `validate_outputs` casts it to the input's dtype
+                            let c = self.empty(shape, *dtype, cat_for(self, e));
+                            let c = match c {
+                                Ok(c) => c,
+                                Err(err) => {
+                                    self.release(v);
+                                    return Err(err);
+                                }
+                            };
+                            made.push((*e, c));
+                            let r = self.launch(&Op::Copy, &[v], &[c]);
+                            self.release(v);
+                            r?;
+                        }
                     }
                     at += len;
                 }
@@ -789,10 +810,25 @@ impl<S: Device> Tensors<S> {
         full.sort_by_key(|(_, f)| f.slot);
         for (at, f) in full {
             let (shape, dtype) = &meta[f.slot];
+            let (full_shape, full_dtype) = f.full.as_ref().expect("a fitted gradient");
             let e = made[at].0;
+            if full_shape == shape {
+                // the same shape in a wider dtype: computed there, then cast
+                let g = self.empty(shape, *dtype, cat_for(self, &e))?;
+                let whole = std::mem::replace(&mut made[at].1, g);
+                let r = if self.computes() {
+                    let saved = self.saved_roles(n);
+                    self.launch_grad(op, f.slot, &[grad_out], g, &saved)
+                } else {
+                    Ok(())
+                };
+                self.release(whole);
+                r?;
+                continue;
+            }
             let whole = made[at].1;
             // (on an error `made` holds the full-size one, which the caller frees)
-            let g = self.empty(shape, *dtype, cat_for(self, &e))?;
+            let g = self.empty(shape, *full_dtype, cat_for(self, &e))?;
             made[at].1 = g;
             let r: Result<(), EngineError> = (|| {
                 if self.computes() {
@@ -801,10 +837,18 @@ impl<S: Device> Tensors<S> {
                 }
                 let full_shape = &f.full.as_ref().expect("a broadcast gradient").0;
                 let dims = super::op::grad::sum_to_dims(full_shape, shape);
-                self.reduce_scratch(full_shape, &dims, *dtype)
+                self.reduce_scratch(full_shape, &dims, *full_dtype)
             })();
             self.release(whole);
             r?;
+            if full_dtype != dtype {
+                let g = made[at].1;
+                let c = self.empty(shape, *dtype, cat_for(self, &e))?;
+                made[at].1 = c;
+                let r = self.launch(&Op::Copy, &[g], &[c]);
+                self.release(g);
+                r?;
+            }
         }
         Ok(())
     }

@@ -49,7 +49,7 @@ impl<S: Device> Tensors<S> {
         match op {
             Op::Matmul => self.matmul(arg(0)?, arg(1)?),
             Op::Linear => self.linear(arg(0)?, arg(1)?, inputs.get(2).copied()),
-            Op::Sdpa { .. } => self.sdpa(arg(0)?, arg(1)?, arg(2)?),
+            Op::Sdpa { gqa, .. } => self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Cast => Err(EngineError::Invalid(
                 "a cast needs its dtype: use cast_op".into(),
@@ -515,16 +515,44 @@ impl<S: Device> Tensors<S> {
     /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
     /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
     pub fn sdpa(&mut self, q: TensorId, k: TensorId, v: TensorId) -> Result<TensorId, EngineError> {
+        self.sdpa_with(q, k, v, false)
+    }
+
+    /// [`Self::sdpa`] with `enable_gqa`: key and value may have fewer heads than the query,
+    /// a divisor of its count.
+    pub fn sdpa_with(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        gqa: bool,
+    ) -> Result<TensorId, EngineError> {
         let sq = self.shape(q).to_vec();
         if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
             return Err(EngineError::Invalid(
                 "scaled_dot_product_attention expects [B, H, L, D] tensors".into(),
             ));
         }
+        let (hq, hk, hv) = (sq[1], self.shape(k)[1], self.shape(v)[1]);
+        if hk != hv {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention: key and value must have the same number of heads, got {hk} and {hv}"
+            )));
+        }
+        if hq != hk && !gqa {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention: the query has {hq} heads and the key {hk}: pass enable_gqa=true for grouped-query attention"
+            )));
+        }
+        if hq % hk != 0 {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention with enable_gqa: the query's {hq} heads must be a multiple of the key's {hk}"
+            )));
+        }
         let (b, h, t, dv) = (sq[0], sq[1], sq[2], self.shape(v)[3]);
         let dtype = self.dtype(q);
         let cudnn = dtype != DType::F32;
-        let op = Op::Sdpa { cudnn };
+        let op = Op::Sdpa { cudnn, gqa };
         let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
         let mut extra = Vec::new();
         if cudnn {
@@ -558,13 +586,19 @@ impl<S: Device> Tensors<S> {
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e, Role::Extra(i));
         }
-        // the memory-efficient kernel's node frees its logsumexp before its output
-        if !cudnn {
-            let n = self.node_mut(node);
-            if n.saved.len() == 5 {
-                n.saved.swap(3, 4);
-            }
-        }
+        // PyTorch's generated nodes free what they saved by name, inputs first: key, query,
+        // value, then (log)sumexp, output, philox_offset, philox_seed
+        let rank = |r: Role| match r {
+            Role::Input(1) => 0,
+            Role::Input(0) => 1,
+            Role::Input(_) => 2,
+            Role::Extra(2) if cudnn => 3,
+            Role::Extra(0) if !cudnn => 3,
+            Role::Output => 4,
+            Role::Extra(1) => 5,
+            _ => 6,
+        };
+        self.node_mut(node).saved.sort_by_key(|sv| rank(sv.role));
         Ok(out)
     }
 }

@@ -61,6 +61,13 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         dv: vs[3],
     };
     let (q, k, v) = (d.load(qb)?, d.load(kb)?, d.load(vb)?);
+    // grouped-query attention: query head `h` (of B x H) reads key/value head `kv(h)`
+    let (hq, hk) = (qs[1].max(1), ks[1].max(1));
+    if hq % hk != 0 {
+        return Err(format!("attention: {hq} query heads over {hk} key heads"));
+    }
+    let rep = hq / hk;
+    let kv = |h: usize| (h / hq) * hk + (h % hq) / rep;
     let head = |x: &[f64], h: usize, rows: usize, cols: usize| {
         x[h * rows * cols..(h + 1) * rows * cols].to_vec()
     };
@@ -69,9 +76,17 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let per: Vec<(Scratch, Scratch)> = (0..n.heads)
                 .into_par_iter()
                 .map(|h| {
-                    let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, h, n.s, n.d), &n);
+                    let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, kv(h), n.s, n.d), &n);
                     (
-                        gemm(n.t, n.s, n.dv, &p, false, &head(&v, h, n.s, n.dv), false),
+                        gemm(
+                            n.t,
+                            n.s,
+                            n.dv,
+                            &p,
+                            false,
+                            &head(&v, kv(h), n.s, n.dv),
+                            false,
+                        ),
                         lse,
                     )
                 })
@@ -99,8 +114,8 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .map(|h| {
                     let (qh, kh, vh) = (
                         head(&q, h, n.t, n.d),
-                        head(&k, h, n.s, n.d),
-                        head(&v, h, n.s, n.dv),
+                        head(&k, kv(h), n.s, n.d),
+                        head(&v, kv(h), n.s, n.dv),
                     );
                     let (gh, oh) = (head(&g, h, n.t, n.dv), head(&o, h, n.t, n.dv));
                     let (p, _) = probs(&qh, &kh, &n);
@@ -125,7 +140,19 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                     }
                 })
                 .collect();
-            let all: Scratch = grads.iter().flat_map(|g| g.iter().copied()).collect();
+            if input == 0 || rep == 1 {
+                let all: Scratch = grads.iter().flat_map(|g| g.iter().copied()).collect();
+                return d.store(&l.outputs[0], &all);
+            }
+            // a key/value head's gradient sums its group's
+            let per = grads.first().map_or(0, |g| g.len());
+            let mut all = Scratch::zeros(per * n.heads / rep);
+            for (h, g) in grads.iter().enumerate() {
+                let at = kv(h) * per;
+                for (o, x) in all[at..at + per].iter_mut().zip(g.iter()) {
+                    *o += x;
+                }
+            }
             d.store(&l.outputs[0], &all)
         }
     }

@@ -257,6 +257,15 @@ fn products_attention_and_losses_match_finite_differences() {
         ],
         &|d, i| d.sdpa(i[0], i[1], i[2]).unwrap(),
     );
+    check(
+        "sdpa with grouped-query heads",
+        &[
+            (vec![1, 4, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+        ],
+        &|d, i| d.sdpa_with(i[0], i[1], i[2], true).unwrap(),
+    );
     check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
         let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);
         let t = {

@@ -270,6 +270,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let parts = l
                 .inputs
                 .iter()
+                .filter(|b| !crate::engine::op::cat_skips(&b.layout.shape))
                 .map(|b| Ok((d.load(b)?, b.layout.shape[dim] * inner)))
                 .collect::<Result<Vec<_>, String>>()?;
             let mut v = Vec::with_capacity(oshape.iter().product());

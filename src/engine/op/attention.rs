@@ -15,7 +15,10 @@ fn make(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         return Err("scaled_dot_product_attention expects q, k and v".into());
     }
     Ok(Made::Op {
-        op: Op::Sdpa { cudnn: false },
+        op: Op::Sdpa {
+            cudnn: false,
+            gqa: b.flag(3),
+        },
         inputs,
     })
 }
@@ -28,8 +31,9 @@ pub(super) static ENTRIES: &[Entry] = &[Entry {
         Param::Tensor("query"),
         Param::Tensor("key"),
         Param::Tensor("value"),
+        Param::Bool("enable_gqa", false),
     ],
-    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32",
+    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each",
     make,
 }];
 
@@ -42,17 +46,29 @@ fn alloc(shape: Vec<usize>, dtype: DType, category: Category) -> Step {
 }
 
 /// The backward's gradient layout and workspaces, as the H200 traces show them.
-pub(super) fn grad_plan(cudnn: bool, grad: MetaRef) -> GradPlan {
+pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> GradPlan {
     let g = grad.0;
     let elems: usize = g.iter().product();
     let rows = g[..g.len().saturating_sub(1)].to_vec();
     let nrows: usize = rows.iter().product();
+    // grouped-query attention: fewer key/value heads than query heads
+    let grouped = match (inputs.first(), inputs.get(1)) {
+        (Some(q), Some(k)) => q.0.get(1) != k.0.get(1),
+        _ => false,
+    };
     let scratch = if cudnn {
         // cuDNN's workspace: a float32 accumulator for the query gradient, a float32 word per
-        // query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256)
+        // query row, and 256 bytes (B*H*T*D*4 + B*H*T*4 + 256); with grouped heads, the key
+        // and value gradients as wide as the query's too, in its dtype (Llama's bf16 autocast
+        // on the H200: 33,816,832 bytes for B 4, 16 heads over 4, T 1024, D 64)
+        let grouped_extra = if grouped {
+            2 * elems * grad.1.size() as usize
+        } else {
+            0
+        };
         vec![
             alloc(
-                vec![elems * 4 + nrows * 4 + 256],
+                vec![elems * 4 + nrows * 4 + 256 + grouped_extra],
                 DType::U8,
                 Category::Workspace,
             ),

@@ -36,9 +36,9 @@ pub enum FStep {
 pub struct Formula {
     pub slot: usize,
     pub steps: Vec<FStep>,
-    /// The gradient is made in this (broadcast) shape and summed to the input's after the
-    /// node returns (the engine's `validate_outputs`): the sum's output, the reduction's
-    /// scratch, then the full-size one freed.
+    /// The gradient is made in this (broadcast) shape and dtype and fitted to the input's after
+    /// the node returns (the engine's `validate_outputs`): summed to its shape (the sum's
+    /// output, the reduction's scratch, then the full-size one freed), then cast to its dtype.
     pub full: Option<Meta>,
 }
 
@@ -107,7 +107,7 @@ impl Op {
         match self {
             Op::Matmul | Op::Linear => super::product::grad_plan(self, inputs, grad),
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
-            Op::Sdpa { cudnn } => super::attention::grad_plan(*cudnn, grad),
+            Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
             Op::Unary(super::Unary::Rsqrt) => GradPlan {
                 formulas: vec![Formula::around(0, &inputs[0], 2)],
@@ -132,8 +132,11 @@ impl Op {
 fn mul_plan(inputs: &[Meta], grad: MetaRef) -> GradPlan {
     let formula = |slot: usize| {
         let mut f = Formula::plain(slot);
-        if inputs[slot].0 != grad.0 {
-            f.full = Some((grad.0.to_vec(), inputs[slot].1));
+        // `grad * other` in the wider dtype (a bf16 input times a float32 one gives a float32
+        // gradient, cast back to bf16 after)
+        let dtype = super::promote(grad.1, inputs[1 - slot].1);
+        if inputs[slot].0 != grad.0 || inputs[slot].1 != dtype {
+            f.full = Some((grad.0.to_vec(), dtype));
         }
         f
     };
@@ -162,8 +165,14 @@ mod tests {
         let g = (vec![2, 12, 64, 32], DType::F32);
         let ins = vec![g.clone(), g.clone(), g.clone()];
         for op in [
-            Op::Sdpa { cudnn: true },
-            Op::Sdpa { cudnn: false },
+            Op::Sdpa {
+                cudnn: true,
+                gqa: false,
+            },
+            Op::Sdpa {
+                cudnn: false,
+                gqa: false,
+            },
             Op::Softmax {
                 dim: -1,
                 log: false,

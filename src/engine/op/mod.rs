@@ -168,6 +168,8 @@ pub enum Op {
     /// the memory-efficient one for float32.
     Sdpa {
         cudnn: bool,
+        /// `enable_gqa=True`: fewer key/value heads than query heads, each serving a group.
+        gqa: bool,
     },
     /// A view: a new layout over the same storage. `kind` is PyTorch's op name; `rel` is the
     /// view over a contiguous tensor of the input's shape, through which the backward of an
@@ -230,8 +232,8 @@ impl Op {
             Op::Reduce { mean: true, .. } => "mean",
             Op::Embedding => "embedding",
             Op::NllLoss => "nll_loss",
-            Op::Sdpa { cudnn: true } => "sdpa_cudnn",
-            Op::Sdpa { cudnn: false } => "sdpa_efficient",
+            Op::Sdpa { cudnn: true, .. } => "sdpa_cudnn",
+            Op::Sdpa { cudnn: false, .. } => "sdpa_efficient",
             Op::View { kind, .. } => kind.name(),
             Op::Split { chunk: false, .. } => "split",
             Op::Split { chunk: true, .. } => "chunk",
@@ -390,7 +392,11 @@ impl Op {
             }
             Op::Dropout { .. } => Ok((same(), vec![(first.0.to_vec(), DType::Bool)])),
             Op::Norm(n) => n.outputs(*first),
-            Op::Cat { dim } => cat_shape(ins, *dim).map(|s| ((s, first.1), vec![])),
+            Op::Cat { dim } => {
+                // the widest dtype (a cache's empty float32 buffer makes bf16 values float32)
+                let dtype = ins.iter().fold(first.1, |d, m| promote(d, m.1));
+                cat_shape(ins, *dim).map(|s| ((s, dtype), vec![]))
+            }
             Op::Where => {
                 let (x, y) = (ins.get(1)?, ins.get(2)?);
                 broadcast(first.0, x.0)
@@ -435,8 +441,16 @@ impl Op {
     }
 }
 
-/// The shape of `cat` along `dim`: the inputs agree on every other dimension.
+/// An input `cat` skips (PyTorch's legacy rule): a 1-D tensor with no elements.
+pub fn cat_skips(shape: &[usize]) -> bool {
+    shape == [0]
+}
+
+/// The shape of `cat` along `dim`: the inputs agree on every other dimension (empty 1-D
+/// inputs are skipped).
 fn cat_shape(ins: &[MetaRef], dim: i64) -> Result<Vec<usize>, LayoutError> {
+    let kept: Vec<MetaRef> = ins.iter().copied().filter(|m| !cat_skips(m.0)).collect();
+    let ins = &kept[..];
     let first = ins
         .first()
         .ok_or_else(|| LayoutError("torch.cat(): expected a non-empty list of Tensors".into()))?;
@@ -548,6 +562,13 @@ mod tests {
             assert_eq!(Op::Unary(u).kernel(), Some("unary"));
             assert!(Op::Unary(u).backward_kernel().is_some());
         }
-        assert_eq!(Op::Sdpa { cudnn: false }.name(), "sdpa_efficient");
+        assert_eq!(
+            Op::Sdpa {
+                cudnn: false,
+                gqa: false
+            }
+            .name(),
+            "sdpa_efficient"
+        );
     }
 }

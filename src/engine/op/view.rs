@@ -184,7 +184,7 @@ pub(super) static ENTRIES: &[Entry] = &[
         name: "cat",
         form: Form::Function,
         params: &[Param::Tensors("tensors"), Param::Int("dim", Some(0))],
-        doc: "torch.cat: the tensors joined along dim (each one's gradient is a view)",
+        doc: "torch.cat: the tensors joined along dim, in the widest dtype (each one's gradient is a view; an empty 1-D tensor is skipped)",
         make: join,
     },
     Entry {

@@ -124,7 +124,6 @@ fn body(c: &LlamaConfig, r: &Run) -> String {
     let train = r.mode == "train";
     if train {
         forward(&mut s, c, r, "  ");
-        loss(&mut s, c, r, "  ");
     } else {
         // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
         let _ = writeln!(s, "  no_grad {{");
@@ -157,9 +156,42 @@ fn body(c: &LlamaConfig, r: &Run) -> String {
     s
 }
 
-/// `LlamaModel.forward` then `lm_head`: leaves `logits` (and each layer's cache `kc`, `vc`).
+/// `LlamaModel.forward` then `lm_head` (and the loss, in training), leaving `logits` (and each
+/// layer's cache `kc`, `vc`). Under bf16 autocast the rotary embedding runs outside it (its own
+/// `autocast(enabled=False)`), the rest inside.
 fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
+    let open = |s: &mut String| {
+        if r.bf16_autocast {
+            let _ = writeln!(s, "{ind}autocast(dtype=bf16) {{");
+        }
+    };
+    let close = |s: &mut String| {
+        if r.bf16_autocast {
+            let _ = writeln!(s, "{ind}}}");
+        }
+    };
+    let inner = if r.bf16_autocast {
+        format!("{ind}  ")
+    } else {
+        ind.to_string()
+    };
+    open(s);
+    prelude(s, r, &inner);
+    close(s);
+    rotary(s, ind);
+    open(s);
+    decoder(s, c, r, &inner);
+    if r.mode == "train" {
+        loss(s, c, r, &inner);
+    }
+    // LlamaForCausalLM.forward's `outputs` (the final hidden states) goes at its return
+    let _ = writeln!(s, "{inner}del h");
+    close(s);
+}
+
+/// The embedding and the positions.
+fn prelude(s: &mut String, r: &Run, ind: &str) {
+    let t = r.seq;
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
@@ -174,7 +206,10 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     line(s, "cache_position = cp0 + 0");
     line(s, "del cp0");
     line(s, "position_ids = cache_position.unsqueeze(0)");
-    // the rotary embedding: no grad, autocast off
+}
+
+/// The rotary embedding's cos and sin: no grad, autocast off, float32.
+fn rotary(s: &mut String, ind: &str) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
     let i2 = format!("{ind}    ");
@@ -195,6 +230,13 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     }
     let _ = writeln!(s, "{ind}  }}");
     let _ = writeln!(s, "{ind}}}");
+}
+
+/// The decoder layers, the final norm and `lm_head`.
+fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
     for l in 0..c.layers {
         layer(s, c, r, l, ind);
     }
@@ -209,8 +251,6 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         "del position_ids, cache_position, inputs_embeds, sin, cos",
     );
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
-    line(s, "del h");
-    let _ = b;
 }
 
 /// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller).
@@ -292,9 +332,17 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
         }
     }
     line(s, "del q0, k0");
-    // past_key_values.update
-    at(s, ind, &attn, &format!("kc{l} = cat([k1], -2)"));
-    at(s, ind, &attn, &format!("vc{l} = cat([v0], -2)"));
+    // past_key_values.update: `torch.cat` onto the layer's empty buffers, which take the keys'
+    // dtype (float32 under autocast, where the rotary product promoted them)
+    let kd = if r.bf16_autocast {
+        "float32"
+    } else {
+        "float32"
+    };
+    at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
+    at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
+    at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
+    line(s, "del ce");
     line(s, "del k1, v0");
     attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
@@ -325,7 +373,12 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let rep = nh / nkv;
     let mut st: Vec<String> = Vec::new();
-    if rep > 1 {
+    if rep > 1 && r.bf16_autocast {
+        // bf16 with enable_gqa: cuDNN's kernel takes the groups itself
+        st.push(format!(
+            "y0 = scaled_dot_product_attention(q1, {k}, {v}, enable_gqa=true)"
+        ));
+    } else if rep > 1 {
         // PyTorch's math path with enable_gqa (float32)
         let sq = (1.0 / (hd as f64).sqrt()).sqrt();
         st.extend([
@@ -366,13 +419,15 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
 fn loss(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     let n = r.batch * r.seq;
     for st in [
+        // `logits = logits.float()`: an upcast copy under autocast, the same tensor in float32
+        "lf = logits.float()".to_string(),
         "lp = pad(labels, [0, 1], value=-100)".to_string(),
         "shift_labels = lp[..., 1:].contiguous()".to_string(),
         format!(
-            "loss = cross_entropy(logits.view({n}, {}), shift_labels.view({n}))",
+            "loss = cross_entropy(lf.view({n}, {}), shift_labels.view({n}))",
             c.vocab
         ),
-        "del lp, shift_labels".to_string(),
+        "del lf, lp, shift_labels".to_string(),
     ] {
         at(s, ind, "loss_function", &st);
     }

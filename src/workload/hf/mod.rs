@@ -129,9 +129,6 @@ pub(crate) fn expand(
     if run.mode == "generate" {
         unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
     }
-    if run.bf16_autocast {
-        unsupported("precision", "bf16 autocast")?;
-    }
     if run.eager {
         unsupported("attention", "eager attention")?;
     }
