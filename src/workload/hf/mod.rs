@@ -123,7 +123,7 @@ pub(crate) fn expand(
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
-            format!("{what} is not modelled yet for Hugging Face configs (llama trains in fp32 with sdpa attention); remove '{key}' or set it to its default"),
+            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast with sdpa attention); remove '{key}' or set it to its default"),
         ))
     };
     if run.mode == "generate" {
