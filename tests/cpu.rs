@@ -142,7 +142,7 @@ fn fixture_workloads() -> Vec<PathBuf> {
 
 /// Workloads whose float arithmetic (or random fill of gigabytes) takes more than a minute on
 /// two cores in a debug build (GPT-2 small, the 4096-wide MLPs, an 80-layer model, 3.5 GiB of
-/// randn): the ignored test runs them.
+/// randn, the Hugging Face training cases): the ignored test runs them.
 const HEAVY: &[&str] = &[
     "gpt2",
     "mlp_adam.toml",
@@ -160,6 +160,11 @@ const HEAVY: &[&str] = &[
     "x_mlp_s_",
     "fragmentation_oom",
     "train_step_blocks",
+    // Hugging Face models: llama_s is GPT-2-sized work; the tiny training cases take seconds
+    // an iteration (tests/hf.rs runs one iteration of the tiny llama on cpu)
+    "hf/workloads/llama_s",
+    "hf/workloads/llama_t_sdpa",
+    "hf/workloads/qwen2_t",
 ];
 
 fn is_heavy(p: &Path) -> bool {
