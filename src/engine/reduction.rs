@@ -59,7 +59,7 @@ pub fn reduce_scratch(
             // first kept size and the other strides allow
             let mut v = 4usize;
             let mut fit = |n: usize| {
-                while n % v != 0 {
+                while !n.is_multiple_of(v) {
                     v /= 2;
                 }
             };

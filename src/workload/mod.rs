@@ -20,7 +20,9 @@
 //! ```
 //!
 //! Any other key, in `[workload]` or outside it, is an error naming the key. At least one of
-//! `setup` and `body` must hold a statement.
+//! `setup` and `body` must hold a statement. Instead of a script, `[model]` and `[train]`
+//! describe a standard model (`preset`) or a Hugging Face config (`hf`); a bare config.json
+//! given as the workload is one too (its batch and seq set as parameters).
 //!
 //! # The line language of `setup` and `body`
 //!

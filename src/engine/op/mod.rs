@@ -11,7 +11,7 @@
 //! Families, each in its module with its script functions: [`elementwise`] (unary, binary,
 //! scalar, in-place, factories), [`product`] (matmul, linear), [`norm`], [`softmax`] (and the
 //! cross-entropy loss), [`attention`], [`nn`] (embedding, dropout, masked_fill), [`view`]
-//! (views, split, contiguous, clone), [`reduce`] (sum, mean), [`cast`], the optimizer updates
+//! (views, split, contiguous, clone, cat, pad), [`reduce`] (sum, mean), [`cast`], the optimizer updates
 //! ([`optim`]); the gradient plumbing backward needs (copies, sums, concatenation) is here. What a
 //! backward allocates beyond its gradients is each family's [`grad::GradPlan`].
 
@@ -478,7 +478,7 @@ fn cat_shape(ins: &[MetaRef], dim: i64) -> Result<Vec<usize>, LayoutError> {
 
 /// The shape of a constant pad: `pads` pairs (before, after) from the last dimension in.
 fn pad_shape(shape: &[usize], pads: &[i64]) -> Result<Vec<usize>, LayoutError> {
-    if pads.len() % 2 != 0 || pads.len() / 2 > shape.len() {
+    if !pads.len().is_multiple_of(2) || pads.len() / 2 > shape.len() {
         return Err(LayoutError(format!(
             "Padding length must be divisible by 2 and at most twice the dimensions ({}), got {}",
             shape.len(),

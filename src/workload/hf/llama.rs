@@ -15,9 +15,13 @@
 //!   its math path (`enable_gqa`: no fused kernel takes it): q and k each scaled by the square
 //!   root of the scale, the causal mask built (`ones(T, T).tril()`, then `where` of two
 //!   0-dim scalars), k and v repeated per group, the product, the mask added in place,
-//!   `_safe_softmax`, the product with v. Otherwise the memory-efficient kernel.
-//! - The loss: `ForCausalLMLoss`: the labels padded by one and shifted (`pad`, a slice made
-//!   contiguous), then `cross_entropy` over the flattened logits.
+//!   `_safe_softmax`, the product with v. Under bf16 autocast, cuDNN's kernel with
+//!   `enable_gqa`; with as many key/value heads as query heads, the memory-efficient kernel.
+//! - bf16 autocast: the embedding and the decoder in autocast, the rotary embedding outside it;
+//!   `logits.float()` in the loss.
+//! - The loss: `ForCausalLMLoss`: the logits as float32, the labels padded by one and shifted
+//!   (`pad`, a slice made contiguous), then `cross_entropy` over the flattened logits.
+//! - `mode = "inference"`: the forward under `no_grad`, without labels or loss.
 //!
 //! Locals die where Python's do: a function's at its return, in the order it named them.
 
@@ -334,11 +338,8 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     line(s, "del q0, k0");
     // past_key_values.update: `torch.cat` onto the layer's empty buffers, which take the keys'
     // dtype (float32 under autocast, where the rotary product promoted them)
-    let kd = if r.bf16_autocast {
-        "float32"
-    } else {
-        "float32"
-    };
+    // (float32 in float32 and under bf16 autocast; bf16 weights, not modelled yet, differ)
+    let kd = "float32";
     at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
     at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
     at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
