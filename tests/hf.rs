@@ -337,3 +337,30 @@ fn a_bare_config_runs_with_batch_and_seq() {
         "{err}"
     );
 }
+
+/// `fit` on a config's workload: the largest batch that fits, and remedies that change the
+/// loop (bf16 autocast fits a larger batch than the float32 run as written).
+#[test]
+fn fit_finds_the_batch_and_its_remedies_apply_to_configs() {
+    let out = at_root(&[
+        "fit",
+        "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml",
+        "--capacity",
+        "4GiB",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let batch = |label: &str| -> u64 {
+        let row = text
+            .lines()
+            .find(|l| l.contains(label))
+            .unwrap_or_else(|| panic!("no {label} row: {text}"));
+        row.split('┆').nth(1).unwrap().trim().parse().unwrap()
+    };
+    let (plain, bf16) = (batch("as written"), batch("bf16 autocast"));
+    assert!(plain >= 1 && bf16 > plain, "{plain} {bf16}: {text}");
+}

@@ -150,9 +150,23 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
             );
             if !overrides.is_empty() && super::hf::is_hf(&model_t) {
                 let t = train_t.get_or_insert_with(Table::new);
-                for (k, v) in &overrides.params {
+                let set = |t: &mut Table, k: &str, v: Value| {
                     let range = t.get(k).map_or(0..0, |old| old.span());
-                    t.insert(k.clone(), Spanned::new(range, Value::Integer(*v)));
+                    t.insert(k.to_string(), Spanned::new(range, v));
+                };
+                for (k, v) in &overrides.params {
+                    set(t, k, Value::Integer(*v));
+                }
+                // the remedies a config's loop takes (checkpointing is not modelled yet)
+                if overrides.bf16_autocast {
+                    set(t, "precision", Value::String("bf16-autocast".into()));
+                }
+                let opt = match t.get("optimizer").map(|v| v.get_ref()) {
+                    Some(Value::String(o)) => o.clone(),
+                    _ => "adamw".into(),
+                };
+                if overrides.sgd && (opt == "adam" || opt == "adamw") {
+                    set(t, "optimizer", Value::String("sgd".into()));
                 }
             } else if !overrides.is_empty() {
                 let kind = match model_t.get("kind").map(|v| v.get_ref()) {
