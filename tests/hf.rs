@@ -20,7 +20,12 @@ const FIELDS: [&str; 8] = [
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 5] = [
+const CASES: [(&str, &str, bool); 6] = [
+    (
+        "llama_t_eager_adamw_fp32",
+        "llama_t_eager_adamw_fp32",
+        false,
+    ),
     ("llama_s_sdpa_adamw_fp32", "llama_s_sdpa_adamw_fp32", true),
     (
         "llama_s_sdpa_adamw_bf16amp",

@@ -104,7 +104,10 @@ impl<S: Device> Tensors<S> {
                 self.info_mut(out).layout = l;
             }
         }
-        let need = self.grad_enabled && inputs.iter().any(|&t| self.info(t).requires_grad);
+        // (a comparison's bool result never requires grad)
+        let need = self.grad_enabled
+            && out_meta.1.is_floating()
+            && inputs.iter().any(|&t| self.info(t).requires_grad);
         // the output, then at most two extras (no heap for the list)
         let mut all = [out; 3];
         let n = 1 + extras.len();

@@ -242,6 +242,16 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .collect();
             d.store(out, &v)
         }
+        (Op::LessEqual, Pass::Forward) => {
+            let x = load_as(d, &l.inputs[0], &oshape)?;
+            let y = load_as(d, &l.inputs[1], &oshape)?;
+            let v: Scratch = x
+                .par_iter()
+                .zip(y.par_iter())
+                .map(|(a, b)| (a <= b) as u8 as f64)
+                .collect();
+            d.store(out, &v)
+        }
         (Op::Where, Pass::Forward) => {
             let c = load_as(d, &l.inputs[0], &oshape)?;
             let x = load_as(d, &l.inputs[1], &oshape)?;

@@ -387,6 +387,7 @@ impl Device for CpuDevice {
                 | Op::Unary(_)
                 | Op::Pow { .. }
                 | Op::Where
+                | Op::LessEqual
                 | Op::Cat { .. }
                 | Op::Pad { .. }
                 | Op::Binary(_)

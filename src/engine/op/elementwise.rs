@@ -297,6 +297,16 @@ fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
+fn le(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    Ok(Made::Op {
+        op: Op::LessEqual,
+        inputs: vec![
+            b.tensor(0).ok_or("expects a tensor")?,
+            b.tensor(1).ok_or("expects two tensors")?,
+        ],
+    })
+}
+
 fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let name = InPlace::parse(name).ok_or("not in-place")?;
     Ok(Made::InPlace {
@@ -329,6 +339,7 @@ entries! {
     "full", Function, FULL, factory, "filled with fill_value";
     "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
     "pow", Both, &[X, P::Float("exponent", None)], pow, "x ** exponent, a number (also x ** 2; saves its input; backward takes two temporaries)";
+    "le", Both, TWO, le, "x <= other, broadcast: a bool tensor";
     "where", Function, &[P::Tensor("condition"), X, P::Tensor("other")], where_fn, "input where condition, else other, broadcast (keeps the condition)";
     "add", Both, TWO, binary_fn, "x + other, broadcast";
     "sub", Both, TWO, binary_fn, "x - other, broadcast";

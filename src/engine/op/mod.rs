@@ -149,6 +149,8 @@ pub enum Op {
     },
     /// `torch.where(cond, x, y)`, broadcast.
     Where,
+    /// `a <= b` (`le`), broadcast, a bool result (no gradient).
+    LessEqual,
     /// `F.pad(x, pads, value=...)` (constant): `pads` from the last dimension inwards.
     Pad {
         pads: Vec<i64>,
@@ -227,6 +229,7 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::Cat { .. } => "cat",
             Op::Where => "where",
+            Op::LessEqual => "le",
             Op::Pad { .. } => "pad",
             Op::Reduce { mean: false, .. } => "sum",
             Op::Reduce { mean: true, .. } => "mean",
@@ -264,6 +267,7 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::Cat { .. } => "cat",
             Op::Where => "where",
+            Op::LessEqual => "compare",
             Op::Pad { .. } => "pad",
             Op::Reduce { .. } | Op::SumTo => "reduce",
             Op::Embedding => "embedding",
@@ -357,6 +361,7 @@ impl Op {
                 | Op::Scalar { .. }
                 | Op::MaskedFill { .. }
                 | Op::Where
+                | Op::LessEqual
         )
     }
 
@@ -404,6 +409,10 @@ impl Op {
                     .map(|s| ((s, promote(x.1, y.1)), vec![]))
             }
             Op::Pad { pads, .. } => pad_shape(first.0, pads).map(|s| ((s, first.1), vec![])),
+            Op::LessEqual => {
+                let b = ins.get(1)?;
+                broadcast(first.0, b.0).map(|s| ((s, DType::Bool), vec![]))
+            }
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }

@@ -210,6 +210,34 @@ fn prelude(s: &mut String, r: &Run, ind: &str) {
     line(s, "cache_position = cp0 + 0");
     line(s, "del cp0");
     line(s, "position_ids = cache_position.unsqueeze(0)");
+    if r.eager {
+        eager_mask(s, r, ind);
+    }
+}
+
+/// `create_causal_mask` for eager attention (masking_utils' `sdpa_mask`, then `eager_mask`):
+/// the batch, head, key and query indices, `kv_idx <= q_idx`, then `where(mask, 0.0, min)` as
+/// a float32 [B, 1, T, T].
+fn eager_mask(s: &mut String, r: &Run, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    for st in [
+        format!("mb = arange({b})"),
+        "mh = arange(1)".to_string(),
+        format!("mk0 = arange({t})"),
+        "kv_idx = mk0 + 0".to_string(),
+        "del mk0".to_string(),
+        format!("mq0 = arange({t})"),
+        "q_idx = mq0 + 0".to_string(),
+        "del mq0".to_string(),
+        "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
+        "del mb, mh, kv_idx, q_idx".to_string(),
+        "mz = zeros()".to_string(),
+        "mn = full(fill_value=-3.4028234663852886e+38)".to_string(),
+        format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
+        "del mn, mz, mm".to_string(),
+    ] {
+        at(s, ind, "model.create_causal_mask", &st);
+    }
 }
 
 /// The rotary embedding's cos and sin: no grad, autocast off, float32.
@@ -252,7 +280,11 @@ fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     // whose items CPython drops from the end
     line(
         s,
-        "del position_ids, cache_position, inputs_embeds, sin, cos",
+        if r.eager {
+            "del position_ids, cache_position, inputs_embeds, causal_mask, sin, cos"
+        } else {
+            "del position_ids, cache_position, inputs_embeds, sin, cos"
+        },
     );
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
 }
@@ -374,7 +406,30 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let rep = nh / nkv;
     let mut st: Vec<String> = Vec::new();
-    if rep > 1 && r.bf16_autocast {
+    if r.eager {
+        // eager_attention_forward: repeat_kv, the scaled product, the mask, softmax, the product
+        let scale = 1.0 / (hd as f64).sqrt();
+        let rk = |x: &str| {
+            if rep > 1 {
+                format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).reshape({b}, {nh}, {t}, {hd})")
+            } else {
+                x.to_string()
+            }
+        };
+        st.extend([
+            format!("ak = {}", rk(k)),
+            format!("av = {}", rk(v)),
+            "att0 = q1 @ ak.transpose(2, 3)".to_string(),
+            format!("att1 = att0 * {scale:?}"),
+            "del att0".to_string(),
+            "att2 = att1 + causal_mask".to_string(),
+            "del att1".to_string(),
+            "att = softmax(att2, -1)".to_string(),
+            "del att2".to_string(),
+            "y0 = att @ av".to_string(),
+            "del ak, av, att".to_string(),
+        ]);
+    } else if rep > 1 && r.bf16_autocast {
         // bf16 with enable_gqa: cuDNN's kernel takes the groups itself
         st.push(format!(
             "y0 = scaled_dot_product_attention(q1, {k}, {v}, enable_gqa=true)"

@@ -129,9 +129,6 @@ pub(crate) fn expand(
     if run.mode == "generate" {
         unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
     }
-    if run.eager {
-        unsupported("attention", "eager attention")?;
-    }
     if run.bf16_weights {
         unsupported("dtype", "bf16 weights")?;
     }
