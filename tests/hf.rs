@@ -6,17 +6,8 @@ mod common;
 use common::{at_root, run_json, u, Scratch};
 use serde_json::Value;
 
-/// The fields hf_models.py records per training iteration.
-const FIELDS: [&str; 8] = [
-    "start",
-    "after_forward",
-    "after_backward",
-    "after_step",
-    "end",
-    "peak_allocated",
-    "peak_reserved",
-    "reserved_end",
-];
+// The fields hf_models.py records per training iteration: compare-torch's own list.
+use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.

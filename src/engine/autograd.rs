@@ -515,10 +515,7 @@ impl<S: Device> Tensors<S> {
         n: NodeId,
         made: &mut Vec<(Edge, TensorId)>,
     ) -> Result<(), EngineError> {
-        let cat_for = |s: &Self, e: &Edge| match e {
-            Edge::Leaf(t) if s.grad(*t).is_none() => Category::Gradient,
-            _ => Category::Temporary,
-        };
+        let cat_for = |s: &Self, e: &Edge| s.grad_category(e);
         if *back == Back::Split {
             // zeros for the parts no gradient reached, then one cat into the input's shape
             let shapes = self.nodes[n.0 as usize].out_shapes.clone();
@@ -735,6 +732,15 @@ impl<S: Device> Tensors<S> {
         r
     }
 
+    /// A gradient's category: a leaf's first `.grad` is a gradient, anything else on its way
+    /// a temporary.
+    fn grad_category(&self, e: &Edge) -> Category {
+        match e {
+            Edge::Leaf(t) if self.grad(*t).is_none() => Category::Gradient,
+            _ => Category::Temporary,
+        }
+    }
+
     /// A view of a gradient made in backward (a reshape, a permute, a slice): like PyTorch's
     /// views it holds its base, so the storage has two owners and a second gradient for
     /// the same input is summed out of place.
@@ -759,10 +765,7 @@ impl<S: Device> Tensors<S> {
         n: NodeId,
         made: &mut Vec<(Edge, TensorId)>,
     ) -> Result<(), EngineError> {
-        let cat_for = |s: &Self, e: &Edge| match e {
-            Edge::Leaf(t) if s.grad(*t).is_none() => Category::Gradient,
-            _ => Category::Temporary,
-        };
+        let cat_for = |s: &Self, e: &Edge| s.grad_category(e);
         // (index in `made`, formula) of the gradients still in a broadcast shape
         let mut full = Vec::new();
         for f in formulas {

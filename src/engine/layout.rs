@@ -401,6 +401,27 @@ impl Layout {
     }
 }
 
+/// TensorIterator's dimension order: fastest first, starting from the last logical dimension
+/// and insertion-sorted by `should_swap(d0, d1)` (positive: `d0` goes after `d1`; negative:
+/// keep; 0: no operand tells). Elementwise outputs and reductions share it.
+pub fn reorder_dims(n: usize, should_swap: impl Fn(usize, usize) -> i32) -> Vec<usize> {
+    let mut perm: Vec<usize> = (0..n).rev().collect();
+    for i in 1..n {
+        let mut d1 = i;
+        for d0 in (0..i).rev() {
+            match should_swap(perm[d0], perm[d1]) {
+                c if c > 0 => {
+                    perm.swap(d0, d1);
+                    d1 = d0;
+                }
+                c if c < 0 => break,
+                _ => {}
+            }
+        }
+    }
+    perm
+}
+
 /// The layout of an elementwise op's new output (PyTorch's TensorIterator): with every input
 /// broadcast to `shape`, the dimensions are ordered by the inputs' strides (the first input
 /// that tells two dimensions apart decides; a broadcast dimension tells nothing), and the
@@ -447,21 +468,7 @@ pub fn elementwise_layout(shape: &[usize], inputs: &[&Layout]) -> Layout {
         }
         0
     };
-    // fastest first, starting from the last logical dimension; insertion sort
-    let mut perm: Vec<usize> = (0..n).rev().collect();
-    for i in 1..n {
-        let mut d1 = i;
-        for d0 in (0..i).rev() {
-            match should_swap(perm[d0], perm[d1]) {
-                c if c > 0 => {
-                    perm.swap(d0, d1);
-                    d1 = d0;
-                }
-                c if c < 0 => break,
-                _ => {}
-            }
-        }
-    }
+    let perm = reorder_dims(n, should_swap);
     let mut out = vec![0; n];
     let mut acc = 1usize;
     for &d in &perm {

@@ -158,20 +158,7 @@ fn presented(
         }
         0
     };
-    let mut perm: Vec<usize> = (0..n).rev().collect();
-    for i in 1..n {
-        let mut d1 = i;
-        for d0 in (0..i).rev() {
-            match should_swap(perm[d0], perm[d1]) {
-                c if c > 0 => {
-                    perm.swap(d0, d1);
-                    d1 = d0;
-                }
-                c if c < 0 => break,
-                _ => {}
-            }
-        }
-    }
+    let perm = crate::engine::layout::reorder_dims(n, should_swap);
     let mut dims: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
     let mut st: [Vec<usize>; 2] = [
         perm.iter().map(|&p| out[p]).collect(),
