@@ -150,11 +150,6 @@ fn gpumem_events(workload: &str) -> Vec<(char, i64)> {
 #[test]
 fn hf_cases_allocate_and_free_as_pytorch_does() {
     for (w, name, _) in CASES {
-        if name.starts_with("llama_s") {
-            // (its embedding backward's sort scratch is not modelled yet; the figures are exact)
-            // its embedding backward's sort scratch is not modelled yet (4,096 tokens > 3,072)
-            continue;
-        }
         let p = common::root().join(format!("fixtures/hf/traces/events_{name}.json"));
         let t: Vec<(String, i64)> =
             serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();

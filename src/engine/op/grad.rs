@@ -109,6 +109,7 @@ impl Op {
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
             Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
+            Op::Embedding => super::nn::grad_plan(inputs, grad),
             Op::Unary(super::Unary::Rsqrt) => GradPlan {
                 formulas: vec![Formula::around(0, &inputs[0], 2)],
                 ..GradPlan::default()
