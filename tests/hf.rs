@@ -11,7 +11,7 @@ use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 6] = [
+const CASES: [(&str, &str, bool); 8] = [
     (
         "llama_t_eager_adamw_fp32",
         "llama_t_eager_adamw_fp32",
@@ -26,6 +26,8 @@ const CASES: [(&str, &str, bool); 6] = [
     ("llama_t_nograd_fp32", "llama_t_nograd_fp32", true),
     ("llama_t_sdpa_adamw_fp32", "llama_t_sdpa_adamw_fp32", false),
     ("qwen2_t_sdpa_adamw_fp32", "qwen2_t_sdpa_adamw_fp32", false),
+    ("gpt2_hf_sdpa_adamw_fp32", "gpt2_hf_sdpa_adamw_fp32", true),
+    ("gpt2_t_sdpa_adamw_fp32", "gpt2_t_sdpa_adamw_fp32", false),
 ];
 
 fn case(name: &str) -> Value {
@@ -166,11 +168,7 @@ fn hf_cases_allocate_and_free_as_pytorch_does() {
 #[test]
 fn hf_configs_are_refused_by_name() {
     let s = Scratch::new("hf-refuse");
-    let base =
-        std::fs::read_to_string(common::root().join("fixtures/hf/cases/llama_t.config.json"))
-            .unwrap();
-    let mut cfg: serde_json::Map<String, Value> = serde_json::from_str(&base).unwrap();
-    let cases: Vec<(&str, Value, &str)> = vec![
+    let llama: Vec<(&str, Value, &str)> = vec![
         (
             "quantization_config",
             serde_json::json!({"bits": 4}),
@@ -194,34 +192,64 @@ fn hf_configs_are_refused_by_name() {
             "dynamic",
         ),
     ];
-    for (key, value, want) in cases {
-        let old = cfg.insert(key.to_string(), value);
-        let c = s.write(
-            "config.json",
-            &serde_json::to_string(&Value::Object(cfg.clone())).unwrap(),
-        );
-        let w = s.write(
-            "w.toml",
-            &format!(
-                "[model]\nhf_config = \"{}\"\n[train]\nbatch = 1\nseq = 8\n",
-                c.file_name().unwrap().to_str().unwrap()
-            ),
-        );
-        let out = at_root(&["run", w.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
-        assert!(
-            err.contains(want) && err.contains("config.json"),
-            "{key}: {err}"
-        );
-        assert!(
-            err.contains("line 2"),
-            "{key}: the error points at hf_config: {err}"
-        );
-        match old {
-            Some(v) => cfg.insert(key.to_string(), v),
-            None => cfg.remove(key),
-        };
+    let gpt2: Vec<(&str, Value, &str)> = vec![
+        (
+            "reorder_and_upcast_attn",
+            Value::from(true),
+            "reorder_and_upcast_attn",
+        ),
+        (
+            "activation_function",
+            Value::from("relu"),
+            "activation_function",
+        ),
+        (
+            "add_cross_attention",
+            Value::from(true),
+            "add_cross_attention",
+        ),
+        ("resid_pdrop", Value::from(1.5), "probability"),
+        (
+            "num_key_value_heads",
+            Value::from(2),
+            "'num_key_value_heads'",
+        ),
+    ];
+    for (file, cases) in [("llama_t", llama), ("gpt2_t", gpt2)] {
+        let base = std::fs::read_to_string(
+            common::root().join(format!("fixtures/hf/cases/{file}.config.json")),
+        )
+        .unwrap();
+        let mut cfg: serde_json::Map<String, Value> = serde_json::from_str(&base).unwrap();
+        for (key, value, want) in cases {
+            let old = cfg.insert(key.to_string(), value);
+            let c = s.write(
+                "config.json",
+                &serde_json::to_string(&Value::Object(cfg.clone())).unwrap(),
+            );
+            let w = s.write(
+                "w.toml",
+                &format!(
+                    "[model]\nhf_config = \"{}\"\n[train]\nbatch = 1\nseq = 8\n",
+                    c.file_name().unwrap().to_str().unwrap()
+                ),
+            );
+            let out = at_root(&["run", w.to_str().unwrap()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+            assert!(
+                err.contains(want) && err.contains("config.json"),
+                "{key}: {err}"
+            );
+            assert!(
+                err.contains("line 2"),
+                "{key}: the error points at hf_config: {err}"
+            );
+            match old {
+                Some(v) => cfg.insert(key.to_string(), v),
+                None => cfg.remove(key),
+            };
+        }
     }
     // a missing file and a key of [model] that is not for configs
     let w = s.write(

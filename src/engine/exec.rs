@@ -49,7 +49,10 @@ impl<S: Device> Tensors<S> {
         match op {
             Op::Matmul => self.matmul(arg(0)?, arg(1)?),
             Op::Linear => self.linear(arg(0)?, arg(1)?, inputs.get(2).copied()),
-            Op::Sdpa { gqa, .. } => self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa),
+            Op::Addmm => self.addmm(arg(0)?, arg(1)?, arg(2)?),
+            Op::Sdpa { gqa, dropout, .. } => {
+                self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout)
+            }
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Cast => Err(EngineError::Invalid(
                 "a cast needs its dtype: use cast_op".into(),
@@ -95,7 +98,22 @@ impl<S: Device> Tensors<S> {
             .simple_outputs(metas)
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
         let scratch = op.forward_scratch(metas);
-        let out = self.empty(&out_meta.0, out_meta.1, Category::Temporary)?;
+        // dropout's kernel takes its mask before its output
+        let first = match (&op, extras.first()) {
+            (Op::Dropout { .. }, Some((shape, dtype))) => {
+                Some(self.empty(shape, *dtype, Category::Temporary)?)
+            }
+            _ => None,
+        };
+        let out = match self.empty(&out_meta.0, out_meta.1, Category::Temporary) {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(m) = first {
+                    self.release(m);
+                }
+                return Err(e);
+            }
+        };
         if op.elementwise() && inputs.iter().any(|&t| !self.info(t).layout.is_contiguous()) {
             // TensorIterator orders the output's dimensions by its inputs' strides
             let ins: Vec<&Layout> = inputs.iter().map(|&t| &self.info(t).layout).collect();
@@ -112,7 +130,10 @@ impl<S: Device> Tensors<S> {
         let mut all = [out; 3];
         let n = 1 + extras.len();
         for (k, (shape, dtype)) in extras.into_iter().enumerate() {
-            all[1 + k] = self.empty(&shape, dtype, Category::Temporary)?;
+            all[1 + k] = match (k, first) {
+                (0, Some(m)) => m,
+                _ => self.empty(&shape, dtype, Category::Temporary)?,
+            };
         }
         self.launch(&op, inputs, &all[..n])?;
         if !scratch.is_empty() {
@@ -444,6 +465,41 @@ impl<S: Device> Tensors<S> {
         Ok(out)
     }
 
+    /// `torch.addmm(b, x, w)`: `x @ w + b` for a 2-D `x` and `w` as [in, out] (GPT-2's
+    /// `Conv1D`), through cuBLASLt as a linear with bias; keeps `x` and `w` as a linear does.
+    pub fn addmm(
+        &mut self,
+        x: TensorId,
+        w: TensorId,
+        b: TensorId,
+    ) -> Result<TensorId, EngineError> {
+        let (sx, sw, sb) = (self.shape(x), self.shape(w), self.shape(b));
+        if sx.len() != 2 || sw.len() != 2 || sx[1] != sw[0] {
+            let x2 = |s: &[usize]| s.iter().map(usize::to_string).collect::<Vec<_>>().join("x");
+            return Err(EngineError::Invalid(format!(
+                "addmm: mat1 and mat2 must be 2-D and multipliable, got {} and {}",
+                x2(sx),
+                x2(sw)
+            )));
+        }
+        let shape = vec![sx[0], sw[1]];
+        if super::op::broadcast(sb, &shape).as_deref() != Ok(&shape[..]) {
+            return Err(EngineError::Invalid(format!(
+                "addmm: the input of size {} cannot be broadcast to the product's {}",
+                Dims(sb),
+                Dims(&shape)
+            )));
+        }
+        let dtype = super::op::promote(self.dtype(x), self.dtype(w));
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        self.ensure_cublas_workspace(true)?;
+        let inputs = [x, w, b];
+        self.launch(&Op::Addmm, &inputs, &[out])?;
+        let saves = Op::Addmm.saves(3);
+        self.record(&Op::Addmm, &inputs, &[out], saves);
+        Ok(out)
+    }
+
     /// `F.layer_norm(x, [d], w, b, eps)`: keeps `x`, `w`, `b` and the per-row `mean` and `rstd`
     /// (float32, one per normalized row). The CUDA kernel always writes them; without a graph
     /// they are freed as the op returns.
@@ -518,7 +574,7 @@ impl<S: Device> Tensors<S> {
     /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
     /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
     pub fn sdpa(&mut self, q: TensorId, k: TensorId, v: TensorId) -> Result<TensorId, EngineError> {
-        self.sdpa_with(q, k, v, false)
+        self.sdpa_with(q, k, v, false, 0.0)
     }
 
     /// [`Self::sdpa`] with `enable_gqa`: key and value may have fewer heads than the query,
@@ -529,6 +585,7 @@ impl<S: Device> Tensors<S> {
         k: TensorId,
         v: TensorId,
         gqa: bool,
+        dropout: f64,
     ) -> Result<TensorId, EngineError> {
         let sq = self.shape(q).to_vec();
         if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
@@ -555,7 +612,14 @@ impl<S: Device> Tensors<S> {
         let (b, h, t, dv) = (sq[0], sq[1], sq[2], self.shape(v)[3]);
         let dtype = self.dtype(q);
         let cudnn = dtype != DType::F32;
-        let op = Op::Sdpa { cudnn, gqa };
+        // (the seed is drawn only with dropout, so other runs keep their numbering)
+        let seed = if dropout > 0.0 { self.next_seed() } else { 0 };
+        let op = Op::Sdpa {
+            cudnn,
+            gqa,
+            dropout,
+            seed,
+        };
         let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
         let mut extra = Vec::new();
         if cudnn {

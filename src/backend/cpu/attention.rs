@@ -2,13 +2,39 @@
 //! per-row logsumexp the kernels keep) and the gradients of q, k and v (from the saved
 //! inputs and output, recomputing the probabilities as flash-style kernels do). One head at a
 //! time, heads in parallel; scale 1/sqrt(D), the mask `j <= i` (PyTorch's `is_causal`).
+//! With `dropout_p`, each probability is kept or dropped by a mask drawn per head from the
+//! op's seed (the same mask forward and backward, as the kernels regenerate theirs), and the
+//! kept ones scaled by 1/(1 - p); the logsumexp is the undropped softmax's.
 
 use rayon::prelude::*;
 
 use super::linalg::gemm;
+use super::rng::Rng;
 use super::{saved, CpuDevice, Scratch};
 use crate::backend::{Launch, Pass};
-use crate::engine::op::Role;
+use crate::engine::op::{Op, Role};
+
+/// The dropout factor of each probability of head `h` ([t, s]: 0 or 1/(1 - p)); None without
+/// dropout.
+fn keep(seed: u64, p: f64, h: usize, len: usize) -> Option<Scratch> {
+    if p <= 0.0 {
+        return None;
+    }
+    let mut rng = Rng::new(seed ^ ((h as u64) << 32));
+    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+    Some(
+        (0..len)
+            .map(|_| if rng.uniform() >= p { scale } else { 0.0 })
+            .collect(),
+    )
+}
+
+fn apply(p: &[f64], keep: &Option<Scratch>) -> Scratch {
+    match keep {
+        Some(k) => p.iter().zip(k.iter()).map(|(a, b)| a * b).collect(),
+        None => p.to_vec().into(),
+    }
+}
 
 struct Dims {
     heads: usize,
@@ -68,6 +94,10 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
     }
     let rep = hq / hk;
     let kv = |h: usize| (h / hq) * hk + (h % hq) / rep;
+    let (dropout, seed) = match l.op {
+        Op::Sdpa { dropout, seed, .. } => (*dropout, *seed),
+        _ => (0.0, 0),
+    };
     let head = |x: &[f64], h: usize, rows: usize, cols: usize| {
         x[h * rows * cols..(h + 1) * rows * cols].to_vec()
     };
@@ -77,12 +107,13 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .into_par_iter()
                 .map(|h| {
                     let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, kv(h), n.s, n.d), &n);
+                    let pd = apply(&p, &keep(seed, dropout, h, n.t * n.s));
                     (
                         gemm(
                             n.t,
                             n.s,
                             n.dv,
-                            &p,
+                            &pd,
                             false,
                             &head(&v, kv(h), n.s, n.dv),
                             false,
@@ -119,12 +150,14 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                     );
                     let (gh, oh) = (head(&g, h, n.t, n.dv), head(&o, h, n.t, n.dv));
                     let (p, _) = probs(&qh, &kh, &n);
+                    let mask = keep(seed, dropout, h, n.t * n.s);
                     if input == 2 {
-                        // dV = P^T dO
-                        return gemm(n.s, n.t, n.dv, &p, true, &gh, false);
+                        // dV = P_dropped^T dO
+                        return gemm(n.s, n.t, n.dv, &apply(&p, &mask), true, &gh, false);
                     }
-                    // dP = dO V^T; dS = P * (dP - rowsum(dO * O)) * scale
-                    let mut ds = gemm(n.t, n.dv, n.s, &gh, false, &vh, true);
+                    // dP = (dO V^T) * mask; dS = P * (dP - rowsum(dO * O)) * scale
+                    let ds = gemm(n.t, n.dv, n.s, &gh, false, &vh, true);
+                    let mut ds = apply(&ds, &mask);
                     for i in 0..n.t {
                         let delta: f64 =
                             (0..n.dv).map(|c| gh[i * n.dv + c] * oh[i * n.dv + c]).sum();

@@ -244,6 +244,11 @@ fn products_attention_and_losses_match_finite_differences() {
         &|d, i| d.linear(i[0], i[1], Some(i[2])).unwrap(),
     );
     check(
+        "addmm",
+        &[(vec![3, 4], true), (vec![4, 5], true), (vec![5], true)],
+        &|d, i| d.addmm(i[0], i[1], i[2]).unwrap(),
+    );
+    check(
         "batched matmul",
         &[(vec![2, 3, 4], true), (vec![4, 5], true)],
         &|d, i| d.matmul(i[0], i[1]).unwrap(),
@@ -264,7 +269,20 @@ fn products_attention_and_losses_match_finite_differences() {
             (vec![1, 2, 4, 3], true),
             (vec![1, 2, 4, 3], true),
         ],
-        &|d, i| d.sdpa_with(i[0], i[1], i[2], true).unwrap(),
+        &|d, i| d.sdpa_with(i[0], i[1], i[2], true, 0.0).unwrap(),
+    );
+    check(
+        "sdpa with dropout",
+        &[
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 4, 3], true),
+        ],
+        // (every evaluation draws the same mask)
+        &|d, i| {
+            d.draws = 0;
+            d.sdpa_with(i[0], i[1], i[2], false, 0.3).unwrap()
+        },
     );
     check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
         let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);

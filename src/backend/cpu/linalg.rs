@@ -221,6 +221,61 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             };
             d.store(out, &v)
         }
+        (Op::Addmm, Pass::Forward) => {
+            // [rows, k] @ [k, m] + bias (broadcast from [m] or [rows, m])
+            let x = d.load(&l.inputs[0])?;
+            let w = d.load(&l.inputs[1])?;
+            let ws = &l.inputs[1].layout.shape;
+            let (k, m) = (ws[0], ws[1]);
+            let rows = x.len() / k.max(1);
+            let mut y = gemm(rows, k, m, &x, false, &w, false);
+            let b = d.load(&l.inputs[2])?;
+            let full = b.len() == y.len();
+            for r in 0..rows {
+                for j in 0..m {
+                    y[r * m + j] += b[if full { r * m + j } else { j % b.len().max(1) }];
+                }
+            }
+            d.store(out, &y)
+        }
+        (Op::Addmm, Pass::Grad { input }) => {
+            let g = d.load(&l.inputs[0])?;
+            let m = *l.inputs[0]
+                .layout
+                .shape
+                .last()
+                .ok_or("a scalar gradient for addmm")?;
+            let rows = g.len() / m.max(1);
+            let v = match input {
+                0 => {
+                    // grad @ w.T
+                    let w = d.load(saved(l, Role::Input(1))?)?;
+                    let k = w.len() / m.max(1);
+                    gemm(rows, m, k, &g, false, &w, true)
+                }
+                1 => {
+                    // x.T @ grad
+                    let x = d.load(saved(l, Role::Input(0))?)?;
+                    let k = x.len() / rows.max(1);
+                    gemm(k, rows, m, &x, true, &g, false)
+                }
+                _ => {
+                    let n = out.layout.numel();
+                    if n == g.len() {
+                        g.to_vec().into()
+                    } else {
+                        let mut s = Scratch::zeros(n);
+                        for r in 0..rows {
+                            for j in 0..m {
+                                s[j % n.max(1)] += g[r * m + j];
+                            }
+                        }
+                        s
+                    }
+                }
+            };
+            d.store(out, &v)
+        }
         (op, pass) => Err(format!("no CPU kernel for {} ({pass:?})", op.name())),
     }
 }

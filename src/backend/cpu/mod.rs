@@ -401,7 +401,7 @@ impl Device for CpuDevice {
                 | Op::Accumulate,
                 _,
             ) => elementwise::launch(self, l),
-            (Op::Matmul | Op::Linear, _) => linalg::launch(self, l),
+            (Op::Matmul | Op::Linear | Op::Addmm, _) => linalg::launch(self, l),
             (Op::Sdpa { .. }, _) => attention::launch(self, l),
             (Op::OptimStep(s), Pass::Forward) => optim::step(self, l, s),
             _ => nn::launch(self, l),

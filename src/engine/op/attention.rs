@@ -14,10 +14,18 @@ fn make(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     if inputs.len() != 3 {
         return Err("scaled_dot_product_attention expects q, k and v".into());
     }
+    let dropout = b.float(4).unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&dropout) {
+        return Err(format!(
+            "dropout_p has to be between 0 and 1, but got {dropout}"
+        ));
+    }
     Ok(Made::Op {
         op: Op::Sdpa {
             cudnn: false,
             gqa: b.flag(3),
+            dropout,
+            seed: 0,
         },
         inputs,
     })
@@ -32,8 +40,9 @@ pub(super) static ENTRIES: &[Entry] = &[Entry {
         Param::Tensor("key"),
         Param::Tensor("value"),
         Param::Bool("enable_gqa", false),
+        Param::Float("dropout_p", Some(0.0)),
     ],
-    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each",
+    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own)",
     make,
 }];
 

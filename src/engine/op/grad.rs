@@ -105,7 +105,7 @@ impl Op {
     /// gradient's shape and dtype.
     pub fn grad_plan(&self, inputs: &[Meta], grad: MetaRef) -> GradPlan {
         match self {
-            Op::Matmul | Op::Linear => super::product::grad_plan(self, inputs, grad),
+            Op::Matmul | Op::Linear | Op::Addmm => super::product::grad_plan(self, inputs, grad),
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
             Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
@@ -169,10 +169,14 @@ mod tests {
             Op::Sdpa {
                 cudnn: true,
                 gqa: false,
+                dropout: 0.0,
+                seed: 0,
             },
             Op::Sdpa {
                 cudnn: false,
                 gqa: false,
+                dropout: 0.0,
+                seed: 0,
             },
             Op::Softmax {
                 dim: -1,

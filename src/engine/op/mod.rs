@@ -134,6 +134,9 @@ pub enum Op {
     Matmul,
     /// `F.linear(x, w, b)`.
     Linear,
+    /// `torch.addmm(b, x, w)`: `x @ w + b` with `w` as [in, out] (GPT-2's `Conv1D`); its
+    /// inputs are held as `[x, w, b]`, the order of its gradients.
+    Addmm,
     /// The normalizations ([`norm`]).
     Norm(Norm),
     /// `softmax(dim)` / `log_softmax(dim)`; `safe`: `_safe_softmax` (SDPA's math path: 0 for
@@ -172,6 +175,10 @@ pub enum Op {
         cudnn: bool,
         /// `enable_gqa=True`: fewer key/value heads than query heads, each serving a group.
         gqa: bool,
+        /// `dropout_p` (applied to the probabilities in the kernel, from `seed`: no
+        /// allocation of its own).
+        dropout: f64,
+        seed: u64,
     },
     /// A view: a new layout over the same storage. `kind` is PyTorch's op name; `rel` is the
     /// view over a contiguous tensor of the input's shape, through which the backward of an
@@ -224,6 +231,7 @@ impl Op {
             Op::Dropout { .. } => "dropout",
             Op::Matmul => "matmul",
             Op::Linear => "linear",
+            Op::Addmm => "addmm",
             Op::Norm(n) => n.name(),
             Op::Softmax { log: false, .. } => "softmax",
             Op::Softmax { log: true, .. } => "log_softmax",
@@ -262,7 +270,7 @@ impl Op {
             Op::MaskedFill { .. } => "masked_fill",
             Op::Cast | Op::Clone | Op::Copy => "copy",
             Op::Dropout { .. } => "dropout",
-            Op::Matmul | Op::Linear => "gemm",
+            Op::Matmul | Op::Linear | Op::Addmm => "gemm",
             Op::Norm(n) => n.kernels().0,
             Op::Softmax { .. } => "softmax",
             Op::Cat { .. } => "cat",
@@ -288,7 +296,7 @@ impl Op {
             Op::MaskedFill { .. } => "masked_fill",
             Op::Cast | Op::Clone => "copy",
             Op::Dropout { .. } => "dropout_backward",
-            Op::Matmul | Op::Linear => "gemm",
+            Op::Matmul | Op::Linear | Op::Addmm => "gemm",
             Op::Norm(n) => n.kernels().1,
             Op::Softmax { .. } => "softmax_backward",
             Op::Cat { .. } => "split",
@@ -307,7 +315,7 @@ impl Op {
     /// Autocast's policy for its floating inputs (None: it runs in its inputs' dtype).
     pub fn autocast(&self) -> Option<CastPolicy> {
         match self {
-            Op::Matmul | Op::Linear | Op::Sdpa { .. } => Some(CastPolicy::Lower),
+            Op::Matmul | Op::Linear | Op::Addmm | Op::Sdpa { .. } => Some(CastPolicy::Lower),
             Op::Norm(n) => Some(n.autocast()),
             Op::Softmax { .. } | Op::NllLoss => Some(CastPolicy::Float32),
             _ => None,
@@ -322,7 +330,7 @@ impl Op {
             Op::Binary(b) => b.saves(),
             Op::MaskedFill { .. } => &[Save::Input(1)],
             Op::Where => &[Save::Input(0)],
-            Op::Matmul | Op::Linear => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
+            Op::Matmul | Op::Linear | Op::Addmm => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
             Op::Norm(n) => n.saves(inputs),
             Op::Softmax { .. } => &[Save::Output],
             Op::Embedding => &[Save::InputFor(0, 1)],
@@ -574,7 +582,9 @@ mod tests {
         assert_eq!(
             Op::Sdpa {
                 cudnn: false,
-                gqa: false
+                gqa: false,
+                dropout: 0.0,
+                seed: 0,
             }
             .name(),
             "sdpa_efficient"

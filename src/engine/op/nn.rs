@@ -19,8 +19,8 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
                     "dropout probability has to be between 0 and 1, but got {p}"
                 ));
             }
-            if !b.flag(2) {
-                // training=false: the input itself
+            if !b.flag(2) || p == 0.0 {
+                // training=false, or p = 0 (no fused kernel: ATen returns its input): the input
                 return Ok(Made::Same(inputs[0]));
             }
             // (the seed is numbered when the engine runs it)
@@ -89,7 +89,11 @@ pub fn radix_sort_pairs_temp(n: usize, width: usize) -> usize {
     let items = (23 * 4 / width.max(1)).clamp(1, 46);
     let tile = 384 * items;
     let tiles = n.div_ceil(tile).max(1);
-    align(passes * 256 * 8) + align(tiles * 256 * 4) + 2 * align(n * width) + align(passes * 4) + 255
+    align(passes * 256 * 8)
+        + align(tiles * 256 * 4)
+        + 2 * align(n * width)
+        + align(passes * 4)
+        + 255
 }
 
 /// The plan of `embedding`'s backward for the table (input 1) from `indices` (input 0): the
@@ -162,7 +166,16 @@ pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::
     for k in tail.into_iter().rev() {
         s.push(FStep::Free(k));
     }
-    for k in [partial_offset, partial_count, per_offset, per, count, offsets, orig, sorted] {
+    for k in [
+        partial_offset,
+        partial_count,
+        per_offset,
+        per,
+        count,
+        offsets,
+        orig,
+        sorted,
+    ] {
         s.push(FStep::Free(k));
     }
     GradPlan {

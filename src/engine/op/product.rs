@@ -1,4 +1,4 @@
-//! Matrix products: `matmul` (1-D, 2-D, batched and broadcast) and `F.linear`. Both run in the
+//! Matrix products: `matmul` (1-D, 2-D, batched and broadcast), `F.linear` and `torch.addmm`. All run in the
 //! autocast dtype and keep each operand for the other's gradient; the first product takes the
 //! cuBLAS (and, for a linear with bias, cuBLASLt) workspaces ([`crate::engine::workspace`]).
 //! Their backward follows cuBLAS's mm/bmm/addmm derivatives ([`grad_plan`]).
@@ -12,10 +12,19 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     if inputs.len() < 2 {
         return Err(format!("{name} expects two tensors"));
     }
-    let op = if name == "linear" {
-        Op::Linear
-    } else {
-        Op::Matmul
+    let op = match name {
+        "linear" => Op::Linear,
+        "addmm" => {
+            // torch.addmm(input, mat1, mat2): held as [mat1, mat2, input]
+            let [b, x, w] = inputs[..] else {
+                return Err("addmm expects (input, mat1, mat2)".into());
+            };
+            return Ok(Made::Op {
+                op: Op::Addmm,
+                inputs: vec![x, w, b],
+            });
+        }
+        _ => Op::Matmul,
     };
     Ok(Made::Op { op, inputs })
 }
@@ -36,6 +45,17 @@ pub(super) static ENTRIES: &[Entry] = &[
         doc: "F.linear: x @ weight.T + bias",
         make,
     },
+    Entry {
+        name: "addmm",
+        form: Form::Function,
+        params: &[
+            Param::Tensor("input"),
+            Param::Tensor("mat1"),
+            Param::Tensor("mat2"),
+        ],
+        doc: "torch.addmm: input + mat1 @ mat2 (2-D; GPT-2's Conv1D, its weight [in, out])",
+        make,
+    },
 ];
 
 /// A product's backward: the incoming gradient as the rows the product saw (a batched
@@ -46,6 +66,12 @@ pub(super) fn grad_plan(op: &Op, inputs: &[Meta], grad: MetaRef) -> GradPlan {
     let g = grad.0;
     let nd = g.len();
     match op {
+        // addmm's derivatives: mat1's, mat2's (no `t()`: the weight is [in, out]), the bias's
+        Op::Addmm => GradPlan {
+            cublas: true,
+            column_sum: Some(2),
+            ..GradPlan::default()
+        },
         Op::Linear => GradPlan {
             rows: (nd >= 3).then(|| vec![-1, g[nd - 1] as i64]),
             reversed: inputs.len() == 2,

@@ -85,6 +85,21 @@ pub(crate) struct LlamaConfig {
     pub dtype: Option<&'static str>,
 }
 
+/// A model family's config.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Family {
+    Llama(LlamaConfig),
+    Gpt2(Gpt2Config),
+}
+
+/// The config in `m` (read from `path`, for messages), by its `model_type`.
+pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, String> {
+    match m.get("model_type") {
+        Some(Value::String(s)) if s == "gpt2" => gpt2(m, path).map(Family::Gpt2),
+        _ => llama(m, path).map(Family::Llama),
+    }
+}
+
 /// The llama config in `m` (read from `path`, for messages).
 pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, String> {
     let shown = path.display();
@@ -100,14 +115,14 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let qwen2 = model_type == "qwen2";
     match model_type {
         "llama" | "qwen2" => {}
-        "mistral" | "gpt2" | "bert" => {
+        "mistral" | "bert" => {
             return Err(format!(
-                "{shown}: model_type \"{model_type}\" is not modelled yet (llama and qwen2 are)"
+                "{shown}: model_type \"{model_type}\" is not modelled yet (llama, qwen2 and gpt2 are)"
             ))
         }
         other => {
             return Err(format!(
-                "{shown}: model_type \"{other}\" is not a family gpumem models (llama; mistral, qwen2, gpt2 and bert are planned)"
+                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, qwen2 and gpt2; mistral and bert are planned)"
             ))
         }
     }
@@ -136,46 +151,9 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "max_window_layers",
         "layer_types",
     ];
-    let unknown: Vec<&str> = m
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !MODELLED.contains(k) && !INERT.contains(k))
-        .collect();
-    if !unknown.is_empty() {
-        return Err(format!(
-            "{shown}: gpumem cannot model the key{} {} of a llama config (it models {})",
-            if unknown.len() > 1 { "s" } else { "" },
-            unknown
-                .iter()
-                .map(|k| format!("'{k}'"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            MODELLED.join(", ")
-        ));
-    }
-    let int = |key: &str, default: u64| -> Result<u64, String> {
-        match m.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(v) if v >= 1 => Ok(v),
-                _ => Err(format!(
-                    "{shown}: '{key}' must be a positive integer, found {n}"
-                )),
-            },
-            Some(other) => Err(format!(
-                "{shown}: '{key}' must be a positive integer, found {other}"
-            )),
-        }
-    };
-    let flag = |key: &str, default: bool| -> Result<bool, String> {
-        match m.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(format!(
-                "{shown}: '{key}' must be true or false, found {other}"
-            )),
-        }
-    };
+    known_keys(m, path, "llama", MODELLED, &[])?;
+    let int = |k: &str, d: u64| int(m, path, k, d);
+    let flag = |k: &str, d: bool| flag(m, path, k, d);
     // LlamaConfig's and Qwen2Config's defaults
     let hidden = int("hidden_size", 4096)?;
     let heads = int("num_attention_heads", 32)?;
@@ -249,14 +227,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             ));
         }
     }
-    let dtype = ["dtype", "torch_dtype"]
-        .iter()
-        .find_map(|k| m.get(*k).and_then(Value::as_str))
-        .and_then(|d| match d {
-            "float32" => Some("fp32"),
-            "bfloat16" => Some("bf16"),
-            _ => None,
-        });
+    let dtype = config_dtype(m);
     Ok(LlamaConfig {
         vocab: int("vocab_size", if qwen2 { 151936 } else { 32000 })?,
         hidden,
@@ -279,5 +250,197 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         },
         mlp_bias: flag("mlp_bias", false)?,
         dtype,
+    })
+}
+
+/// Refuses any key of `m` that is neither modelled (`modelled`, `extra_inert`) nor inert.
+fn known_keys(
+    m: &Map<String, Value>,
+    path: &Path,
+    family: &str,
+    modelled: &[&str],
+    extra_inert: &[&str],
+) -> Result<(), String> {
+    let unknown: Vec<&str> = m
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !modelled.contains(k) && !INERT.contains(k) && !extra_inert.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}: gpumem cannot model the key{} {} of a {family} config (it models {})",
+        path.display(),
+        if unknown.len() > 1 { "s" } else { "" },
+        unknown
+            .iter()
+            .map(|k| format!("'{k}'"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        modelled.join(", ")
+    ))
+}
+
+/// A positive integer key, or its default when absent or null.
+fn int(m: &Map<String, Value>, path: &Path, key: &str, default: u64) -> Result<u64, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(v) if v >= 1 => Ok(v),
+            _ => Err(format!(
+                "{}: '{key}' must be a positive integer, found {n}",
+                path.display()
+            )),
+        },
+        Some(other) => Err(format!(
+            "{}: '{key}' must be a positive integer, found {other}",
+            path.display()
+        )),
+    }
+}
+
+/// A boolean key, or its default when absent or null.
+fn flag(m: &Map<String, Value>, path: &Path, key: &str, default: bool) -> Result<bool, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(format!(
+            "{}: '{key}' must be true or false, found {other}",
+            path.display()
+        )),
+    }
+}
+
+/// A probability key (a dropout rate), or its default.
+fn prob(m: &Map<String, Value>, path: &Path, key: &str, default: f64) -> Result<f64, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(p) if (0.0..=1.0).contains(&p) => Ok(p),
+            _ => Err(format!(
+                "{}: '{key}' must be a probability between 0 and 1, found {n}",
+                path.display()
+            )),
+        },
+        Some(other) => Err(format!(
+            "{}: '{key}' must be a probability between 0 and 1, found {other}",
+            path.display()
+        )),
+    }
+}
+
+/// `torch_dtype`/`dtype`, where it names a dtype gpumem knows.
+fn config_dtype(m: &Map<String, Value>) -> Option<&'static str> {
+    ["dtype", "torch_dtype"]
+        .iter()
+        .find_map(|k| m.get(*k).and_then(Value::as_str))
+        .and_then(|d| match d {
+            "float32" => Some("fp32"),
+            "bfloat16" => Some("bf16"),
+            _ => None,
+        })
+}
+
+/// GPT-2's activation, as transformers' `ACT2FN` computes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gelu {
+    /// `gelu_new`: NewGELUActivation's tanh formula in eight ops.
+    New,
+    /// `gelu` and `gelu_pytorch_tanh`: one `F.gelu`.
+    Fused,
+}
+
+/// A `GPT2LMHeadModel`, as `GPT2Config` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Gpt2Config {
+    pub vocab: u64,
+    pub positions: u64,
+    pub hidden: u64,
+    pub layers: u64,
+    pub heads: u64,
+    pub inner: u64,
+    pub act: Gelu,
+    pub resid_pdrop: f64,
+    pub embd_pdrop: f64,
+    pub attn_pdrop: f64,
+    pub tie_embeddings: bool,
+    pub dtype: Option<&'static str>,
+}
+
+/// The gpt2 config in `m`.
+pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, String> {
+    let shown = path.display();
+    const MODELLED: &[&str] = &[
+        "model_type",
+        "vocab_size",
+        "n_positions",
+        "n_embd",
+        "n_layer",
+        "n_head",
+        "n_inner",
+        "activation_function",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "tie_word_embeddings",
+        "add_cross_attention",
+        "reorder_and_upcast_attn",
+        // scaling only (SDPA's `scale`): no memory of its own
+        "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx",
+        "layer_norm_epsilon",
+    ];
+    // GPT2DoubleHeadsModel's summary head and old generation settings: not GPT2LMHeadModel's
+    const GPT2_INERT: &[&str] = &[
+        "n_ctx",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+        "summary_first_dropout",
+        "task_specific_params",
+    ];
+    known_keys(m, path, "gpt2", MODELLED, GPT2_INERT)?;
+    if flag(m, path, "add_cross_attention", false)? {
+        return Err(format!(
+            "{shown}: add_cross_attention = true is not modelled (GPT2LMHeadModel without an encoder is)"
+        ));
+    }
+    if flag(m, path, "reorder_and_upcast_attn", false)? {
+        return Err(format!(
+            "{shown}: reorder_and_upcast_attn = true is not modelled yet (its upcast attention allocates float32 scores)"
+        ));
+    }
+    let act = match m.get("activation_function") {
+        None | Some(Value::Null) => Gelu::New,
+        Some(Value::String(a)) if a == "gelu_new" => Gelu::New,
+        Some(Value::String(a)) if a == "gelu" || a == "gelu_pytorch_tanh" => Gelu::Fused,
+        Some(other) => {
+            return Err(format!(
+                "{shown}: activation_function {other} is not modelled (gelu_new, gelu and gelu_pytorch_tanh are)"
+            ))
+        }
+    };
+    let hidden = int(m, path, "n_embd", 768)?;
+    let heads = int(m, path, "n_head", 12)?;
+    if hidden % heads != 0 {
+        return Err(format!(
+            "{shown}: n_embd ({hidden}) must be a multiple of n_head ({heads})"
+        ));
+    }
+    Ok(Gpt2Config {
+        vocab: int(m, path, "vocab_size", 50257)?,
+        positions: int(m, path, "n_positions", 1024)?,
+        hidden,
+        layers: int(m, path, "n_layer", 12)?,
+        heads,
+        inner: int(m, path, "n_inner", 4 * hidden)?,
+        act,
+        resid_pdrop: prob(m, path, "resid_pdrop", 0.1)?,
+        embd_pdrop: prob(m, path, "embd_pdrop", 0.1)?,
+        attn_pdrop: prob(m, path, "attn_pdrop", 0.1)?,
+        tie_embeddings: flag(m, path, "tie_word_embeddings", true)?,
+        dtype: config_dtype(m),
     })
 }

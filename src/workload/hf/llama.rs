@@ -113,51 +113,8 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         list.push("lm_head");
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
-    (s, body(c, r))
-}
-
-fn body(c: &LlamaConfig, r: &Run) -> String {
-    let mut s = String::new();
-    let (b, t) = (r.batch, r.seq);
-    let _ = writeln!(
-        s,
-        "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
-    );
-    let _ = writeln!(s, "labels = input_ids.clone()");
-    let _ = writeln!(s, "phase \"forward\" {{");
-    let train = r.mode == "train";
-    if train {
-        forward(&mut s, c, r, "  ");
-    } else {
-        // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
-        let _ = writeln!(s, "  no_grad {{");
-        forward(&mut s, c, r, "    ");
-        let _ = writeln!(s, "  }}");
-    }
-    let _ = writeln!(s, "}}");
-    if train {
-        let _ = writeln!(s, "loss.backward()");
-        let _ = writeln!(s, "value = loss.item()");
-    }
-    // `del out`: the output's loss, logits and cache: its list of layers goes last first
-    // (CPython frees a list's items from the end), each layer's keys then values
-    let caches: Vec<String> = (0..c.layers)
-        .rev()
-        .map(|l| format!("kc{l}, vc{l}"))
-        .collect();
-    let _ = writeln!(s, "del logits");
-    if !caches.is_empty() {
-        let _ = writeln!(s, "del {}", caches.join(", "));
-    }
-    if train {
-        let _ = writeln!(s, "del loss");
-    }
-    let _ = writeln!(s, "del input_ids, labels");
-    if train && r.optimizer != "none" {
-        let _ = writeln!(s, "opt.step()");
-        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
-    }
-    s
+    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    (s, super::train::body(c.layers, r, &fwd))
 }
 
 /// `LlamaModel.forward` then `lm_head` (and the loss, in training), leaving `logits` (and each
@@ -186,7 +143,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     open(s);
     decoder(s, c, r, &inner);
     if r.mode == "train" {
-        loss(s, c, r, &inner);
+        super::train::causal_lm_loss(s, c.vocab, r, &inner);
     }
     // LlamaForCausalLM.forward's `outputs` (the final hidden states) goes at its return
     let _ = writeln!(s, "{inner}del h");
@@ -468,23 +425,5 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
     st.push("del y0".to_string());
     for x in st {
         at(s, ind, path, &x);
-    }
-}
-
-/// `ForCausalLMLoss`: `loss` from `logits` and `labels`.
-fn loss(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
-    let n = r.batch * r.seq;
-    for st in [
-        // `logits = logits.float()`: an upcast copy under autocast, the same tensor in float32
-        "lf = logits.float()".to_string(),
-        "lp = pad(labels, [0, 1], value=-100)".to_string(),
-        "shift_labels = lp[..., 1:].contiguous()".to_string(),
-        format!(
-            "loss = cross_entropy(lf.view({n}, {}), shift_labels.view({n}))",
-            c.vocab
-        ),
-        "del lf, lp, shift_labels".to_string(),
-    ] {
-        at(s, ind, "loss_function", &st);
     }
 }

@@ -6,11 +6,14 @@
 //! The config is read whole; every key is either modelled, known not to change memory, or
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
-//! Families: `llama` and `qwen2` ([`llama`]). Mistral, GPT-2 and BERT configs are recognised and
-//! refused as not modelled yet.
+//! Families: `llama` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]); the loop around them and the
+//! causal-LM loss in [`train`]. Mistral and BERT configs are recognised and refused as not
+//! modelled yet.
 
 mod config;
+mod gpt2;
 mod llama;
+mod train;
 
 use std::path::Path;
 
@@ -92,9 +95,13 @@ pub(crate) fn expand(
         span,
     };
     t.check_keys(TRAIN_KEYS, " for a Hugging Face config")?;
-    let cfg = config::llama(&json, &path).map_err(|m| SyntaxError::new(cfg_at, m))?;
+    let cfg = config::family(&json, &path).map_err(|m| SyntaxError::new(cfg_at, m))?;
+    let cfg_dtype = match &cfg {
+        config::Family::Llama(c) => c.dtype,
+        config::Family::Gpt2(c) => c.dtype,
+    };
     let dtype = match model.get("dtype") {
-        None => cfg.dtype.unwrap_or("fp32"),
+        None => cfg_dtype.unwrap_or("fp32"),
         Some(_) => m.choice("dtype", "fp32", &["fp32", "bf16"])?,
     };
     let iterations = t.int("iterations", Some(3), "")?;
@@ -123,7 +130,7 @@ pub(crate) fn expand(
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
-            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast with sdpa attention); remove '{key}' or set it to its default"),
+            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast, gpt2 in fp32, with sdpa attention); remove '{key}' or set it to its default"),
         ))
     };
     if run.mode == "generate" {
@@ -135,9 +142,23 @@ pub(crate) fn expand(
     if run.checkpointing {
         unsupported("gradient_checkpointing", "gradient checkpointing")?;
     }
-    let (setup, body) = llama::expand(&cfg, &run);
+    let gpt2 = matches!(cfg, config::Family::Gpt2(_));
+    if gpt2 && (run.eager || run.bf16_autocast) {
+        unsupported(
+            if run.eager { "attention" } else { "precision" },
+            if run.eager {
+                "eager attention for gpt2"
+            } else {
+                "bf16 autocast for gpt2"
+            },
+        )?;
+    }
+    let (kind, (setup, body)) = match &cfg {
+        config::Family::Llama(c) => ("llama", llama::expand(c, &run)),
+        config::Family::Gpt2(c) => ("gpt2", gpt2::expand(c, &run)),
+    };
     let info = PresetInfo {
-        kind: "llama",
+        kind,
         ints: vec![
             ("batch".into(), run.batch),
             ("seq".into(), run.seq),
@@ -150,7 +171,7 @@ pub(crate) fn expand(
         keep_tensor: false,
     };
     Ok(Expanded {
-        kind: "llama",
+        kind,
         iterations: run.iterations,
         setup,
         body,

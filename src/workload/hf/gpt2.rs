@@ -1,0 +1,284 @@
+//! `GPT2LMHeadModel` (transformers 5.17) as line-language statements, op for op as the H200
+//! traces show transformers running it:
+//!
+//! - `GPT2Model`: the token embedding; `cache_position` (an `arange` plus the cache's length)
+//!   and `position_ids` from it; the position embedding ([1, T, E], broadcast in the sum); the
+//!   embedding dropout; no causal mask (sdpa takes `is_causal`); a `DynamicCache` that keeps
+//!   every layer's keys and values (`torch.cat` into the cache) until the output is dropped.
+//! - Each `GPT2Block`: `ln_1`, `c_attn` (GPT-2's `Conv1D`: `addmm(b, x.view(-1, E), W)` with
+//!   `W` as [in, out], then viewed back), `split` into q, k and v (views: their backward is one
+//!   `cat`), the cache update, SDPA with `attn_pdrop` inside the kernel, `c_proj`, the residual
+//!   dropout, the residual sum; `ln_2`, `c_fc`, the activation (`gelu_new`: NewGELUActivation's
+//!   eight ops), `c_proj`, the dropout, the residual sum. The block's `attn_output` and
+//!   `feed_forward_hidden_states` go when it returns.
+//! - `ln_f`, then `lm_head` (the token embedding's weight when tied) and transformers'
+//!   `ForCausalLMLoss` ([`super::train::causal_lm_loss`]).
+//!
+//! A dropout of probability 0 is its input (no kernel, no mask).
+
+use std::fmt::Write as _;
+
+use super::config::{Gelu, Gpt2Config};
+use super::Run;
+use crate::workload::preset::{at, optimizer_line};
+
+/// `(variable, module path, parameter name, shape)` of every parameter, in `model.to()` order.
+fn params(c: &Gpt2Config) -> Vec<(String, String, &'static str, Vec<u64>)> {
+    let (e, i) = (c.hidden, c.inner);
+    let mut p = vec![
+        (
+            "wte".to_string(),
+            "transformer.wte".to_string(),
+            "weight",
+            vec![c.vocab, e],
+        ),
+        (
+            "wpe".to_string(),
+            "transformer.wpe".to_string(),
+            "weight",
+            vec![c.positions, e],
+        ),
+    ];
+    for l in 0..c.layers {
+        let m = |s: &str| format!("transformer.h.{l}.{s}");
+        let mut two = |var: &str, path: &str, w: Vec<u64>, b: u64| {
+            p.push((format!("l{l}_{var}_w"), m(path), "weight", w));
+            p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![b]));
+        };
+        two("ln1", "ln_1", vec![e], e);
+        two("attn", "attn.c_attn", vec![e, 3 * e], 3 * e);
+        two("aproj", "attn.c_proj", vec![e, e], e);
+        two("ln2", "ln_2", vec![e], e);
+        two("fc", "mlp.c_fc", vec![e, i], i);
+        two("mproj", "mlp.c_proj", vec![i, e], e);
+    }
+    for (var, name) in [("lnf_w", "weight"), ("lnf_b", "bias")] {
+        p.push((var.into(), "transformer.ln_f".into(), name, vec![e]));
+    }
+    p
+}
+
+fn dims(shape: &[u64]) -> String {
+    shape
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The setup and body scripts.
+pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
+    let mut s = String::new();
+    let ps = params(c);
+    for (var, path, name, shape) in &ps {
+        let _ = writeln!(s, "scope \"{path}\" {{");
+        let _ = writeln!(
+            s,
+            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
+            dims(shape)
+        );
+        let _ = writeln!(s, "}}");
+    }
+    let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
+    if c.tie_embeddings {
+        let _ = writeln!(s, "lm_head = wte");
+    } else {
+        let _ = writeln!(s, "scope \"lm_head\" {{");
+        let _ = writeln!(
+            s,
+            "  lm_head = randn({}, {}, requires_grad=true, from=\"lm_head.weight\")",
+            c.vocab, c.hidden
+        );
+        let _ = writeln!(s, "}}");
+        list.push("lm_head");
+    }
+    optimizer_line(&mut s, r.optimizer, &list.join(", "));
+    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    (s, super::train::body(c.layers, r, &fwd))
+}
+
+/// `nn.Dropout(p)` in training: its input itself when `p` is 0.
+fn dropout(x: &str, p: f64) -> String {
+    if p == 0.0 {
+        x.to_string()
+    } else {
+        format!("dropout({x}, {p:?})")
+    }
+}
+
+/// `GPT2Model.forward`, `lm_head` and (in training) the loss, leaving `logits` (and each
+/// layer's cache `kc`, `vc`).
+fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
+    let t = r.seq;
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    at(
+        s,
+        ind,
+        "transformer.wte",
+        "inputs_embeds = embedding(input_ids, wte)",
+    );
+    line(s, &format!("cp0 = arange({t})"));
+    line(s, "cache_position = cp0 + 0");
+    line(s, "del cp0");
+    line(s, "position_ids = cache_position.unsqueeze(0)");
+    at(
+        s,
+        ind,
+        "transformer.wpe",
+        "position_embeds = embedding(position_ids, wpe)",
+    );
+    at(
+        s,
+        ind,
+        "transformer",
+        "h0 = inputs_embeds + position_embeds",
+    );
+    at(
+        s,
+        ind,
+        "transformer.drop",
+        &format!("h = {}", dropout("h0", c.embd_pdrop)),
+    );
+    line(s, "del h0");
+    for l in 0..c.layers {
+        block(s, c, r, l, ind);
+    }
+    at(
+        s,
+        ind,
+        "transformer.ln_f",
+        "hf = layer_norm(h, lnf_w, lnf_b)",
+    );
+    line(s, "h = hf");
+    line(s, "del hf");
+    // GPT2Model.forward's locals as the H200 traces free them
+    line(
+        s,
+        "del position_ids, cache_position, inputs_embeds, position_embeds",
+    );
+    at(s, ind, "lm_head", "logits = linear(h, lm_head)");
+    if r.mode == "train" {
+        super::train::causal_lm_loss(s, c.vocab, r, ind);
+    }
+    line(s, "del h");
+}
+
+/// One `GPT2Block`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.
+fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let (e, nh, i) = (c.hidden, c.heads, c.inner);
+    let hd = e / nh;
+    let m = |x: &str| format!("transformer.h.{l}.{x}");
+    let p = |x: &str| format!("l{l}_{x}");
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    // Conv1D: addmm over the rows, viewed back to [B, T, out]
+    let conv = |s: &mut String, name: &str, path: &str, x: &str, inp: u64, out: u64, y: &str| {
+        at(
+            s,
+            ind,
+            &m(path),
+            &format!(
+                "{y} = addmm({}, {x}.view(-1, {inp}), {}).view({b}, {t}, {out})",
+                p(&format!("{name}_b")),
+                p(&format!("{name}_w"))
+            ),
+        );
+    };
+    line(s, "residual = h");
+    at(
+        s,
+        ind,
+        &m("ln_1"),
+        &format!("x = layer_norm(h, {}, {})", p("ln1_w"), p("ln1_b")),
+    );
+    let attn = m("attn");
+    conv(s, "attn", "attn.c_attn", "x", e, 3 * e, "qkv");
+    at(s, ind, &attn, &format!("q0, k0, v0 = qkv.split({e}, 2)"));
+    for (x, y) in [("q0", "q"), ("k0", "k"), ("v0", "v")] {
+        at(
+            s,
+            ind,
+            &attn,
+            &format!("{y} = {x}.view({b}, {t}, {nh}, {hd}).transpose(1, 2)"),
+        );
+    }
+    line(s, "del q0, k0, v0, qkv");
+    // past_key_values.update: `torch.cat` onto the layer's empty buffers
+    at(s, ind, &attn, "ce = empty(0, dtype=float32)");
+    at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
+    at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
+    line(s, "del ce, k, v");
+    let drop = if c.attn_pdrop > 0.0 {
+        format!(", dropout_p={:?}", c.attn_pdrop)
+    } else {
+        String::new()
+    };
+    for st in [
+        format!("y0 = scaled_dot_product_attention(q, kc{l}, vc{l}{drop})"),
+        "y = y0.transpose(1, 2).contiguous()".to_string(),
+        "del y0, q".to_string(),
+    ] {
+        at(s, ind, &attn, &st);
+    }
+    conv(s, "aproj", "attn.c_proj", "y", e, e, "a0");
+    line(s, "del y");
+    at(
+        s,
+        ind,
+        &m("attn.resid_dropout"),
+        &format!("a = {}", dropout("a0", c.resid_pdrop)),
+    );
+    line(s, "del a0");
+    let blk = format!("transformer.h.{l}");
+    at(s, ind, &blk, "h = a + residual");
+    line(s, "residual = h");
+    at(
+        s,
+        ind,
+        &m("ln_2"),
+        &format!("x2 = layer_norm(h, {}, {})", p("ln2_w"), p("ln2_b")),
+    );
+    conv(s, "fc", "mlp.c_fc", "x2", e, i, "f");
+    let act = m("mlp.act");
+    match c.act {
+        Gelu::New => {
+            // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+            for st in [
+                "g0 = f * 0.5",
+                "g1 = f.pow(3.0)",
+                "g2 = g1 * 0.044715",
+                "del g1",
+                "g3 = f + g2",
+                "del g2",
+                "g4 = g3 * 0.7978845608028654",
+                "del g3",
+                "g5 = g4.tanh()",
+                "del g4",
+                "g6 = g5 + 1.0",
+                "del g5",
+                "g = g0 * g6",
+                "del g0, g6",
+            ] {
+                at(s, ind, &act, st);
+            }
+        }
+        Gelu::Fused => at(s, ind, &act, "g = f.gelu()"),
+    }
+    line(s, "del f");
+    conv(s, "mproj", "mlp.c_proj", "g", i, e, "m0");
+    line(s, "del g");
+    at(
+        s,
+        ind,
+        &m("mlp.dropout"),
+        &format!("mo = {}", dropout("m0", c.resid_pdrop)),
+    );
+    line(s, "del m0");
+    at(s, ind, &blk, "h = residual + mo");
+    // the block's locals at its return: attn_output, then feed_forward_hidden_states
+    line(s, "del a, mo, residual, x, x2");
+}

@@ -1,0 +1,69 @@
+//! The loop of ../shared/tools/hf_models.py around a family's forward: the batch, the
+//! forward (under `no_grad` in inference), `loss.backward()`, `del out` (the output's logits,
+//! cache and loss, then the batch), and the optimizer's step; and transformers' causal-LM loss.
+
+use std::fmt::Write as _;
+
+use super::Run;
+use crate::workload::preset::at;
+
+/// One iteration: `forward` writes the model's forward at an indentation, leaving `logits`,
+/// each layer's cache `kc{l}`, `vc{l}`, and (in training) `loss`.
+pub(super) fn body(layers: u64, r: &Run, forward: &dyn Fn(&mut String, &str)) -> String {
+    let mut s = String::new();
+    let (b, t) = (r.batch, r.seq);
+    let _ = writeln!(
+        s,
+        "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
+    );
+    let _ = writeln!(s, "labels = input_ids.clone()");
+    let _ = writeln!(s, "phase \"forward\" {{");
+    let train = r.mode == "train";
+    if train {
+        forward(&mut s, "  ");
+    } else {
+        // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
+        let _ = writeln!(s, "  no_grad {{");
+        forward(&mut s, "    ");
+        let _ = writeln!(s, "  }}");
+    }
+    let _ = writeln!(s, "}}");
+    if train {
+        let _ = writeln!(s, "loss.backward()");
+        let _ = writeln!(s, "value = loss.item()");
+    }
+    // `del out`: the output's loss, logits and cache: its list of layers goes last first
+    // (CPython frees a list's items from the end), each layer's keys then values
+    let caches: Vec<String> = (0..layers).rev().map(|l| format!("kc{l}, vc{l}")).collect();
+    let _ = writeln!(s, "del logits");
+    if !caches.is_empty() {
+        let _ = writeln!(s, "del {}", caches.join(", "));
+    }
+    if train {
+        let _ = writeln!(s, "del loss");
+    }
+    let _ = writeln!(s, "del input_ids, labels");
+    if train && r.optimizer != "none" {
+        let _ = writeln!(s, "opt.step()");
+        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
+    }
+    s
+}
+
+/// `ForCausalLMLoss`: `loss` from `logits` and `labels`.
+pub(super) fn causal_lm_loss(s: &mut String, vocab: u64, r: &Run, ind: &str) {
+    let n = r.batch * r.seq;
+    for st in [
+        // `logits = logits.float()`: an upcast copy under autocast, the same tensor in float32
+        "lf = logits.float()".to_string(),
+        "lp = pad(labels, [0, 1], value=-100)".to_string(),
+        "shift_labels = lp[..., 1:].contiguous()".to_string(),
+        format!(
+            "loss = cross_entropy(lf.view({n}, {}), shift_labels.view({n}))",
+            vocab
+        ),
+        "del lf, lp, shift_labels".to_string(),
+    ] {
+        at(s, ind, "loss_function", &st);
+    }
+}
