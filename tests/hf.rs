@@ -11,7 +11,7 @@ use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 8] = [
+const CASES: [(&str, &str, bool); 10] = [
     (
         "llama_t_eager_adamw_fp32",
         "llama_t_eager_adamw_fp32",
@@ -28,6 +28,8 @@ const CASES: [(&str, &str, bool); 8] = [
     ("qwen2_t_sdpa_adamw_fp32", "qwen2_t_sdpa_adamw_fp32", false),
     ("gpt2_hf_sdpa_adamw_fp32", "gpt2_hf_sdpa_adamw_fp32", true),
     ("gpt2_t_sdpa_adamw_fp32", "gpt2_t_sdpa_adamw_fp32", false),
+    ("bert_base_cls_adamw_fp32", "bert_base_cls_adamw_fp32", true),
+    ("bert_t_cls_adamw_fp32", "bert_t_cls_adamw_fp32", true),
 ];
 
 fn case(name: &str) -> Value {
@@ -215,7 +217,17 @@ fn hf_configs_are_refused_by_name() {
             "'num_key_value_heads'",
         ),
     ];
-    for (file, cases) in [("llama_t", llama), ("gpt2_t", gpt2)] {
+    let bert: Vec<(&str, Value, &str)> = vec![
+        ("is_decoder", Value::from(true), "is_decoder"),
+        (
+            "position_embedding_type",
+            Value::from("relative_key"),
+            "position_embedding_type",
+        ),
+        ("hidden_act", Value::from("relu"), "hidden_act"),
+        ("rope_theta", Value::from(10000.0), "'rope_theta'"),
+    ];
+    for (file, cases) in [("llama_t", llama), ("gpt2_t", gpt2), ("bert_t", bert)] {
         let base = std::fs::read_to_string(
             common::root().join(format!("fixtures/hf/cases/{file}.config.json")),
         )
@@ -272,21 +284,29 @@ fn hf_configs_are_refused_by_name() {
 /// simulated device's (all of memory_stats and the iteration rows), and the loss is finite.
 #[test]
 fn llama_on_the_cpu_device_allocates_as_simulated() {
-    let w = "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml";
-    let (c1, sim) = run_json(&["run", w, "--iterations", "1"]);
-    let (c2, cpu) = run_json(&["run", w, "--iterations", "1", "--device", "cpu"]);
-    assert_eq!((c1, c2), (Some(0), Some(0)));
-    assert_eq!(sim["memory_stats"], cpu["memory_stats"]);
-    let row = |v: &Value| {
-        let mut r = v["iterations"][0].clone();
-        r.as_object_mut().unwrap().remove("loss");
-        r
-    };
-    assert_eq!(row(&sim), row(&cpu));
-    let loss = cpu["iterations"][0]["loss"]
-        .as_f64()
-        .expect("a loss on cpu");
-    assert!(loss.is_finite() && loss > 0.0, "{loss}");
+    // llama (GQA's math path), gpt2 (Conv1D's addmm, dropout inside SDPA) and bert (strided
+    // token-type indices, attention that is not causal)
+    for w in [
+        "llama_t_sdpa_adamw_fp32",
+        "gpt2_t_sdpa_adamw_fp32",
+        "bert_t_cls_adamw_fp32",
+    ] {
+        let w = format!("fixtures/hf/workloads/{w}.toml");
+        let (c1, sim) = run_json(&["run", &w, "--iterations", "1"]);
+        let (c2, cpu) = run_json(&["run", &w, "--iterations", "1", "--device", "cpu"]);
+        assert_eq!((c1, c2), (Some(0), Some(0)), "{w}");
+        assert_eq!(sim["memory_stats"], cpu["memory_stats"], "{w}");
+        let row = |v: &Value| {
+            let mut r = v["iterations"][0].clone();
+            r.as_object_mut().unwrap().remove("loss");
+            r
+        };
+        assert_eq!(row(&sim), row(&cpu), "{w}");
+        let loss = cpu["iterations"][0]["loss"]
+            .as_f64()
+            .expect("a loss on cpu");
+        assert!(loss.is_finite() && loss > 0.0, "{w}: {loss}");
+    }
 }
 
 /// `compare-torch` takes hf_models.py's files: the given llama case runs from its recorded

@@ -50,10 +50,14 @@ impl<S: Device> Tensors<S> {
             Op::Matmul => self.matmul(arg(0)?, arg(1)?),
             Op::Linear => self.linear(arg(0)?, arg(1)?, inputs.get(2).copied()),
             Op::Addmm => self.addmm(arg(0)?, arg(1)?, arg(2)?),
-            Op::Sdpa { gqa, dropout, .. } => {
-                self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout)
-            }
+            Op::Sdpa {
+                gqa,
+                dropout,
+                causal,
+                ..
+            } => self.sdpa_full(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout, *causal),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
+            Op::Embedding { .. } => self.embedding(arg(0)?, arg(1)?),
             Op::Cast => Err(EngineError::Invalid(
                 "a cast needs its dtype: use cast_op".into(),
             )),
@@ -521,9 +525,27 @@ impl<S: Device> Tensors<S> {
         self.simple(Op::Norm(Norm::Layer { eps }), &inputs)
     }
 
-    /// `F.embedding(idx, table)`: keeps the indices.
+    /// `F.embedding(idx, table)`: keeps the indices. Indices that no view flattens (an
+    /// expanded `token_type_ids`) are copied by `indices.reshape(-1)` first; the copy goes once
+    /// the lookup has its output.
     pub fn embedding(&mut self, idx: TensorId, table: TensorId) -> Result<TensorId, EngineError> {
-        self.simple(Op::Embedding, &[idx, table])
+        let l = &self.info(idx).layout;
+        let strided = !l.is_contiguous();
+        let copy = if strided && l.reshape(&[-1])?.1.is_none() {
+            let c = self.empty(&[l.numel()], self.dtype(idx), Category::Temporary)?;
+            if let Err(e) = self.launch(&Op::Copy, &[idx], &[c]) {
+                self.release(c);
+                return Err(e);
+            }
+            Some(c)
+        } else {
+            None
+        };
+        let r = self.simple(Op::Embedding { strided }, &[idx, table]);
+        if let Some(c) = copy {
+            self.release(c);
+        }
+        r
     }
 
     /// `F.dropout(x, p)` in training: the output and a bool mask (kept for backward).
@@ -587,6 +609,19 @@ impl<S: Device> Tensors<S> {
         gqa: bool,
         dropout: f64,
     ) -> Result<TensorId, EngineError> {
+        self.sdpa_full(q, k, v, gqa, dropout, true)
+    }
+
+    /// [`Self::sdpa_with`], causal or not.
+    pub fn sdpa_full(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        gqa: bool,
+        dropout: f64,
+        causal: bool,
+    ) -> Result<TensorId, EngineError> {
         let sq = self.shape(q).to_vec();
         if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
             return Err(EngineError::Invalid(
@@ -619,6 +654,7 @@ impl<S: Device> Tensors<S> {
             gqa,
             dropout,
             seed,
+            causal,
         };
         let need = self.grad_enabled && [q, k, v].iter().any(|&t| self.info(t).requires_grad);
         let mut extra = Vec::new();

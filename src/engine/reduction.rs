@@ -216,7 +216,8 @@ mod tests {
     /// The sums measured on the H200 (PyTorch 2.11): staging buffer and semaphore bytes.
     #[test]
     fn the_h200_measurements() {
-        let cases: &[(&[usize], &[usize], Option<(u64, u64)>)] = &[
+        type Case<'a> = (&'a [usize], &'a [usize], Option<(u64, u64)>);
+        let cases: &[Case] = &[
             (&[2, 512, 512], &[0, 1], Some((4194304, 16))),
             (&[4, 1024, 1024], &[0, 1], Some((33554432, 32))),
             (&[2, 512, 512], &[2], None),

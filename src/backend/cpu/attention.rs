@@ -1,7 +1,8 @@
 //! Causal scaled-dot-product attention on [B, H, T, D] tensors, forward (output and the
 //! per-row logsumexp the kernels keep) and the gradients of q, k and v (from the saved
 //! inputs and output, recomputing the probabilities as flash-style kernels do). One head at a
-//! time, heads in parallel; scale 1/sqrt(D), the mask `j <= i` (PyTorch's `is_causal`).
+//! time, heads in parallel; scale 1/sqrt(D), the mask `j <= i` (PyTorch's `is_causal`; none
+//! for an encoder's attention).
 //! With `dropout_p`, each probability is kept or dropped by a mask drawn per head from the
 //! op's seed (the same mask forward and backward, as the kernels regenerate theirs), and the
 //! kept ones scaled by 1/(1 - p); the logsumexp is the undropped softmax's.
@@ -37,6 +38,7 @@ fn apply(p: &[f64], keep: &Option<Scratch>) -> Scratch {
 }
 
 struct Dims {
+    causal: bool,
     heads: usize,
     t: usize,
     s: usize,
@@ -53,7 +55,7 @@ fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Scratch, Scratch) {
         let row = &mut p[i * n.s..(i + 1) * n.s];
         let mut mx = f64::NEG_INFINITY;
         for (j, x) in row.iter_mut().enumerate() {
-            if j > i {
+            if n.causal && j > i {
                 *x = f64::NEG_INFINITY;
             } else {
                 *x *= scale;
@@ -80,6 +82,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
     };
     let (qs, ks, vs) = (&qb.layout.shape, &kb.layout.shape, &vb.layout.shape);
     let n = Dims {
+        causal: !matches!(l.op, Op::Sdpa { causal: false, .. }),
         heads: qs[0] * qs[1],
         t: qs[2],
         s: ks[2],

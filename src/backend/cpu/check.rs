@@ -284,6 +284,15 @@ fn products_attention_and_losses_match_finite_differences() {
             d.sdpa_with(i[0], i[1], i[2], false, 0.3).unwrap()
         },
     );
+    check(
+        "sdpa, not causal",
+        &[
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 5, 3], true),
+            (vec![1, 2, 5, 3], true),
+        ],
+        &|d, i| d.sdpa_full(i[0], i[1], i[2], false, 0.0, false).unwrap(),
+    );
     check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
         let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);
         let t = {

@@ -264,7 +264,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 }
             }
         }
-        (Op::Embedding, Pass::Forward) => {
+        (Op::Embedding { .. }, Pass::Forward) => {
             let idx = d.load(&l.inputs[0])?;
             let table = d.load(&l.inputs[1])?;
             let (rows, c) = (l.inputs[1].layout.shape[0], l.inputs[1].layout.shape[1]);
@@ -280,7 +280,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             }
             d.store(out, &v)
         }
-        (Op::Embedding, Pass::Grad { .. }) => {
+        (Op::Embedding { .. }, Pass::Grad { .. }) => {
             let g = d.load(&l.inputs[0])?;
             let idx = d.load(saved(l, Role::Input(0))?)?;
             let c = oshape[1];

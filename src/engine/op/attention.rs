@@ -26,6 +26,7 @@ fn make(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             gqa: b.flag(3),
             dropout,
             seed: 0,
+            causal: b.flag(5),
         },
         inputs,
     })
@@ -41,8 +42,9 @@ pub(super) static ENTRIES: &[Entry] = &[Entry {
         Param::Tensor("value"),
         Param::Bool("enable_gqa", false),
         Param::Float("dropout_p", Some(0.0)),
+        Param::Bool("is_causal", true),
     ],
-    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own)",
+    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own); is_causal=false for an encoder (gpumem's default is causal)",
     make,
 }];
 

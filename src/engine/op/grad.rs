@@ -109,7 +109,7 @@ impl Op {
             Op::Softmax { log: false, .. } => super::softmax::grad_plan(grad),
             Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
-            Op::Embedding => super::nn::grad_plan(inputs, grad),
+            Op::Embedding { strided } => super::nn::grad_plan(inputs, grad, *strided),
             Op::Unary(super::Unary::Rsqrt) => GradPlan {
                 formulas: vec![Formula::around(0, &inputs[0], 2)],
                 ..GradPlan::default()
@@ -171,12 +171,14 @@ mod tests {
                 gqa: false,
                 dropout: 0.0,
                 seed: 0,
+                causal: true,
             },
             Op::Sdpa {
                 cudnn: false,
                 gqa: false,
                 dropout: 0.0,
                 seed: 0,
+                causal: true,
             },
             Op::Softmax {
                 dim: -1,

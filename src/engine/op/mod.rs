@@ -165,8 +165,11 @@ pub enum Op {
         dim: Option<i64>,
         keepdim: bool,
     },
-    /// `F.embedding(idx, table)`.
-    Embedding,
+    /// `F.embedding(idx, table)`; `strided`: the indices are not contiguous (an expanded
+    /// `token_type_ids`), so the backward's `indices.contiguous()` copies them first.
+    Embedding {
+        strided: bool,
+    },
     /// `nll_loss(log_probs [N, C], target [N])`, mean reduction (cross_entropy's second half).
     NllLoss,
     /// `scaled_dot_product_attention(q, k, v, is_causal=True)`: cuDNN's kernel for bf16/f16,
@@ -179,6 +182,8 @@ pub enum Op {
         /// allocation of its own).
         dropout: f64,
         seed: u64,
+        /// `is_causal` (an encoder's attention is not: BERT).
+        causal: bool,
     },
     /// A view: a new layout over the same storage. `kind` is PyTorch's op name; `rel` is the
     /// view over a contiguous tensor of the input's shape, through which the backward of an
@@ -241,7 +246,7 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::Reduce { mean: false, .. } => "sum",
             Op::Reduce { mean: true, .. } => "mean",
-            Op::Embedding => "embedding",
+            Op::Embedding { .. } => "embedding",
             Op::NllLoss => "nll_loss",
             Op::Sdpa { cudnn: true, .. } => "sdpa_cudnn",
             Op::Sdpa { cudnn: false, .. } => "sdpa_efficient",
@@ -278,7 +283,7 @@ impl Op {
             Op::LessEqual => "compare",
             Op::Pad { .. } => "pad",
             Op::Reduce { .. } | Op::SumTo => "reduce",
-            Op::Embedding => "embedding",
+            Op::Embedding { .. } => "embedding",
             Op::NllLoss => "nll_loss",
             Op::Sdpa { .. } => "attention",
             Op::InPlace(_) => "inplace",
@@ -303,7 +308,7 @@ impl Op {
             Op::Where => "where_backward",
             Op::Pad { .. } => "pad_backward",
             Op::Reduce { .. } => "expand",
-            Op::Embedding => "embedding_backward",
+            Op::Embedding { .. } => "embedding_backward",
             Op::NllLoss => "nll_loss_backward",
             Op::Sdpa { .. } => "attention_backward",
             Op::View { .. } => "scatter_add",
@@ -333,7 +338,7 @@ impl Op {
             Op::Matmul | Op::Linear | Op::Addmm => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
             Op::Norm(n) => n.saves(inputs),
             Op::Softmax { .. } => &[Save::Output],
-            Op::Embedding => &[Save::InputFor(0, 1)],
+            Op::Embedding { .. } => &[Save::InputFor(0, 1)],
             Op::NllLoss => &[Save::Input(1)],
             Op::Sdpa { .. } => &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
             _ => &[],
@@ -425,7 +430,7 @@ impl Op {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
             Op::Reduce { dim, keepdim, .. } => reduce::outputs(*first, *dim, *keepdim),
-            Op::Embedding => {
+            Op::Embedding { .. } => {
                 let table = ins.get(1)?;
                 if table.0.len() != 2 {
                     return Some(Err(LayoutError("embedding weight must be 2-D".into())));
@@ -585,6 +590,7 @@ mod tests {
                 gqa: false,
                 dropout: 0.0,
                 seed: 0,
+                causal: true,
             }
             .name(),
             "sdpa_efficient"

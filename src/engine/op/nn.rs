@@ -8,7 +8,7 @@ use super::Op;
 fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let inputs = tensors(b);
     let op = match name {
-        "embedding" => Op::Embedding,
+        "embedding" => Op::Embedding { strided: false },
         "masked_fill" => Op::MaskedFill {
             value: b.float(2).ok_or("masked_fill expects (mask, value)")?,
         },
@@ -73,9 +73,19 @@ const SMS: usize = 132;
 const ATOMIC_BLOCKS_PER_SM: usize = 4;
 const MAX_BLOCK: usize = 1024;
 
-/// cub's device scans (`unique_by_key`, `exclusive_sum`) as PyTorch 2.11 calls them: the
-/// H200 traces show 1,279 bytes of temporary storage for 2 to 16,384 items.
-const CUB_SCAN_TEMP: usize = 1279;
+/// The temporary storage of cub's decoupled look-back scans as PyTorch 2.11 calls them over
+/// `n` 8-byte items in tiles of `tile` items: 16 bytes of tile state per tile plus 32 padding
+/// tiles, and a 256-byte block, each aligned to 256 bytes, plus 255 for the base's alignment.
+/// The tile sizes are inferred from the H200 traces, not read from cub: `unique_by_key` took
+/// 1,279 bytes for 4,096 to 16,384 items (tiles of at least 1,024), `exclusive_sum` 1,279
+/// bytes for 2 to 8,192 items and 1,535 for 16,384 (tiles of 512 to 1,023; 896 is the sm90
+/// tuning's 128 threads of 7 items at 8 bytes).
+fn cub_scan_temp(n: usize, tile: usize) -> usize {
+    let align = |b: usize| b.div_ceil(256) * 256;
+    255 + 256 + align((n.div_ceil(tile).max(1) + 32) * 16)
+}
+const UNIQUE_TILE: usize = 1024;
+const SCAN_TILE: usize = 896;
 
 /// The temporary storage of cub's onesweep radix sort of `n` (key, value) pairs of `width`
 /// bytes each over all the key's bits: per pass (8 bits) a 256-bin histogram of 8-byte
@@ -99,14 +109,18 @@ pub fn radix_sort_pairs_temp(n: usize, width: usize) -> usize {
 /// The plan of `embedding`'s backward for the table (input 1) from `indices` (input 0): the
 /// gradient alone for a few indices, or the sort and segment scratch of PyTorch's
 /// `embedding_dense_backward_cuda` and `embedding_backward_cuda_kernel` around it.
-pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::grad::GradPlan {
+pub(super) fn grad_plan(
+    inputs: &[super::Meta],
+    grad: super::MetaRef,
+    strided: bool,
+) -> super::grad::GradPlan {
     use super::grad::{FStep, Formula, GradPlan};
     use crate::engine::dtype::DType;
     let (Some(idx), Some(table)) = (inputs.first(), inputs.get(1)) else {
         return GradPlan::default();
     };
     let n: usize = idx.0.iter().product();
-    if n <= DIRECT_MAX_INDICES || table.0.len() != 2 {
+    if table.0.len() != 2 || (n <= DIRECT_MAX_INDICES && !strided) {
         return GradPlan::default();
     }
     let (rows, width) = (table.0[0], table.0[1]);
@@ -122,6 +136,20 @@ pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::
         temps += 1;
         temps - 1
     };
+    // `indices.contiguous()`, held to the end
+    let contiguous = strided.then(|| temp(&mut s, ints(n)));
+    if n <= DIRECT_MAX_INDICES {
+        s.push(FStep::Grad);
+        s.extend(contiguous.map(FStep::Free));
+        return GradPlan {
+            formulas: vec![Formula {
+                slot: 1,
+                steps: s,
+                full: None,
+            }],
+            ..GradPlan::default()
+        };
+    }
     // embedding_dense_backward_cuda: sorted and original positions, the range sorted with
     // them, cub's storage
     let sorted = temp(&mut s, ints(n));
@@ -134,12 +162,12 @@ pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::
     let offsets = temp(&mut s, ints(n));
     let count = temp(&mut s, long.clone());
     let keys = temp(&mut s, ints(n));
-    let unique = temp(&mut s, bytes(CUB_SCAN_TEMP));
+    let unique = temp(&mut s, bytes(cub_scan_temp(n, UNIQUE_TILE)));
     s.extend([FStep::Free(unique), FStep::Free(keys)]);
     let segments = n.min(rows);
     let per = temp(&mut s, ints(segments));
     let per_offset = temp(&mut s, ints(segments));
-    let scan = temp(&mut s, bytes(CUB_SCAN_TEMP));
+    let scan = temp(&mut s, bytes(cub_scan_temp(segments, SCAN_TILE)));
     s.push(FStep::Free(scan));
     let partial_count = temp(&mut s, long);
     let partials = n / ROWS_PER_PARTIAL + segments;
@@ -147,7 +175,7 @@ pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::
     // the partial sums: atomically into the gradient when a pass over the segments would
     // leave the device idle, else into a buffer summed in a second pass
     let warped = width.div_ceil(32) * 32;
-    let block = warped.min(MAX_BLOCK).max(1);
+    let block = warped.clamp(1, MAX_BLOCK);
     let scatter_grid = (segments * warped).div_ceil(block);
     let opmath = match grad.1 {
         DType::F16 | DType::BF16 => DType::F32,
@@ -178,6 +206,7 @@ pub(super) fn grad_plan(inputs: &[super::Meta], grad: super::MetaRef) -> super::
     ] {
         s.push(FStep::Free(k));
     }
+    s.extend(contiguous.map(FStep::Free));
     GradPlan {
         formulas: vec![Formula {
             slot: 1,
@@ -198,5 +227,17 @@ mod tests {
         assert_eq!(radix_sort_pairs_temp(4096, 8), 83455);
         assert_eq!(radix_sort_pairs_temp(8192, 8), 150015);
         assert_eq!(radix_sort_pairs_temp(16384, 8), 283135);
+    }
+
+    /// The scans' storage as the H200 traces show it.
+    #[test]
+    fn scan_storage_is_cubs() {
+        for n in [4096, 8192, 16384] {
+            assert_eq!(cub_scan_temp(n, UNIQUE_TILE), 1279, "unique_by_key of {n}");
+        }
+        for n in [2, 4096, 8192] {
+            assert_eq!(cub_scan_temp(n, SCAN_TILE), 1279, "exclusive_sum of {n}");
+        }
+        assert_eq!(cub_scan_temp(16384, SCAN_TILE), 1535);
     }
 }

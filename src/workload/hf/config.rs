@@ -90,12 +90,14 @@ pub(crate) struct LlamaConfig {
 pub(crate) enum Family {
     Llama(LlamaConfig),
     Gpt2(Gpt2Config),
+    Bert(BertConfig),
 }
 
 /// The config in `m` (read from `path`, for messages), by its `model_type`.
 pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, String> {
     match m.get("model_type") {
         Some(Value::String(s)) if s == "gpt2" => gpt2(m, path).map(Family::Gpt2),
+        Some(Value::String(s)) if s == "bert" => bert(m, path).map(Family::Bert),
         _ => llama(m, path).map(Family::Llama),
     }
 }
@@ -115,14 +117,14 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let qwen2 = model_type == "qwen2";
     match model_type {
         "llama" | "qwen2" => {}
-        "mistral" | "bert" => {
+        "mistral" => {
             return Err(format!(
-                "{shown}: model_type \"{model_type}\" is not modelled yet (llama, qwen2 and gpt2 are)"
+                "{shown}: model_type \"{model_type}\" is not modelled yet (llama, qwen2, gpt2 and bert are)"
             ))
         }
         other => {
             return Err(format!(
-                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, qwen2 and gpt2; mistral and bert are planned)"
+                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, qwen2, gpt2 and bert; mistral is planned)"
             ))
         }
     }
@@ -441,6 +443,103 @@ pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, St
         embd_pdrop: prob(m, path, "embd_pdrop", 0.1)?,
         attn_pdrop: prob(m, path, "attn_pdrop", 0.1)?,
         tie_embeddings: flag(m, path, "tie_word_embeddings", true)?,
+        dtype: config_dtype(m),
+    })
+}
+
+/// A `BertForSequenceClassification`, as `BertConfig` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BertConfig {
+    pub vocab: u64,
+    pub hidden: u64,
+    pub layers: u64,
+    pub heads: u64,
+    pub intermediate: u64,
+    pub positions: u64,
+    pub type_vocab: u64,
+    pub labels: u64,
+    pub hidden_dropout: f64,
+    pub attention_dropout: f64,
+    pub classifier_dropout: f64,
+    pub dtype: Option<&'static str>,
+}
+
+/// The bert config in `m`.
+pub(super) fn bert(m: &Map<String, Value>, path: &Path) -> Result<BertConfig, String> {
+    let shown = path.display();
+    const MODELLED: &[&str] = &[
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "num_labels",
+        "position_embedding_type",
+        "is_decoder",
+        "add_cross_attention",
+        "layer_norm_eps",
+        // the classifier has no language-model head to tie
+        "tie_word_embeddings",
+    ];
+    known_keys(m, path, "bert", MODELLED, &[])?;
+    for key in ["is_decoder", "add_cross_attention"] {
+        if flag(m, path, key, false)? {
+            return Err(format!(
+                "{shown}: {key} = true is not modelled (BertForSequenceClassification as an encoder is)"
+            ));
+        }
+    }
+    match m.get("position_embedding_type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "absolute" => {}
+        Some(other) => {
+            return Err(format!(
+                "{shown}: position_embedding_type {other} is not modelled (absolute is)"
+            ))
+        }
+    }
+    match m.get("hidden_act") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if a == "gelu" => {}
+        Some(other) => {
+            return Err(format!(
+                "{shown}: hidden_act {other} is not modelled (gelu is)"
+            ))
+        }
+    }
+    let hidden = int(m, path, "hidden_size", 768)?;
+    let heads = int(m, path, "num_attention_heads", 12)?;
+    if hidden % heads != 0 {
+        return Err(format!(
+            "{shown}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads})"
+        ));
+    }
+    // PretrainedConfig: num_labels, else as many as id2label names, else 2
+    let labels = match (m.get("num_labels"), m.get("id2label")) {
+        (Some(v), _) if !v.is_null() => int(m, path, "num_labels", 2)?,
+        (_, Some(Value::Object(names))) if !names.is_empty() => names.len() as u64,
+        _ => 2,
+    };
+    let hidden_dropout = prob(m, path, "hidden_dropout_prob", 0.1)?;
+    Ok(BertConfig {
+        vocab: int(m, path, "vocab_size", 30522)?,
+        hidden,
+        layers: int(m, path, "num_hidden_layers", 12)?,
+        heads,
+        intermediate: int(m, path, "intermediate_size", 3072)?,
+        positions: int(m, path, "max_position_embeddings", 512)?,
+        type_vocab: int(m, path, "type_vocab_size", 2)?,
+        labels,
+        hidden_dropout,
+        attention_dropout: prob(m, path, "attention_probs_dropout_prob", 0.1)?,
+        classifier_dropout: prob(m, path, "classifier_dropout", hidden_dropout)?,
         dtype: config_dtype(m),
     })
 }

@@ -94,7 +94,10 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
-    (s, super::train::body(c.layers, r, &fwd))
+    (
+        s,
+        super::train::body(c.layers, r, super::train::CLONED_LABELS, &fwd),
+    )
 }
 
 /// `nn.Dropout(p)` in training: its input itself when `p` is 0.

@@ -114,7 +114,10 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
-    (s, super::train::body(c.layers, r, &fwd))
+    (
+        s,
+        super::train::body(c.layers, r, super::train::CLONED_LABELS, &fwd),
+    )
 }
 
 /// `LlamaModel.forward` then `lm_head` (and the loss, in training), leaving `logits` (and each

@@ -6,10 +6,11 @@
 //! The config is read whole; every key is either modelled, known not to change memory, or
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
-//! Families: `llama` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]); the loop around them and the
-//! causal-LM loss in [`train`]. Mistral and BERT configs are recognised and refused as not
-//! modelled yet.
+//! Families: `llama` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]), `bert` ([`bert`]); the loop
+//! around them and the causal-LM loss in [`train`]. Mistral configs are recognised and refused
+//! as not modelled yet.
 
+mod bert;
 mod config;
 mod gpt2;
 mod llama;
@@ -99,6 +100,7 @@ pub(crate) fn expand(
     let cfg_dtype = match &cfg {
         config::Family::Llama(c) => c.dtype,
         config::Family::Gpt2(c) => c.dtype,
+        config::Family::Bert(c) => c.dtype,
     };
     let dtype = match model.get("dtype") {
         None => cfg_dtype.unwrap_or("fp32"),
@@ -130,7 +132,7 @@ pub(crate) fn expand(
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
-            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast, gpt2 in fp32, with sdpa attention); remove '{key}' or set it to its default"),
+            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast, gpt2 and bert in fp32, with sdpa attention); remove '{key}' or set it to its default"),
         ))
     };
     if run.mode == "generate" {
@@ -142,21 +144,37 @@ pub(crate) fn expand(
     if run.checkpointing {
         unsupported("gradient_checkpointing", "gradient checkpointing")?;
     }
-    let gpt2 = matches!(cfg, config::Family::Gpt2(_));
-    if gpt2 && (run.eager || run.bf16_autocast) {
-        unsupported(
-            if run.eager { "attention" } else { "precision" },
-            if run.eager {
-                "eager attention for gpt2"
-            } else {
-                "bf16 autocast for gpt2"
-            },
-        )?;
-    }
-    let (kind, (setup, body)) = match &cfg {
-        config::Family::Llama(c) => ("llama", llama::expand(c, &run)),
-        config::Family::Gpt2(c) => ("gpt2", gpt2::expand(c, &run)),
+    let (family, positions) = match &cfg {
+        config::Family::Llama(_) => ("llama", None),
+        config::Family::Gpt2(c) => ("gpt2", Some((c.positions, "n_positions"))),
+        config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
+    if family != "llama" && (run.eager || run.bf16_autocast) {
+        let (key, what) = if run.eager {
+            ("attention", format!("eager attention for {family}"))
+        } else {
+            ("precision", format!("bf16 autocast for {family}"))
+        };
+        unsupported(key, &what)?;
+    }
+    if let Some((p, key)) = positions {
+        if run.seq > p {
+            return Err(SyntaxError::new(
+                value_at(&t, "seq"),
+                format!(
+                    "seq = {} is longer than the model's {p} positions ({key} in {})",
+                    run.seq,
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let (setup, body) = match &cfg {
+        config::Family::Llama(c) => llama::expand(c, &run),
+        config::Family::Gpt2(c) => gpt2::expand(c, &run),
+        config::Family::Bert(c) => bert::expand(c, &run),
+    };
+    let kind = family;
     let info = PresetInfo {
         kind,
         ints: vec![

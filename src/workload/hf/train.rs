@@ -7,16 +7,25 @@ use std::fmt::Write as _;
 use super::Run;
 use crate::workload::preset::at;
 
+/// A causal LM's labels: its inputs.
+pub(super) const CLONED_LABELS: &str = "labels = input_ids.clone()";
+
 /// One iteration: `forward` writes the model's forward at an indentation, leaving `logits`,
-/// each layer's cache `kc{l}`, `vc{l}`, and (in training) `loss`.
-pub(super) fn body(layers: u64, r: &Run, forward: &dyn Fn(&mut String, &str)) -> String {
+/// each of `cached` layers' cache `kc{l}`, `vc{l}`, and (in training) `loss`. `labels` makes
+/// the labels (a causal LM's are its inputs, cloned).
+pub(super) fn body(
+    cached: u64,
+    r: &Run,
+    labels: &str,
+    forward: &dyn Fn(&mut String, &str),
+) -> String {
     let mut s = String::new();
     let (b, t) = (r.batch, r.seq);
     let _ = writeln!(
         s,
         "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
     );
-    let _ = writeln!(s, "labels = input_ids.clone()");
+    let _ = writeln!(s, "{labels}");
     let _ = writeln!(s, "phase \"forward\" {{");
     let train = r.mode == "train";
     if train {
@@ -34,7 +43,7 @@ pub(super) fn body(layers: u64, r: &Run, forward: &dyn Fn(&mut String, &str)) ->
     }
     // `del out`: the output's loss, logits and cache: its list of layers goes last first
     // (CPython frees a list's items from the end), each layer's keys then values
-    let caches: Vec<String> = (0..layers).rev().map(|l| format!("kc{l}, vc{l}")).collect();
+    let caches: Vec<String> = (0..cached).rev().map(|l| format!("kc{l}, vc{l}")).collect();
     let _ = writeln!(s, "del logits");
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));

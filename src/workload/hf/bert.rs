@@ -1,0 +1,314 @@
+//! `BertForSequenceClassification` (transformers 5.17) as line-language statements, op for op
+//! as the H200 traces show transformers running it:
+//!
+//! - `BertEmbeddings`: `position_ids` a slice of the model's buffer; `token_type_ids` gathered
+//!   from the zero buffer ([1, T]) and expanded to [B, T], so its embedding copies the indices
+//!   (`reshape(-1)` of an expanded tensor) and its backward copies them again
+//!   (`contiguous()`); the three embeddings summed (the position one broadcast from [1, T, E]),
+//!   `LayerNorm`, dropout. The three lookups go when the module returns.
+//! - Each `BertLayer`: q, k and v from their linears, viewed as [B, H, T, D]; SDPA without a
+//!   mask and not causal, `attention_probs_dropout_prob` inside the kernel; the output dense,
+//!   dropout, `LayerNorm(x + input)`; the intermediate dense and GELU; the output dense,
+//!   dropout, `LayerNorm(x + input)`. Each output module's dropped tensor goes at its return.
+//! - The pooler (`tanh` of a dense over the first token, a strided view), the classifier's
+//!   dropout and linear, and `CrossEntropyLoss` over [B, num_labels] against class labels.
+//!
+//! The output (`SequenceClassifierOutput`) holds the loss and the logits only: the last hidden
+//! state lives as long as the pooler's saved input.
+
+use std::fmt::Write as _;
+
+use super::config::BertConfig;
+use super::Run;
+use crate::workload::preset::{at, optimizer_line};
+
+/// `(variable, module path, parameter name, shape)` of every parameter, in `model.to()` order.
+fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
+    let (e, i) = (c.hidden, c.intermediate);
+    let emb = |s: &str| format!("bert.embeddings.{s}");
+    let mut p = vec![
+        (
+            "word".to_string(),
+            emb("word_embeddings"),
+            "weight",
+            vec![c.vocab, e],
+        ),
+        (
+            "pos".to_string(),
+            emb("position_embeddings"),
+            "weight",
+            vec![c.positions, e],
+        ),
+        (
+            "tok".to_string(),
+            emb("token_type_embeddings"),
+            "weight",
+            vec![c.type_vocab, e],
+        ),
+        ("eln_w".to_string(), emb("LayerNorm"), "weight", vec![e]),
+        ("eln_b".to_string(), emb("LayerNorm"), "bias", vec![e]),
+    ];
+    for l in 0..c.layers {
+        let m = |s: &str| format!("bert.encoder.layer.{l}.{s}");
+        let mut two = |var: &str, path: &str, w: Vec<u64>, b: u64| {
+            p.push((format!("l{l}_{var}_w"), m(path), "weight", w));
+            p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![b]));
+        };
+        two("q", "attention.self.query", vec![e, e], e);
+        two("k", "attention.self.key", vec![e, e], e);
+        two("v", "attention.self.value", vec![e, e], e);
+        two("ao", "attention.output.dense", vec![e, e], e);
+        two("aln", "attention.output.LayerNorm", vec![e], e);
+        two("i", "intermediate.dense", vec![i, e], i);
+        two("o", "output.dense", vec![e, i], e);
+        two("oln", "output.LayerNorm", vec![e], e);
+    }
+    p.push((
+        "pool_w".into(),
+        "bert.pooler.dense".into(),
+        "weight",
+        vec![e, e],
+    ));
+    p.push(("pool_b".into(), "bert.pooler.dense".into(), "bias", vec![e]));
+    p.push((
+        "cls_w".into(),
+        "classifier".into(),
+        "weight",
+        vec![c.labels, e],
+    ));
+    p.push(("cls_b".into(), "classifier".into(), "bias", vec![c.labels]));
+    p
+}
+
+fn dims(shape: &[u64]) -> String {
+    shape
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The setup and body scripts.
+pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
+    let mut s = String::new();
+    let ps = params(c);
+    for (k, (var, path, name, shape)) in ps.iter().enumerate() {
+        let _ = writeln!(s, "scope \"{path}\" {{");
+        let _ = writeln!(
+            s,
+            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
+            dims(shape)
+        );
+        let _ = writeln!(s, "}}");
+        if k == 4 {
+            // BertEmbeddings' buffers, moved after its submodules' parameters
+            let _ = writeln!(s, "scope \"bert.embeddings\" {{");
+            let _ = writeln!(s, "  position_buf = arange({}).unsqueeze(0)", c.positions);
+            let _ = writeln!(
+                s,
+                "  token_type_buf = zeros(1, {}, dtype=int64)",
+                c.positions
+            );
+            let _ = writeln!(s, "}}");
+        }
+    }
+    let list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
+    optimizer_line(&mut s, r.optimizer, &list.join(", "));
+    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    // `torch.randint(0, 2, (B,))`: one class label per sample
+    let labels = format!(
+        "labels = zeros({}, dtype=int64, from=\"data:labels\")",
+        r.batch
+    );
+    (s, super::train::body(0, r, &labels, &fwd))
+}
+
+/// `nn.Dropout(p)` in training: its input itself when `p` is 0.
+fn dropout(x: &str, p: f64) -> String {
+    if p == 0.0 {
+        x.to_string()
+    } else {
+        format!("dropout({x}, {p:?})")
+    }
+}
+
+/// `BertModel.forward`, the classifier and (in training) the loss, leaving `logits`.
+fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let emb = "bert.embeddings";
+    for st in [
+        format!("position_ids = position_buf[:, :{t}]"),
+        // torch.gather of the zero buffer at the positions: a [1, T] copy, expanded
+        "tt0 = token_type_buf[:, :{t}].clone()".replace("{t}", &t.to_string()),
+        format!("token_type_ids = tt0.expand({b}, {t})"),
+    ] {
+        at(s, ind, emb, &st);
+    }
+    at(
+        s,
+        ind,
+        &format!("{emb}.word_embeddings"),
+        "inputs_embeds = embedding(input_ids, word)",
+    );
+    at(
+        s,
+        ind,
+        &format!("{emb}.token_type_embeddings"),
+        "token_type_embeddings = embedding(token_type_ids, tok)",
+    );
+    at(s, ind, emb, "e0 = inputs_embeds + token_type_embeddings");
+    at(
+        s,
+        ind,
+        &format!("{emb}.position_embeddings"),
+        "position_embeddings = embedding(position_ids, pos)",
+    );
+    at(s, ind, emb, "e1 = e0 + position_embeddings");
+    line(s, "del e0");
+    at(
+        s,
+        ind,
+        &format!("{emb}.LayerNorm"),
+        "e2 = layer_norm(e1, eln_w, eln_b)",
+    );
+    at(
+        s,
+        ind,
+        &format!("{emb}.dropout"),
+        &format!("h = {}", dropout("e2", c.hidden_dropout)),
+    );
+    line(s, "del e1, e2");
+    // the module's locals at its return
+    line(
+        s,
+        "del inputs_embeds, token_type_embeddings, position_embeddings, token_type_ids, tt0, position_ids",
+    );
+    for l in 0..c.layers {
+        layer(s, c, r, l, ind);
+    }
+    // the pooler: tanh(dense(h[:, 0]))
+    let pool = "bert.pooler";
+    for st in ["first = h[:, 0]", "p0 = linear(first, pool_w, pool_b)"] {
+        at(s, ind, &format!("{pool}.dense"), st);
+    }
+    at(s, ind, &format!("{pool}.activation"), "pooled = p0.tanh()");
+    line(s, "del p0, first, h");
+    at(
+        s,
+        ind,
+        "dropout",
+        &format!("pd = {}", dropout("pooled", c.classifier_dropout)),
+    );
+    at(s, ind, "classifier", "logits = linear(pd, cls_w, cls_b)");
+    line(s, "del pd, pooled");
+    if r.mode == "train" {
+        at(
+            s,
+            ind,
+            "loss_function",
+            &format!(
+                "loss = cross_entropy(logits.view(-1, {}), labels.view(-1))",
+                c.labels
+            ),
+        );
+    }
+}
+
+/// One `BertLayer`: `h` to `h`.
+fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    let (nh, e) = (c.heads, c.hidden);
+    let hd = e / nh;
+    let m = |x: &str| format!("bert.encoder.layer.{l}.{x}");
+    let p = |x: &str| format!("l{l}_{x}");
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let lin = |s: &mut String, name: &str, path: &str, x: &str, y: &str| {
+        at(
+            s,
+            ind,
+            &m(path),
+            &format!(
+                "{y} = linear({x}, {}, {})",
+                p(&format!("{name}_w")),
+                p(&format!("{name}_b"))
+            ),
+        );
+    };
+    let attn = m("attention.self");
+    for (name, y) in [("q", "q"), ("k", "k"), ("v", "v")] {
+        let path = match name {
+            "q" => "attention.self.query",
+            "k" => "attention.self.key",
+            _ => "attention.self.value",
+        };
+        lin(s, name, path, "h", &format!("{y}0"));
+        at(
+            s,
+            ind,
+            &attn,
+            &format!("{y} = {y}0.view({b}, {t}, {nh}, {hd}).transpose(1, 2)"),
+        );
+        line(s, &format!("del {y}0"));
+    }
+    let drop = if c.attention_dropout > 0.0 {
+        format!(", dropout_p={:?}", c.attention_dropout)
+    } else {
+        String::new()
+    };
+    for st in [
+        format!("y0 = scaled_dot_product_attention(q, k, v{drop}, is_causal=false)"),
+        format!("y = y0.transpose(1, 2).reshape({b}, {t}, {e})"),
+        "del y0, q, k, v".to_string(),
+    ] {
+        at(s, ind, &attn, &st);
+    }
+    // BertSelfOutput: dense, dropout, LayerNorm(x + input)
+    lin(s, "ao", "attention.output.dense", "y", "a0");
+    line(s, "del y");
+    at(
+        s,
+        ind,
+        &m("attention.output.dropout"),
+        &format!("a1 = {}", dropout("a0", c.hidden_dropout)),
+    );
+    line(s, "del a0");
+    at(s, ind, &m("attention.output"), "a2 = a1 + h");
+    at(
+        s,
+        ind,
+        &m("attention.output.LayerNorm"),
+        &format!("x = layer_norm(a2, {}, {})", p("aln_w"), p("aln_b")),
+    );
+    line(s, "del a1, a2");
+    // BertIntermediate, BertOutput
+    lin(s, "i", "intermediate.dense", "x", "f");
+    at(
+        s,
+        ind,
+        &m("intermediate.intermediate_act_fn"),
+        "g = f.gelu()",
+    );
+    line(s, "del f");
+    lin(s, "o", "output.dense", "g", "o0");
+    line(s, "del g");
+    at(
+        s,
+        ind,
+        &m("output.dropout"),
+        &format!("o1 = {}", dropout("o0", c.hidden_dropout)),
+    );
+    line(s, "del o0");
+    at(s, ind, &m("output"), "o2 = o1 + x");
+    at(
+        s,
+        ind,
+        &m("output.LayerNorm"),
+        &format!("h = layer_norm(o2, {}, {})", p("oln_w"), p("oln_b")),
+    );
+    line(s, "del o1, o2, x");
+}
