@@ -1,7 +1,8 @@
 //! `F.scaled_dot_product_attention(q, k, v, is_causal=True)`: cuDNN's kernel for bf16/f16, the
 //! memory-efficient one for float32 (picked by dtype once autocast has run). It keeps q, k, v
 //! and its output, plus the float32 logsumexp per query row; its backward writes the q, k and
-//! v gradients as [B, T, H, D] and takes the kernel's workspaces ([`grad_plan`]).
+//! v gradients as [B, T, H, D] (cuDNN with grouped heads: as [B, H, T, D]) and takes the
+//! kernel's workspaces ([`grad_plan`]).
 
 use super::grad::{GradPlan, Step};
 use super::script::{tensors, Bound, Entry, Form, Made, Param};
@@ -107,7 +108,9 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
         ]
     };
     GradPlan {
-        bthd: true,
+        // cuDNN with grouped heads writes its gradients in the inputs' own [B, H, T, D] order
+        // (the H200 traces: their views back to the projections' rows copy them)
+        bthd: !(cudnn && grouped),
         scratch,
         ..GradPlan::default()
     }

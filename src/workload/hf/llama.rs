@@ -85,19 +85,21 @@ fn dims(shape: &[u64]) -> String {
 pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
+    // `model.to(torch.bfloat16)`: every parameter and floating buffer in bf16
+    let dt = if r.bf16_weights { ", dtype=bf16" } else { "" };
     for (var, path, name, shape) in &ps {
         let _ = writeln!(s, "scope \"{path}\" {{");
         let _ = writeln!(
             s,
-            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
+            "  {var} = randn({}{dt}, requires_grad=true, from=\"{path}.{name}\")",
             dims(shape)
         );
         let _ = writeln!(s, "}}");
     }
     // the rotary embedding's buffers: inv_freq and original_inv_freq
     let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
-    let _ = writeln!(s, "  inv_freq = zeros({})", c.head_dim / 2);
-    let _ = writeln!(s, "  original_inv_freq = zeros({})", c.head_dim / 2);
+    let _ = writeln!(s, "  inv_freq = zeros({}{dt})", c.head_dim / 2);
+    let _ = writeln!(s, "  original_inv_freq = zeros({}{dt})", c.head_dim / 2);
     let _ = writeln!(s, "}}");
     let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
     if c.tie_embeddings {
@@ -106,7 +108,7 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         let _ = writeln!(s, "scope \"lm_head\" {{");
         let _ = writeln!(
             s,
-            "  lm_head = randn({}, {}, requires_grad=true, from=\"lm_head.weight\")",
+            "  lm_head = randn({}, {}{dt}, requires_grad=true, from=\"lm_head.weight\")",
             c.vocab, c.hidden
         );
         let _ = writeln!(s, "}}");
@@ -142,7 +144,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     open(s);
     prelude(s, r, &inner);
     close(s);
-    rotary(s, ind);
+    rotary(s, r.bf16_weights, ind);
     open(s);
     decoder(s, c, r, &inner);
     if r.mode == "train" {
@@ -200,24 +202,39 @@ fn eager_mask(s: &mut String, r: &Run, ind: &str) {
     }
 }
 
-/// The rotary embedding's cos and sin: no grad, autocast off, float32.
-fn rotary(s: &mut String, ind: &str) {
+/// The rotary embedding's cos and sin: no grad, autocast off, computed in float32 (from a
+/// float32 copy of bf16 frequencies) and returned in the hidden states' dtype.
+fn rotary(s: &mut String, bf16: bool, ind: &str) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
     let i2 = format!("{ind}    ");
-    for stmt in [
-        "inv_freq_expanded = inv_freq[none, :, none].expand(1, -1, 1)".to_string(),
-        "position_ids_expanded = position_ids[:, none, :].float()".to_string(),
-        "freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)".to_string(),
-        "emb = cat([freqs, freqs], -1)".to_string(),
-        "c0 = emb.cos()".to_string(),
-        "cos = c0 * 1.0".to_string(),
-        "del c0".to_string(),
-        "s0 = emb.sin()".to_string(),
-        "sin = s0 * 1.0".to_string(),
-        "del s0".to_string(),
-        "del inv_freq_expanded, position_ids_expanded, freqs, emb".to_string(),
-    ] {
+    let mut stmts = vec![
+        "inv_freq_expanded = inv_freq[none, :, none].float().expand(1, -1, 1)",
+        "position_ids_expanded = position_ids[:, none, :].float()",
+        "freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)",
+        "emb = cat([freqs, freqs], -1)",
+        "c0 = emb.cos()",
+        "c1 = c0 * 1.0",
+        "del c0",
+        "s0 = emb.sin()",
+        "s1 = s0 * 1.0",
+        "del s0",
+    ];
+    if bf16 {
+        // `cos.to(dtype=x.dtype)`: the float32 pair goes at the function's return
+        stmts.extend([
+            "cos = c1.bfloat16()",
+            "sin = s1.bfloat16()",
+            "del inv_freq_expanded, position_ids_expanded, freqs, emb, c1, s1",
+        ]);
+    } else {
+        stmts.extend([
+            "cos = c1",
+            "sin = s1",
+            "del c1, s1, inv_freq_expanded, position_ids_expanded, freqs, emb",
+        ]);
+    }
+    for stmt in stmts {
         let _ = writeln!(s, "{i2}{stmt}");
     }
     let _ = writeln!(s, "{ind}  }}");
@@ -233,7 +250,7 @@ fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         layer(s, c, r, l, ind);
     }
     // `hidden_states = self.norm(hidden_states)`: the input goes once the norm has returned
-    rms_norm(s, "model.norm", "norm", "h", "hf", ind);
+    rms_norm(s, r, "model.norm", "norm", "h", "hf", ind);
     line(s, "h = hf");
     line(s, "del hf");
     // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
@@ -249,18 +266,34 @@ fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
 }
 
-/// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller).
-fn rms_norm(s: &mut String, path: &str, w: &str, x: &str, out: &str, ind: &str) {
-    let stmts = [
-        format!("variance = {x}.pow(2).mean(-1, keepdim=true)"),
-        "n0 = variance + 0.000001".to_string(),
-        "n1 = n0.rsqrt()".to_string(),
-        "del n0".to_string(),
-        format!("n2 = {x} * n1"),
-        "del n1".to_string(),
-        format!("{out} = {w} * n2"),
-        "del n2, variance".to_string(),
-    ];
+/// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller). With bf16 weights
+/// it normalizes a float32 copy and casts the result back before the weight's product.
+fn rms_norm(s: &mut String, r: &Run, path: &str, w: &str, x: &str, out: &str, ind: &str) {
+    let stmts = if r.bf16_weights {
+        vec![
+            format!("h32 = {x}.float()"),
+            "variance = h32.pow(2).mean(-1, keepdim=true)".to_string(),
+            "n0 = variance + 0.000001".to_string(),
+            "n1 = n0.rsqrt()".to_string(),
+            "del n0".to_string(),
+            "n2 = h32 * n1".to_string(),
+            "del n1".to_string(),
+            "n3 = n2.bfloat16()".to_string(),
+            format!("{out} = {w} * n3"),
+            "del n2, variance, n3, h32".to_string(),
+        ]
+    } else {
+        vec![
+            format!("variance = {x}.pow(2).mean(-1, keepdim=true)"),
+            "n0 = variance + 0.000001".to_string(),
+            "n1 = n0.rsqrt()".to_string(),
+            "del n0".to_string(),
+            format!("n2 = {x} * n1"),
+            "del n1".to_string(),
+            format!("{out} = {w} * n2"),
+            "del n2, variance".to_string(),
+        ]
+    };
     let _ = writeln!(s, "{ind}scope \"{path}\" {{");
     for st in stmts {
         let _ = writeln!(s, "{ind}  {st}");
@@ -298,7 +331,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");
     line(s, "residual = h");
-    rms_norm(s, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
+    rms_norm(s, r, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
     // self_attn
     let attn = m("self_attn");
     for (name, v, heads) in [("q", "q0", nh), ("k", "k0", nkv), ("v", "v0", nkv)] {
@@ -330,8 +363,8 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     line(s, "del q0, k0");
     // past_key_values.update: `torch.cat` onto the layer's empty buffers, which take the keys'
     // dtype (float32 under autocast, where the rotary product promoted them)
-    // (float32 in float32 and under bf16 autocast; bf16 weights, not modelled yet, differ)
-    let kd = "float32";
+    // (float32 in float32 and under bf16 autocast; bf16 with bf16 weights)
+    let kd = if r.bf16_weights { "bf16" } else { "float32" };
     at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
     at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
     at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
@@ -346,7 +379,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     at(s, ind, &block, "h = residual + a");
     line(s, "del a");
     line(s, "residual = h");
-    rms_norm(s, &m("post_attention_layernorm"), &p("ln2"), "h", "x", ind);
+    rms_norm(s, r, &m("post_attention_layernorm"), &p("ln2"), "h", "x", ind);
     lin(s, "gate", "mlp.gate_proj", "x", "g0");
     at(s, ind, &m("mlp.act_fn"), "g1 = g0.silu()");
     line(s, "del g0");
@@ -389,7 +422,7 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
             "y0 = att @ av".to_string(),
             "del ak, av, att".to_string(),
         ]);
-    } else if rep > 1 && r.bf16_autocast {
+    } else if rep > 1 && (r.bf16_autocast || r.bf16_weights) {
         // bf16 with enable_gqa: cuDNN's kernel takes the groups itself
         st.push(format!(
             "y0 = scaled_dot_product_attention(q1, {k}, {v}, enable_gqa=true)"

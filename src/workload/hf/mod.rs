@@ -138,9 +138,6 @@ pub(crate) fn expand(
     if run.mode == "generate" {
         unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
     }
-    if run.bf16_weights {
-        unsupported("dtype", "bf16 weights")?;
-    }
     if run.checkpointing {
         unsupported("gradient_checkpointing", "gradient checkpointing")?;
     }
@@ -149,13 +146,19 @@ pub(crate) fn expand(
         config::Family::Gpt2(c) => ("gpt2", Some((c.positions, "n_positions"))),
         config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
-    if family != "llama" && (run.eager || run.bf16_autocast) {
+    if family != "llama" && (run.eager || run.bf16_autocast || run.bf16_weights) {
         let (key, what) = if run.eager {
             ("attention", format!("eager attention for {family}"))
-        } else {
+        } else if run.bf16_autocast {
             ("precision", format!("bf16 autocast for {family}"))
+        } else {
+            ("dtype", format!("bf16 weights for {family}"))
         };
         unsupported(key, &what)?;
+    }
+    if run.bf16_weights && (run.eager || run.bf16_autocast) {
+        let key = if run.eager { "attention" } else { "precision" };
+        unsupported(key, "bf16 weights with eager attention or bf16 autocast")?;
     }
     if let Some((p, key)) = positions {
         if run.seq > p {
