@@ -11,7 +11,7 @@ use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 10] = [
+const CASES: [(&str, &str, bool); 12] = [
     (
         "llama_t_eager_adamw_fp32",
         "llama_t_eager_adamw_fp32",
@@ -30,6 +30,8 @@ const CASES: [(&str, &str, bool); 10] = [
     ("gpt2_t_sdpa_adamw_fp32", "gpt2_t_sdpa_adamw_fp32", false),
     ("bert_base_cls_adamw_fp32", "bert_base_cls_adamw_fp32", true),
     ("bert_t_cls_adamw_fp32", "bert_t_cls_adamw_fp32", true),
+    ("llama_t_lora_adamw_fp32", "llama_t_lora_adamw_fp32", true),
+    ("llama_t_sdpa_adamw_bf16w", "llama_t_sdpa_adamw_bf16w", true),
 ];
 
 fn case(name: &str) -> Value {
@@ -278,6 +280,32 @@ fn hf_configs_are_refused_by_name() {
     let out = at_root(&["run", w.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key 'd_model'"));
+    // [model.lora]: a linear the family does not have, a bad rank, an unknown key
+    s.write(
+        "config.json",
+        &std::fs::read_to_string(common::root().join("fixtures/hf/cases/llama_t.config.json"))
+            .unwrap(),
+    );
+    for (lora, want) in [
+        ("target_modules = [\"c_attn\"]", "c_attn"),
+        ("r = 0", "'r' in [model.lora]"),
+        ("rank = 4", "unknown key 'rank' in [model.lora]"),
+        ("dropout = 1.0", "'dropout' in [model.lora]"),
+    ] {
+        let w = s.write(
+            "w4.toml",
+            &format!(
+                "[model]\nhf_config = \"config.json\"\n[model.lora]\n{lora}\n[train]\nbatch = 1\nseq = 8\n"
+            ),
+        );
+        let out = at_root(&["run", w.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{lora}: {err}");
+        assert!(
+            err.contains(want) && err.contains("w4.toml"),
+            "{lora}: {err}"
+        );
+    }
 }
 
 /// The CPU device runs the same model with real numbers: every allocator figure is the

@@ -140,7 +140,8 @@ fn hf_workload(
         t += "gradient_checkpointing = true\n";
     }
     if flag("lora") {
-        return Err("LoRA is not modelled yet".into());
+        // hf_models.py's LoraConfig
+        t += "[model.lora]\nr = 16\nalpha = 32\ndropout = 0.05\ntarget_modules = [\"q_proj\", \"v_proj\"]\n";
     }
     let int = |k: &str| {
         get(k)

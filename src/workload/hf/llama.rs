@@ -73,6 +73,56 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
+/// The linears of a decoder layer: (short name, module path, out, in).
+fn linears(c: &LlamaConfig) -> [(&'static str, &'static str, u64, u64); 7] {
+    let (h, q, kv, i) = (
+        c.hidden,
+        c.heads * c.head_dim,
+        c.kv_heads * c.head_dim,
+        c.intermediate,
+    );
+    [
+        ("q", "self_attn.q_proj", q, h),
+        ("k", "self_attn.k_proj", kv, h),
+        ("v", "self_attn.v_proj", kv, h),
+        ("o", "self_attn.o_proj", h, q),
+        ("gate", "mlp.gate_proj", i, h),
+        ("up", "mlp.up_proj", i, h),
+        ("down", "mlp.down_proj", h, i),
+    ]
+}
+
+/// LoRA's adapters: `(variable, module path, shape, zero-initialised)` of each targeted
+/// linear's lora_A then lora_B, layer by layer in module order.
+fn lora_params(c: &LlamaConfig, r: &Run) -> Vec<(String, String, Vec<u64>, bool)> {
+    let Some(l) = &r.lora else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    for layer in 0..c.layers {
+        for (name, path, out, inp) in linears(c) {
+            let module = path.rsplit('.').next().unwrap_or(path);
+            if !l.targets.iter().any(|t| t == module) {
+                continue;
+            }
+            let m = format!("model.layers.{layer}.{path}");
+            v.push((
+                format!("l{layer}_{name}_la"),
+                format!("{m}.lora_A.default"),
+                vec![l.r, inp],
+                false,
+            ));
+            v.push((
+                format!("l{layer}_{name}_lb"),
+                format!("{m}.lora_B.default"),
+                vec![out, l.r],
+                true,
+            ));
+        }
+    }
+    v
+}
+
 fn dims(shape: &[u64]) -> String {
     shape
         .iter()
@@ -87,11 +137,13 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     let ps = params(c);
     // `model.to(torch.bfloat16)`: every parameter and floating buffer in bf16
     let dt = if r.bf16_weights { ", dtype=bf16" } else { "" };
+    // peft freezes the base model
+    let trainable = r.lora.is_none();
     for (var, path, name, shape) in &ps {
         let _ = writeln!(s, "scope \"{path}\" {{");
         let _ = writeln!(
             s,
-            "  {var} = randn({}{dt}, requires_grad=true, from=\"{path}.{name}\")",
+            "  {var} = randn({}{dt}, requires_grad={trainable}, from=\"{path}.{name}\")",
             dims(shape)
         );
         let _ = writeln!(s, "}}");
@@ -108,11 +160,28 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         let _ = writeln!(s, "scope \"lm_head\" {{");
         let _ = writeln!(
             s,
-            "  lm_head = randn({}, {}{dt}, requires_grad=true, from=\"lm_head.weight\")",
+            "  lm_head = randn({}, {}{dt}, requires_grad={trainable}, from=\"lm_head.weight\")",
             c.vocab, c.hidden
         );
         let _ = writeln!(s, "}}");
         list.push("lm_head");
+    }
+    let adapters = lora_params(c, r);
+    if let Some(l) = &r.lora {
+        // get_peft_model: each targeted linear's lora_A ([r, in], kaiming-uniform) and lora_B
+        // ([out, r], zeros), in module order, on the base weight's device
+        for (var, path, shape, zero) in &adapters {
+            let f = if *zero { "zeros" } else { "randn" };
+            let _ = writeln!(s, "scope \"{path}\" {{");
+            let _ = writeln!(
+                s,
+                "  {var} = {f}({}{dt}, requires_grad=true, from=\"{path}.weight\")",
+                dims(shape)
+            );
+            let _ = writeln!(s, "}}");
+        }
+        let _ = l;
+        list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
@@ -321,12 +390,66 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
         } else {
             String::new()
         };
-        at(
-            s,
-            ind,
-            &m(path),
-            &format!("{out} = linear({input}, {}{bias})", p(&format!("{name}_w"))),
-        );
+        let module = path.rsplit('.').next().unwrap_or(path);
+        let lora = r
+            .lora
+            .as_ref()
+            .filter(|l| l.targets.iter().any(|t| t == module));
+        let Some(l) = lora else {
+            at(
+                s,
+                ind,
+                &m(path),
+                &format!("{out} = linear({input}, {}{bias})", p(&format!("{name}_w"))),
+            );
+            return;
+        };
+        // peft's Linear.forward: the base layer, then
+        // `result + lora_B(lora_A(dropout(x))) * scaling`
+        let base = m(path);
+        // (a dropout of 0 is nn.Identity)
+        let (ld, drop) = if l.dropout > 0.0 {
+            (
+                "lora_x",
+                format!("lora_x = dropout({input}, {:?})", l.dropout),
+            )
+        } else {
+            (input, String::new())
+        };
+        let scaling = l.alpha / l.r as f64;
+        for (scope, st) in [
+            (
+                base.clone(),
+                format!(
+                    "lora_base = linear({input}, {}{bias})",
+                    p(&format!("{name}_w"))
+                ),
+            ),
+            (format!("{base}.lora_dropout.default"), drop),
+            (
+                format!("{base}.lora_A.default"),
+                format!("lora_a = linear({ld}, {})", p(&format!("{name}_la"))),
+            ),
+            (
+                format!("{base}.lora_B.default"),
+                format!("lora_b = linear(lora_a, {})", p(&format!("{name}_lb"))),
+            ),
+            (base.clone(), format!("lora_s = lora_b * {scaling:?}")),
+            (String::new(), "del lora_b".to_string()),
+            (base.clone(), format!("{out} = lora_base + lora_s")),
+            (String::new(), "del lora_s, lora_base, lora_a".to_string()),
+        ] {
+            match (scope.is_empty(), st.is_empty()) {
+                (_, true) => {}
+                (true, false) => {
+                    let _ = writeln!(s, "{ind}{st}");
+                }
+                (false, false) => at(s, ind, &scope, &st),
+            }
+        }
+        if ld == "lora_x" {
+            let _ = writeln!(s, "{ind}del lora_x");
+        }
     };
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");
@@ -379,7 +502,15 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     at(s, ind, &block, "h = residual + a");
     line(s, "del a");
     line(s, "residual = h");
-    rms_norm(s, r, &m("post_attention_layernorm"), &p("ln2"), "h", "x", ind);
+    rms_norm(
+        s,
+        r,
+        &m("post_attention_layernorm"),
+        &p("ln2"),
+        "h",
+        "x",
+        ind,
+    );
     lin(s, "gate", "mlp.gate_proj", "x", "g0");
     at(s, ind, &m("mlp.act_fn"), "g1 = g0.silu()");
     line(s, "del g0");

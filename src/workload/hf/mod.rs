@@ -27,7 +27,36 @@ use super::preset::{Expanded, PresetInfo, Reader, Table};
 pub(crate) use config::LlamaConfig;
 
 /// The keys of `[model]` for a Hugging Face config.
-pub const MODEL_KEYS: &[&str] = &["hf_config", "attention", "dtype", "gradient_checkpointing"];
+pub const MODEL_KEYS: &[&str] = &[
+    "hf_config",
+    "attention",
+    "dtype",
+    "gradient_checkpointing",
+    "lora",
+];
+
+/// The keys of `[model.lora]` (peft's `LoraConfig`).
+pub const LORA_KEYS: &[&str] = &["r", "alpha", "dropout", "target_modules"];
+
+/// The linears a llama-family LoRA may target.
+const LORA_TARGETS: &[&str] = &[
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// peft's `get_peft_model(model, LoraConfig(r, lora_alpha, lora_dropout, target_modules))`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Lora {
+    pub r: u64,
+    pub alpha: f64,
+    pub dropout: f64,
+    pub targets: Vec<String>,
+}
 /// The keys of `[train]` for a Hugging Face config.
 pub const TRAIN_KEYS: &[&str] = &[
     "batch",
@@ -51,6 +80,7 @@ pub(crate) struct Run {
     pub eager: bool,
     pub bf16_weights: bool,
     pub checkpointing: bool,
+    pub lora: Option<Lora>,
 }
 
 /// Is this `[model]` table a Hugging Face one?
@@ -128,7 +158,14 @@ pub(crate) fn expand(
         eager: m.choice("attention", "sdpa", &["sdpa", "eager"])? == "eager",
         bf16_weights: dtype == "bf16",
         checkpointing: m.flag("gradient_checkpointing")?,
+        lora: lora(&m)?,
     };
+    if run.lora.is_some() && !matches!(cfg, config::Family::Llama(_)) {
+        return Err(SyntaxError::new(
+            value_at(&m, "lora"),
+            "[model.lora] is modelled for llama and qwen2 configs only yet",
+        ));
+    }
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
@@ -203,4 +240,86 @@ pub(crate) fn expand(
 
 fn value_at(r: &Reader<'_>, key: &str) -> Span {
     r.table.get(key).map_or(r.at, |v: &Spanned<Value>| r.pos(v))
+}
+
+/// `[model.lora]`: peft's defaults where a key is left out (r 8, alpha 8, dropout 0, the q and
+/// v projections).
+fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
+    let Some(v) = m.table.get("lora") else {
+        return Ok(None);
+    };
+    let at = m.pos(v);
+    let err = |msg: String| SyntaxError::new(at, msg);
+    let Value::Table(t) = v.get_ref() else {
+        return Err(err(
+            "'lora' in [model] must be a table: [model.lora] with r, alpha, dropout, target_modules"
+                .into(),
+        ));
+    };
+    if let Some(k) = t.keys().find(|k| !LORA_KEYS.contains(&k.as_str())) {
+        return Err(err(format!(
+            "unknown key '{k}' in [model.lora] (known: {})",
+            LORA_KEYS.join(", ")
+        )));
+    }
+    let r = match t.get("r") {
+        None => 8,
+        Some(Value::Integer(i)) if *i >= 1 => *i as u64,
+        Some(other) => {
+            return Err(err(format!(
+                "'r' in [model.lora] must be a positive integer, found {other}"
+            )))
+        }
+    };
+    let number = |key: &str, default: f64| -> PResult<f64> {
+        match t.get(key) {
+            None => Ok(default),
+            Some(Value::Integer(i)) => Ok(*i as f64),
+            Some(Value::Float(f)) => Ok(*f),
+            Some(other) => Err(err(format!(
+                "'{key}' in [model.lora] must be a number, found {other}"
+            ))),
+        }
+    };
+    let alpha = number("alpha", 8.0)?;
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(err(format!(
+            "'alpha' in [model.lora] must be positive, found {alpha}"
+        )));
+    }
+    let dropout = number("dropout", 0.0)?;
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(err(format!(
+            "'dropout' in [model.lora] must be at least 0 and below 1, found {dropout}"
+        )));
+    }
+    let targets = match t.get("target_modules") {
+        None => vec!["q_proj".to_string(), "v_proj".to_string()],
+        Some(Value::Array(a)) if !a.is_empty() => {
+            let mut out = Vec::new();
+            for x in a {
+                match x.as_str() {
+                    Some(name) if LORA_TARGETS.contains(&name) => out.push(name.to_string()),
+                    _ => {
+                        return Err(err(format!(
+                            "target_modules in [model.lora]: {x} is not a linear gpumem models (one of {})",
+                            LORA_TARGETS.join(", ")
+                        )))
+                    }
+                }
+            }
+            out
+        }
+        Some(other) => {
+            return Err(err(format!(
+                "'target_modules' in [model.lora] must be a non-empty list of module names, found {other}"
+            )))
+        }
+    };
+    Ok(Some(Lora {
+        r,
+        alpha,
+        dropout,
+        targets,
+    }))
 }
