@@ -431,3 +431,50 @@ fn fit_finds_the_batch_and_its_remedies_apply_to_configs() {
     let (plain, bf16) = (batch("as written"), batch("bf16 autocast"));
     assert!(plain >= 1 && bf16 > plain, "{plain} {bf16}: {text}");
 }
+
+/// The script language's `for i in range(N) { }` runs its body N times with `i` bound (a decode
+/// loop needs no generated file), and `x ** e` is `x.pow(e)`: each gives exactly the events of
+/// the statements it stands for.
+#[test]
+fn loops_and_powers_are_what_they_stand_for() {
+    let s = Scratch::new("hf-script");
+    let run = |name: &str, body: &str| {
+        let w = s.write(
+            name,
+            &format!(
+                "[workload]\nname = \"{name}\"\niterations = 2\nsetup = \"\"\"\nw = randn(64, 64, requires_grad=true)\n\"\"\"\nbody = \"\"\"\n{body}\n\"\"\"\n"
+            ),
+        );
+        let (code, v) = run_json(&["run", w.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{name}: {v}");
+        v["memory_stats"].clone()
+    };
+    let unrolled: String = (0..4)
+        .map(|i| {
+            format!(
+                "k = randn(1, 4, {}, 16)\nkc = cat([kc, k], -2)\ndel k\n",
+                i + 1
+            )
+        })
+        .collect();
+    let looped = run(
+        "loop.toml",
+        "kc = zeros(1, 4, 0, 16)\nfor i in range(4) {\n  k = randn(1, 4, i + 1, 16)\n  kc = cat([kc, k], -2)\n  del k\n}\nloss = (w ** 2).sum() + kc.sum()\nloss.backward()",
+    );
+    let flat = run(
+        "flat.toml",
+        &format!(
+            "kc = zeros(1, 4, 0, 16)\n{unrolled}loss = w.pow(2).sum() + kc.sum()\nloss.backward()"
+        ),
+    );
+    assert_eq!(looped, flat);
+    assert!(u(&looped["allocation.all.allocated"]) > 20, "{looped}");
+    // a count that is not a non-negative integer is refused at its position
+    let w = s.write(
+        "bad.toml",
+        "[workload]\nname = \"bad\"\nbody = \"\"\"\nfor i in range(-1) {\n}\n\"\"\"\n",
+    );
+    let out = at_root(&["run", w.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 4 column 16: range(-1)"));
+}

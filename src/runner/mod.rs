@@ -428,6 +428,25 @@ impl Runner {
                     self.dev.grad_enabled = was;
                     r?;
                 }
+                BlockKind::For { var, count } => {
+                    let n = match self.eval(count)? {
+                        Value::Int(n) if (0..=MAX_LOOP).contains(&n) => n,
+                        Value::Int(n) => {
+                            return script(
+                                count.span,
+                                format!("range({n}): the count must be 0 to {MAX_LOOP}"),
+                            )
+                        }
+                        other => {
+                            self.drop_value(other);
+                            return script(count.span, "range(N) takes an integer count");
+                        }
+                    };
+                    for i in 0..n {
+                        self.assign(var, Value::Int(i));
+                        self.block(body)?;
+                    }
+                }
                 BlockKind::Scope(name) => {
                     self.dev.alloc.recorder_mut().push_tag(name);
                     let r = self.block(body);
@@ -618,6 +637,9 @@ impl Runner {
     }
 
     fn binary(&mut self, span: Span, op: BinOp, a: Value, b: Value) -> Flow<Value> {
+        if op == BinOp::Pow {
+            return self.power(span, a, b);
+        }
         match (a, b) {
             (Value::Tensor(x), Value::Tensor(y)) => {
                 let r = match op {
@@ -668,6 +690,7 @@ impl Runner {
                     BinOp::Sub => x - y,
                     BinOp::Mul => x * y,
                     BinOp::Div => x / y,
+                    BinOp::Pow => x.powf(y),
                     BinOp::MatMul => return script(span, "matmul needs two tensors"),
                 })),
                 _ => {
@@ -680,12 +703,53 @@ impl Runner {
     }
 }
 
+impl Runner {
+    /// `a ** b`: `torch.pow(tensor, exponent)` for a tensor and a number (the `pow` op,
+    /// with autocast's policy), the number for two numbers.
+    fn power(&mut self, span: Span, a: Value, b: Value) -> Flow<Value> {
+        match (a, b) {
+            (Value::Tensor(x), e) if e.as_f64().is_some() => {
+                let op = crate::engine::op::Op::Pow {
+                    exponent: e.as_f64().expect("a number"),
+                };
+                let r = self.op(span, "pow", |d| match op.autocast() {
+                    Some(p) => d.autocast_op(p, &[x], |d, i| d.apply(&op, i)),
+                    None => d.apply(&op, &[x]),
+                });
+                self.dev.release(x);
+                r.map(Value::Tensor)
+            }
+            (Value::Int(x), Value::Int(y)) if y >= 0 => {
+                match u32::try_from(y).ok().and_then(|y| x.checked_pow(y)) {
+                    Some(v) => Ok(Value::Int(v)),
+                    None => script(span, format!("{x} ** {y} overflows a 64-bit integer")),
+                }
+            }
+            (a, b) => match (a.as_f64(), b.as_f64()) {
+                (Some(x), Some(y)) => Ok(Value::Float(x.powf(y))),
+                _ => {
+                    self.drop_value(a);
+                    self.drop_value(b);
+                    script(
+                        span,
+                        "unsupported operands for **: a tensor to a number's power, or two numbers",
+                    )
+                }
+            },
+        }
+    }
+}
+
+/// The most iterations a `for` loop runs (a decode loop of a million tokens is far beyond
+/// any real one).
+const MAX_LOOP: i64 = 1_000_000;
+
 fn binop(op: BinOp) -> Binary {
     match op {
         BinOp::Add => Binary::Add,
         BinOp::Sub => Binary::Sub,
         BinOp::Mul => Binary::Mul,
-        BinOp::Div | BinOp::MatMul => Binary::Div,
+        BinOp::Div | BinOp::MatMul | BinOp::Pow => Binary::Div,
     }
 }
 
@@ -696,6 +760,7 @@ fn bop_name(op: BinOp) -> &'static str {
         BinOp::Mul => "mul",
         BinOp::Div => "div",
         BinOp::MatMul => "matmul",
+        BinOp::Pow => "pow",
     }
 }
 

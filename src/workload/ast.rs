@@ -143,6 +143,8 @@ pub enum BlockKind {
     Scope(String),
     /// `phase "forward" {`: a phase tag for what is allocated inside.
     Phase(String),
+    /// `for i in range(N) {`: the statements inside N times, `i` bound to 0, 1, ... N - 1.
+    For { var: String, count: Expr },
 }
 
 impl fmt::Display for BlockKind {
@@ -155,6 +157,7 @@ impl fmt::Display for BlockKind {
             BlockKind::Checkpoint => f.write_str("checkpoint"),
             BlockKind::Scope(s) => write!(f, "scope {}", quoted(s)),
             BlockKind::Phase(s) => write!(f, "phase {}", quoted(s)),
+            BlockKind::For { var, count } => write!(f, "for {var} in range({count})"),
         }
     }
 }
@@ -235,6 +238,8 @@ pub enum BinOp {
     Div,
     /// `@`, matrix multiplication.
     MatMul,
+    /// `**`, a power (right-associative, binding tighter than a unary minus on its left).
+    Pow,
 }
 
 impl BinOp {
@@ -245,6 +250,7 @@ impl BinOp {
             BinOp::Mul => "*",
             BinOp::Div => "/",
             BinOp::MatMul => "@",
+            BinOp::Pow => "**",
         }
     }
 
@@ -253,6 +259,7 @@ impl BinOp {
         match self {
             BinOp::Add | BinOp::Sub => PREC_SUM,
             BinOp::Mul | BinOp::Div | BinOp::MatMul => PREC_PRODUCT,
+            BinOp::Pow => PREC_POWER,
         }
     }
 }
@@ -266,7 +273,8 @@ impl fmt::Display for BinOp {
 const PREC_SUM: u8 = 1;
 const PREC_PRODUCT: u8 = 2;
 const PREC_UNARY: u8 = 3;
-const PREC_POSTFIX: u8 = 4;
+const PREC_POWER: u8 = 4;
+const PREC_POSTFIX: u8 = 5;
 
 impl Expr {
     pub fn new(kind: ExprKind, span: Span) -> Self {
@@ -357,6 +365,17 @@ impl fmt::Display for Expr {
             ExprKind::Neg(e) => {
                 f.write_str("-")?;
                 e.fmt_at(f, PREC_UNARY)
+            }
+            ExprKind::Binary {
+                op: BinOp::Pow,
+                lhs,
+                rhs,
+            } => {
+                // right-associative: a power on the left needs parentheses, and its right
+                // operand may be a unary minus (`x ** -1`)
+                lhs.fmt_at(f, PREC_POSTFIX)?;
+                f.write_str(" ** ")?;
+                rhs.fmt_at(f, PREC_UNARY)
             }
             ExprKind::Binary { op, lhs, rhs } => {
                 let p = op.precedence();

@@ -31,6 +31,8 @@ pub(crate) enum Tok {
     Plus,
     Minus,
     Star,
+    /// `**`
+    StarStar,
     Slash,
     At,
     /// The end of a logical line.
@@ -71,6 +73,7 @@ impl Tok {
             Tok::Plus => "+",
             Tok::Minus => "-",
             Tok::Star => "*",
+            Tok::StarStar => "**",
             Tok::Slash => "/",
             Tok::At => "@",
             _ => "",
@@ -151,6 +154,10 @@ impl Lexer<'_> {
                 '.' if self.peek(1) == Some('.') && self.peek(2) == Some('.') => {
                     self.i += 3;
                     self.push(Tok::Ellipsis, span);
+                }
+                '*' if self.peek(1) == Some('*') => {
+                    self.i += 2;
+                    self.push(Tok::StarStar, span);
                 }
                 _ => {
                     let tok = match c {

@@ -18,9 +18,9 @@ pub const MAX_NESTING: usize = 64;
 pub const MAX_DEPTH: usize = 256;
 
 /// The block statements' keywords, at the start of a line that opens a block.
-const BLOCK_KEYWORDS: &[&str] = &["no_grad", "autocast", "checkpoint", "scope", "phase"];
+const BLOCK_KEYWORDS: &[&str] = &["no_grad", "autocast", "checkpoint", "scope", "phase", "for"];
 /// Names that are not values or targets.
-const KEYWORDS: &[&str] = &["true", "false", "none", "del"];
+const KEYWORDS: &[&str] = &["true", "false", "none", "del", "for", "in"];
 
 /// Parses the statements of `text`, the value of the `what` key (`setup` or `body`).
 pub(crate) fn parse_stmts(text: &Text, what: &str) -> PResult<Vec<Stmt>> {
@@ -282,7 +282,7 @@ impl Parser<'_> {
         if !BLOCK_KEYWORDS.contains(&keyword.as_str()) {
             return self.error(format!(
                 "unknown block '{keyword}': blocks are no_grad, autocast, autocast(DTYPE), \
-                 checkpoint, scope \"NAME\" and phase \"NAME\""
+                 checkpoint, scope \"NAME\", phase \"NAME\" and for NAME in range(N)"
             ));
         }
         if depth >= MAX_NESTING {
@@ -297,6 +297,7 @@ impl Parser<'_> {
             "autocast" => BlockKind::Autocast {
                 dtype: self.autocast_dtype()?,
             },
+            "for" => self.for_header()?,
             _ => {
                 let name = match self.tok() {
                     Tok::Str(s) if !s.trim().is_empty() => s.clone(),
@@ -328,6 +329,36 @@ impl Parser<'_> {
             kind: StmtKind::Block { kind, body },
             span,
         })
+    }
+
+    /// `NAME in range(EXPR)` after `for`.
+    fn for_header(&mut self) -> PResult<BlockKind> {
+        let var = match self.tok() {
+            Tok::Ident(n) if !KEYWORDS.contains(&n.as_str()) => n.clone(),
+            _ => return self.expected("a loop variable after 'for' (for i in range(N) {)"),
+        };
+        self.bump();
+        if !matches!(self.tok(), Tok::Ident(k) if k == "in") {
+            return self.expected("'in' after the loop variable (for i in range(N) {)");
+        }
+        self.bump();
+        if !matches!(self.tok(), Tok::Ident(k) if k == "range") {
+            return self.expected("range(N) after 'in' (for i in range(N) {)");
+        }
+        self.bump();
+        if !matches!(self.tok(), Tok::LParen) {
+            return self.expected("'(' after range");
+        }
+        let open = self.span();
+        self.enter(open)?;
+        self.bump();
+        let (count, _) = self.expr()?;
+        if !matches!(self.tok(), Tok::RParen) {
+            return self.expected("')' closing range(N): range takes one count");
+        }
+        self.leave();
+        self.bump();
+        Ok(BlockKind::For { var, count })
     }
 
     /// The optional `(bf16)` or `(dtype=bf16)` after `autocast`.
@@ -402,7 +433,7 @@ impl Parser<'_> {
 
     fn unary(&mut self) -> PResult<Sized> {
         if !matches!(self.tok(), Tok::Minus) {
-            return self.postfix();
+            return self.power();
         }
         let span = self.span();
         self.enter(span)?;
@@ -411,6 +442,31 @@ impl Parser<'_> {
         self.leave();
         let d = deeper(span, [d])?;
         Ok((Expr::new(ExprKind::Neg(Box::new(e)), span), d))
+    }
+
+    /// `x ** y`: right-associative, its right operand a unary (`x ** -1`, `a ** b ** c`).
+    fn power(&mut self) -> PResult<Sized> {
+        let (base, d) = self.postfix()?;
+        if !matches!(self.tok(), Tok::StarStar) {
+            return Ok((base, d));
+        }
+        let span = base.span;
+        self.enter(span)?;
+        self.bump();
+        let (exp, ed) = self.unary()?;
+        self.leave();
+        let d = deeper(span, [d, ed])?;
+        Ok((
+            Expr::new(
+                ExprKind::Binary {
+                    op: BinOp::Pow,
+                    lhs: Box::new(base),
+                    rhs: Box::new(exp),
+                },
+                span,
+            ),
+            d,
+        ))
     }
 
     fn postfix(&mut self) -> PResult<Sized> {
@@ -688,6 +744,59 @@ mod tests {
 
     fn int(v: i64, line: u32, col: u32) -> Expr {
         Expr::new(ExprKind::Int(v), sp(line, col))
+    }
+
+    /// `for i in range(N) {`: a block with its variable and count.
+    #[test]
+    fn for_loops() {
+        let s = parse("for i in range(n + 1) {\n  x = i\n}\n");
+        let StmtKind::Block { kind, body } = &s[0].kind else {
+            panic!("{s:?}")
+        };
+        assert_eq!(kind.to_string(), "for i in range(n + 1)");
+        assert!(matches!(kind, BlockKind::For { var, .. } if var == "i"));
+        assert_eq!(body.len(), 1);
+        check_err(
+            "for i in range(3, 4) {\n}",
+            1,
+            17,
+            "expected ')' closing range(N): range takes one count, found ','",
+        );
+        check_err(
+            "for i of range(3) {\n}",
+            1,
+            7,
+            "expected 'in' after the loop variable (for i in range(N) {), found 'of'",
+        );
+    }
+
+    /// `**` binds tighter than a unary minus on its left and than `*`, and to the right.
+    #[test]
+    fn power_binds_right_and_tight() {
+        let e = expr("-x ** 2 * y");
+        let ExprKind::Binary { op, lhs, .. } = &e.kind else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*op, BinOp::Mul);
+        assert!(
+            matches!(&lhs.kind, ExprKind::Neg(p) if matches!(p.kind, ExprKind::Binary { op: BinOp::Pow, .. }))
+        );
+        let e = expr("a ** b ** c");
+        let ExprKind::Binary { op, lhs, rhs } = &e.kind else {
+            panic!("{e:?}")
+        };
+        assert_eq!((*op, lhs.to_string()), (BinOp::Pow, "a".to_string()));
+        assert_eq!(rhs.to_string(), "b ** c");
+        for s in [
+            "(a ** b) ** c",
+            "x ** -1",
+            "-x ** 2",
+            "(a + b) ** 2",
+            "x.sum() ** 0.5",
+        ] {
+            assert_eq!(expr(s).to_string(), s);
+        }
+        assert!(err("x ** ").message.contains("expected an expression"));
     }
 
     #[test]
