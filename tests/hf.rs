@@ -11,7 +11,7 @@ use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 12] = [
+const CASES: [(&str, &str, bool); 13] = [
     (
         "llama_t_eager_adamw_fp32",
         "llama_t_eager_adamw_fp32",
@@ -32,6 +32,7 @@ const CASES: [(&str, &str, bool); 12] = [
     ("bert_t_cls_adamw_fp32", "bert_t_cls_adamw_fp32", true),
     ("llama_t_lora_adamw_fp32", "llama_t_lora_adamw_fp32", true),
     ("llama_t_sdpa_adamw_bf16w", "llama_t_sdpa_adamw_bf16w", true),
+    ("llama_t_ckpt_adamw_fp32", "llama_t_ckpt_adamw_fp32", false),
 ];
 
 fn case(name: &str) -> Value {

@@ -98,6 +98,16 @@ impl<S: Device> Tensors<S> {
             };
             next.push(edge);
         }
+        // a checkpoint region's first node takes what the region holds, released first
+        if let Some(r) = self.checkpoint.current {
+            let held = std::mem::take(&mut self.checkpoint.regions[r as usize].held);
+            if !held.is_empty() {
+                let mut all: Vec<(TensorId, Role)> =
+                    held.into_iter().map(|t| (t, Role::Held)).collect();
+                all.append(&mut saved);
+                saved = all;
+            }
+        }
         self.seq += 1;
         let had_saved = !saved.is_empty();
         let saved = saved
@@ -324,8 +334,10 @@ impl<S: Device> Tensors<S> {
                     return Err(e);
                 }
             };
-            // the incoming gradients go when the node's function returns, then (without
-            // retain_graph) what it saved
+            // what it saved from a recomputed checkpoint region goes as its function returns
+            // (the recomputed tensors are held only by the function's unpacked locals); the
+            // incoming gradients go then, then (without retain_graph) the rest it saved
+            self.release_recomputed(n);
             for g in grads.into_iter().flatten() {
                 self.release(g);
             }
@@ -676,6 +688,7 @@ impl<S: Device> Tensors<S> {
         }
         if !plan.formulas.is_empty() {
             let r = self.run_formulas(op, &plan.formulas, next, meta, grad_out, n, made);
+            self.release_recomputed(n);
             release_copy(self, copied);
             return r;
         }
@@ -716,20 +729,39 @@ impl<S: Device> Tensors<S> {
                     let saved = self.saved_roles(n);
                     self.launch_grad(op, slot, &[grad_out], g, &saved)?;
                 }
-                if plan.through_t == Some(slot) {
-                    if let Some(r) = self.nodes[n.0 as usize].region {
-                        self.drop_region_saved(n, r, false);
-                    }
-                }
                 if plan.column_sum == Some(slot) {
+                    // (the bias's sum over rows is the engine's validate_outputs, after the
+                    // function has returned)
+                    self.release_recomputed(n);
                     let rows = self.info(grad_out).layout.numel() / shape[0].max(1);
                     self.column_sum_scratch(rows, shape[0])?;
                 }
             }
             self.run_scratch(&plan.scratch)
         })();
+        // (the copy is the input of this node's function: it goes after the function returns)
+        self.release_recomputed(n);
         release_copy(self, copied);
         r
+    }
+
+    /// Releases what node `n` saved from its checkpoint region once the region was recomputed.
+    /// They go as the function's unpacked locals are destroyed: last unpacked first.
+    fn release_recomputed(&mut self, n: NodeId) {
+        let Some(r) = self.nodes[n.0 as usize].region else {
+            return;
+        };
+        if !self.checkpoint.regions[r as usize].recomputed {
+            return;
+        }
+        let saved = std::mem::take(&mut self.node_mut(n).saved);
+        let (mine, keep): (Vec<_>, Vec<_>) = saved
+            .into_iter()
+            .partition(|sv| self.made_in_region(sv.t) == Some(r));
+        self.node_mut(n).saved = keep;
+        for sv in mine.into_iter().rev() {
+            self.release(sv.t);
+        }
     }
 
     /// A gradient's category: a leaf's first `.grad` is a gradient, anything else on its way
@@ -810,6 +842,8 @@ impl<S: Device> Tensors<S> {
             }
             r?;
         }
+        // the function returns: the broadcast gradients are summed after (validate_outputs)
+        self.release_recomputed(n);
         full.sort_by_key(|(_, f)| f.slot);
         for (at, f) in full {
             let (shape, dtype) = &meta[f.slot];

@@ -48,9 +48,25 @@ impl<S: Device> Tensors<S> {
         prev
     }
 
-    /// The region ends (its nodes dropped what they saved from inside it as they were made).
+    /// [`Self::checkpoint_enter`], the region holding `held` (the function's arguments, which
+    /// `torch.utils.checkpoint` keeps for the recompute) until its first node's backward.
+    pub fn checkpoint_enter_holding(&mut self, held: &[TensorId]) -> Option<u32> {
+        let prev = self.checkpoint_enter();
+        let kept: Vec<TensorId> = held.iter().map(|&t| self.retain(t)).collect();
+        if let Some(r) = self.checkpoint.current {
+            self.checkpoint.regions[r as usize].held = kept;
+        }
+        prev
+    }
+
+    /// The region ends (its nodes dropped what they saved from inside it as they were made);
+    /// what it held and gave no node goes.
     pub fn checkpoint_exit(&mut self, prev: Option<u32>) {
-        if self.checkpoint.current.is_some() {
+        if let Some(r) = self.checkpoint.current {
+            let held = std::mem::take(&mut self.checkpoint.regions[r as usize].held);
+            for t in held {
+                self.release(t);
+            }
             self.checkpoint.current = prev;
         }
     }

@@ -58,6 +58,11 @@ impl<S: Device> Tensors<S> {
             } => self.sdpa_full(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout, *causal),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Embedding { .. } => self.embedding(arg(0)?, arg(1)?),
+            Op::Cumsum { .. } if self.grad_enabled && self.info(arg(0)?).requires_grad => {
+                Err(EngineError::Invalid(
+                    "cumsum's backward is not modelled yet: take it under no_grad, or of an integer or bool tensor".into(),
+                ))
+            }
             Op::Cast => Err(EngineError::Invalid(
                 "a cast needs its dtype: use cast_op".into(),
             )),

@@ -76,6 +76,9 @@ pub(crate) struct Node {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Region {
     pub nodes: Vec<NodeId>,
+    /// Tensors the region's function was called with, held (retained) until its first node's
+    /// backward is done: moved to that node's saved tensors when it is recorded.
+    pub held: Vec<TensorId>,
     pub recomputed: bool,
     /// The forward's allocations and frees inside the region, in order: what the recompute
     /// replays.

@@ -487,8 +487,26 @@ impl Runner {
                     self.dev.autocast_exit(prev);
                     r?;
                 }
-                BlockKind::Checkpoint => {
-                    let prev = self.dev.checkpoint_enter();
+                BlockKind::Checkpoint { hold } => {
+                    let mut held = Vec::new();
+                    for n in hold {
+                        match self.vars.get(n) {
+                            Some(Value::Tensor(t)) => held.push(*t),
+                            Some(_) => {
+                                return script(
+                                    s.span,
+                                    format!("checkpoint({n}): '{n}' is not a tensor"),
+                                )
+                            }
+                            None => {
+                                return script(
+                                    s.span,
+                                    format!("checkpoint({n}): name '{n}' is not defined"),
+                                )
+                            }
+                        }
+                    }
+                    let prev = self.dev.checkpoint_enter_holding(&held);
                     let r = self.block(body);
                     self.dev.checkpoint_exit(prev);
                     r?;

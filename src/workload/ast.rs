@@ -137,8 +137,10 @@ pub enum BlockKind {
     NoGrad,
     /// `autocast {`, `autocast(bf16) {` or `autocast(dtype=f16) {`; the dtype as written.
     Autocast { dtype: Option<String> },
-    /// `checkpoint {`: activation checkpointing of the statements inside.
-    Checkpoint,
+    /// `checkpoint {`: activation checkpointing of the statements inside; `checkpoint(a, b) {`
+    /// also holds tensors the region's function was called with (as
+    /// `torch.utils.checkpoint(fn, *args)` does) until its backward is done.
+    Checkpoint { hold: Vec<String> },
     /// `scope "encoder.layer3" {`: a module-path tag for what is allocated inside.
     Scope(String),
     /// `phase "forward" {`: a phase tag for what is allocated inside.
@@ -154,7 +156,8 @@ impl fmt::Display for BlockKind {
             BlockKind::NoGrad => f.write_str("no_grad"),
             BlockKind::Autocast { dtype: None } => f.write_str("autocast"),
             BlockKind::Autocast { dtype: Some(d) } => write!(f, "autocast({d})"),
-            BlockKind::Checkpoint => f.write_str("checkpoint"),
+            BlockKind::Checkpoint { hold } if hold.is_empty() => f.write_str("checkpoint"),
+            BlockKind::Checkpoint { hold } => write!(f, "checkpoint({})", hold.join(", ")),
             BlockKind::Scope(s) => write!(f, "scope {}", quoted(s)),
             BlockKind::Phase(s) => write!(f, "phase {}", quoted(s)),
             BlockKind::For { var, count } => write!(f, "for {var} in range({count})"),

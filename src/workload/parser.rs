@@ -293,7 +293,9 @@ impl Parser<'_> {
         self.bump();
         let kind = match keyword.as_str() {
             "no_grad" => BlockKind::NoGrad,
-            "checkpoint" => BlockKind::Checkpoint,
+            "checkpoint" => BlockKind::Checkpoint {
+                hold: self.held_names()?,
+            },
             "autocast" => BlockKind::Autocast {
                 dtype: self.autocast_dtype()?,
             },
@@ -329,6 +331,30 @@ impl Parser<'_> {
             kind: StmtKind::Block { kind, body },
             span,
         })
+    }
+
+    /// The optional `(a, b)` after `checkpoint`: names of tensors the region holds.
+    fn held_names(&mut self) -> PResult<Vec<String>> {
+        if !matches!(self.tok(), Tok::LParen) {
+            return Ok(Vec::new());
+        }
+        self.bump();
+        let mut names = Vec::new();
+        loop {
+            match self.tok() {
+                Tok::Ident(n) if !KEYWORDS.contains(&n.as_str()) => names.push(n.clone()),
+                _ => return self.expected("a name of a tensor the checkpoint holds"),
+            }
+            self.bump();
+            match self.tok() {
+                Tok::Comma => self.bump(),
+                Tok::RParen => {
+                    self.bump();
+                    return Ok(names);
+                }
+                _ => return self.expected("',' or ')' in checkpoint(...)"),
+            }
+        }
     }
 
     /// `NAME in range(EXPR)` after `for`.
@@ -922,7 +948,7 @@ mod tests {
         assert!(matches!(
             &s[2].kind,
             StmtKind::Block {
-                kind: BlockKind::Checkpoint,
+                kind: BlockKind::Checkpoint { .. },
                 ..
             }
         ));
@@ -1058,7 +1084,7 @@ mod tests {
             3,
             "expected end of line after '}' (a block's '}' stands on a line of its own), found 'x'",
         );
-        check_err("loop {\n}", 1, 1, "unknown block 'loop': blocks are no_grad, autocast, autocast(DTYPE), checkpoint, scope \"NAME\" and phase \"NAME\"");
+        check_err("loop {\n}", 1, 1, "unknown block 'loop': blocks are no_grad, autocast, autocast(DTYPE), checkpoint, scope \"NAME\", phase \"NAME\" and for NAME in range(N)");
         check_err(
             "scope {\n}",
             1,

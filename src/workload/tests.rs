@@ -303,7 +303,10 @@ fn full_example_body_ast_and_spans() {
     let StmtKind::Block { kind, body } = &body[0].kind else {
         panic!()
     };
-    assert_eq!((kind, body.len()), (&BlockKind::Checkpoint, 1));
+    assert_eq!(
+        (kind, body.len()),
+        (&BlockKind::Checkpoint { hold: Vec::new() }, 1)
+    );
     assert_eq!(
         body[0],
         Stmt {

@@ -242,14 +242,70 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .collect();
             d.store(out, &v)
         }
-        (Op::LessEqual, Pass::Forward) => {
+        (Op::Compare { cmp, scalar }, Pass::Forward) => {
             let x = load_as(d, &l.inputs[0], &oshape)?;
-            let y = load_as(d, &l.inputs[1], &oshape)?;
-            let v: Scratch = x
-                .par_iter()
-                .zip(y.par_iter())
-                .map(|(a, b)| (a <= b) as u8 as f64)
-                .collect();
+            let v: Scratch = match scalar {
+                Some(s) => x
+                    .par_iter()
+                    .map(|a| cmp.holds(*a, *s) as u8 as f64)
+                    .collect(),
+                None => {
+                    let y = load_as(d, &l.inputs[1], &oshape)?;
+                    x.par_iter()
+                        .zip(y.par_iter())
+                        .map(|(a, b)| cmp.holds(*a, *b) as u8 as f64)
+                        .collect()
+                }
+            };
+            d.store(out, &v)
+        }
+        (Op::Cumsum { dim }, Pass::Forward) => {
+            let x = load_as(d, &l.inputs[0], &oshape)?;
+            let dim = crate::engine::layout::wrap_dim(*dim, oshape.len()).map_err(|e| e.0)?;
+            let n = oshape.get(dim).copied().unwrap_or(1).max(1);
+            let inner: usize = oshape[dim + 1..].iter().product();
+            let mut v = x.to_vec();
+            for outer in 0..v.len() / (n * inner).max(1) {
+                for k in 0..inner {
+                    let mut acc = 0.0;
+                    for i in 0..n {
+                        let at = (outer * n + i) * inner + k;
+                        acc += v[at];
+                        v[at] = acc;
+                    }
+                }
+            }
+            d.store(out, &v)
+        }
+        (Op::Logical { any, dim }, Pass::Forward) => {
+            let ishape = l.inputs[0].layout.shape.clone();
+            let x = load_as(d, &l.inputs[0], &ishape)?;
+            let v: Vec<f64> = match dim {
+                None => {
+                    let r = if *any {
+                        x.iter().any(|a| *a != 0.0)
+                    } else {
+                        x.iter().all(|a| *a != 0.0)
+                    };
+                    vec![r as u8 as f64]
+                }
+                Some(dim) => {
+                    let dim =
+                        crate::engine::layout::wrap_dim(*dim, ishape.len()).map_err(|e| e.0)?;
+                    let n = ishape[dim].max(1);
+                    let inner: usize = ishape[dim + 1..].iter().product();
+                    let outer = x.len() / (n * inner).max(1);
+                    let mut v = Vec::with_capacity(outer * inner);
+                    for o in 0..outer {
+                        for k in 0..inner {
+                            let mut it = (0..n).map(|i| x[(o * n + i) * inner + k] != 0.0);
+                            let r = if *any { it.any(|b| b) } else { it.all(|b| b) };
+                            v.push(r as u8 as f64);
+                        }
+                    }
+                    v
+                }
+            };
             d.store(out, &v)
         }
         (Op::Where, Pass::Forward) => {

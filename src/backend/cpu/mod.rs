@@ -387,7 +387,9 @@ impl Device for CpuDevice {
                 | Op::Unary(_)
                 | Op::Pow { .. }
                 | Op::Where
-                | Op::LessEqual
+                | Op::Compare { .. }
+                | Op::Cumsum { .. }
+                | Op::Logical { .. }
                 | Op::Cat { .. }
                 | Op::Pad { .. }
                 | Op::Binary(_)

@@ -297,13 +297,43 @@ fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-fn le(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn compare(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    let cmp = super::Cmp::parse(name).ok_or("not a comparison")?;
+    let x = b.tensor(0).ok_or("expects a tensor")?;
+    match b.args.get(1) {
+        Some(Arg::Tensor(y)) => Ok(Made::Op {
+            op: Op::Compare { cmp, scalar: None },
+            inputs: vec![x, *y],
+        }),
+        _ => Ok(Made::Op {
+            op: Op::Compare {
+                cmp,
+                scalar: Some(
+                    b.float(1)
+                        .ok_or("expects a tensor or a number to compare with")?,
+                ),
+            },
+            inputs: vec![x],
+        }),
+    }
+}
+
+fn cumsum(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     Ok(Made::Op {
-        op: Op::LessEqual,
-        inputs: vec![
-            b.tensor(0).ok_or("expects a tensor")?,
-            b.tensor(1).ok_or("expects two tensors")?,
-        ],
+        op: Op::Cumsum {
+            dim: b.int(1).ok_or("cumsum expects a dim")?,
+        },
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+    })
+}
+
+fn logical(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    Ok(Made::Op {
+        op: Op::Logical {
+            any: name == "any",
+            dim: b.int(1),
+        },
+        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
@@ -328,6 +358,7 @@ const FULL: &[P] = &[
     P::Bool("requires_grad", false),
 ];
 const TWO: &[P] = &[X, P::Tensor("other")];
+const CMP: &[P] = &[X, P::Operand("other")];
 const INPLACE: &[P] = &[X, P::Operand("other")];
 
 entries! {
@@ -339,7 +370,15 @@ entries! {
     "full", Function, FULL, factory, "filled with fill_value";
     "arange", Function, &[P::Numbers("start_end_step"), P::DType("dtype"), P::Bool("requires_grad", false)], factory, "start, start + step, ... below end (int64 for integer arguments)";
     "pow", Both, &[X, P::Float("exponent", None)], pow, "x ** exponent, a number (also x ** 2; saves its input; backward takes two temporaries)";
-    "le", Both, TWO, le, "x <= other, broadcast: a bool tensor";
+    "le", Both, CMP, compare, "x <= other (a tensor, broadcast, or a number): a bool tensor";
+    "lt", Both, CMP, compare, "x < other: a bool tensor";
+    "ge", Both, CMP, compare, "x >= other: a bool tensor";
+    "gt", Both, CMP, compare, "x > other: a bool tensor";
+    "eq", Both, CMP, compare, "x == other: a bool tensor";
+    "ne", Both, CMP, compare, "x != other: a bool tensor";
+    "cumsum", Both, &[X, P::Int("dim", None)], cumsum, "running sum along dim (int64 for an integer or bool input, whose int64 copy it takes)";
+    "all", Both, &[X, P::OptInt("dim")], logical, "whether every element is nonzero (over dim, or everything): a bool tensor";
+    "any", Both, &[X, P::OptInt("dim")], logical, "whether any element is nonzero (over dim, or everything): a bool tensor";
     "where", Function, &[P::Tensor("condition"), X, P::Tensor("other")], where_fn, "input where condition, else other, broadcast (keeps the condition)";
     "add", Both, TWO, binary_fn, "x + other, broadcast";
     "sub", Both, TWO, binary_fn, "x - other, broadcast";

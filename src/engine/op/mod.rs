@@ -56,6 +56,8 @@ pub enum Role {
     /// The op's `k`-th extra output (layer_norm's mean then rstd, dropout's mask, a loss's
     /// total weight, attention's statistics).
     Extra(usize),
+    /// Held for a checkpoint region (an argument of its function), used by no kernel.
+    Held,
 }
 
 /// What a node's backward does with the incoming gradient, as PyTorch's derivative formulas do
@@ -152,8 +154,22 @@ pub enum Op {
     },
     /// `torch.where(cond, x, y)`, broadcast.
     Where,
-    /// `a <= b` (`le`), broadcast, a bool result (no gradient).
-    LessEqual,
+    /// A comparison (`le`, `lt`, `ge`, `gt`, `eq`, `ne`) with a tensor (broadcast) or a number:
+    /// a bool result (no gradient).
+    Compare {
+        cmp: Cmp,
+        scalar: Option<f64>,
+    },
+    /// `cumsum(dim)`: an integer or bool input sums in int64 (its int64 copy taken and freed
+    /// inside, after the output).
+    Cumsum {
+        dim: i64,
+    },
+    /// `all()` / `any()` (over everything, or one dimension): a bool result.
+    Logical {
+        any: bool,
+        dim: Option<i64>,
+    },
     /// `F.pad(x, pads, value=...)` (constant): `pads` from the last dimension inwards.
     Pad {
         pads: Vec<i64>,
@@ -212,6 +228,47 @@ pub enum Op {
     OptimStep(OptimStep),
 }
 
+/// A comparison's operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    Le,
+    Lt,
+    Ge,
+    Gt,
+    Eq,
+    Ne,
+}
+
+impl Cmp {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cmp::Le => "le",
+            Cmp::Lt => "lt",
+            Cmp::Ge => "ge",
+            Cmp::Gt => "gt",
+            Cmp::Eq => "eq",
+            Cmp::Ne => "ne",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Cmp> {
+        [Cmp::Le, Cmp::Lt, Cmp::Ge, Cmp::Gt, Cmp::Eq, Cmp::Ne]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+
+    pub fn holds(self, a: f64, b: f64) -> bool {
+        match self {
+            Cmp::Le => a <= b,
+            Cmp::Lt => a < b,
+            Cmp::Ge => a >= b,
+            Cmp::Gt => a > b,
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+        }
+    }
+}
+
 /// An input's shape and dtype: what shape functions see.
 pub type Meta = (Vec<usize>, DType);
 
@@ -242,7 +299,10 @@ impl Op {
             Op::Softmax { log: true, .. } => "log_softmax",
             Op::Cat { .. } => "cat",
             Op::Where => "where",
-            Op::LessEqual => "le",
+            Op::Compare { cmp, .. } => cmp.name(),
+            Op::Cumsum { .. } => "cumsum",
+            Op::Logical { any: false, .. } => "all",
+            Op::Logical { any: true, .. } => "any",
             Op::Pad { .. } => "pad",
             Op::Reduce { mean: false, .. } => "sum",
             Op::Reduce { mean: true, .. } => "mean",
@@ -280,7 +340,9 @@ impl Op {
             Op::Softmax { .. } => "softmax",
             Op::Cat { .. } => "cat",
             Op::Where => "where",
-            Op::LessEqual => "compare",
+            Op::Compare { .. } => "compare",
+            Op::Cumsum { .. } => "cumsum",
+            Op::Logical { .. } => "reduce",
             Op::Pad { .. } => "pad",
             Op::Reduce { .. } | Op::SumTo => "reduce",
             Op::Embedding { .. } => "embedding",
@@ -374,7 +436,7 @@ impl Op {
                 | Op::Scalar { .. }
                 | Op::MaskedFill { .. }
                 | Op::Where
-                | Op::LessEqual
+                | Op::Compare { .. }
         )
     }
 
@@ -382,6 +444,19 @@ impl Op {
     /// for most).
     pub fn forward_scratch(&self, ins: &[MetaRef]) -> Vec<Step> {
         match (self, ins.first()) {
+            // cumsum of an integer or bool input: its int64 copy
+            (Op::Cumsum { .. }, Some((shape, dtype)))
+                if !dtype.is_floating() && *dtype != DType::I64 =>
+            {
+                vec![
+                    Step::Alloc {
+                        shape: shape.to_vec(),
+                        dtype: DType::I64,
+                        category: crate::trace::Category::Temporary,
+                    },
+                    Step::Free(0),
+                ]
+            }
             (
                 Op::Softmax {
                     safe: true, dim, ..
@@ -422,10 +497,29 @@ impl Op {
                     .map(|s| ((s, promote(x.1, y.1)), vec![]))
             }
             Op::Pad { pads, .. } => pad_shape(first.0, pads).map(|s| ((s, first.1), vec![])),
-            Op::LessEqual => {
+            Op::Compare {
+                scalar: Some(_), ..
+            } => Ok(((first.0.to_vec(), DType::Bool), vec![])),
+            Op::Compare { scalar: None, .. } => {
                 let b = ins.get(1)?;
                 broadcast(first.0, b.0).map(|s| ((s, DType::Bool), vec![]))
             }
+            Op::Cumsum { dim } => super::layout::wrap_dim(*dim, first.0.len()).map(|_| {
+                let dtype = if first.1.is_floating() {
+                    first.1
+                } else {
+                    DType::I64
+                };
+                ((first.0.to_vec(), dtype), vec![])
+            }),
+            Op::Logical { dim, .. } => match dim {
+                None => Ok(((Vec::new(), DType::Bool), vec![])),
+                Some(d) => super::layout::wrap_dim(*d, first.0.len()).map(|d| {
+                    let mut s = first.0.to_vec();
+                    s.remove(d);
+                    ((s, DType::Bool), vec![])
+                }),
+            },
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }

@@ -187,7 +187,12 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
     (
         s,
-        super::train::body(c.layers, r, super::train::CLONED_LABELS, &fwd),
+        super::train::body(
+            if r.checkpointing { 0 } else { c.layers },
+            r,
+            super::train::CLONED_LABELS,
+            &fwd,
+        ),
     )
 }
 
@@ -241,8 +246,35 @@ fn prelude(s: &mut String, r: &Run, ind: &str) {
     line(s, "cache_position = cp0 + 0");
     line(s, "del cp0");
     line(s, "position_ids = cache_position.unsqueeze(0)");
+    if r.checkpointing {
+        packed_sequences(s, r, ind);
+    }
     if r.eager {
         eager_mask(s, r, ind);
+    }
+}
+
+/// Without a cache (gradient checkpointing turns it off in training), `create_causal_mask`
+/// first checks the positions for packed sequences (masking_utils'
+/// `find_packed_sequence_indices`): `diff` with a prepended dummy, `!= 1`, `cumsum`, and
+/// whether the last column is all 0. None are, so no mask is made.
+fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
+    let b = r.batch;
+    for st in [
+        format!("pid = position_ids.expand({b}, -1)"),
+        "pfirst = pid[:, :1] - 1".to_string(),
+        "pcat = cat([pfirst, pid], -1)".to_string(),
+        "pdiff = pcat[:, 1:] - pcat[:, :-1]".to_string(),
+        "del pcat".to_string(),
+        "pne = pdiff.ne(1)".to_string(),
+        "packed = pne.cumsum(-1)".to_string(),
+        "del pne".to_string(),
+        "plast = packed[:, -1].eq(0)".to_string(),
+        "pall = plast.all()".to_string(),
+        "del plast, pall".to_string(),
+        "del pfirst, pdiff, packed, pid".to_string(),
+    ] {
+        at(s, ind, "model.create_causal_mask", &st);
     }
 }
 
@@ -316,7 +348,15 @@ fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         let _ = writeln!(s, "{ind}{stmt}");
     };
     for l in 0..c.layers {
-        layer(s, c, r, l, ind);
+        if r.checkpointing {
+            // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
+            // the layer's keyword arguments (the rotary pair, the positions) until its backward
+            let _ = writeln!(s, "{ind}checkpoint(sin, cos, cache_position) {{");
+            layer(s, c, r, l, &format!("{ind}  "));
+            let _ = writeln!(s, "{ind}}}");
+        } else {
+            layer(s, c, r, l, ind);
+        }
     }
     // `hidden_states = self.norm(hidden_states)`: the input goes once the norm has returned
     rms_norm(s, r, "model.norm", "norm", "h", "hf", ind);
@@ -488,16 +528,28 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     // dtype (float32 under autocast, where the rotary product promoted them)
     // (float32 in float32 and under bf16 autocast; bf16 with bf16 weights)
     let kd = if r.bf16_weights { "bf16" } else { "float32" };
-    at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
-    at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
-    at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
-    line(s, "del ce");
-    line(s, "del k1, v0");
-    attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
+    if r.checkpointing {
+        // no cache: the rotated keys and the values go to attention as they are
+        attention(s, c, r, &attn, "k1", "v0", ind);
+    } else {
+        at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
+        at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
+        at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
+        line(s, "del ce");
+        line(s, "del k1, v0");
+        attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
+    }
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
     lin(s, "o", "self_attn.o_proj", "y", "a");
     // `attn_output = o_proj(attn_output)`, self_attn's locals, then the layer's `hidden_states`
-    line(s, "del y, q1, x");
+    line(
+        s,
+        if r.checkpointing {
+            "del y, q1, k1, v0, x"
+        } else {
+            "del y, q1, x"
+        },
+    );
     let block = format!("model.layers.{l}");
     at(s, ind, &block, "h = residual + a");
     line(s, "del a");

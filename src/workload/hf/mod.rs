@@ -175,14 +175,17 @@ pub(crate) fn expand(
     if run.mode == "generate" {
         unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
     }
-    if run.checkpointing {
-        unsupported("gradient_checkpointing", "gradient checkpointing")?;
-    }
     let (family, positions) = match &cfg {
         config::Family::Llama(_) => ("llama", None),
         config::Family::Gpt2(c) => ("gpt2", Some((c.positions, "n_positions"))),
         config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
+    if family != "llama" && run.checkpointing {
+        unsupported(
+            "gradient_checkpointing",
+            &format!("gradient checkpointing for {family}"),
+        )?;
+    }
     if family != "llama" && (run.eager || run.bf16_autocast || run.bf16_weights) {
         let (key, what) = if run.eager {
             ("attention", format!("eager attention for {family}"))
