@@ -469,6 +469,16 @@ fn loops_and_powers_are_what_they_stand_for() {
         ),
     );
     assert_eq!(looped, flat);
+    // stack is cat of unsqueezed views; repeat_interleave an expand and a flattening copy
+    let composed = run(
+        "stack.toml",
+        "s = stack([w, w * 2.0], 1)\nr = w.repeat_interleave(3, 0)\nloss = s.sum() + r.sum()\nloss.backward()",
+    );
+    let spelled = run(
+        "spelled.toml",
+        "w2 = w * 2.0\ns = cat([w.unsqueeze(1), w2.unsqueeze(1)], 1)\ndel w2\nr = w.unsqueeze(1).expand(64, 3, 64).reshape(192, 64)\nloss = s.sum() + r.sum()\nloss.backward()",
+    );
+    assert_eq!(composed, spelled);
     assert!(u(&looped["allocation.all.allocated"]) > 20, "{looped}");
     // a count that is not a non-negative integer is refused at its position
     let w = s.write(

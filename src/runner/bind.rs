@@ -340,6 +340,61 @@ impl Runner {
                 Ok(Value::Tensor(self.dev.retain(x)))
             }
             Made::Same(x) => Ok(Value::Tensor(self.dev.retain(tid(x)))),
+            Made::Stack { xs, dim } => {
+                let nd = self.dev.info(tid(xs[0])).layout.ndim() + 1;
+                let d = crate::engine::layout::wrap_dim(dim, nd)
+                    .map_err(|e| super::Stop::Script(span, e.0))? as i64;
+                let mut views = Vec::with_capacity(xs.len());
+                for &x in &xs {
+                    match self.view_call(span, ViewKind::Unsqueeze, tid(x), &[d]) {
+                        Ok(Value::Tensor(v)) => views.push(v),
+                        Ok(other) => {
+                            self.drop_value(other);
+                        }
+                        Err(e) => {
+                            for v in views {
+                                self.dev.release(v);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                let op = crate::engine::op::Op::Cat { dim: d };
+                let r = self.op(span, "stack", |dv| dv.apply(&op, &views));
+                for v in views {
+                    self.dev.release(v);
+                }
+                r.map(Value::Tensor)
+            }
+            Made::RepeatInterleave { x, repeats, dim } => {
+                let x = tid(x);
+                let shape = self.dev.info(x).layout.shape.clone();
+                let d = crate::engine::layout::wrap_dim(dim, shape.len())
+                    .map_err(|e| super::Stop::Script(span, e.0))?;
+                let mut sizes: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
+                sizes.insert(d + 1, repeats);
+                let u = match self.view_call(span, ViewKind::Unsqueeze, x, &[d as i64 + 1])? {
+                    Value::Tensor(u) => u,
+                    other => {
+                        self.drop_value(other);
+                        return script(span, "repeat_interleave: not a tensor");
+                    }
+                };
+                let e = self.view_call(span, ViewKind::Expand, u, &sizes);
+                self.dev.release(u);
+                let e = match e? {
+                    Value::Tensor(e) => e,
+                    other => {
+                        self.drop_value(other);
+                        return script(span, "repeat_interleave: not a tensor");
+                    }
+                };
+                let mut flat: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
+                flat[d] *= repeats;
+                let r = self.op(span, "repeat_interleave", |dv| dv.reshape_op(e, &flat));
+                self.dev.release(e);
+                r.map(Value::Tensor)
+            }
         }
     }
 

@@ -182,6 +182,11 @@ pub enum Made<T> {
         x: T,
         operand: Option<Arg<T>>,
     },
+    /// `torch.stack(tensors, dim)`: each unsqueezed at `dim` (a view), then `cat` along it.
+    Stack { xs: Vec<T>, dim: i64 },
+    /// `x.repeat_interleave(repeats, dim)` with a number of repeats: `unsqueeze(dim + 1)`,
+    /// `expand`, then `flatten(dim, dim + 1)`, which copies.
+    RepeatInterleave { x: T, repeats: i64, dim: i64 },
 }
 
 /// One script function or method.

@@ -59,6 +59,30 @@ impl ViewKind {
 /// `cat(tensors, dim)` and `pad(input, pad, value)`: new tensors of a joined or padded shape.
 fn join(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     match name {
+        "stack" => {
+            if b.tensors.is_empty() {
+                return Err("stack expects a non-empty list of tensors".into());
+            }
+            Ok(Made::Stack {
+                xs: b.tensors.clone(),
+                dim: b.int(1).unwrap_or(0),
+            })
+        }
+        "repeat_interleave" => {
+            let repeats = b
+                .int(1)
+                .ok_or("repeat_interleave expects a number of repeats")?;
+            if repeats < 0 {
+                return Err(format!("repeats can not be negative, got {repeats}"));
+            }
+            Ok(Made::RepeatInterleave {
+                x: b.tensor(0).ok_or("expects a tensor")?,
+                repeats,
+                dim: b
+                    .int(2)
+                    .ok_or("repeat_interleave needs dim (the flattened form is not modelled)")?,
+            })
+        }
         "cat" => {
             if b.tensors.is_empty() {
                 return Err("torch.cat(): expected a non-empty list of Tensors".into());
@@ -185,6 +209,20 @@ pub(super) static ENTRIES: &[Entry] = &[
         form: Form::Function,
         params: &[Param::Tensors("tensors"), Param::Int("dim", Some(0))],
         doc: "torch.cat: the tensors joined along dim, in the widest dtype (each one's gradient is a view; an empty 1-D tensor is skipped)",
+        make: join,
+    },
+    Entry {
+        name: "stack",
+        form: Form::Function,
+        params: &[Param::Tensors("tensors"), Param::Int("dim", Some(0))],
+        doc: "torch.stack: the tensors joined along a new dim (cat of unsqueezed views: one output)",
+        make: join,
+    },
+    Entry {
+        name: "repeat_interleave",
+        form: Form::Method,
+        params: &[X, Param::Int("repeats", None), Param::OptInt("dim")],
+        doc: "each slice along dim repeated `repeats` times in place (expand, then a flattening copy)",
         make: join,
     },
     Entry {
