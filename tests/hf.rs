@@ -489,3 +489,53 @@ fn loops_and_powers_are_what_they_stand_for() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 4 column 16: range(-1)"));
 }
+
+/// A bare config takes every key of its workload as a flag: the LoRA case's flags give the
+/// LoRA workload's figures; the flags are refused with a workload file (its tables hold them).
+#[test]
+fn a_bare_config_takes_the_workload_keys_as_flags() {
+    let cfg = "fixtures/hf/cases/llama_t.config.json";
+    let (c1, bare) = run_json(&[
+        "run",
+        cfg,
+        "--batch",
+        "2",
+        "--seq",
+        "512",
+        "--lora-r",
+        "16",
+        "--lora-alpha",
+        "32",
+        "--lora-dropout",
+        "0.05",
+        "--lora-targets",
+        "q_proj,v_proj",
+        "--optimizer",
+        "adamw",
+    ]);
+    let (c2, file) = run_json(&["run", "fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml"]);
+    assert_eq!((c1, c2), (Some(0), Some(0)));
+    assert_eq!(bare["iterations"], file["iterations"]);
+    assert_eq!(bare["memory_stats"], file["memory_stats"]);
+    let (c, ckpt) = run_json(&[
+        "run",
+        cfg,
+        "--batch",
+        "2",
+        "--seq",
+        "512",
+        "--gradient-checkpointing",
+    ]);
+    let (_, ckpt_file) = run_json(&["run", "fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml"]);
+    assert_eq!(c, Some(0));
+    assert_eq!(ckpt["iterations"], ckpt_file["iterations"]);
+    let out = at_root(&[
+        "run",
+        "fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml",
+        "--mode",
+        "inference",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("--mode sets a bare Hugging Face config's key"));
+}

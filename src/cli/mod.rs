@@ -32,7 +32,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     Summary(SummaryArgs),
     Check(CheckArgs),
     Export(ExportArgs),
@@ -87,6 +87,48 @@ pub struct RunArgs {
     /// Tokens per sample (a config's or GPT preset's `seq`): the same as `--param seq=N`.
     #[arg(long, value_name = "N")]
     pub seq: Option<u64>,
+
+    /// With a bare config: the optimizer (`[train] optimizer`).
+    #[arg(long, value_name = "NAME", value_parser = ["sgd", "sgd_momentum", "adam", "adamw", "none"])]
+    pub optimizer: Option<String>,
+
+    /// With a bare config: `fp32` or `bf16-autocast` (`[train] precision`).
+    #[arg(long, value_name = "PRECISION", value_parser = ["fp32", "bf16-autocast"])]
+    pub precision: Option<String>,
+
+    /// With a bare config: `train`, or `inference` for a no-grad forward (`[train] mode`).
+    #[arg(long, value_name = "MODE", value_parser = ["train", "inference"])]
+    pub mode: Option<String>,
+
+    /// With a bare config: the weights' dtype, `fp32` or `bf16` (`[model] dtype`).
+    #[arg(long, value_name = "DTYPE", value_parser = ["fp32", "bf16"])]
+    pub dtype: Option<String>,
+
+    /// With a bare config: `sdpa` or `eager` (`[model] attention`).
+    #[arg(long, value_name = "KIND", value_parser = ["sdpa", "eager"])]
+    pub attention: Option<String>,
+
+    /// With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`).
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
+
+    /// With a bare config: peft's LoRA of rank R (`[model.lora] r`); --lora-alpha,
+    /// --lora-dropout and --lora-targets set the rest (peft's defaults: alpha 8, dropout 0,
+    /// q_proj,v_proj).
+    #[arg(long, value_name = "R")]
+    pub lora_r: Option<u64>,
+
+    /// With --lora-r: `[model.lora] alpha`.
+    #[arg(long, value_name = "ALPHA", requires = "lora_r")]
+    pub lora_alpha: Option<f64>,
+
+    /// With --lora-r: `[model.lora] dropout`.
+    #[arg(long, value_name = "P", requires = "lora_r")]
+    pub lora_dropout: Option<f64>,
+
+    /// With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`).
+    #[arg(long, value_name = "NAMES", requires = "lora_r")]
+    pub lora_targets: Option<String>,
 
     /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
     /// default; sizes and addresses only, no GPU needed), or `cpu` (real numbers in host memory

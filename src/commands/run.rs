@@ -50,7 +50,8 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             }
         }
     }
-    let overrides = parse_overrides(&params, args.alloc_conf.as_deref())?;
+    let mut overrides = parse_overrides(&params, args.alloc_conf.as_deref())?;
+    config_flags(args, &mut overrides)?;
     let w = load_workload(&args.workload, &overrides)?;
     let device = match args.device.as_deref() {
         Some(d) => {
@@ -190,4 +191,72 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     let fail = (args.fail_on.contains(&FailOn::Oom) && r.oom.is_some())
         || (args.fail_on.contains(&FailOn::Leak) && !found.leaks.leaks.is_empty());
     Ok(if fail { Outcome::Finding } else { Outcome::Ok })
+}
+
+/// The flags that set a bare config's `[model]`, `[model.lora]` and `[train]` keys; with a
+/// workload file they are a usage error (its tables hold them).
+fn config_flags(args: &RunArgs, o: &mut crate::workload::Overrides) -> Result<()> {
+    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let mut model = Vec::new();
+    let mut train = Vec::new();
+    let mut lora = Vec::new();
+    let mut given: Vec<&str> = Vec::new();
+    for (flag, key, v, to) in [
+        ("--optimizer", "optimizer", &args.optimizer, 't'),
+        ("--precision", "precision", &args.precision, 't'),
+        ("--mode", "mode", &args.mode, 't'),
+        ("--dtype", "dtype", &args.dtype, 'm'),
+        ("--attention", "attention", &args.attention, 'm'),
+    ] {
+        if let Some(v) = v {
+            given.push(flag);
+            let line = (key.to_string(), q(v));
+            if to == 't' {
+                train.push(line);
+            } else {
+                model.push(line);
+            }
+        }
+    }
+    if args.gradient_checkpointing {
+        given.push("--gradient-checkpointing");
+        model.push(("gradient_checkpointing".into(), "true".into()));
+    }
+    if let Some(r) = args.lora_r {
+        given.push("--lora-r");
+        lora.push(("r".into(), r.to_string()));
+        if let Some(a) = args.lora_alpha {
+            lora.push(("alpha".into(), toml::Value::Float(a).to_string()));
+        }
+        if let Some(p) = args.lora_dropout {
+            lora.push(("dropout".into(), toml::Value::Float(p).to_string()));
+        }
+        if let Some(t) = &args.lora_targets {
+            let names: Vec<toml::Value> = t
+                .split(',')
+                .map(|n| toml::Value::String(n.trim().to_string()))
+                .collect();
+            lora.push((
+                "target_modules".into(),
+                toml::Value::Array(names).to_string(),
+            ));
+        }
+    }
+    if given.is_empty() {
+        return Ok(());
+    }
+    if !crate::workload::is_config(&args.workload) {
+        return Err(Error::usage(
+            given[0],
+            format!(
+                "{} sets a bare Hugging Face config's key; {} is a workload file: set it in its [model] or [train] table",
+                given[0],
+                args.workload.display()
+            ),
+        ));
+    }
+    o.hf_model = model;
+    o.hf_lora = lora;
+    o.hf_train = train;
+    Ok(())
 }

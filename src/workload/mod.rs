@@ -91,7 +91,7 @@ pub fn load(path: &Path) -> Result<Workload> {
 /// Reads and parses the workload file at `path` with `overrides` applied (parameters,
 /// allocator settings, remedies).
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
-    if let Some(text) = config_workload(path) {
+    if let Some(text) = config_workload(path, overrides) {
         return parse_with(&text, path, overrides);
     }
     let bytes = std::fs::read(path).map_err(|source| Error::Read {
@@ -108,17 +108,28 @@ pub fn is_config(path: &Path) -> bool {
 }
 
 /// The workload of a bare Hugging Face config: the model it describes, trained with AdamW
-/// for 3 iterations at batch 1 and 1 token (the caller sets `batch` and `seq` as parameters).
-fn config_workload(path: &Path) -> Option<String> {
+/// for 3 iterations at batch 1 and 1 token (the caller sets `batch` and `seq` as parameters),
+/// with the `[model]`, `[model.lora]` and `[train]` settings of the command's flags.
+fn config_workload(path: &Path, o: &Overrides) -> Option<String> {
     if !is_config(path) {
         return None;
     }
     // the config, or its folder, named from the folder it is in
     let name = path.file_name()?.to_string_lossy().into_owned();
     let quoted = toml::Value::String(name.clone()).to_string();
+    let lines = |kv: &[(String, String)]| -> String {
+        kv.iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
+    };
+    let lora = if o.hf_lora.is_empty() {
+        String::new()
+    } else {
+        format!("\n[model.lora]\n{}", lines(&o.hf_lora))
+    };
     Some(format!(
-        "[workload]\nname = {}\n\n[model]\nhf_config = {quoted}\n\n[train]\nbatch = 1\nseq = 1\n",
-        toml::Value::String(format!("{name} (Hugging Face config)"))
+        "[workload]\nname = {}\n\n[model]\nhf_config = {quoted}\n{}{lora}\n[train]\nbatch = 1\nseq = 1\n{}",
+        toml::Value::String(format!("{name} (Hugging Face config)")),
+        lines(&o.hf_model),
+        lines(&o.hf_train)
     ))
 }
 

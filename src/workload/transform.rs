@@ -27,6 +27,11 @@ pub struct Overrides {
     pub no_grad_eval: bool,
     /// Keep `loss.item()` (a number) where the workload keeps the loss tensor.
     pub keep_item: bool,
+    /// For a bare Hugging Face config: `key = value` lines (TOML values) of its `[model]`,
+    /// `[model.lora]` and `[train]` tables (`gpumem run config.json --optimizer sgd`).
+    pub hf_model: Vec<(String, String)>,
+    pub hf_lora: Vec<(String, String)>,
+    pub hf_train: Vec<(String, String)>,
 }
 
 impl Overrides {
