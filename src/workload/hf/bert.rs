@@ -19,6 +19,7 @@
 use std::fmt::Write as _;
 
 use super::config::BertConfig;
+use super::train::{dims, dropout};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
 
@@ -80,14 +81,6 @@ fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
-fn dims(shape: &[u64]) -> String {
-    shape
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The setup and body scripts.
 pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
@@ -121,15 +114,6 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
         r.batch
     );
     (s, super::train::body(0, r, &labels, &fwd))
-}
-
-/// `nn.Dropout(p)` in training: its input itself when `p` is 0.
-fn dropout(x: &str, p: f64) -> String {
-    if p == 0.0 {
-        x.to_string()
-    } else {
-        format!("dropout({x}, {p:?})")
-    }
 }
 
 /// `BertModel.forward`, the classifier and (in training) the loss, leaving `logits`.

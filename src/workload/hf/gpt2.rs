@@ -19,6 +19,7 @@
 use std::fmt::Write as _;
 
 use super::config::{Gelu, Gpt2Config};
+use super::train::{dims, dropout};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
 
@@ -58,14 +59,6 @@ fn params(c: &Gpt2Config) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
-fn dims(shape: &[u64]) -> String {
-    shape
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The setup and body scripts.
 pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let mut s = String::new();
@@ -98,15 +91,6 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
         s,
         super::train::body(c.layers, r, super::train::CLONED_LABELS, &fwd),
     )
-}
-
-/// `nn.Dropout(p)` in training: its input itself when `p` is 0.
-fn dropout(x: &str, p: f64) -> String {
-    if p == 0.0 {
-        x.to_string()
-    } else {
-        format!("dropout({x}, {p:?})")
-    }
 }
 
 /// `GPT2Model.forward`, `lm_head` and (in training) the loss, leaving `logits` (and each

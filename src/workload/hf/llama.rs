@@ -27,6 +27,7 @@
 
 use std::fmt::Write as _;
 
+use super::train::dims;
 use super::{LlamaConfig, Run};
 use crate::workload::preset::{at, optimizer_line};
 
@@ -121,14 +122,6 @@ fn lora_params(c: &LlamaConfig, r: &Run) -> Vec<(String, String, Vec<u64>, bool)
         }
     }
     v
-}
-
-fn dims(shape: &[u64]) -> String {
-    shape
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The setup and body scripts.

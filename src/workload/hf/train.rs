@@ -1,6 +1,7 @@
 //! The loop of ../shared/tools/hf_models.py around a family's forward: the batch, the
 //! forward (under `no_grad` in inference), `loss.backward()`, `del out` (the output's logits,
-//! cache and loss, then the batch), and the optimizer's step; and transformers' causal-LM loss.
+//! cache and loss, then the batch), and the optimizer's step; transformers' causal-LM loss; and
+//! the small writers the families share.
 
 use std::fmt::Write as _;
 
@@ -74,5 +75,23 @@ pub(super) fn causal_lm_loss(s: &mut String, vocab: u64, r: &Run, ind: &str) {
         "del lf, lp, shift_labels".to_string(),
     ] {
         at(s, ind, "loss_function", &st);
+    }
+}
+
+/// A shape as a factory's arguments: `2, 3`.
+pub(super) fn dims(shape: &[u64]) -> String {
+    shape
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `nn.Dropout(p)` in training: its input itself when `p` is 0 (no kernel, no mask).
+pub(super) fn dropout(x: &str, p: f64) -> String {
+    if p == 0.0 {
+        x.to_string()
+    } else {
+        format!("dropout({x}, {p:?})")
     }
 }
