@@ -539,3 +539,42 @@ fn a_bare_config_takes_the_workload_keys_as_flags() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("--mode sets a bare Hugging Face config's key"));
 }
+
+/// `x[...] = value` and `x.copy_(src)` write in place, outside autograd: a static cache
+/// filled step by step holds exactly what was written (checked with real numbers on the CPU
+/// device), a broadcast that does not fit and an assignment in the graph are refused.
+#[test]
+fn element_assignment_writes_in_place() {
+    let s = Scratch::new("hf-setitem");
+    let body = "no_grad {\n  kc = zeros(1, 2, 8, 4)\n  for t in range(8) {\n    k = ones(1, 2, 1, 4) * t\n    kc[:, :, t:t + 1] = k\n    del k\n  }\n  kc[0, 0, 0] = 5.0\n  v = zeros(3)\n  v.copy_(ones(3) * 2.0)\n  u = (kc.sum() + v.sum() * 1000.0).item()\n}";
+    let w = s.write(
+        "cache.toml",
+        &format!("[workload]\nname = \"cache\"\niterations = 1\nbody = \"\"\"\n{body}\n\"\"\"\n"),
+    );
+    let (code, v) = run_json(&["run", w.to_str().unwrap(), "--device", "cpu"]);
+    assert_eq!(code, Some(0), "{v}");
+    // 8 elements of value t for t in 0..8 (224), four of them (t = 0) set to 5, and 3 x 2
+    assert_eq!(v["iterations"][0]["loss"].as_f64(), Some(244.0 + 6000.0));
+    // no allocation for the writes: the cache, the steps' k and their products, v, its source
+    let (_, sim) = run_json(&["run", w.to_str().unwrap()]);
+    assert_eq!(sim["memory_stats"], v["memory_stats"]);
+    for (bad, want) in [
+        (
+            "x = zeros(4)\nx[0:2] = zeros(3)",
+            "cannot be broadcast to the destination's [2]",
+        ),
+        (
+            "w = randn(4, requires_grad=true)\nx = w * 2.0\nx[0:2] = zeros(2)",
+            "not modelled yet: run it under no_grad",
+        ),
+    ] {
+        let w = s.write(
+            "bad.toml",
+            &format!("[workload]\nname = \"bad\"\nbody = \"\"\"\n{bad}\n\"\"\"\n"),
+        );
+        let out = at_root(&["run", w.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(want), "{bad}: {err}");
+    }
+}

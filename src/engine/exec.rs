@@ -428,6 +428,25 @@ impl<S: Device> Tensors<S> {
                 "a leaf Variable that requires grad is being used in an in-place operation.".into(),
             ));
         }
+        if matches!(op, InPlace::Copy)
+            && self.grad_enabled
+            && (self.info(x).requires_grad || operand.is_some_and(|o| self.info(o).requires_grad))
+        {
+            // (PyTorch records CopySlices for it; gpumem does not model that backward yet)
+            return Err(EngineError::Invalid(
+                "copy_ or slice assignment of a tensor in the autograd graph is not modelled yet: run it under no_grad".into(),
+            ));
+        }
+        if let Some(o) = operand {
+            let (xs, os) = (self.shape(x), self.shape(o));
+            if super::op::broadcast(os, xs).as_deref() != Ok(xs) {
+                return Err(EngineError::Invalid(format!(
+                    "the source of size {} cannot be broadcast to the destination's {}",
+                    Dims(os),
+                    Dims(xs)
+                )));
+            }
+        }
         self.bump_version(x);
         let mut ins = vec![x];
         ins.extend(operand);

@@ -324,6 +324,8 @@ impl Runner {
                     _ => Binary::Div,
                 };
                 let (op, other) = match (name, operand) {
+                    ("copy_", Some(Arg::Tensor(o))) => (InPlace::Copy, Some(tid(o))),
+                    ("copy_", Some(Arg::Float(v))) => (InPlace::Fill(v), None),
                     ("zero_", _) => (InPlace::Fill(0.0), None),
                     ("fill_", Some(Arg::Float(v))) => (InPlace::Fill(v), None),
                     ("relu_" | "sin_" | "exp_" | "neg_", _) => {

@@ -408,6 +408,44 @@ impl Runner {
                     }
                 }
             }
+            StmtKind::SetItem { target, value } => {
+                let view = match self.eval(target)? {
+                    Value::Tensor(t) => t,
+                    other => {
+                        self.drop_value(other);
+                        return script(target.span, "only a tensor's elements can be assigned");
+                    }
+                };
+                let v = match self.eval(value) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.dev.release(view);
+                        return Err(e);
+                    }
+                };
+                let r = match &v {
+                    Value::Tensor(src) => self.dev.inplace(
+                        crate::engine::op::InPlace::Copy,
+                        view,
+                        Some(*src),
+                    ),
+                    other => match other.as_f64() {
+                        Some(x) if !(self.dev.grad_enabled && self.dev.info(view).requires_grad) => {
+                            self.dev
+                                .inplace(crate::engine::op::InPlace::Fill(x), view, None)
+                        }
+                        Some(_) => Err(crate::engine::EngineError::Invalid(
+                            "slice assignment of a tensor in the autograd graph is not modelled yet: run it under no_grad".into(),
+                        )),
+                        None => Err(crate::engine::EngineError::Invalid(
+                            "the value of an element assignment must be a tensor or a number".into(),
+                        )),
+                    },
+                };
+                self.drop_value(v);
+                self.dev.release(view);
+                r.map_err(|e| engine_err(s.span, e))?;
+            }
             StmtKind::Del(names) => {
                 for n in names {
                     match self.vars.remove(n) {

@@ -122,6 +122,8 @@ pub struct Stmt {
 pub enum StmtKind {
     /// `x = EXPR` (one target) or `a, b = EXPR` (several: the value is unpacked).
     Assign { targets: Vec<String>, value: Expr },
+    /// `x[items] = EXPR`: the value copied into the indexed view of `x`, in place.
+    SetItem { target: Expr, value: Expr },
     /// `del x` or `del x, y`.
     Del(Vec<String>),
     /// A bare expression, e.g. `loss.backward()` or `mark("after forward")`.

@@ -222,6 +222,20 @@ impl Parser<'_> {
                 return self.expected("'=' after the assignment targets");
             }
             self.bump();
+            // `x[...] = value`: an in-place copy into the indexed view
+            if let [t @ Expr {
+                kind: ExprKind::Index { .. },
+                ..
+            }] = &targets[..]
+            {
+                let target = t.clone();
+                let (value, _) = self.expr()?;
+                self.end_of_line("the statement")?;
+                return Ok(Stmt {
+                    kind: StmtKind::SetItem { target, value },
+                    span,
+                });
+            }
             let mut names: Vec<(String, Span)> = Vec::new();
             for t in targets {
                 let ExprKind::Name(name) = t.kind else {
@@ -229,7 +243,7 @@ impl Parser<'_> {
                         t.span,
                         format!(
                             "cannot assign to '{t}': the left of '=' takes plain names \
-                             (x = ... or a, b = ...)"
+                             (x = ... or a, b = ...) or one indexed tensor (x[0, :2] = ...)"
                         ),
                     ));
                 };
@@ -772,6 +786,18 @@ mod tests {
         Expr::new(ExprKind::Int(v), sp(line, col))
     }
 
+    /// `x[...] = value`: an element assignment; other targets stay refused.
+    #[test]
+    fn element_assignment() {
+        let s = parse("kc[:, :, t:t + 1] = k\n");
+        assert!(matches!(&s[0].kind, StmtKind::SetItem { target, value }
+            if target.to_string() == "kc[:, :, t:t + 1]" && value.to_string() == "k"));
+        assert!(err("a.b = 1").message.contains("or one indexed tensor"));
+        assert!(err("a[0], b = 1, 2")
+            .message
+            .contains("cannot assign to 'a[0]'"));
+    }
+
     /// `for i in range(N) {`: a block with its variable and count.
     #[test]
     fn for_loops() {
@@ -1021,7 +1047,7 @@ mod tests {
             "x.y = 1",
             1,
             1,
-            "cannot assign to 'x.y': the left of '=' takes plain names (x = ... or a, b = ...)",
+            "cannot assign to 'x.y': the left of '=' takes plain names (x = ... or a, b = ...) or one indexed tensor (x[0, :2] = ...)",
         );
         check_err(
             "a, b",

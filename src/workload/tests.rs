@@ -337,6 +337,7 @@ fn full_example_body_ast_and_spans() {
         .map(|s| {
             let text = match &s.kind {
                 StmtKind::Assign { targets, value } => format!("{} = {value}", targets.join(", ")),
+                StmtKind::SetItem { target, value } => format!("{target} = {value}"),
                 StmtKind::Del(names) => format!("del {}", names.join(", ")),
                 StmtKind::Expr(e) => e.to_string(),
                 StmtKind::Block { .. } => panic!("{s:?}"),
@@ -838,6 +839,10 @@ fn collect_exprs(stmts: &[Stmt], out: &mut Vec<Expr>) {
     for s in stmts {
         match &s.kind {
             StmtKind::Assign { value, .. } => out.push(value.clone()),
+            StmtKind::SetItem { target, value } => {
+                out.push(target.clone());
+                out.push(value.clone());
+            }
             StmtKind::Expr(e) => out.push(e.clone()),
             StmtKind::Del(_) => {}
             StmtKind::Block { body, .. } => collect_exprs(body, out),

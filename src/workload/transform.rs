@@ -100,6 +100,10 @@ fn walk_exprs(stmts: &[Stmt], f: &mut dyn FnMut(&Expr)) {
     for s in stmts {
         match &s.kind {
             StmtKind::Assign { value, .. } => expr(value, f),
+            StmtKind::SetItem { target, value } => {
+                expr(target, f);
+                expr(value, f);
+            }
             StmtKind::Expr(e) => expr(e, f),
             StmtKind::Del(_) => {}
             StmtKind::Block { body, .. } => walk_exprs(body, f),
@@ -217,6 +221,10 @@ fn map_exprs(stmts: &mut [Stmt], f: &dyn Fn(&mut Expr)) {
     for s in stmts {
         match &mut s.kind {
             StmtKind::Assign { value, .. } => expr(value, f),
+            StmtKind::SetItem { target, value } => {
+                expr(target, f);
+                expr(value, f);
+            }
             StmtKind::Expr(e) => expr(e, f),
             StmtKind::Del(_) => {}
             StmtKind::Block { body, .. } => map_exprs(body, f),

@@ -553,6 +553,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 InPlace::Scalar(b, s) => x.par_iter().map(|a| binary(*b, *a, *s)).collect(),
                 InPlace::Unary(u) => x.par_iter().map(|a| unary(*u, *a)).collect(),
                 InPlace::Fill(s) => Scratch::filled(x.len(), *s),
+                InPlace::Copy => load_as(d, &l.inputs[1], &oshape)?,
             };
             d.store(out, &v)
         }

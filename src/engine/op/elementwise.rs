@@ -194,13 +194,17 @@ pub enum InPlace {
     Unary(Unary),
     /// `zero_()` and `fill_(v)`.
     Fill(f64),
+    /// `copy_(src)`, `src` broadcast (the kernel's second input); `x[...] = src` is one on a
+    /// view.
+    Copy,
 }
 
 impl InPlace {
     /// The method names, as scripts call them.
     pub fn parse(name: &str) -> Option<&'static str> {
-        const NAMES: [&str; 10] = [
+        const NAMES: [&str; 11] = [
             "add_", "sub_", "mul_", "div_", "relu_", "zero_", "fill_", "sin_", "exp_", "neg_",
+            "copy_",
         ];
         NAMES.iter().copied().find(|n| *n == name)
     }
@@ -390,6 +394,7 @@ entries! {
     "div_", Method, INPLACE, inplace, "in place: x /= other";
     "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value";
     "zero_", Method, UNARY, inplace, "in place: zeros";
+    "copy_", Method, INPLACE, inplace, "in place: src's values, broadcast (also x[...] = src); outside autograd only";
     "relu_", Method, UNARY, inplace, "in place: relu";
     "sin_", Method, UNARY, inplace, "in place: sine";
     "exp_", Method, UNARY, inplace, "in place: exponential";
