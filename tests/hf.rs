@@ -35,6 +35,15 @@ const CASES: [(&str, &str, bool); 13] = [
     ("llama_t_ckpt_adamw_fp32", "llama_t_ckpt_adamw_fp32", false),
 ];
 
+/// Runs gpumem with `args`, which it must refuse: exit 2 with `want` in the message (returned).
+fn refused(args: &[&str], want: &str) -> String {
+    let out = at_root(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    err
+}
+
 fn case(name: &str) -> Value {
     let p = common::root().join(format!("fixtures/hf/cases/hf_{name}.json"));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
@@ -249,13 +258,8 @@ fn hf_configs_are_refused_by_name() {
                     c.file_name().unwrap().to_str().unwrap()
                 ),
             );
-            let out = at_root(&["run", w.to_str().unwrap()]);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{key}: {err}");
-            assert!(
-                err.contains(want) && err.contains("config.json"),
-                "{key}: {err}"
-            );
+            let err = refused(&["run", w.to_str().unwrap()], want);
+            assert!(err.contains("config.json"), "{key}: {err}");
             assert!(
                 err.contains("line 2"),
                 "{key}: the error points at hf_config: {err}"
@@ -271,16 +275,12 @@ fn hf_configs_are_refused_by_name() {
         "w2.toml",
         "[model]\nhf_config = \"nope.json\"\n[train]\nbatch = 1\nseq = 8\n",
     );
-    let out = at_root(&["run", w.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the config"));
+    refused(&["run", w.to_str().unwrap()], "cannot read the config");
     let w = s.write(
         "w3.toml",
         "[model]\nhf_config = \"config.json\"\nd_model = 4\n[train]\nbatch = 1\nseq = 8\n",
     );
-    let out = at_root(&["run", w.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key 'd_model'"));
+    refused(&["run", w.to_str().unwrap()], "unknown key 'd_model'");
     // [model.lora]: a linear the family does not have, a bad rank, an unknown key
     s.write(
         "config.json",
@@ -299,13 +299,8 @@ fn hf_configs_are_refused_by_name() {
                 "[model]\nhf_config = \"config.json\"\n[model.lora]\n{lora}\n[train]\nbatch = 1\nseq = 8\n"
             ),
         );
-        let out = at_root(&["run", w.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{lora}: {err}");
-        assert!(
-            err.contains(want) && err.contains("w4.toml"),
-            "{lora}: {err}"
-        );
+        let err = refused(&["run", w.to_str().unwrap()], want);
+        assert!(err.contains("w4.toml"), "{lora}: {err}");
     }
 }
 
@@ -485,9 +480,7 @@ fn loops_and_powers_are_what_they_stand_for() {
         "bad.toml",
         "[workload]\nname = \"bad\"\nbody = \"\"\"\nfor i in range(-1) {\n}\n\"\"\"\n",
     );
-    let out = at_root(&["run", w.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("line 4 column 16: range(-1)"));
+    refused(&["run", w.to_str().unwrap()], "line 4 column 16: range(-1)");
 }
 
 /// A bare config takes every key of its workload as a flag: the LoRA case's flags give the
@@ -529,15 +522,15 @@ fn a_bare_config_takes_the_workload_keys_as_flags() {
     let (_, ckpt_file) = run_json(&["run", "fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml"]);
     assert_eq!(c, Some(0));
     assert_eq!(ckpt["iterations"], ckpt_file["iterations"]);
-    let out = at_root(&[
-        "run",
-        "fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml",
-        "--mode",
-        "inference",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--mode sets a bare Hugging Face config's key"));
+    refused(
+        &[
+            "run",
+            "fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml",
+            "--mode",
+            "inference",
+        ],
+        "--mode sets a bare Hugging Face config's key",
+    );
 }
 
 /// `x[...] = value` and `x.copy_(src)` write in place, outside autograd: a static cache
@@ -572,9 +565,6 @@ fn element_assignment_writes_in_place() {
             "bad.toml",
             &format!("[workload]\nname = \"bad\"\nbody = \"\"\"\n{bad}\n\"\"\"\n"),
         );
-        let out = at_root(&["run", w.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
-        assert!(err.contains(want), "{bad}: {err}");
+        refused(&["run", w.to_str().unwrap()], want);
     }
 }

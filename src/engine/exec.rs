@@ -55,7 +55,7 @@ impl<S: Device> Tensors<S> {
                 dropout,
                 causal,
                 ..
-            } => self.sdpa_full(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout, *causal),
+            } => self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout, *causal),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Embedding { .. } => self.embedding(arg(0)?, arg(1)?),
             Op::Cumsum { .. } if self.grad_enabled && self.info(arg(0)?).requires_grad => {
@@ -620,24 +620,12 @@ impl<S: Device> Tensors<S> {
     /// statistic, and a 256-byte scratch freed at once). Both lay the output out as
     /// [B, T, H, D] in memory, so `out.transpose(1, 2).contiguous()` copies nothing.
     pub fn sdpa(&mut self, q: TensorId, k: TensorId, v: TensorId) -> Result<TensorId, EngineError> {
-        self.sdpa_with(q, k, v, false, 0.0)
+        self.sdpa_with(q, k, v, false, 0.0, true)
     }
 
-    /// [`Self::sdpa`] with `enable_gqa`: key and value may have fewer heads than the query,
-    /// a divisor of its count.
+    /// [`Self::sdpa`] with `enable_gqa` (key and value may have fewer heads than the query, a
+    /// divisor of its count), `dropout_p`, and causal or not.
     pub fn sdpa_with(
-        &mut self,
-        q: TensorId,
-        k: TensorId,
-        v: TensorId,
-        gqa: bool,
-        dropout: f64,
-    ) -> Result<TensorId, EngineError> {
-        self.sdpa_full(q, k, v, gqa, dropout, true)
-    }
-
-    /// [`Self::sdpa_with`], causal or not.
-    pub fn sdpa_full(
         &mut self,
         q: TensorId,
         k: TensorId,

@@ -269,7 +269,7 @@ fn products_attention_and_losses_match_finite_differences() {
             (vec![1, 2, 4, 3], true),
             (vec![1, 2, 4, 3], true),
         ],
-        &|d, i| d.sdpa_with(i[0], i[1], i[2], true, 0.0).unwrap(),
+        &|d, i| d.sdpa_with(i[0], i[1], i[2], true, 0.0, true).unwrap(),
     );
     check(
         "sdpa with dropout",
@@ -281,7 +281,7 @@ fn products_attention_and_losses_match_finite_differences() {
         // (every evaluation draws the same mask)
         &|d, i| {
             d.draws = 0;
-            d.sdpa_with(i[0], i[1], i[2], false, 0.3).unwrap()
+            d.sdpa_with(i[0], i[1], i[2], false, 0.3, true).unwrap()
         },
     );
     check(
@@ -291,7 +291,7 @@ fn products_attention_and_losses_match_finite_differences() {
             (vec![1, 2, 5, 3], true),
             (vec![1, 2, 5, 3], true),
         ],
-        &|d, i| d.sdpa_full(i[0], i[1], i[2], false, 0.0, false).unwrap(),
+        &|d, i| d.sdpa_with(i[0], i[1], i[2], false, 0.0, false).unwrap(),
     );
     check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
         let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);

@@ -19,7 +19,7 @@
 use std::fmt::Write as _;
 
 use super::config::BertConfig;
-use super::train::{dims, dropout};
+use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
 
@@ -86,13 +86,7 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
     for (k, (var, path, name, shape)) in ps.iter().enumerate() {
-        let _ = writeln!(s, "scope \"{path}\" {{");
-        let _ = writeln!(
-            s,
-            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
-            dims(shape)
-        );
-        let _ = writeln!(s, "}}");
+        param(&mut s, var, path, name, shape, "randn", TRAINABLE);
         if k == 4 {
             // BertEmbeddings' buffers, moved after its submodules' parameters
             let _ = writeln!(s, "scope \"bert.embeddings\" {{");

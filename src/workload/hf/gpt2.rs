@@ -19,7 +19,7 @@
 use std::fmt::Write as _;
 
 use super::config::{Gelu, Gpt2Config};
-use super::train::{dims, dropout};
+use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
 
@@ -64,13 +64,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
     for (var, path, name, shape) in &ps {
-        let _ = writeln!(s, "scope \"{path}\" {{");
-        let _ = writeln!(
-            s,
-            "  {var} = randn({}, requires_grad=true, from=\"{path}.{name}\")",
-            dims(shape)
-        );
-        let _ = writeln!(s, "}}");
+        param(&mut s, var, path, name, shape, "randn", TRAINABLE);
     }
     let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
     if c.tie_embeddings {

@@ -27,7 +27,7 @@
 
 use std::fmt::Write as _;
 
-use super::train::dims;
+use super::train::{param, TRAINABLE};
 use super::{LlamaConfig, Run};
 use crate::workload::preset::{at, optimizer_line};
 
@@ -133,13 +133,15 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     // peft freezes the base model
     let trainable = r.lora.is_none();
     for (var, path, name, shape) in &ps {
-        let _ = writeln!(s, "scope \"{path}\" {{");
-        let _ = writeln!(
-            s,
-            "  {var} = randn({}{dt}, requires_grad={trainable}, from=\"{path}.{name}\")",
-            dims(shape)
+        param(
+            &mut s,
+            var,
+            path,
+            name,
+            shape,
+            "randn",
+            &format!("{dt}, requires_grad={trainable}"),
         );
-        let _ = writeln!(s, "}}");
     }
     // the rotary embedding's buffers: inv_freq and original_inv_freq
     let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
@@ -160,20 +162,21 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         list.push("lm_head");
     }
     let adapters = lora_params(c, r);
-    if let Some(l) = &r.lora {
+    if r.lora.is_some() {
         // get_peft_model: each targeted linear's lora_A ([r, in], kaiming-uniform) and lora_B
         // ([out, r], zeros), in module order, on the base weight's device
         for (var, path, shape, zero) in &adapters {
             let f = if *zero { "zeros" } else { "randn" };
-            let _ = writeln!(s, "scope \"{path}\" {{");
-            let _ = writeln!(
-                s,
-                "  {var} = {f}({}{dt}, requires_grad=true, from=\"{path}.weight\")",
-                dims(shape)
+            param(
+                &mut s,
+                var,
+                path,
+                "weight",
+                shape,
+                f,
+                &format!("{dt}{TRAINABLE}"),
             );
-            let _ = writeln!(s, "}}");
         }
-        let _ = l;
         list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));

@@ -79,7 +79,7 @@ pub(super) fn causal_lm_loss(s: &mut String, vocab: u64, r: &Run, ind: &str) {
 }
 
 /// A shape as a factory's arguments: `2, 3`.
-pub(super) fn dims(shape: &[u64]) -> String {
+fn dims(shape: &[u64]) -> String {
     shape
         .iter()
         .map(u64::to_string)
@@ -94,4 +94,27 @@ pub(super) fn dropout(x: &str, p: f64) -> String {
     } else {
         format!("dropout({x}, {p:?})")
     }
+}
+
+/// A trainable parameter's factory options.
+pub(super) const TRAINABLE: &str = ", requires_grad=true";
+
+/// A parameter of the model, made in its module's scope: `fill` (`randn`, `zeros`) of `shape`
+/// with `opts` (`, dtype=bf16, requires_grad=true`), loadable from its `state_dict` name.
+pub(super) fn param(
+    s: &mut String,
+    var: &str,
+    module: &str,
+    name: &str,
+    shape: &[u64],
+    fill: &str,
+    opts: &str,
+) {
+    let _ = writeln!(s, "scope \"{module}\" {{");
+    let _ = writeln!(
+        s,
+        "  {var} = {fill}({}{opts}, from=\"{module}.{name}\")",
+        dims(shape)
+    );
+    let _ = writeln!(s, "}}");
 }
