@@ -17,6 +17,9 @@ pub struct IterationStats {
     pub after_backward: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_step: Option<u64>,
+    /// After a `phase "generate"` (a Hugging Face `generate` call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_generate: Option<u64>,
     pub end: u64,
     pub peak_allocated: u64,
     pub peak_reserved: u64,

@@ -96,9 +96,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "PRECISION", value_parser = ["fp32", "bf16-autocast"])]
     pub precision: Option<String>,
 
-    /// With a bare config: `train`, or `inference` for a no-grad forward (`[train] mode`).
-    #[arg(long, value_name = "MODE", value_parser = ["train", "inference"])]
+    /// With a bare config: `train`, `inference` for a no-grad forward, or `generate` for
+    /// `model.generate` of --new-tokens tokens after a --seq prompt (`[train] mode`).
+    #[arg(long, value_name = "MODE", value_parser = ["train", "inference", "generate"])]
     pub mode: Option<String>,
+
+    /// Tokens `model.generate` makes after the prompt (a config's `[generate] new_tokens`): the
+    /// same as `--param new_tokens=N`.
+    #[arg(long, value_name = "N")]
+    pub new_tokens: Option<u64>,
 
     /// With a bare config: the weights' dtype, `fp32` or `bf16` (`[model] dtype`).
     #[arg(long, value_name = "DTYPE", value_parser = ["fp32", "bf16"])]

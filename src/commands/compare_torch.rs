@@ -19,11 +19,12 @@ use crate::units::{parse_size, MIB};
 use crate::workload;
 
 /// The fields reference_models.py records per iteration, in its order.
-pub const FIELDS: [&str; 8] = [
+pub const FIELDS: [&str; 9] = [
     "start",
     "after_forward",
     "after_backward",
     "after_step",
+    "after_generate",
     "end",
     "peak_allocated",
     "peak_reserved",
@@ -159,7 +160,11 @@ fn hf_workload(
         t += "precision = \"bf16-autocast\"\n";
     }
     if get("generate").is_some() {
-        t += "mode = \"generate\"\n";
+        // hf_models.py's generate(max_new_tokens=N, min_new_tokens=N, pad_token_id=0)
+        t += &format!(
+            "mode = \"generate\"\n[generate]\nnew_tokens = {}\npad_token_id = 0\n",
+            int("generate")?
+        );
     } else if flag("no_grad") {
         t += "mode = \"inference\"\n";
     }

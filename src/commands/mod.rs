@@ -94,7 +94,13 @@ pub fn load_workload(
     if o.params.is_empty() {
         return crate::workload::load_with(path, o);
     }
-    let plain = crate::workload::load(path)?;
+    // (a bare config's flags can make a parameter: --mode generate gives new_tokens)
+    let plain = match crate::workload::load(path) {
+        Ok(w) if !(o.hf_train.is_empty() && o.hf_model.is_empty()) => {
+            crate::workload::load_with(path, o).unwrap_or(w)
+        }
+        r => r?,
+    };
     let known = plain.integer_params();
     for (k, v) in &o.params {
         if !known.iter().any(|(n, _)| n == k) {

@@ -28,7 +28,11 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }
     let mut params = args.params.clone();
-    for (k, v) in [("batch", args.batch), ("seq", args.seq)] {
+    for (k, v) in [
+        ("batch", args.batch),
+        ("seq", args.seq),
+        ("new_tokens", args.new_tokens),
+    ] {
         if let Some(v) = v {
             params.push(format!("{k}={v}"));
         }

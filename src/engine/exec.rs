@@ -679,11 +679,21 @@ impl<S: Device> Tensors<S> {
         let out = self.empty(&[b, t, h, dv], dtype, Category::Temporary)?;
         let seen = self.info(out).layout.transpose(1, 2)?;
         self.info_mut(out).layout = seen;
-        let lse_len = if cudnn { t } else { t.div_ceil(32) * 32 };
-        extra.push(self.empty(&[b, h, lse_len], DType::F32, Category::Temporary)?);
+        // the float32 logsumexp per query row, only for backward (without it the kernels
+        // size it 0: no allocation)
+        if need {
+            let lse_len = if cudnn { t } else { t.div_ceil(32) * 32 };
+            extra.push(self.empty(&[b, h, lse_len], DType::F32, Category::Temporary)?);
+        }
         if cudnn {
-            let scratch = self.empty(&[256], DType::U8, Category::Temporary)?;
-            self.release(scratch);
+            let kv_heads = self.shape(k)[1];
+            let kv_len = self.shape(k)[2];
+            if let Some(bytes) =
+                super::op::attention::cudnn_forward_workspace(b, h, kv_heads, t, kv_len, dv, causal)
+            {
+                let scratch = self.empty(&[bytes], DType::U8, Category::Temporary)?;
+                self.release(scratch);
+            }
         }
         let mut outs = vec![out];
         outs.extend(&extra);

@@ -43,30 +43,42 @@ pub fn write_text(
         )?;
     }
     if !r.iterations.is_empty() {
+        // the marks a run has (training's forward, backward and step; a generation's call)
+        type Get = fn(&crate::runner::IterationStats) -> Option<u64>;
+        let marks: [(&str, Get); 4] = [
+            ("after forward", |i| i.after_forward),
+            ("after backward", |i| i.after_backward),
+            ("after step", |i| i.after_step),
+            ("after generate", |i| i.after_generate),
+        ];
+        // (a generation has no training marks; a training run no generation one)
+        let generating = r.iterations.iter().any(|i| i.after_generate.is_some());
+        let shown: Vec<&(&str, Get)> = marks
+            .iter()
+            .filter(|(h, get)| {
+                let any = r.iterations.iter().any(|i| get(i).is_some());
+                if *h == "after generate" {
+                    any
+                } else {
+                    any || !generating
+                }
+            })
+            .collect();
+        let mut header = vec!["iteration", "start"];
+        header.extend(shown.iter().map(|(h, _)| *h));
+        header.extend(["end", "peak allocated", "peak reserved", "reserved at end"]);
         let mut t = Table::new();
-        t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
-            "iteration",
-            "start",
-            "after forward",
-            "after backward",
-            "after step",
-            "end",
-            "peak allocated",
-            "peak reserved",
-            "reserved at end",
-        ]);
+        t.load_style(UTF8_FULL_CONDENSED).set_header(header);
         for i in &r.iterations {
-            t.add_row(vec![
-                i.iteration.to_string(),
-                format_bytes(i.start),
-                opt(i.after_forward),
-                opt(i.after_backward),
-                opt(i.after_step),
+            let mut row = vec![i.iteration.to_string(), format_bytes(i.start)];
+            row.extend(shown.iter().map(|(_, get)| opt(get(i))));
+            row.extend([
                 format_bytes(i.end),
                 format_bytes(i.peak_allocated),
                 format_bytes(i.peak_reserved),
                 format_bytes(i.reserved_end),
             ]);
+            t.add_row(row);
         }
         super::align_right(&mut t, 1);
         writeln!(out, "{t}")?;

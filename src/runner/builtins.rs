@@ -119,6 +119,7 @@ pub static RUNTIME_METHODS: &[Runtime] = &[
         "the value of a one-element tensor (its real value on a data device; 0.0 on sim)",
         rt_item,
     ),
+    rt("x.numel()", "the number of elements (an integer)", rt_numel),
     rt("x.detach()", "a view outside the graph", rt_detach),
     rt(
         "x.requires_grad_(on=true)",
@@ -265,6 +266,12 @@ fn rt_backward(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Valu
         me.current.after_backward = Some(me.allocated());
     }
     Ok(Value::None)
+}
+
+fn rt_numel(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (span, a);
+    let t = tensor_of(recv);
+    Ok(Value::Int(me.dev.info(t).layout.numel() as i64))
 }
 
 fn rt_item(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {

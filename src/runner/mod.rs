@@ -501,6 +501,7 @@ impl Runner {
                         "forward" => self.current.after_forward = Some(now),
                         "backward" => self.current.after_backward = Some(now),
                         "optimizer" | "step" => self.current.after_step = Some(now),
+                        "generate" => self.current.after_generate = Some(now),
                         _ => {}
                     }
                 }

@@ -33,6 +33,7 @@ struct RawFile {
     workload: Option<Spanned<RawWorkload>>,
     model: Option<Spanned<Table>>,
     train: Option<Spanned<Table>>,
+    generate: Option<Spanned<Table>>,
     params: Option<Spanned<Table>>,
     check: Option<Spanned<Table>>,
     data: Option<Spanned<Table>>,
@@ -148,6 +149,10 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                 model.get_ref().clone(),
                 raw.train.as_ref().map(|t| t.get_ref().clone()),
             );
+            let mut generate_t = raw
+                .generate
+                .as_ref()
+                .map(|t| (t.get_ref().clone(), index.span(t.span().start)));
             if !overrides.is_empty() && super::hf::is_hf(&model_t) {
                 let t = train_t.get_or_insert_with(Table::new);
                 let set = |t: &mut Table, k: &str, v: Value| {
@@ -155,7 +160,13 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                     t.insert(k.to_string(), Spanned::new(range, v));
                 };
                 for (k, v) in &overrides.params {
-                    set(t, k, Value::Integer(*v));
+                    if k == "new_tokens" {
+                        // the generation's length lives in [generate]
+                        let g = generate_t.get_or_insert_with(|| (Table::new(), model_at));
+                        set(&mut g.0, k, Value::Integer(*v));
+                    } else {
+                        set(t, k, Value::Integer(*v));
+                    }
                 }
                 // the remedies a config's loop takes (checkpointing is not modelled yet)
                 if overrides.bf16_autocast {
@@ -176,12 +187,20 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                 let t = train_t.get_or_insert_with(Table::new);
                 override_preset(&mut model_t, t, overrides, &kind);
             }
+            if let (Some((_, at)), false) = (&generate_t, super::hf::is_hf(&model_t)) {
+                return Err(SyntaxError::new(
+                    *at,
+                    "[generate] describes model.generate for a Hugging Face config: add \
+                     hf_config to [model], or remove [generate]",
+                ));
+            }
             let expanded = if super::hf::is_hf(&model_t) {
                 super::hf::expand(
                     &model_t,
                     model_at,
                     train_t.as_ref(),
                     train_at,
+                    generate_t.as_ref().map(|(t, at)| (t, *at)),
                     base,
                     &span_of,
                 )?
@@ -191,6 +210,13 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
             Some((model_at, expanded))
         }
         None => {
+            if let Some(t) = &raw.generate {
+                return Err(SyntaxError::new(
+                    index.span(t.span().start),
+                    "[generate] describes model.generate for a Hugging Face config: add a \
+                     [model] table with hf_config = \"config.json\", or remove [generate]",
+                ));
+            }
             if let Some(t) = &raw.train {
                 return Err(SyntaxError::new(
                     index.span(t.span().start),

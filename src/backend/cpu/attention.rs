@@ -127,7 +127,8 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .collect();
             let out: Scratch = per.iter().flat_map(|(o, _)| o.iter().copied()).collect();
             d.store(&l.outputs[0], &out)?;
-            if let Some(lb) = l.outputs.last().filter(|_| l.outputs.len() > 1) {
+            // the logsumexp, when kept for backward: the last output, [B, H, rows]
+            if let Some(lb) = l.outputs[1..].last().filter(|b| b.layout.shape.len() == 3) {
                 let width = *lb.layout.shape.last().unwrap_or(&0);
                 let mut all = Scratch::zeros(lb.layout.numel());
                 for (h, (_, lse)) in per.iter().enumerate() {

@@ -259,6 +259,19 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             };
             d.store(out, &v)
         }
+        (Op::Bitwise { or }, Pass::Forward) => {
+            let x = load_as(d, &l.inputs[0], &oshape)?;
+            let y = load_as(d, &l.inputs[1], &oshape)?;
+            let v: Scratch = x
+                .par_iter()
+                .zip(y.par_iter())
+                .map(|(a, b)| {
+                    let (a, b) = (*a as i64, *b as i64);
+                    (if *or { a | b } else { a & b }) as f64
+                })
+                .collect();
+            d.store(out, &v)
+        }
         (Op::Cumsum { dim }, Pass::Forward) => {
             let x = load_as(d, &l.inputs[0], &oshape)?;
             let dim = crate::engine::layout::wrap_dim(*dim, oshape.len()).map_err(|e| e.0)?;

@@ -388,6 +388,7 @@ impl Device for CpuDevice {
                 | Op::Pow { .. }
                 | Op::Where
                 | Op::Compare { .. }
+                | Op::Bitwise { .. }
                 | Op::Cumsum { .. }
                 | Op::Logical { .. }
                 | Op::Cat { .. }

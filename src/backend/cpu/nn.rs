@@ -264,6 +264,53 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 }
             }
         }
+        (Op::Argmax { dim, .. }, Pass::Forward) => {
+            let x_shape = l.inputs[0].layout.shape.clone();
+            let x = d.load(&l.inputs[0])?;
+            // rows of `n` values `inner` apart (everything: one row); the first largest wins
+            let (n, inner) = match dim {
+                None => (x.len(), 1),
+                Some(dm) => {
+                    let k = wrap_dim(*dm, x_shape.len()).map_err(|e| e.0)?;
+                    (x_shape[k], x_shape[k + 1..].iter().product())
+                }
+            };
+            let outer = x.len() / (n * inner).max(1);
+            let mut v = Vec::with_capacity(outer * inner);
+            for o in 0..outer {
+                for k in 0..inner {
+                    let mut best = 0;
+                    for i in 1..n {
+                        let (a, b) = (x[(o * n + i) * inner + k], x[(o * n + best) * inner + k]);
+                        if a > b || (a.is_nan() && !b.is_nan()) {
+                            best = i;
+                        }
+                    }
+                    v.push(best as f64);
+                }
+            }
+            d.store(out, &v)
+        }
+        (Op::Max, Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            let m = x.iter().copied().fold(f64::NEG_INFINITY, |a, b| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            });
+            d.store(out, &[m])
+        }
+        (Op::Isin, Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            let test = d.load(&l.inputs[1])?;
+            let v: Vec<f64> = x
+                .iter()
+                .map(|a| test.iter().any(|t| t == a) as u8 as f64)
+                .collect();
+            d.store(out, &v)
+        }
         (Op::Embedding { .. }, Pass::Forward) => {
             let idx = d.load(&l.inputs[0])?;
             let table = d.load(&l.inputs[1])?;

@@ -2,7 +2,8 @@
 //! memory-efficient one for float32 (picked by dtype once autocast has run). It keeps q, k, v
 //! and its output, plus the float32 logsumexp per query row; its backward writes the q, k and
 //! v gradients as [B, T, H, D] (cuDNN with grouped heads: as [B, H, T, D]) and takes the
-//! kernel's workspaces ([`grad_plan`]).
+//! kernel's workspaces ([`grad_plan`]). Forward, cuDNN takes a workspace of its own
+//! ([`cudnn_forward_workspace`]); without backward no logsumexp is kept.
 
 use super::grad::{GradPlan, Step};
 use super::script::{tensors, Bound, Entry, Form, Made, Param};
@@ -113,5 +114,69 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
         bthd: !(cudnn && grouped),
         scratch,
         ..GradPlan::default()
+    }
+}
+
+// Note [cuDNN forward workspace]
+/// The workspace cuDNN's SDPA forward takes from the caching allocator (bf16 on the H200,
+/// PyTorch 2.11 with cuDNN 9.19, measured by scripts/sdpa_workspace.py over 944 shapes): 256
+/// bytes with the causal mask, whatever the shape. A single query without it (a decode step)
+/// over more than 512 keys splits the keys: `s` splits, the largest power of two up to one per
+/// 128 keys and up to 256 per batch and key/value head, when that is 4 or more, each keeping a
+/// float32 partial output and two float32 statistics per batch and query head, plus 128 bytes
+/// (800 of 800 decode shapes). Other non-causal shapes (no measurement): none.
+pub fn cudnn_forward_workspace(
+    b: usize,
+    heads: usize,
+    kv_heads: usize,
+    t: usize,
+    kv_len: usize,
+    dv: usize,
+    causal: bool,
+) -> Option<usize> {
+    if causal {
+        return Some(256);
+    }
+    if t != 1 || kv_len <= 512 || b * kv_heads == 0 || b * kv_heads > 256 {
+        return None;
+    }
+    let pow2_below = |n: usize| {
+        if n == 0 {
+            0
+        } else {
+            1usize << (usize::BITS - 1 - n.leading_zeros())
+        }
+    };
+    let splits = pow2_below(kv_len / 128).min(pow2_below(256 / (b * kv_heads)));
+    if splits < 4 {
+        return None;
+    }
+    let rows = b * heads * splits;
+    Some(rows * dv * 4 + 2 * rows * 4 + 128)
+}
+
+#[cfg(test)]
+mod cudnn_workspace_tests {
+    use super::cudnn_forward_workspace as w;
+
+    /// Shapes measured on the H200 (scripts/sdpa_workspace.py): (B, H, KV, L, D) -> bytes.
+    #[test]
+    fn the_h200_decode_measurements() {
+        type Shape = (usize, usize, usize, usize, usize);
+        let cases: &[(Shape, Option<usize>)] = &[
+            ((1, 8, 2, 512, 64), None),
+            ((1, 8, 2, 513, 64), Some(8576)),
+            ((1, 8, 2, 1024, 64), Some(17024)),
+            ((1, 8, 2, 8192, 128), Some(266368)),
+            ((1, 32, 8, 8192, 64), Some(270464)),
+            ((2, 32, 32, 2048, 64), Some(67712)),
+            ((4, 16, 4, 513, 64), Some(67712)),
+            ((4, 32, 32, 4096, 64), None),
+            ((16, 32, 8, 513, 64), None),
+        ];
+        for &((b, h, kv, l, d), want) in cases {
+            assert_eq!(w(b, h, kv, 1, l, d, false), want, "{b} {h} {kv} {l} {d}");
+        }
+        assert_eq!(w(4, 16, 4, 1024, 1024, 64, true), Some(256));
     }
 }

@@ -275,6 +275,18 @@ fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
+fn bitwise(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    Ok(Made::Op {
+        op: Op::Bitwise {
+            or: name == "bitwise_or",
+        },
+        inputs: vec![
+            b.tensor(0).ok_or("expects a tensor")?,
+            b.tensor(1).ok_or("expects two tensors")?,
+        ],
+    })
+}
+
 fn pow(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     Ok(Made::Op {
         op: Op::Pow {
@@ -388,6 +400,8 @@ entries! {
     "sub", Both, TWO, binary_fn, "x - other, broadcast";
     "mul", Both, TWO, binary_fn, "x * other, broadcast";
     "div", Both, TWO, binary_fn, "x / other, broadcast";
+    "bitwise_and", Both, TWO, bitwise, "x & other of integer or bool tensors, broadcast (the wider integer type)";
+    "bitwise_or", Both, TWO, bitwise, "x | other of integer or bool tensors, broadcast";
     "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number)";
     "sub_", Method, INPLACE, inplace, "in place: x -= other";
     "mul_", Method, INPLACE, inplace, "in place: x *= other";

@@ -175,6 +175,23 @@ pub enum Op {
         pads: Vec<i64>,
         value: f64,
     },
+    /// `bitwise_and` / `bitwise_or` of integer or bool tensors, broadcast (the wider integer
+    /// type; no gradient).
+    Bitwise {
+        or: bool,
+    },
+    /// `torch.isin(elements, test_elements)`: a bool of the elements' shape. PyTorch's CUDA
+    /// kernel for a few test elements compares every pair (`elements.unsqueeze(-1) ==
+    /// test_elements`) and reduces with `any(-1)`, both temporaries freed inside.
+    Isin,
+    /// `argmax(dim, keepdim)`: int64 indices of the largest element (over everything, or
+    /// along `dim`).
+    Argmax {
+        dim: Option<i64>,
+        keepdim: bool,
+    },
+    /// `max()`: the largest element, a 0-dim tensor of the input's dtype.
+    Max,
     /// `sum()` / `mean()`, over everything or one dimension.
     Reduce {
         mean: bool,
@@ -304,6 +321,11 @@ impl Op {
             Op::Logical { any: false, .. } => "all",
             Op::Logical { any: true, .. } => "any",
             Op::Pad { .. } => "pad",
+            Op::Bitwise { or: false } => "bitwise_and",
+            Op::Bitwise { or: true } => "bitwise_or",
+            Op::Isin => "isin",
+            Op::Argmax { .. } => "argmax",
+            Op::Max => "max",
             Op::Reduce { mean: false, .. } => "sum",
             Op::Reduce { mean: true, .. } => "mean",
             Op::Embedding { .. } => "embedding",
@@ -344,7 +366,9 @@ impl Op {
             Op::Cumsum { .. } => "cumsum",
             Op::Logical { .. } => "reduce",
             Op::Pad { .. } => "pad",
-            Op::Reduce { .. } | Op::SumTo => "reduce",
+            Op::Reduce { .. } | Op::SumTo | Op::Argmax { .. } | Op::Max => "reduce",
+            Op::Bitwise { .. } => "bitwise",
+            Op::Isin => "isin",
             Op::Embedding { .. } => "embedding",
             Op::NllLoss => "nll_loss",
             Op::Sdpa { .. } => "attention",
@@ -437,6 +461,7 @@ impl Op {
                 | Op::MaskedFill { .. }
                 | Op::Where
                 | Op::Compare { .. }
+                | Op::Bitwise { .. }
         )
     }
 
@@ -444,18 +469,34 @@ impl Op {
     /// for most).
     pub fn forward_scratch(&self, ins: &[MetaRef]) -> Vec<Step> {
         match (self, ins.first()) {
-            // cumsum of an integer or bool input: its int64 copy
-            (Op::Cumsum { .. }, Some((shape, dtype)))
-                if !dtype.is_floating() && *dtype != DType::I64 =>
-            {
-                vec![
-                    Step::Alloc {
+            // cumsum of an integer or bool input: its int64 copy; a scan of a single row
+            // (every other dimension 1) runs cub's device scan, whose temporary storage comes
+            // from the caching allocator (the H200 traces: 1,279 bytes for 200 int64 items)
+            (Op::Cumsum { dim }, Some((shape, dtype))) => {
+                let mut steps = Vec::new();
+                if !dtype.is_floating() && *dtype != DType::I64 {
+                    steps.push(Step::Alloc {
                         shape: shape.to_vec(),
                         dtype: DType::I64,
                         category: crate::trace::Category::Temporary,
-                    },
-                    Step::Free(0),
-                ]
+                    });
+                }
+                let n = super::layout::wrap_dim(*dim, shape.len())
+                    .map_or(0, |d| shape.get(d).copied().unwrap_or(1));
+                let numel: usize = shape.iter().product();
+                if numel > 1 && numel == n {
+                    let at = steps.len();
+                    steps.push(Step::Alloc {
+                        shape: vec![nn::cub_scan_temp(n, nn::SCAN_TILE)],
+                        dtype: DType::U8,
+                        category: crate::trace::Category::Temporary,
+                    });
+                    steps.push(Step::Free(at));
+                }
+                if !steps.is_empty() && !dtype.is_floating() && *dtype != DType::I64 {
+                    steps.push(Step::Free(0));
+                }
+                steps
             }
             (
                 Op::Softmax {
@@ -463,6 +504,19 @@ impl Op {
                 },
                 Some(x),
             ) => softmax::safe_scratch(*x, *dim),
+            (Op::Isin, Some(x)) => {
+                let n: usize = x.0.iter().product();
+                let k: usize = ins.get(1).map_or(1, |t| t.0.iter().product());
+                let bools = |len: usize| Step::Alloc {
+                    shape: vec![len],
+                    dtype: DType::Bool,
+                    category: crate::trace::Category::Temporary,
+                };
+                vec![bools(n * k), bools(n), Step::Free(1), Step::Free(0)]
+            }
+            (Op::Reduce { dim, .. }, Some(x)) => reduce::sum_scratch(*x, *dim),
+            (Op::Argmax { dim, .. }, Some(x)) => reduce::arg_scratch(*x, *dim, 16),
+            (Op::Max, Some(x)) => reduce::arg_scratch(*x, None, reduce::acc_bytes(x.1)),
             _ => Vec::new(),
         }
     }
@@ -523,7 +577,35 @@ impl Op {
             Op::Softmax { dim, .. } => {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
-            Op::Reduce { dim, keepdim, .. } => reduce::outputs(*first, *dim, *keepdim),
+            Op::Reduce {
+                dim, keepdim, mean, ..
+            } => reduce::outputs(*first, *dim, *keepdim, *mean),
+            Op::Bitwise { .. } => {
+                let b = ins.get(1)?;
+                if first.1.is_floating() || b.1.is_floating() {
+                    return Some(Err(LayoutError(format!(
+                        "\"{}_cuda\" not implemented for '{}'",
+                        self.name(),
+                        if first.1.is_floating() { first.1 } else { b.1 }.name()
+                    ))));
+                }
+                broadcast(first.0, b.0).map(|s| ((s, promote(first.1, b.1)), vec![]))
+            }
+            Op::Isin => {
+                let test = ins.get(1)?;
+                reduce::isin_check(first.0, test.0)
+                    .map(|()| ((first.0.to_vec(), DType::Bool), vec![]))
+            }
+            Op::Argmax { dim, keepdim } => reduce::outputs(*first, *dim, *keepdim, false)
+                .map(|((s, _), e)| ((s, DType::I64), e)),
+            Op::Max => {
+                if first.0.iter().product::<usize>() == 0 {
+                    return Some(Err(LayoutError(
+                        "max(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument.".into(),
+                    )));
+                }
+                Ok(((Vec::new(), first.1), vec![]))
+            }
             Op::Embedding { .. } => {
                 let table = ins.get(1)?;
                 if table.0.len() != 2 {

@@ -80,12 +80,12 @@ const MAX_BLOCK: usize = 1024;
 /// 1,279 bytes for 4,096 to 16,384 items (tiles of at least 1,024), `exclusive_sum` 1,279
 /// bytes for 2 to 8,192 items and 1,535 for 16,384 (tiles of 512 to 1,023; 896 is the sm90
 /// tuning's 128 threads of 7 items at 8 bytes).
-fn cub_scan_temp(n: usize, tile: usize) -> usize {
+pub(super) fn cub_scan_temp(n: usize, tile: usize) -> usize {
     let align = |b: usize| b.div_ceil(256) * 256;
     255 + 256 + align((n.div_ceil(tile).max(1) + 32) * 16)
 }
 const UNIQUE_TILE: usize = 1024;
-const SCAN_TILE: usize = 896;
+pub(super) const SCAN_TILE: usize = 896;
 
 /// The temporary storage of cub's onesweep radix sort of `n` (key, value) pairs of `width`
 /// bytes each over all the key's bits: per pass (8 bits) a 256-bin histogram of 8-byte

@@ -1,16 +1,40 @@
-//! Reductions: `sum()` and `mean()`, over everything or one dimension (with `keepdim`). They
-//! keep nothing for backward, whose gradient is the incoming one expanded back.
+//! Reductions: `sum()` and `mean()`, over everything or one dimension (with `keepdim`), which
+//! keep nothing for backward (the gradient is the incoming one expanded back); `argmax(dim)`
+//! and `max()`; and `isin(elements, test_elements)`, a comparison reduced over the test
+//! elements. A sum of an integer or bool tensor is int64, summed from an int64 copy of its
+//! input. When PyTorch's reduction kernel splits a reduction across thread blocks it takes a
+//! staging buffer and semaphores ([`crate::engine::reduction`]), after the output.
 
+use super::grad::Step;
 use super::script::{entries, Bound, Entry, Form, Made, Param as P, X};
 use super::{Extras, Meta, MetaRef, Op};
-use crate::engine::layout::{wrap_dim, LayoutError};
+use crate::engine::dtype::DType;
+use crate::engine::layout::{contiguous_strides, wrap_dim, LayoutError};
+use crate::trace::Category;
 
 fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
-    let op = Op::Reduce {
-        mean: name == "mean",
-        dim: b.int(1),
-        keepdim: b.flag(2),
+    let op = match name {
+        "argmax" => Op::Argmax {
+            dim: b.int(1),
+            keepdim: b.flag(2),
+        },
+        "max" => Op::Max,
+        "isin" => {
+            return Ok(Made::Op {
+                op: Op::Isin,
+                inputs: vec![
+                    x,
+                    b.tensor(1)
+                        .ok_or("isin expects (elements, test_elements)")?,
+                ],
+            })
+        }
+        _ => Op::Reduce {
+            mean: name == "mean",
+            dim: b.int(1),
+            keepdim: b.flag(2),
+        },
     };
     Ok(Made::Op {
         op,
@@ -21,16 +45,22 @@ fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
 const REDUCE: &[P] = &[X, P::OptInt("dim"), P::Bool("keepdim", false)];
 
 entries! {
-    "sum", Both, REDUCE, reduce, "sum, over everything or dim";
-    "mean", Both, REDUCE, reduce, "mean, over everything or dim";
+    "sum", Both, REDUCE, reduce, "sum, over everything or dim (int64 for an integer or bool input, summed from its int64 copy)";
+    "mean", Both, REDUCE, reduce, "mean, over everything or dim (a floating input)";
+    "argmax", Both, REDUCE, reduce, "int64 index of the largest element, over everything or along dim";
+    "max", Both, UNARY_MAX, reduce, "the largest element, a 0-dim tensor";
+    "isin", Function, &[P::Tensor("elements"), P::Tensor("test_elements")], reduce, "whether each element is among test_elements (a few of them: PyTorch compares every pair, then any(-1), both temporaries): a bool tensor";
 }
 
-/// The reduced shape (the input's dtype): a scalar over everything, or `dim` removed (kept as
-/// 1 with `keepdim`).
+const UNARY_MAX: &[P] = &[X];
+
+/// The reduced shape: a scalar over everything, or `dim` removed (kept as 1 with `keepdim`).
+/// A sum of an integer or bool input is int64; a mean needs a floating input.
 pub(super) fn outputs(
     x: MetaRef,
     dim: Option<i64>,
     keepdim: bool,
+    mean: bool,
 ) -> Result<(Meta, Extras), LayoutError> {
     let mut shape = x.0.to_vec();
     match dim {
@@ -44,5 +74,91 @@ pub(super) fn outputs(
             }
         }
     }
-    Ok(((shape, x.1), vec![]))
+    let dtype = match (x.1.is_floating(), mean) {
+        (true, _) => x.1,
+        (false, false) => DType::I64,
+        (false, true) => {
+            return Err(LayoutError(format!(
+                "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: {}",
+                x.1.name()
+            )))
+        }
+    };
+    Ok(((shape, dtype), vec![]))
+}
+
+/// The reduction kernel's accumulator bytes for a sum of `dtype` (float32 for 16-bit floats).
+pub(super) fn acc_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::F64 | DType::I64 => 8,
+        d if d.is_floating() => 4,
+        // (integer sums run in int64)
+        _ => 8,
+    }
+}
+
+/// The dimensions a reduction over `dim` (or everything) reduces, marked.
+fn reduced(ndim: usize, dim: Option<i64>) -> Vec<bool> {
+    match dim.and_then(|d| wrap_dim(d, ndim).ok()) {
+        Some(d) => (0..ndim).map(|k| k == d).collect(),
+        None => vec![true; ndim],
+    }
+}
+
+/// The staging buffer and semaphores of a split reduction of a contiguous `x` (nothing when
+/// the kernel reduces within its blocks), as scratch steps numbered from `first`.
+fn split_scratch(x: MetaRef, dim: Option<i64>, elem: usize, acc: usize, first: usize) -> Vec<Step> {
+    let red = reduced(x.0.len(), dim);
+    let strides = contiguous_strides(x.0);
+    let Some((buffer, sem)) =
+        crate::engine::reduction::reduce_scratch(x.0, &strides, &red, elem, acc)
+    else {
+        return Vec::new();
+    };
+    let bytes = |n: u64| Step::Alloc {
+        shape: vec![n as usize],
+        dtype: DType::U8,
+        category: Category::Temporary,
+    };
+    vec![
+        bytes(buffer),
+        bytes(sem),
+        Step::Free(first + 1),
+        Step::Free(first),
+    ]
+}
+
+/// A sum's scratch: an integer or bool input's int64 copy (taken after the output, freed when
+/// the kernel returns), and the split reduction's buffers.
+pub(super) fn sum_scratch(x: MetaRef, dim: Option<i64>) -> Vec<Step> {
+    if x.1.is_floating() || x.1 == DType::I64 {
+        return split_scratch(x, dim, x.1.size() as usize, acc_bytes(x.1), 0);
+    }
+    let mut steps = vec![Step::Alloc {
+        shape: x.0.to_vec(),
+        dtype: DType::I64,
+        category: Category::Temporary,
+    }];
+    steps.extend(split_scratch((x.0, DType::I64), dim, 8, 8, 1));
+    steps.push(Step::Free(0));
+    steps
+}
+
+/// `argmax`'s and `max`'s split-reduction buffers (`acc` bytes per accumulator: argmax keeps
+/// a value and an int64 index, 16 bytes).
+pub(super) fn arg_scratch(x: MetaRef, dim: Option<i64>, acc: usize) -> Vec<Step> {
+    split_scratch(x, dim, x.1.size() as usize, acc, 0)
+}
+
+/// PyTorch compares every pair only for few test elements (fewer than 10 * n^0.145 for n
+/// elements); with more it sorts, which gpumem does not model.
+pub(super) fn isin_check(elements: &[usize], test: &[usize]) -> Result<(), LayoutError> {
+    let n: usize = elements.iter().product();
+    let k: usize = test.iter().product();
+    if n == 0 || (k as f64) < 10.0 * (n as f64).powf(0.145) {
+        return Ok(());
+    }
+    Err(LayoutError(format!(
+        "isin with {k} test elements for {n} elements takes PyTorch's sorting path, which gpumem does not model (fewer than 10 * n^0.145 test elements are compared pair by pair)"
+    )))
 }

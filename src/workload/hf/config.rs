@@ -83,6 +83,65 @@ pub(crate) struct LlamaConfig {
     pub mlp_bias: bool,
     /// `torch_dtype`/`dtype` of the config, where it names one gpumem knows.
     pub dtype: Option<&'static str>,
+    /// The special tokens `generate` makes tensors of.
+    pub tokens: Tokens,
+    /// Qwen2's modelling code (its rotary embedding casts the frequencies before expanding
+    /// them to the batch; llama's expands first).
+    pub qwen2: bool,
+}
+
+/// A config's special tokens (`bos_token_id`, `eos_token_id`, `pad_token_id`): `generate`
+/// makes each a tensor on the device, and with an end-of-sequence token adds its stopping
+/// criterion and the minimum-length processors.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Tokens {
+    pub bos: Option<u64>,
+    /// `eos_token_id`: one id (a 0-dim tensor) or a list (1-D).
+    pub eos: Option<Vec<u64>>,
+    pub eos_list: bool,
+    pub pad: Option<u64>,
+}
+
+/// The special tokens of `m`, the family's defaults where a key is absent (null: none).
+fn tokens(
+    m: &Map<String, Value>,
+    path: &Path,
+    bos: Option<u64>,
+    eos: Option<u64>,
+) -> Result<Tokens, String> {
+    let id = |v: &Value, key: &str| {
+        v.as_u64().ok_or_else(|| {
+            format!(
+                "{}: '{key}' must be a token id (a non-negative integer), found {v}",
+                path.display()
+            )
+        })
+    };
+    let one = |key: &str, default: Option<u64>| match m.get(key) {
+        None => Ok(default),
+        Some(Value::Null) => Ok(None),
+        Some(v) => id(v, key).map(Some),
+    };
+    let (eos, eos_list) = match m.get("eos_token_id") {
+        None => (eos.map(|e| vec![e]), false),
+        Some(Value::Null) => (None, false),
+        Some(Value::Array(a)) if a.is_empty() => (None, true),
+        Some(Value::Array(a)) => (
+            Some(
+                a.iter()
+                    .map(|v| id(v, "eos_token_id"))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            true,
+        ),
+        Some(v) => (Some(vec![id(v, "eos_token_id")?]), false),
+    };
+    Ok(Tokens {
+        bos: one("bos_token_id", bos)?,
+        eos,
+        eos_list,
+        pad: one("pad_token_id", None)?,
+    })
 }
 
 /// A model family's config.
@@ -252,6 +311,13 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         },
         mlp_bias: flag("mlp_bias", false)?,
         dtype,
+        qwen2,
+        // LlamaConfig's defaults: bos 1, eos 2; Qwen2Config names none
+        tokens: if qwen2 {
+            tokens(m, path, None, None)?
+        } else {
+            tokens(m, path, Some(1), Some(2))?
+        },
     })
 }
 

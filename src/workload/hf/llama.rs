@@ -31,6 +31,31 @@ use super::train::{param, TRAINABLE};
 use super::{LlamaConfig, Run};
 use crate::workload::preset::{at, optimizer_line};
 
+/// One call of the model: `t` query tokens per row, and what each layer's cache does.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call {
+    pub t: u64,
+    pub cache: Cache,
+}
+
+/// A layer's `DynamicCache` entry in one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cache {
+    /// No cache (gradient checkpointing turns it off in training).
+    Off,
+    /// A new cache: `torch.cat` of the keys and values onto empty buffers.
+    Fill,
+    /// A decode step: `torch.cat` of the cache and the new keys and values; the old cache goes.
+    Append,
+}
+
+impl Call {
+    /// SDPA's `is_causal`: transformers passes it for more than one query and no mask.
+    fn causal(self) -> bool {
+        self.t > 1
+    }
+}
+
 /// `(variable, module path, parameter name, shape)` of every parameter, in `model.to()`
 /// order (each module's children first, then its own parameters).
 fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
@@ -214,9 +239,29 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     open(s);
     prelude(s, r, &inner);
     close(s);
-    rotary(s, r.bf16_weights, ind);
+    rotary(s, c, r.bf16_weights, 1, ind);
     open(s);
-    decoder(s, c, r, &inner);
+    let call = Call {
+        t: r.seq,
+        cache: if r.checkpointing {
+            Cache::Off
+        } else {
+            Cache::Fill
+        },
+    };
+    decoder(s, c, r, call, &inner);
+    // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
+    // whose items CPython drops from the end
+    let _ = writeln!(
+        s,
+        "{inner}{}",
+        if r.eager {
+            "del position_ids, cache_position, inputs_embeds, causal_mask, sin, cos"
+        } else {
+            "del position_ids, cache_position, inputs_embeds, sin, cos"
+        },
+    );
+    at(s, &inner, "lm_head", "logits = linear(h, lm_head)");
     if r.mode == "train" {
         super::train::causal_lm_loss(s, c.vocab, r, &inner);
     }
@@ -299,14 +344,21 @@ fn eager_mask(s: &mut String, r: &Run, ind: &str) {
     }
 }
 
-/// The rotary embedding's cos and sin: no grad, autocast off, computed in float32 (from a
-/// float32 copy of bf16 frequencies) and returned in the hidden states' dtype.
-fn rotary(s: &mut String, bf16: bool, ind: &str) {
+/// The rotary embedding's cos and sin for `position_ids` of `rows` rows: no grad, autocast
+/// off, computed in float32 (from a float32 copy of bf16 frequencies) and returned in the
+/// hidden states' dtype.
+pub(super) fn rotary(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
     let i2 = format!("{ind}    ");
+    // (a bf16 buffer's float32 copy: expanded to the rows first in llama, after in qwen2)
+    let expanded = if c.qwen2 {
+        format!("inv_freq_expanded = inv_freq[none, :, none].float().expand({rows}, -1, 1)")
+    } else {
+        format!("inv_freq_expanded = inv_freq[none, :, none].expand({rows}, -1, 1).float()")
+    };
     let mut stmts = vec![
-        "inv_freq_expanded = inv_freq[none, :, none].float().expand(1, -1, 1)",
+        expanded.as_str(),
         "position_ids_expanded = position_ids[:, none, :].float()",
         "freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)",
         "emb = cat([freqs, freqs], -1)",
@@ -338,37 +390,26 @@ fn rotary(s: &mut String, bf16: bool, ind: &str) {
     let _ = writeln!(s, "{ind}}}");
 }
 
-/// The decoder layers, the final norm and `lm_head`.
-fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
+/// The decoder layers and the final norm, leaving `h`.
+pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind: &str) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
     for l in 0..c.layers {
-        if r.checkpointing {
+        if call.cache == Cache::Off {
             // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
             // the layer's keyword arguments (the rotary pair, the positions) until its backward
             let _ = writeln!(s, "{ind}checkpoint(sin, cos, cache_position) {{");
-            layer(s, c, r, l, &format!("{ind}  "));
+            layer(s, c, r, call, l, &format!("{ind}  "));
             let _ = writeln!(s, "{ind}}}");
         } else {
-            layer(s, c, r, l, ind);
+            layer(s, c, r, call, l, ind);
         }
     }
     // `hidden_states = self.norm(hidden_states)`: the input goes once the norm has returned
     rms_norm(s, r, "model.norm", "norm", "h", "hf", ind);
     line(s, "h = hf");
     line(s, "del hf");
-    // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
-    // whose items CPython drops from the end
-    line(
-        s,
-        if r.eager {
-            "del position_ids, cache_position, inputs_embeds, causal_mask, sin, cos"
-        } else {
-            "del position_ids, cache_position, inputs_embeds, sin, cos"
-        },
-    );
-    at(s, ind, "lm_head", "logits = linear(h, lm_head)");
 }
 
 /// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller). With bf16 weights
@@ -381,11 +422,13 @@ fn rms_norm(s: &mut String, r: &Run, path: &str, w: &str, x: &str, out: &str, in
             "n0 = variance + 0.000001".to_string(),
             "n1 = n0.rsqrt()".to_string(),
             "del n0".to_string(),
+            // `hidden_states` rebound: the float32 copy goes unless autograd keeps it
             "n2 = h32 * n1".to_string(),
-            "del n1".to_string(),
+            "del n1, h32".to_string(),
             "n3 = n2.bfloat16()".to_string(),
             format!("{out} = {w} * n3"),
-            "del n2, variance, n3, h32".to_string(),
+            "del n3".to_string(),
+            "del n2, variance".to_string(),
         ]
     } else {
         vec![
@@ -407,8 +450,8 @@ fn rms_norm(s: &mut String, r: &Run, path: &str, w: &str, x: &str, out: &str, in
 }
 
 /// One `LlamaDecoderLayer`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.
-fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
+fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str) {
+    let (b, t) = (r.batch, call.t);
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let m = |x: &str| format!("model.layers.{l}.{x}");
     let p = |x: &str| format!("l{l}_{x}");
@@ -524,23 +567,51 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
     // dtype (float32 under autocast, where the rotary product promoted them)
     // (float32 in float32 and under bf16 autocast; bf16 with bf16 weights)
     let kd = if r.bf16_weights { "bf16" } else { "float32" };
-    if r.checkpointing {
-        // no cache: the rotated keys and the values go to attention as they are
-        attention(s, c, r, &attn, "k1", "v0", ind);
-    } else {
-        at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
-        at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
-        at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
-        line(s, "del ce");
-        line(s, "del k1, v0");
-        attention(s, c, r, &attn, &format!("kc{l}"), &format!("vc{l}"), ind);
+    match call.cache {
+        Cache::Off => {
+            // no cache: the rotated keys and the values go to attention as they are
+            attention(s, c, r, call, &attn, "k1", "v0", ind);
+        }
+        Cache::Fill => {
+            at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
+            at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
+            at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
+            line(s, "del ce");
+            line(s, "del k1, v0");
+            attention(
+                s,
+                c,
+                r,
+                call,
+                &attn,
+                &format!("kc{l}"),
+                &format!("vc{l}"),
+                ind,
+            );
+        }
+        Cache::Append => {
+            // DynamicLayer.update: the grown cache replaces the old one, which goes at once
+            at(s, ind, &attn, &format!("kc{l} = cat([kc{l}, k1], -2)"));
+            at(s, ind, &attn, &format!("vc{l} = cat([vc{l}, v0], -2)"));
+            line(s, "del k1, v0");
+            attention(
+                s,
+                c,
+                r,
+                call,
+                &attn,
+                &format!("kc{l}"),
+                &format!("vc{l}"),
+                ind,
+            );
+        }
     }
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
     lin(s, "o", "self_attn.o_proj", "y", "a");
     // `attn_output = o_proj(attn_output)`, self_attn's locals, then the layer's `hidden_states`
     line(
         s,
-        if r.checkpointing {
+        if call.cache == Cache::Off {
             "del y, q1, k1, v0, x"
         } else {
             "del y, q1, x"
@@ -573,8 +644,19 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, l: u64, ind: &str) {
 
 /// `sdpa_attention_forward` of `q1` against keys `k` and values `v` (the cache's): `y`, the
 /// output as [B, T, H, D] made contiguous.
-fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &str, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    s: &mut String,
+    c: &LlamaConfig,
+    r: &Run,
+    call: Call,
+    path: &str,
+    k: &str,
+    v: &str,
+    ind: &str,
+) {
+    let (b, t) = (r.batch, call.t);
+    let causal = call.causal();
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let rep = nh / nkv;
     let mut st: Vec<String> = Vec::new();
@@ -604,37 +686,51 @@ fn attention(s: &mut String, c: &LlamaConfig, r: &Run, path: &str, k: &str, v: &
     } else if rep > 1 && (r.bf16_autocast || r.bf16_weights) {
         // bf16 with enable_gqa: cuDNN's kernel takes the groups itself
         st.push(format!(
-            "y0 = scaled_dot_product_attention(q1, {k}, {v}, enable_gqa=true)"
+            "y0 = scaled_dot_product_attention(q1, {k}, {v}, enable_gqa=true, is_causal={causal})"
         ));
     } else if rep > 1 {
         // PyTorch's math path with enable_gqa (float32)
         let sq = (1.0 / (hd as f64).sqrt()).sqrt();
+        st.push(format!("aq = q1 * {sq:?}"));
+        if causal {
+            st.extend([
+                format!("am0 = ones({t}, {t}, dtype=bool)"),
+                "am1 = am0.tril()".to_string(),
+                "del am0".to_string(),
+                "az = zeros()".to_string(),
+                "ai = full(fill_value=-inf)".to_string(),
+                "am = where(am1, az, ai)".to_string(),
+                "del ai, az, am1".to_string(),
+            ]);
+        }
         st.extend([
-            format!("aq = q1 * {sq:?}"),
-            format!("am0 = ones({t}, {t}, dtype=bool)"),
-            "am1 = am0.tril()".to_string(),
-            "del am0".to_string(),
-            "az = zeros()".to_string(),
-            "ai = full(fill_value=-inf)".to_string(),
-            "am = where(am1, az, ai)".to_string(),
-            "del ai, az, am1".to_string(),
             format!(
-                "ak = {k}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).clone().flatten(1, 2)"
+                "ak = {k}.unsqueeze(2).expand({b}, {nkv}, {rep}, -1, {hd}).clone().flatten(1, 2)"
             ),
             format!(
-                "av = {v}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).clone().flatten(1, 2)"
+                "av = {v}.unsqueeze(2).expand({b}, {nkv}, {rep}, -1, {hd}).clone().flatten(1, 2)"
             ),
             format!("aks = ak.transpose(-2, -1) * {sq:?}"),
             "att = aq @ aks".to_string(),
             "del aks".to_string(),
-            "att.add_(am)".to_string(),
+        ]);
+        if causal {
+            st.push("att.add_(am)".to_string());
+        }
+        st.extend([
             "att = safe_softmax(att, -1)".to_string(),
             "y0 = att @ av".to_string(),
             // C++'s locals in reverse order of declaration; the weights last (returned)
-            "del ak, av, aq, am, att".to_string(),
+            if causal {
+                "del ak, av, aq, am, att".to_string()
+            } else {
+                "del ak, av, aq, att".to_string()
+            },
         ]);
     } else {
-        st.push(format!("y0 = scaled_dot_product_attention(q1, {k}, {v})"));
+        st.push(format!(
+            "y0 = scaled_dot_product_attention(q1, {k}, {v}, is_causal={causal})"
+        ));
     }
     st.push("y = y0.transpose(1, 2).contiguous()".to_string());
     st.push("del y0".to_string());

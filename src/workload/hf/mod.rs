@@ -7,11 +7,13 @@
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
 //! Families: `llama` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]), `bert` ([`bert`]); the loop
-//! around them and the causal-LM loss in [`train`]. Mistral configs are recognised and refused
+//! around them and the causal-LM loss in [`train`]; `mode = "generate"` and its `[generate]`
+//! table, `model.generate` for the llama family, in [`generate`]. Mistral configs are recognised and refused
 //! as not modelled yet.
 
 mod bert;
 mod config;
+mod generate;
 mod gpt2;
 mod llama;
 mod train;
@@ -25,6 +27,10 @@ use super::error::{PResult, SyntaxError};
 use super::preset::{Expanded, PresetInfo, Reader, Table};
 
 pub(crate) use config::LlamaConfig;
+pub(crate) use generate::Generate;
+
+/// The keys of `[generate]`.
+pub const GENERATE_KEYS: &[&str] = &["new_tokens", "min_new_tokens", "pad_token_id"];
 
 /// The keys of `[model]` for a Hugging Face config.
 pub const MODEL_KEYS: &[&str] = &[
@@ -75,8 +81,10 @@ pub(crate) struct Run {
     pub iterations: u32,
     pub optimizer: &'static str,
     pub bf16_autocast: bool,
-    /// `train` or `inference`.
+    /// `train`, `inference` or `generate`.
     pub mode: &'static str,
+    /// With `mode = "generate"`: the `[generate]` table.
+    pub generate: Option<Generate>,
     pub eager: bool,
     pub bf16_weights: bool,
     pub checkpointing: bool,
@@ -90,11 +98,13 @@ pub(crate) fn is_hf(model: &Table) -> bool {
 
 /// Expands `[model] hf_config = ...` and `[train]`. `base` is the workload's folder (the
 /// config's path is relative to it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn expand(
     model: &Table,
     model_at: Span,
     train: Option<&Table>,
     train_at: Span,
+    generate: Option<(&Table, Span)>,
     base: &Path,
     span: &dyn Fn(usize) -> Span,
 ) -> PResult<Expanded> {
@@ -143,7 +153,7 @@ pub(crate) fn expand(
             format!("'iterations' in [train] must be at most {}", u32::MAX),
         )
     })?;
-    let run = Run {
+    let mut run = Run {
         batch: t.int("batch", None, "the batch size, e.g. batch = 4")?,
         seq: t.int("seq", None, "tokens per sample, e.g. seq = 1024")?,
         iterations,
@@ -159,7 +169,9 @@ pub(crate) fn expand(
         bf16_weights: dtype == "bf16",
         checkpointing: m.flag("gradient_checkpointing")?,
         lora: lora(&m)?,
+        generate: None,
     };
+    run.generate = generate_table(&run, &t, generate, span)?;
     if run.lora.is_some() && !matches!(cfg, config::Family::Llama(_)) {
         return Err(SyntaxError::new(
             value_at(&m, "lora"),
@@ -173,7 +185,27 @@ pub(crate) fn expand(
         ))
     };
     if run.mode == "generate" {
-        unsupported("mode", &format!("mode = \"{}\"", run.mode))?;
+        let what = match (&cfg, run.lora.is_some()) {
+            (config::Family::Llama(_), false) => None,
+            (config::Family::Llama(_), true) => Some(("lora", "generation with LoRA adapters")),
+            (config::Family::Gpt2(_), _) => Some(("mode", "generation for gpt2")),
+            (config::Family::Bert(_), _) => Some(("mode", "generation (bert is an encoder)")),
+        };
+        let what = what.or(if run.eager {
+            Some(("attention", "generation with eager attention"))
+        } else if run.bf16_autocast {
+            Some(("precision", "generation under bf16 autocast"))
+        } else if run.checkpointing {
+            Some((
+                "gradient_checkpointing",
+                "gradient checkpointing in generation",
+            ))
+        } else {
+            None
+        });
+        if let Some((key, what)) = what {
+            unsupported(key, what)?;
+        }
     }
     let (family, positions) = match &cfg {
         config::Family::Llama(_) => ("llama", None),
@@ -213,6 +245,11 @@ pub(crate) fn expand(
         }
     }
     let (setup, body) = match &cfg {
+        config::Family::Llama(c) if run.mode == "generate" => {
+            let (setup, _) = llama::expand(c, &run);
+            let g = run.generate.as_ref().expect("checked with the mode");
+            (setup, generate::body(c, &run, g))
+        }
         config::Family::Llama(c) => llama::expand(c, &run),
         config::Family::Gpt2(c) => gpt2::expand(c, &run),
         config::Family::Bert(c) => bert::expand(c, &run),
@@ -220,11 +257,17 @@ pub(crate) fn expand(
     let kind = family;
     let info = PresetInfo {
         kind,
-        ints: vec![
-            ("batch".into(), run.batch),
-            ("seq".into(), run.seq),
-            ("iterations".into(), run.iterations as u64),
-        ],
+        ints: {
+            let mut ints = vec![
+                ("batch".into(), run.batch),
+                ("seq".into(), run.seq),
+                ("iterations".into(), run.iterations as u64),
+            ];
+            if let Some(g) = &run.generate {
+                ints.push(("new_tokens".into(), g.new_tokens));
+            }
+            ints
+        },
         optimizer: run.optimizer,
         bf16: run.bf16_autocast,
         checkpointing: run.checkpointing,
@@ -239,6 +282,70 @@ pub(crate) fn expand(
         info,
         weights: None,
     })
+}
+
+/// `[generate]`: needed with `mode = "generate"`, refused without it.
+fn generate_table(
+    run: &Run,
+    t: &Reader<'_>,
+    table: Option<(&Table, Span)>,
+    span: &dyn Fn(usize) -> Span,
+) -> PResult<Option<Generate>> {
+    let Some((table, at)) = table else {
+        if run.mode == "generate" {
+            return Err(SyntaxError::new(
+                value_at(t, "mode"),
+                "mode = \"generate\" needs a [generate] table with new_tokens = N, the tokens to generate (a bare config: --new-tokens N)",
+            ));
+        }
+        return Ok(None);
+    };
+    if run.mode != "generate" {
+        return Err(SyntaxError::new(
+            at,
+            format!(
+                "[generate] is read with mode = \"generate\" in [train] (the mode is \"{}\"): set the mode or remove [generate]",
+                run.mode
+            ),
+        ));
+    }
+    let g = Reader {
+        table,
+        name: "generate",
+        at,
+        span,
+    };
+    g.check_keys(GENERATE_KEYS, "")?;
+    let new_tokens = g.int(
+        "new_tokens",
+        None,
+        "the tokens to generate, e.g. new_tokens = 64",
+    )?;
+    // min_new_tokens and pad_token_id may be 0
+    let count = |key: &str| -> PResult<Option<u64>> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(v) => match v.get_ref() {
+                Value::Integer(i) if *i >= 0 => Ok(Some(*i as u64)),
+                other => Err(SyntaxError::new(
+                    g.pos(v),
+                    format!("'{key}' in [generate] must be a non-negative integer, found {other}"),
+                )),
+            },
+        }
+    };
+    let min_new_tokens = count("min_new_tokens")?.unwrap_or(new_tokens);
+    if min_new_tokens > new_tokens {
+        return Err(SyntaxError::new(
+            value_at(&g, "min_new_tokens"),
+            format!("min_new_tokens = {min_new_tokens} is more than new_tokens = {new_tokens}"),
+        ));
+    }
+    Ok(Some(Generate {
+        new_tokens,
+        min_new_tokens,
+        pad: count("pad_token_id")?,
+    }))
 }
 
 fn value_at(r: &Reader<'_>, key: &str) -> Span {

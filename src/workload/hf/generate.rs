@@ -1,0 +1,451 @@
+//! `mode = "generate"`: hf_models.py's `model.generate(x, attention_mask=torch.ones_like(x),
+//! max_new_tokens=N, min_new_tokens=M, do_sample=False, pad_token_id=P)` under `no_grad`, as
+//! transformers 5.17 runs greedy search with the default `DynamicCache`, op for op as the H200
+//! traces show it:
+//!
+//! - `_prepare_special_tokens`: the bos, eos and pad ids as int64 tensors (eos made 1-D; without
+//!   a pad id, pad is a view of eos), and two checks of them (`isin(eos, pad).any()`,
+//!   `(eos < 0).any()`); with a batch, whether any row ends in padding.
+//! - The position ids from the mask (`cumsum(-1) - 1`, `masked_fill(mask == 0, 1)`) and the
+//!   unfinished-rows flags (`ones(B)`).
+//! - Each step: the model inputs (the prompt cloned for the prefill; the last token and its
+//!   position, each cloned, for a decode step), the forward (`create_causal_mask` with the 2-D
+//!   mask: a bool copy, then `sum() == numel`, so no 4-D mask is made; the rotary pair for
+//!   the batch's positions; each layer's cache `torch.cat` onto empty buffers, then grown by
+//!   one position per step, the old one freed; `lm_head` on the last position only), then
+//!   `_update_model_kwargs_for_generation` (the next position and the mask, each `cat` one
+//!   column wider), the last logits copied to float32, the minimum-length processors
+//!   (`arange(vocab)`, `isin` of the eos ids, a clone, `where(.., -inf, ..)`), `argmax`, the
+//!   finished rows padded, the token appended (`cat`), and the stopping criteria (max length,
+//!   eos) folded into the unfinished flags.
+//!
+//! Every `new_tokens` is generated (gpumem has no data to stop at an eos token): `min_new_tokens`
+//! defaults to `new_tokens`, as hf_models.py passes it.
+//!
+//! Python's references are kept as it keeps them: a variable rebound frees its old tensor
+//! after the new one exists, unless another name (the caller's prompt and mask, generate's own
+//! position ids, the model inputs' mask) still holds it.
+
+use std::fmt::Write as _;
+
+use super::llama::{decoder, rotary, Cache, Call};
+use super::{LlamaConfig, Run};
+use crate::workload::preset::at;
+
+/// `[generate]`: what `model.generate` is asked.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Generate {
+    pub new_tokens: u64,
+    /// `min_new_tokens` (the minimum-length processors run while fewer are generated).
+    pub min_new_tokens: u64,
+    /// `pad_token_id` passed to `generate` (else the config's, else eos's first).
+    pub pad: Option<u64>,
+}
+
+/// The tag of generate's own ops.
+const GEN: &str = "generate";
+
+/// The iteration's body: the prompt, its mask, and the `generate` call.
+pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
+    let mut s = String::new();
+    let (b, t) = (r.batch, r.seq);
+    let _ = writeln!(
+        s,
+        "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
+    );
+    // `attention_mask=torch.ones_like(x)`: a temporary of the caller's, freed once generate
+    // returns
+    let _ = writeln!(s, "gen_mask = ones({b}, {t}, dtype=int64)");
+    let _ = writeln!(s, "phase \"generate\" {{");
+    let _ = writeln!(s, "  no_grad {{");
+    let ind = "    ";
+    let tokens = Tokens::of(c, g);
+    prologue(&mut s, r, &tokens, ind);
+    let n = g.new_tokens;
+    // step k generates token k + 1; the processors force no eos while k < min_new_tokens
+    let active = |k: u64| k < g.min_new_tokens;
+    step(&mut s, c, r, g, Step::Prefill, ind);
+    if n >= 2 {
+        step(&mut s, c, r, g, Step::FirstDecode, ind);
+    }
+    // the later steps, in runs of the same shape (processors forcing, then not)
+    let mut k = 2;
+    while k < n {
+        let a = active(k);
+        let mut end = k;
+        while end < n && active(end) == a {
+            end += 1;
+        }
+        let _ = writeln!(s, "{ind}for step in range({}) {{", end - k);
+        step(&mut s, c, r, g, Step::Decode(k), &format!("{ind}  "));
+        let _ = writeln!(s, "{ind}}}");
+        k = end;
+    }
+    epilogue(&mut s, c, &tokens, n, ind);
+    let _ = writeln!(s, "{ind}del gen_mask");
+    let _ = writeln!(s, "  }}");
+    let _ = writeln!(s, "}}");
+    // `del out, x`
+    let _ = writeln!(s, "del ids, input_ids");
+    s
+}
+
+/// The special tokens as generate holds them.
+struct Tokens {
+    bos: Option<u64>,
+    eos: Option<Vec<u64>>,
+    eos_list: bool,
+    /// The pad id passed or configured (None: a view of eos's first).
+    pad: Option<u64>,
+}
+
+impl Tokens {
+    fn of(c: &LlamaConfig, g: &Generate) -> Tokens {
+        Tokens {
+            bos: c.tokens.bos,
+            eos: c.tokens.eos.clone(),
+            eos_list: c.tokens.eos_list,
+            pad: g.pad.or(c.tokens.pad),
+        }
+    }
+
+    /// Is there a pad tensor (its own, or eos's first)?
+    fn has_pad(&self) -> bool {
+        self.pad.is_some() || self.eos.is_some()
+    }
+}
+
+fn gen_line(s: &mut String, ind: &str, stmt: &str) {
+    at(s, ind, GEN, stmt);
+}
+
+/// `_prepare_special_tokens`, the padding check, the position ids and the unfinished flags.
+fn prologue(s: &mut String, r: &Run, tk: &Tokens, ind: &str) {
+    let b = r.batch;
+    let mut st: Vec<String> = Vec::new();
+    if let Some(bos) = tk.bos {
+        st.push(format!("bos_t = full(fill_value={bos}, dtype=int64)"));
+    }
+    if let Some(eos) = &tk.eos {
+        if tk.eos_list {
+            st.push(format!("eos_t = zeros({}, dtype=int64)", eos.len()));
+            for (i, e) in eos.iter().enumerate() {
+                st.push(format!("eos_t[{i}] = {e}"));
+            }
+        } else {
+            // a 0-dim tensor, unsqueezed: eos is always 1-D
+            st.push(format!("eos_t = full(fill_value={}, dtype=int64)", eos[0]));
+            st.push("eos_t = eos_t.unsqueeze(0)".into());
+        }
+    }
+    match (tk.pad, &tk.eos) {
+        (Some(p), _) => st.push(format!("pad_t = full(fill_value={p}, dtype=int64)")),
+        (None, Some(_)) => st.push("pad_t = eos_t[0]".into()),
+        (None, None) => {}
+    }
+    if tk.eos.is_some() {
+        st.extend([
+            "st0 = isin(eos_t, pad_t)".to_string(),
+            "st1 = st0.any()".into(),
+            "del st0, st1".into(),
+            "st2 = eos_t.lt(0)".into(),
+            "st3 = st2.any()".into(),
+            "del st2, st3".into(),
+        ]);
+    }
+    // decoder-only models want left padding: does any row end in padding?
+    if tk.has_pad() && b > 1 {
+        st.extend([
+            "pc0 = eq(input_ids[:, -1], pad_t)".to_string(),
+            "pc1 = pc0.any()".into(),
+            "del pc0, pc1".into(),
+        ]);
+    }
+    st.extend([
+        // _prepare_position_ids_for_generation
+        "pp0 = gen_mask.cumsum(-1)".to_string(),
+        "pp1 = pp0 - 1".into(),
+        "del pp0".into(),
+        "pp2 = gen_mask.eq(0)".into(),
+        "gen_pos0 = pp1.masked_fill(pp2, 1)".into(),
+        "del pp2, pp1".into(),
+        // _sample
+        format!("unfinished = ones({b}, dtype=int64)"),
+        "ids = input_ids".into(),
+        "gen_pos = gen_pos0".into(),
+        "attention_mask = gen_mask".into(),
+    ]);
+    for x in st {
+        gen_line(s, ind, &x);
+    }
+}
+
+/// Which step of the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The prompt through the model (`_prefill`, whose model inputs go at its return).
+    Prefill,
+    /// The first decode step (no earlier model inputs to drop).
+    FirstDecode,
+    /// A later decode step, of a run of steps from step `k` that force alike.
+    Decode(u64),
+}
+
+/// One step: the model inputs, the forward, and the token's choice. The minimum-length
+/// processors exist with an eos token and `min_new_tokens` > 0; `force`: they mask eos this
+/// step (fewer than `min_new_tokens` generated).
+fn step(s: &mut String, c: &LlamaConfig, r: &Run, g: &Generate, kind: Step, ind: &str) {
+    let b = r.batch;
+    let tk = &Tokens::of(c, g);
+    let procs = tk.eos.is_some() && g.min_new_tokens > 0;
+    let force = |k: u64| k < g.min_new_tokens;
+    let force = force(match kind {
+        Step::Prefill => 0,
+        Step::FirstDecode => 1,
+        Step::Decode(k) => k,
+    });
+    let mut st: Vec<String> = Vec::new();
+    // prepare_inputs_for_generation
+    if kind == Step::Prefill {
+        st.extend([
+            "mi_ids = ids.clone()".to_string(),
+            "mi_pos = gen_pos".into(),
+            "mi_mask = attention_mask".into(),
+        ]);
+    } else {
+        st.extend([
+            "n_ids = ids[:, -1:].clone()".to_string(),
+            "n_pos = gen_pos[:, -1:].clone()".into(),
+        ]);
+        if matches!(kind, Step::Decode(_)) {
+            // the previous step's model inputs, a dict dropped once the new one exists
+            st.push("del mi_ids, mi_pos, mi_mask".into());
+        }
+        st.extend([
+            "mi_ids = n_ids".to_string(),
+            "mi_pos = n_pos".into(),
+            "mi_mask = attention_mask".into(),
+            "del n_ids, n_pos".into(),
+        ]);
+    }
+    for x in &st {
+        gen_line(s, ind, x);
+    }
+    forward(s, c, r, kind, ind);
+    let mut st: Vec<String> = Vec::new();
+    if kind == Step::Prefill {
+        st.push("del mi_ids".into());
+    }
+    // _update_model_kwargs_for_generation: the next position and the mask, a column wider
+    st.extend([
+        "pn0 = arange(1)".to_string(),
+        "pn1 = gen_pos[:, -1:] + pn0".into(),
+        "del pn0".into(),
+        "pn2 = pn1 + 1".into(),
+        "del pn1".into(),
+        "pnew = cat([gen_pos, pn2], -1)".into(),
+        "del pn2".into(),
+        format!("mo = ones({b}, 1, dtype=int64)"),
+        "mnew = cat([attention_mask, mo], -1)".into(),
+        "del mo".into(),
+        "gen_pos = pnew".into(),
+        "attention_mask = mnew".into(),
+        "del pnew, mnew".into(),
+        // the last position's logits, copied to float32
+        if r.bf16_weights {
+            "next_token_logits = logits[:, -1, :].float()".to_string()
+        } else {
+            "next_token_logits = logits[:, -1, :].clone()".to_string()
+        },
+    ]);
+    for x in &st {
+        gen_line(s, ind, x);
+    }
+    if procs {
+        processors(s, c, force, ind);
+    } else {
+        gen_line(s, ind, "next_token_scores = next_token_logits");
+    }
+    let mut st: Vec<String> = vec!["next_tokens = argmax(next_token_scores, -1)".to_string()];
+    if tk.eos.is_some() {
+        // finished rows take the pad token
+        st.extend([
+            "nt0 = next_tokens * unfinished".to_string(),
+            "nt1 = 1 - unfinished".into(),
+            "nt2 = pad_t * nt1".into(),
+            "del nt1".into(),
+            "nt3 = nt0 + nt2".into(),
+            "del nt0, nt2".into(),
+            "next_tokens = nt3".into(),
+            "del nt3".into(),
+        ]);
+    }
+    st.push("ids = cat([ids, next_tokens[:, none]], -1)".into());
+    for x in &st {
+        gen_line(s, ind, x);
+    }
+    stopping(s, r, tk, ind);
+    for x in [
+        "nd = bitwise_not(sc_done)",
+        "del sc_done",
+        "un = bitwise_and(unfinished, nd)",
+        "del nd",
+        "unfinished = un",
+        "del un",
+        // this_peer_finished = unfinished_sequences.max() == 0
+        "mx = unfinished.max()",
+        "mx0 = mx.eq(0)",
+        "del mx, mx0",
+        // del outputs
+        "del logits",
+    ] {
+        gen_line(s, ind, x);
+    }
+}
+
+/// `MinLengthLogitsProcessor` then `MinNewTokensLengthLogitsProcessor` on `next_token_logits`
+/// into `next_token_scores`; `force`: both mask the eos ids (`where(isin, -inf, scores)`).
+fn processors(s: &mut String, c: &LlamaConfig, force: bool, ind: &str) {
+    let v = c.vocab;
+    let path = "generate.logits_processor";
+    let mut st: Vec<String> = vec![
+        // MinLength: the vocabulary's eos mask, then a copy of the scores
+        format!("lp_vocab = arange({v})"),
+        "lp_eos = isin(lp_vocab, eos_t)".into(),
+        "lp_s = next_token_logits.clone()".into(),
+    ];
+    if force {
+        st.extend([
+            "lp_inf = full(fill_value=-inf)".to_string(),
+            "lp_w = where(lp_eos, lp_inf, next_token_logits)".into(),
+            "del lp_inf".into(),
+            "lp_s = lp_w".into(),
+            "del lp_w".into(),
+        ]);
+    }
+    st.extend([
+        "del lp_vocab, lp_eos".to_string(),
+        // MinNewTokens: a copy first, then the mask
+        "mn_s = lp_s.clone()".into(),
+        format!("mn_vocab = arange({v})"),
+        "mn_eos = isin(mn_vocab, eos_t)".into(),
+    ]);
+    if force {
+        st.extend([
+            "mn_inf = full(fill_value=-inf)".to_string(),
+            "mn_w = where(mn_eos, mn_inf, lp_s)".into(),
+            "del mn_inf".into(),
+            "mn_s = mn_w".into(),
+            "del mn_w".into(),
+        ]);
+    }
+    st.extend([
+        "del mn_vocab, mn_eos".to_string(),
+        // the list's `scores = processor(input_ids, scores)`
+        "del lp_s".into(),
+        "next_token_scores = mn_s".into(),
+        "del mn_s".into(),
+    ]);
+    for x in st {
+        at(s, ind, path, &x);
+    }
+}
+
+/// `StoppingCriteriaList`: max length, then eos, or-ed into `sc_done`.
+fn stopping(s: &mut String, r: &Run, tk: &Tokens, ind: &str) {
+    let b = r.batch;
+    let path = "generate.stopping_criteria";
+    let mut st: Vec<String> = vec![
+        format!("sc0 = full({b}, fill_value=0, dtype=bool)"),
+        // MaxLengthCriteria (its value is data: gpumem runs every step)
+        format!("sc1 = full({b}, fill_value=0, dtype=bool)"),
+        "sc_done = bitwise_or(sc0, sc1)".into(),
+        "del sc1, sc0".into(),
+    ];
+    if tk.eos.is_some() {
+        st.extend([
+            "se0 = isin(ids[:, -1:], eos_t)".to_string(),
+            "se1 = se0.any(-1)".into(),
+            "del se0".into(),
+            "sc2 = bitwise_or(sc_done, se1)".into(),
+            "del se1".into(),
+            "sc_done = sc2".into(),
+            "del sc2".into(),
+        ]);
+    }
+    for x in st {
+        at(s, ind, path, &x);
+    }
+}
+
+/// `LlamaForCausalLM.forward` on the model inputs, leaving `logits` of the last position.
+fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    at(
+        s,
+        ind,
+        "model.embed_tokens",
+        "inputs_embeds = embedding(mi_ids, embed)",
+    );
+    line(s, "h = inputs_embeds");
+    line(s, "position_ids = mi_pos");
+    // create_causal_mask with a 2-D mask under sdpa: all ones, so no 4-D mask
+    for x in [
+        "mk0 = mi_mask.to(dtype=bool)",
+        "mk1 = mk0.sum()",
+        "mk2 = mk1.eq(mk0.numel())",
+        "del mk1, mk2",
+        "del mk0",
+    ] {
+        at(s, ind, "model.create_causal_mask", x);
+    }
+    rotary(s, c, r.bf16_weights, r.batch, ind);
+    let call = Call {
+        t: if kind == Step::Prefill { r.seq } else { 1 },
+        cache: if kind == Step::Prefill {
+            Cache::Fill
+        } else {
+            Cache::Append
+        },
+    };
+    decoder(s, c, r, call, ind);
+    line(s, "del inputs_embeds, sin, cos");
+    // logits_to_keep=1: the last position only
+    at(s, ind, "lm_head", "logits = linear(h[:, -1:, :], lm_head)");
+    line(s, "del h, position_ids");
+}
+
+/// `_sample`'s locals at its return, then generate's (its special tokens, its position ids,
+/// the cache layer by layer from the last, eos last).
+fn epilogue(s: &mut String, c: &LlamaConfig, tk: &Tokens, n: u64, ind: &str) {
+    let mut names: Vec<String> = vec![
+        "attention_mask".into(),
+        "gen_pos".into(),
+        "unfinished".into(),
+    ];
+    if n >= 2 {
+        names.extend(["mi_ids".into(), "mi_pos".into(), "mi_mask".into()]);
+    }
+    names.extend([
+        "next_token_logits".into(),
+        "next_token_scores".into(),
+        "next_tokens".into(),
+    ]);
+    if tk.bos.is_some() {
+        names.push("bos_t".into());
+    }
+    if tk.has_pad() {
+        names.push("pad_t".into());
+    }
+    names.push("gen_pos0".into());
+    for l in (0..c.layers).rev() {
+        names.push(format!("kc{l}"));
+        names.push(format!("vc{l}"));
+    }
+    if tk.eos.is_some() {
+        names.push("eos_t".into());
+    }
+    let _ = writeln!(s, "{ind}del {}", names.join(", "));
+}
