@@ -11,7 +11,7 @@ use gpumem::commands::compare_torch::FIELDS;
 
 /// (workload, case, exact): the cases with a workload; `exact` ones match every field of every
 /// iteration to the byte.
-const CASES: [(&str, &str, bool); 20] = [
+const CASES: [(&str, &str, bool); 21] = [
     (
         "llama_t_eager_adamw_fp32",
         "llama_t_eager_adamw_fp32",
@@ -33,6 +33,12 @@ const CASES: [(&str, &str, bool); 20] = [
     ("llama_t_lora_adamw_fp32", "llama_t_lora_adamw_fp32", true),
     ("llama_t_sdpa_adamw_bf16w", "llama_t_sdpa_adamw_bf16w", true),
     ("llama_t_ckpt_adamw_fp32", "llama_t_ckpt_adamw_fp32", false),
+    // Mistral's sliding window (256 of 512 tokens): its mask, repeat_kv, SDPA's float bias
+    (
+        "mistral_t_sdpa_adamw_fp32",
+        "mistral_t_sdpa_adamw_fp32",
+        false,
+    ),
     // generation: the given case's second call peaks 1 MiB low (a block left unsplit by a
     // best-fit tie that the driver's addresses break the other way); the others are exact
     ("llama_s_generate_bf16", "llama_s_generate_bf16", false),
@@ -201,7 +207,11 @@ fn hf_configs_are_refused_by_name() {
             serde_json::json!({"bits": 4}),
             "'quantization_config'",
         ),
-        ("model_type", Value::from("mistral"), "not modelled yet"),
+        (
+            "model_type",
+            Value::from("mixtral"),
+            "not a family gpumem models",
+        ),
         (
             "model_type",
             Value::from("t5"),
@@ -327,6 +337,7 @@ fn llama_on_the_cpu_device_allocates_as_simulated() {
         "llama_t_sdpa_adamw_fp32",
         "gpt2_t_sdpa_adamw_fp32",
         "bert_t_cls_adamw_fp32",
+        "mistral_t_sdpa_adamw_fp32",
     ] {
         let w = format!("fixtures/hf/workloads/{w}.toml");
         let (c1, sim) = run_json(&["run", &w, "--iterations", "1"]);
@@ -600,6 +611,16 @@ fn generation_is_refused_where_it_is_not_modelled() {
     let cases = [
         (
             w(
+                "g0.toml",
+                "mistral_t.config.json",
+                "",
+                "mode = \"generate\"",
+                gen,
+            ),
+            "generation for mistral",
+        ),
+        (
+            w(
                 "g1.toml",
                 "gpt2_t.config.json",
                 "",
@@ -752,5 +773,53 @@ r6 = (n * 1000000).item()
     refused(
         &["run", bad.to_str().unwrap()],
         "mean(): could not infer output dtype",
+    );
+}
+
+/// An additive `attn_mask` hides the keys it masks with -inf: attention over 8 keys with the
+/// first 4 masked is attention over the last 4 (the CPU device's numbers).
+#[test]
+fn an_attention_mask_hides_the_keys_it_masks() {
+    let s = Scratch::new("hf-attn-mask");
+    let w = s.write(
+        "mask.toml",
+        r#"[workload]
+name = "mask"
+device = "cpu"
+iterations = 1
+body = """
+q = randn(1, 2, 3, 4)
+k = randn(1, 2, 8, 4)
+v = randn(1, 2, 8, 4)
+m = zeros(1, 1, 3, 8)
+m[:, :, :, :4] = -inf
+a = scaled_dot_product_attention(q, k, v, is_causal=false, attn_mask=m)
+b = scaled_dot_product_attention(q, k[:, :, 4:], v[:, :, 4:], is_causal=false)
+d = a - b
+e = (d * d).sum() * 1000000
+f = (a * a).sum()
+r1 = e.item()
+r2 = f.item()
+"""
+"#,
+    );
+    let (code, v) = run_json(&["run", w.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{v}");
+    let loss = v["iterations"][0]["loss"].as_f64().unwrap();
+    // the difference is 0; the output itself is not
+    let out = {
+        let w2 = s.write(
+            "plain.toml",
+            &std::fs::read_to_string(&w)
+                .unwrap()
+                .replace("r1 = e.item()\n", ""),
+        );
+        let (_, v2) = run_json(&["run", w2.to_str().unwrap()]);
+        v2["iterations"][0]["loss"].as_f64().unwrap()
+    };
+    assert!(out > 0.0, "{v}");
+    assert!(
+        (loss - out).abs() < 1e-9,
+        "masked attention differs: {loss} vs {out}"
     );
 }

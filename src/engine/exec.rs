@@ -55,7 +55,13 @@ impl<S: Device> Tensors<S> {
                 dropout,
                 causal,
                 ..
-            } => self.sdpa_with(arg(0)?, arg(1)?, arg(2)?, *gqa, *dropout, *causal),
+            } => self.sdpa_full(
+                [arg(0)?, arg(1)?, arg(2)?],
+                inputs.get(3).copied(),
+                *gqa,
+                *dropout,
+                *causal,
+            ),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Embedding { .. } => self.embedding(arg(0)?, arg(1)?),
             Op::Cumsum { .. } if self.grad_enabled && self.info(arg(0)?).requires_grad => {
@@ -634,6 +640,20 @@ impl<S: Device> Tensors<S> {
         dropout: f64,
         causal: bool,
     ) -> Result<TensorId, EngineError> {
+        self.sdpa_full([q, k, v], None, gqa, dropout, causal)
+    }
+
+    /// [`Self::sdpa_with`] with an optional additive float mask (`attn_mask`, broadcast to
+    /// [B, H, L, S]): the memory-efficient kernel takes it as its bias and keeps it for
+    /// backward, which needs no gradient of it.
+    pub fn sdpa_full(
+        &mut self,
+        [q, k, v]: [TensorId; 3],
+        mask: Option<TensorId>,
+        gqa: bool,
+        dropout: f64,
+        causal: bool,
+    ) -> Result<TensorId, EngineError> {
         let sq = self.shape(q).to_vec();
         if sq.len() != 4 || self.shape(k).len() != 4 || self.shape(v).len() != 4 {
             return Err(EngineError::Invalid(
@@ -659,6 +679,34 @@ impl<S: Device> Tensors<S> {
         let (b, h, t, dv) = (sq[0], sq[1], sq[2], self.shape(v)[3]);
         let dtype = self.dtype(q);
         let cudnn = dtype != DType::F32;
+        if let Some(m) = mask {
+            let s = self.shape(k)[2];
+            let ms = self.shape(m).to_vec();
+            let fits = crate::engine::op::broadcast(&ms, &[b, h, t, s])
+                .is_ok_and(|full| full == [b, h, t, s]);
+            if !fits || !self.dtype(m).is_floating() {
+                return Err(EngineError::Invalid(format!(
+                    "scaled_dot_product_attention: attn_mask must be a float mask broadcastable to [{b}, {h}, {t}, {s}], got {:?} {}",
+                    ms,
+                    self.dtype(m)
+                )));
+            }
+            if matches!(dtype, DType::BF16 | DType::F16) || causal || gqa {
+                return Err(EngineError::Invalid(
+                    "scaled_dot_product_attention with attn_mask is modelled for float32 without is_causal or enable_gqa (the memory-efficient kernel)".into(),
+                ));
+            }
+            if !s.is_multiple_of(8) {
+                return Err(EngineError::Invalid(format!(
+                    "scaled_dot_product_attention with attn_mask over {s} keys: the memory-efficient kernel pads a mask whose key count is not a multiple of 8, which gpumem does not model yet"
+                )));
+            }
+            if self.grad_enabled && self.info(m).requires_grad {
+                return Err(EngineError::Invalid(
+                    "scaled_dot_product_attention: a gradient of attn_mask is not modelled".into(),
+                ));
+            }
+        }
         // (the seed is drawn only with dropout, so other runs keep their numbering)
         let seed = if dropout > 0.0 { self.next_seed() } else { 0 };
         let op = Op::Sdpa {
@@ -697,31 +745,33 @@ impl<S: Device> Tensors<S> {
         }
         let mut outs = vec![out];
         outs.extend(&extra);
-        self.launch(&op, &[q, k, v], &outs)?;
+        let ins: Vec<TensorId> = [q, k, v].into_iter().chain(mask).collect();
+        self.launch(&op, &ins, &outs)?;
         if !need {
             for e in extra {
                 self.release(e);
             }
             return Ok(out);
         }
-        let saves = op.saves(3);
-        self.record(&op, &[q, k, v], &[out], saves);
+        let saves = op.saves(ins.len());
+        self.record(&op, &ins, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
         for (i, e) in extra.into_iter().enumerate() {
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e, Role::Extra(i));
         }
-        // PyTorch's generated nodes free what they saved by name, inputs first: key, query,
+        // PyTorch's generated nodes free what they saved by name: attn_bias, key, query,
         // value, then (log)sumexp, output, philox_offset, philox_seed
         let rank = |r: Role| match r {
-            Role::Input(1) => 0,
-            Role::Input(0) => 1,
-            Role::Input(_) => 2,
-            Role::Extra(2) if cudnn => 3,
-            Role::Extra(0) if !cudnn => 3,
-            Role::Output => 4,
-            Role::Extra(1) => 5,
-            _ => 6,
+            Role::Input(3) => 0,
+            Role::Input(1) => 1,
+            Role::Input(0) => 2,
+            Role::Input(_) => 3,
+            Role::Extra(2) if cudnn => 4,
+            Role::Extra(0) if !cudnn => 4,
+            Role::Output => 5,
+            Role::Extra(1) => 6,
+            _ => 7,
         };
         self.node_mut(node).saved.sort_by_key(|sv| rank(sv.role));
         Ok(out)

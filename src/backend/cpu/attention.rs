@@ -46,8 +46,9 @@ struct Dims {
     dv: usize,
 }
 
-/// Per head: the masked, scaled scores' softmax P [t, s] and the logsumexp of each row.
-fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Scratch, Scratch) {
+/// Per head: the masked, scaled scores' softmax P [t, s] and the logsumexp of each row;
+/// `bias` (the head's [t, s] of an additive mask) is added to the scaled scores.
+fn probs(q: &[f64], k: &[f64], bias: Option<&[f64]>, n: &Dims) -> (Scratch, Scratch) {
     let scale = 1.0 / (n.d as f64).sqrt();
     let mut p = gemm(n.t, n.d, n.s, q, false, k, true);
     let mut lse = Scratch::zeros(n.t);
@@ -59,8 +60,17 @@ fn probs(q: &[f64], k: &[f64], n: &Dims) -> (Scratch, Scratch) {
                 *x = f64::NEG_INFINITY;
             } else {
                 *x *= scale;
+                if let Some(b) = bias {
+                    *x += b[i * n.s + j];
+                }
                 mx = mx.max(*x);
             }
+        }
+        if mx == f64::NEG_INFINITY {
+            // a fully masked row: no weights (the kernels write zeros)
+            row.iter_mut().for_each(|x| *x = 0.0);
+            lse[i] = f64::NEG_INFINITY;
+            continue;
         }
         let sum: f64 = row.iter().map(|x| (x - mx).exp()).sum();
         for x in row.iter_mut() {
@@ -90,6 +100,27 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         dv: vs[3],
     };
     let (q, k, v) = (d.load(qb)?, d.load(kb)?, d.load(vb)?);
+    // an additive mask, broadcast to [B, H, T, S]
+    let bias_buf = match l.pass {
+        Pass::Forward => l.inputs.get(3),
+        Pass::Grad { .. } => l
+            .saved
+            .iter()
+            .find(|(r, _)| *r == Role::Input(3))
+            .map(|(_, b)| b),
+    };
+    let bias = match bias_buf {
+        Some(b) => Some(super::elementwise::load_as(
+            d,
+            b,
+            &[qs[0], qs[1], qs[2], ks[2]],
+        )?),
+        None => None,
+    };
+    let bias_of = |h: usize| {
+        bias.as_ref()
+            .map(|b| &b[h * n.t * n.s..(h + 1) * n.t * n.s])
+    };
     // grouped-query attention: query head `h` (of B x H) reads key/value head `kv(h)`
     let (hq, hk) = (qs[1].max(1), ks[1].max(1));
     if hq % hk != 0 {
@@ -109,7 +140,12 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let per: Vec<(Scratch, Scratch)> = (0..n.heads)
                 .into_par_iter()
                 .map(|h| {
-                    let (p, lse) = probs(&head(&q, h, n.t, n.d), &head(&k, kv(h), n.s, n.d), &n);
+                    let (p, lse) = probs(
+                        &head(&q, h, n.t, n.d),
+                        &head(&k, kv(h), n.s, n.d),
+                        bias_of(h),
+                        &n,
+                    );
                     let pd = apply(&p, &keep(seed, dropout, h, n.t * n.s));
                     (
                         gemm(
@@ -153,7 +189,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                         head(&v, kv(h), n.s, n.dv),
                     );
                     let (gh, oh) = (head(&g, h, n.t, n.dv), head(&o, h, n.t, n.dv));
-                    let (p, _) = probs(&qh, &kh, &n);
+                    let (p, _) = probs(&qh, &kh, bias_of(h), &n);
                     let mask = keep(seed, dropout, h, n.t * n.s);
                     if input == 2 {
                         // dV = P_dropped^T dO

@@ -293,6 +293,19 @@ fn products_attention_and_losses_match_finite_differences() {
         ],
         &|d, i| d.sdpa_with(i[0], i[1], i[2], false, 0.0, false).unwrap(),
     );
+    check(
+        "sdpa with an additive mask",
+        &[
+            (vec![1, 2, 4, 3], true),
+            (vec![1, 2, 8, 3], true),
+            (vec![1, 2, 8, 3], true),
+            (vec![1, 1, 4, 8], false),
+        ],
+        &|d, i| {
+            d.sdpa_full([i[0], i[1], i[2]], Some(i[3]), false, 0.0, false)
+                .unwrap()
+        },
+    );
     check("log_softmax + nll", &[(vec![4, 6], true)], &|d, i| {
         let t = input(d, &[4], false, |k| ((k * 5) % 6) as f64);
         let t = {

@@ -13,8 +13,8 @@ use crate::trace::Category;
 
 fn make(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let inputs = tensors(b);
-    if inputs.len() != 3 {
-        return Err("scaled_dot_product_attention expects q, k and v".into());
+    if !(3..=4).contains(&inputs.len()) {
+        return Err("scaled_dot_product_attention expects q, k and v (and an attn_mask)".into());
     }
     let dropout = b.float(4).unwrap_or(0.0);
     if !(0.0..=1.0).contains(&dropout) {
@@ -45,8 +45,9 @@ pub(super) static ENTRIES: &[Entry] = &[Entry {
         Param::Bool("enable_gqa", false),
         Param::Float("dropout_p", Some(0.0)),
         Param::Bool("is_causal", true),
+        Param::OptTensor("attn_mask"),
     ],
-    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own); is_causal=false for an encoder (gpumem's default is causal)",
+    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own); is_causal=false for an encoder (gpumem's default is causal); attn_mask: an additive float mask broadcast to [B, H, L, S] (the memory-efficient kernel, float32), kept for backward",
     make,
 }];
 

@@ -426,6 +426,13 @@ impl Op {
             Op::Softmax { .. } => &[Save::Output],
             Op::Embedding { .. } => &[Save::InputFor(0, 1)],
             Op::NllLoss => &[Save::Input(1)],
+            Op::Sdpa { .. } if inputs == 4 => &[
+                Save::Input(0),
+                Save::Input(1),
+                Save::Input(2),
+                Save::Input(3),
+                Save::Output,
+            ],
             Op::Sdpa { .. } => &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
             _ => &[],
         }

@@ -88,6 +88,8 @@ pub(crate) struct LlamaConfig {
     /// Qwen2's modelling code (its rotary embedding casts the frequencies before expanding
     /// them to the batch; llama's expands first).
     pub qwen2: bool,
+    /// Mistral's `sliding_window`: each query sees at most this many keys, itself included.
+    pub sliding_window: Option<u64>,
 }
 
 /// A config's special tokens (`bos_token_id`, `eos_token_id`, `pad_token_id`): `generate`
@@ -174,16 +176,12 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         }
     };
     let qwen2 = model_type == "qwen2";
+    let mistral = model_type == "mistral";
     match model_type {
-        "llama" | "qwen2" => {}
-        "mistral" => {
-            return Err(format!(
-                "{shown}: model_type \"{model_type}\" is not modelled yet (llama, qwen2, gpt2 and bert are)"
-            ))
-        }
+        "llama" | "qwen2" | "mistral" => {}
         other => {
             return Err(format!(
-                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, qwen2, gpt2 and bert; mistral is planned)"
+                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, mistral, qwen2, gpt2 and bert)"
             ))
         }
     }
@@ -218,7 +216,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     // LlamaConfig's and Qwen2Config's defaults
     let hidden = int("hidden_size", 4096)?;
     let heads = int("num_attention_heads", 32)?;
-    let kv_heads = int("num_key_value_heads", heads)?;
+    // (MistralConfig's default: 8 key/value heads)
+    let kv_heads = int("num_key_value_heads", if mistral { 8 } else { heads })?;
     if heads % kv_heads != 0 {
         return Err(format!(
             "{shown}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
@@ -276,6 +275,16 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             }
         }
     }
+    // Mistral's window (its default 4096; null: none); Qwen2's only with use_sliding_window
+    let sliding_window = if mistral {
+        match m.get("sliding_window") {
+            None => Some(4096),
+            Some(Value::Null) => None,
+            Some(_) => Some(int("sliding_window", 1)?),
+        }
+    } else {
+        None
+    };
     if flag("use_sliding_window", false)? {
         return Err(format!(
             "{shown}: use_sliding_window = true is not modelled yet (its sliding-window masks allocate)"
@@ -292,7 +301,14 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     Ok(LlamaConfig {
         vocab: int("vocab_size", if qwen2 { 151936 } else { 32000 })?,
         hidden,
-        intermediate: int("intermediate_size", if qwen2 { 22016 } else { 11008 })?,
+        intermediate: int(
+            "intermediate_size",
+            match model_type {
+                "qwen2" => 22016,
+                "mistral" => 14336,
+                _ => 11008,
+            },
+        )?,
         layers: int("num_hidden_layers", 32)?,
         heads,
         kv_heads,
@@ -312,7 +328,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         mlp_bias: flag("mlp_bias", false)?,
         dtype,
         qwen2,
-        // LlamaConfig's defaults: bos 1, eos 2; Qwen2Config names none
+        sliding_window,
+        // LlamaConfig's and MistralConfig's defaults: bos 1, eos 2; Qwen2Config names none
         tokens: if qwen2 {
             tokens(m, path, None, None)?
         } else {

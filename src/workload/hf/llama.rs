@@ -1,4 +1,5 @@
-//! `LlamaForCausalLM` (transformers 5.17) as line-language statements: the parameters in the
+//! `LlamaForCausalLM` (transformers 5.17; `Qwen2ForCausalLM` and `MistralForCausalLM` with
+//! their differences) as line-language statements: the parameters in the
 //! order `model.to(device)` moves them, and the training loop of hf_models.py, op for op as
 //! the H200 traces show transformers running it:
 //!
@@ -22,6 +23,10 @@
 //! - The loss: `ForCausalLMLoss`: the logits as float32, the labels padded by one and shifted
 //!   (`pad`, a slice made contiguous), then `cross_entropy` over the flattened logits.
 //! - `mode = "inference"`: the forward under `no_grad`, without labels or loss.
+//! - Mistral's sliding window, from as many tokens as the window: the bool mask of
+//!   `create_sliding_window_causal_mask`, `repeat_kv` of k and v, and SDPA's float bias
+//!   (`where(mask, 0.0, -inf)`) per layer, which the memory-efficient kernel keeps; each cache
+//!   layer's int64 length.
 //!
 //! Locals die where Python's do: a function's at its return, in the order it named them.
 
@@ -210,6 +215,7 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         s,
         super::train::body(
             if r.checkpointing { 0 } else { c.layers },
+            c.sliding_window.is_some(),
             r,
             super::train::CLONED_LABELS,
             &fwd,
@@ -237,7 +243,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         ind.to_string()
     };
     open(s);
-    prelude(s, r, &inner);
+    prelude(s, c, r, &inner);
     close(s);
     rotary(s, c, r.bf16_weights, 1, ind);
     open(s);
@@ -255,7 +261,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     let _ = writeln!(
         s,
         "{inner}{}",
-        if r.eager {
+        if r.eager || window(c, r.seq).is_some() {
             "del position_ids, cache_position, inputs_embeds, causal_mask, sin, cos"
         } else {
             "del position_ids, cache_position, inputs_embeds, sin, cos"
@@ -271,7 +277,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
 }
 
 /// The embedding and the positions.
-fn prelude(s: &mut String, r: &Run, ind: &str) {
+fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     let t = r.seq;
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
@@ -292,6 +298,47 @@ fn prelude(s: &mut String, r: &Run, ind: &str) {
     }
     if r.eager {
         eager_mask(s, r, ind);
+    }
+    if let Some(w) = window(c, r.seq) {
+        sliding_mask(s, r, w, ind);
+    }
+}
+
+/// Mistral's sliding window when a call of `t` tokens (as many keys) needs its mask: sdpa
+/// skips it only for fewer keys than the window (`_ignore_causal_mask_sdpa`).
+fn window(c: &LlamaConfig, t: u64) -> Option<u64> {
+    c.sliding_window.filter(|&w| t >= w)
+}
+
+/// `create_sliding_window_causal_mask` for sdpa (masking_utils' `sdpa_mask` with
+/// `and_masks(sliding_window_overlay(w), causal_mask_function)`): the batch, head, key and
+/// query indices, `new_ones(())`, then `& (kv_idx > q_idx - w)` and `& (kv_idx <= q_idx)`, a
+/// bool [T, T] seen as [B, 1, T, T]: `causal_mask`.
+fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
+    let (b, t) = (r.batch, r.seq);
+    for st in [
+        format!("mb = arange({b})"),
+        "mh = arange(1)".to_string(),
+        format!("mk0 = arange({t})"),
+        "kv_idx = mk0 + 0".to_string(),
+        "del mk0".to_string(),
+        format!("mq0 = arange({t})"),
+        "q_idx = mq0 + 0".to_string(),
+        "del mq0".to_string(),
+        "mr0 = full(fill_value=1, dtype=bool)".to_string(),
+        format!("ms0 = q_idx.view(-1, 1) - {w}"),
+        "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
+        "del ms0".to_string(),
+        "mr1 = bitwise_and(mr0, ms1)".to_string(),
+        "del ms1, mr0".to_string(),
+        "mc = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
+        "mr2 = bitwise_and(mr1, mc)".to_string(),
+        "del mc, mr1".to_string(),
+        "del mb, mh, kv_idx, q_idx".to_string(),
+        format!("causal_mask = mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t})"),
+        "del mr2".to_string(),
+    ] {
+        at(s, ind, "model.create_sliding_window_causal_mask", &st);
     }
 }
 
@@ -573,6 +620,15 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             attention(s, c, r, call, &attn, "k1", "v0", ind);
         }
         Cache::Fill => {
+            if c.sliding_window.is_some() {
+                // DynamicSlidingWindowLayer's lazy initialization: its length, an int64 scalar
+                at(
+                    s,
+                    ind,
+                    &attn,
+                    &format!("cl{l} = full(fill_value=0, dtype=int64)"),
+                );
+            }
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
             at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
             at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
@@ -660,16 +716,31 @@ fn attention(
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let rep = nh / nkv;
     let mut st: Vec<String> = Vec::new();
-    if r.eager {
+    let rk = |x: &str| {
+        if rep > 1 {
+            format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).reshape({b}, {nh}, {t}, {hd})")
+        } else {
+            x.to_string()
+        }
+    };
+    if window(c, t).is_some() && call.cache != Cache::Append {
+        // a mask for sdpa: transformers repeats k and v itself (no enable_gqa with a mask),
+        // and SDPA turns the bool mask into a float one, `where(mask, 0.0, -inf)`, which the
+        // memory-efficient kernel keeps as its bias
+        st.extend([
+            format!("ak = {}", rk(k)),
+            format!("av = {}", rk(v)),
+            "fz = zeros()".to_string(),
+            "fi = full(fill_value=-inf)".to_string(),
+            "fm = where(causal_mask, fz, fi)".to_string(),
+            "del fi, fz".to_string(),
+            "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"
+                .to_string(),
+            "del fm, ak, av".to_string(),
+        ]);
+    } else if r.eager {
         // eager_attention_forward: repeat_kv, the scaled product, the mask, softmax, the product
         let scale = 1.0 / (hd as f64).sqrt();
-        let rk = |x: &str| {
-            if rep > 1 {
-                format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).reshape({b}, {nh}, {t}, {hd})")
-            } else {
-                x.to_string()
-            }
-        };
         st.extend([
             format!("ak = {}", rk(k)),
             format!("av = {}", rk(v)),

@@ -6,10 +6,9 @@
 //! The config is read whole; every key is either modelled, known not to change memory, or
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
-//! Families: `llama` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]), `bert` ([`bert`]); the loop
-//! around them and the causal-LM loss in [`train`]; `mode = "generate"` and its `[generate]`
-//! table, `model.generate` for the llama family, in [`generate`]. Mistral configs are recognised and refused
-//! as not modelled yet.
+//! Families: `llama`, `mistral` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]), `bert`
+//! ([`bert`]); the loop around them and the causal-LM loss in [`train`]; `mode = "generate"`
+//! and its `[generate]` table, `model.generate` for the llama family, in [`generate`].
 
 mod bert;
 mod config;
@@ -212,6 +211,31 @@ pub(crate) fn expand(
         config::Family::Gpt2(c) => ("gpt2", Some((c.positions, "n_positions"))),
         config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
+    if let config::Family::Llama(c) = &cfg {
+        if c.sliding_window.is_some() {
+            // what Mistral's sliding window is recorded with: float32 training or inference
+            // with sdpa, plain or with LoRA
+            let what = if run.mode == "generate" {
+                Some(("mode", "generation for mistral"))
+            } else if run.checkpointing {
+                Some((
+                    "gradient_checkpointing",
+                    "gradient checkpointing for mistral",
+                ))
+            } else if run.eager {
+                Some(("attention", "eager attention for mistral"))
+            } else if run.bf16_autocast {
+                Some(("precision", "bf16 autocast for mistral"))
+            } else if run.bf16_weights {
+                Some(("dtype", "bf16 weights for mistral"))
+            } else {
+                None
+            };
+            if let Some((key, what)) = what {
+                unsupported(key, what)?;
+            }
+        }
+    }
     if family != "llama" && run.checkpointing {
         unsupported(
             "gradient_checkpointing",

@@ -12,10 +12,11 @@ use crate::workload::preset::at;
 pub(super) const CLONED_LABELS: &str = "labels = input_ids.clone()";
 
 /// One iteration: `forward` writes the model's forward at an indentation, leaving `logits`,
-/// each of `cached` layers' cache `kc{l}`, `vc{l}`, and (in training) `loss`. `labels` makes
-/// the labels (a causal LM's are its inputs, cloned).
+/// each of `cached` layers' cache `kc{l}`, `vc{l}` (and with `sliding`, its length `cl{l}`),
+/// and (in training) `loss`. `labels` makes the labels (a causal LM's are its inputs, cloned).
 pub(super) fn body(
     cached: u64,
+    sliding: bool,
     r: &Run,
     labels: &str,
     forward: &dyn Fn(&mut String, &str),
@@ -44,7 +45,16 @@ pub(super) fn body(
     }
     // `del out`: the output's loss, logits and cache: its list of layers goes last first
     // (CPython frees a list's items from the end), each layer's keys then values
-    let caches: Vec<String> = (0..cached).rev().map(|l| format!("kc{l}, vc{l}")).collect();
+    let caches: Vec<String> = (0..cached)
+        .rev()
+        .map(|l| {
+            if sliding {
+                format!("kc{l}, vc{l}, cl{l}")
+            } else {
+                format!("kc{l}, vc{l}")
+            }
+        })
+        .collect();
     let _ = writeln!(s, "del logits");
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));
