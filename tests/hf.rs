@@ -823,3 +823,47 @@ r2 = f.item()
         "masked attention differs: {loss} vs {out}"
     );
 }
+
+/// `fit --param new_tokens` finds the most tokens a generation fits: that many run within
+/// the capacity, one more runs out of memory.
+#[test]
+fn fit_finds_the_most_new_tokens() {
+    let w = "fixtures/hf/workloads/llama_t_generate_bf16.toml";
+    let out = at_root(&[
+        "fit",
+        w,
+        "--param",
+        "new_tokens",
+        "--capacity",
+        "110MiB",
+        "--no-remedies",
+        "--iterations",
+        "1",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let n: u64 = text
+        .lines()
+        .find(|l| l.contains("as written"))
+        .and_then(|row| row.split('┆').nth(1))
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(n > 16, "{text}");
+    let run = |tokens: u64| {
+        run_json(&[
+            "run",
+            w,
+            "--new-tokens",
+            &tokens.to_string(),
+            "--capacity",
+            "110MiB",
+            "--iterations",
+            "1",
+        ])
+    };
+    let (fits, v) = run(n);
+    assert_eq!(fits, Some(0), "{v}");
+    assert!(v["oom"].is_null(), "{n} tokens: {}", v["oom"]);
+    let (_, v) = run(n + 1);
+    assert!(!v["oom"].is_null(), "{} tokens fit too", n + 1);
+}
