@@ -80,7 +80,8 @@ struct Runner {
     /// With `capture_grads`: the named parameters (handles held), and what was captured.
     named: Option<Vec<(String, TensorId)>>,
     grads: Option<Vec<NamedValues>>,
-    vars: HashMap<String, Value>,
+    // (FxHash: names are hashed on every statement; no stranger chooses them)
+    vars: rustc_hash::FxHashMap<String, Value>,
     kept: Vec<TensorId>,
     marks: Vec<Mark>,
     iteration: Option<u32>,
@@ -165,7 +166,7 @@ pub fn run_on(
         data,
         named: capture.then(Vec::new),
         grads: None,
-        vars: HashMap::new(),
+        vars: rustc_hash::FxHashMap::default(),
         kept: Vec::new(),
         marks: Vec::new(),
         iteration: None,
@@ -566,7 +567,12 @@ impl Runner {
     }
 
     fn assign(&mut self, name: &str, v: Value) {
-        if let Some(old) = self.vars.insert(name.to_string(), v) {
+        // a rebound name keeps its key (no new String)
+        let old = match self.vars.get_mut(name) {
+            Some(slot) => Some(std::mem::replace(slot, v)),
+            None => self.vars.insert(name.to_string(), v),
+        };
+        if let Some(old) = old {
             self.drop_value(old);
         }
     }
