@@ -867,3 +867,60 @@ fn fit_finds_the_most_new_tokens() {
     let (_, v) = run(n + 1);
     assert!(!v["oom"].is_null(), "{} tokens fit too", n + 1);
 }
+
+/// `sum` and `mean` take a list of dims (`dim=[0, 2]`): one reduction, one output, and the
+/// values of that reduction (the CPU device's numbers); a repeated dim is refused.
+#[test]
+fn reductions_take_a_list_of_dims() {
+    let s = Scratch::new("hf-dims");
+    let w = s.write(
+        "dims.toml",
+        r#"[workload]
+name = "dims"
+device = "cpu"
+iterations = 1
+body = """
+x = arange(24).float().view(2, 3, 4)
+y = x.sum(dim=[0, 2])
+m = x.mean([1, -1], keepdim=true)
+r1 = y[0].item()
+r2 = (y[2] * 1000).item()
+r3 = (m[1, 0, 0] * 1000000).item()
+w = randn(2, 3, 4, requires_grad=true)
+l = w.sum(dim=[0, 2]).sum()
+l.backward()
+"""
+"#,
+    );
+    let (code, v) = run_json(&[
+        "run",
+        w.to_str().unwrap(),
+        "--snapshot",
+        s.path("snap.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    // y = [60, 92, 124]; m[1] = mean(12..24) = 17.5; plus l's value is not taken
+    let loss = v["iterations"][0]["loss"].as_f64().unwrap();
+    assert_eq!(loss, 60.0 + 124000.0 + 17500000.0, "{v}");
+    // requested sizes: one allocation for y (3 floats) right after x's float copy, then one
+    // for m (2 floats): no intermediate reductions
+    let snap: Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path("snap.json")).unwrap()).unwrap();
+    let sizes: Vec<u64> = snap["trace"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "alloc")
+        .map(|e| u(&e["size"]))
+        .collect();
+    // arange (24 int64), its float copy, y, then m
+    assert_eq!(&sizes[..4], &[192, 96, 12, 8], "{sizes:?}");
+    let bad = s.write(
+        "twice.toml",
+        "[workload]\nname = \"t\"\nbody = \"\"\"\nx = randn(2, 3)\ny = x.sum(dim=[1, -1])\n\"\"\"\n",
+    );
+    refused(
+        &["run", bad.to_str().unwrap()],
+        "dim 1 appears multiple times",
+    );
+}

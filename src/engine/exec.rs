@@ -209,7 +209,14 @@ impl<S: Device> Tensors<S> {
         dim: Option<i64>,
         keepdim: bool,
     ) -> Result<TensorId, EngineError> {
-        self.simple(Op::Reduce { mean, dim, keepdim }, &[x])
+        self.simple(
+            Op::Reduce {
+                mean,
+                dims: super::op::reduce::DimList::from_dim(dim),
+                keepdim,
+            },
+            &[x],
+        )
     }
 
     /// `softmax(dim)` / `log_softmax(dim)`: same shape; backward needs the result.

@@ -91,7 +91,43 @@ impl Runner {
                 (Param::Int(_, _) | Param::OptInt(_), Some(v)) if v.as_i64().is_some() => {
                     Arg::Int(v.as_i64().expect("checked"))
                 }
-                (Param::OptInt(_), None | Some(Value::None)) => Arg::None,
+                (Param::OptInt(_) | Param::Dims(_), None | Some(Value::None)) => Arg::None,
+                (Param::Dims(_), Some(v)) if v.as_i64().is_some() => {
+                    Arg::Int(v.as_i64().expect("checked"))
+                }
+                // a list of dims goes into the bound list
+                (Param::Dims(n), Some(Value::List(items))) => {
+                    for it in items {
+                        match it.as_i64() {
+                            Some(d) if !matches!(it, Value::Bool(_)) => bound.list.push(d as f64),
+                            _ => {
+                                return script(
+                                    span,
+                                    format!(
+                                        "{n} must be an integer or a list of integers ({})",
+                                        e.signature()
+                                    ),
+                                )
+                            }
+                        }
+                    }
+                    if items.is_empty() {
+                        return script(
+                            span,
+                            format!("{n} must name at least one dimension ({})", e.signature()),
+                        );
+                    }
+                    Arg::None
+                }
+                (Param::Dims(n), Some(_)) => {
+                    return script(
+                        span,
+                        format!(
+                            "{n} must be an integer or a list of integers ({})",
+                            e.signature()
+                        ),
+                    )
+                }
                 (Param::Int(_, Some(d)), None) => Arg::Int(*d),
                 (Param::Int(n, _) | Param::OptInt(n), Some(_)) => {
                     return script(span, format!("{n} must be an integer ({})", e.signature()))

@@ -231,22 +231,32 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             }
             store_moved(d, out, dim, &r)
         }
-        (Op::Reduce { mean, dim, keepdim }, pass) => {
+        (
+            Op::Reduce {
+                mean,
+                dims,
+                keepdim,
+            },
+            pass,
+        ) => {
             let x_shape = match pass {
                 Pass::Forward => l.inputs[0].layout.shape.clone(),
                 Pass::Grad { .. } => oshape.clone(),
             };
-            let count = match dim {
-                None => x_shape.iter().product::<usize>(),
-                Some(dm) => x_shape[wrap_dim(*dm, x_shape.len()).map_err(|e| e.0)?],
-            } as f64;
+            let red = dims.reduced(x_shape.len()).map_err(|e| e.0)?;
+            let count = x_shape
+                .iter()
+                .zip(&red)
+                .filter(|(_, &r)| r)
+                .map(|(&s, _)| s)
+                .product::<usize>() as f64;
             let scale = if *mean { 1.0 / count.max(1.0) } else { 1.0 };
-            // the reduced shape with the dimension kept as 1
-            let mut kept = x_shape.clone();
-            match dim {
-                None => kept.iter_mut().for_each(|s| *s = 1),
-                Some(dm) => kept[wrap_dim(*dm, x_shape.len()).map_err(|e| e.0)?] = 1,
-            }
+            // the reduced shape with the reduced dimensions kept as 1
+            let kept: Vec<usize> = x_shape
+                .iter()
+                .zip(&red)
+                .map(|(&s, &r)| if r { 1 } else { s })
+                .collect();
             let _ = keepdim;
             match pass {
                 Pass::Forward => {

@@ -192,10 +192,10 @@ pub enum Op {
     },
     /// `max()`: the largest element, a 0-dim tensor of the input's dtype.
     Max,
-    /// `sum()` / `mean()`, over everything or one dimension.
+    /// `sum()` / `mean()`, over everything, one dimension or several.
     Reduce {
         mean: bool,
-        dim: Option<i64>,
+        dims: reduce::DimList,
         keepdim: bool,
     },
     /// `F.embedding(idx, table)`; `strided`: the indices are not contiguous (an expanded
@@ -521,7 +521,7 @@ impl Op {
                 };
                 vec![bools(n * k), bools(n), Step::Free(1), Step::Free(0)]
             }
-            (Op::Reduce { dim, .. }, Some(x)) => reduce::sum_scratch(*x, *dim),
+            (Op::Reduce { dims, .. }, Some(x)) => reduce::sum_scratch(*x, *dims),
             (Op::Argmax { dim, .. }, Some(x)) => reduce::arg_scratch(*x, *dim, 16),
             (Op::Max, Some(x)) => reduce::arg_scratch(*x, None, reduce::acc_bytes(x.1)),
             _ => Vec::new(),
@@ -585,8 +585,11 @@ impl Op {
                 super::layout::wrap_dim(*dim, first.0.len()).map(|_| (same(), vec![]))
             }
             Op::Reduce {
-                dim, keepdim, mean, ..
-            } => reduce::outputs(*first, *dim, *keepdim, *mean),
+                dims,
+                keepdim,
+                mean,
+                ..
+            } => reduce::outputs(*first, *dims, *keepdim, *mean),
             Op::Bitwise { .. } => {
                 let b = ins.get(1)?;
                 if first.1.is_floating() || b.1.is_floating() {
@@ -603,8 +606,10 @@ impl Op {
                 reduce::isin_check(first.0, test.0)
                     .map(|()| ((first.0.to_vec(), DType::Bool), vec![]))
             }
-            Op::Argmax { dim, keepdim } => reduce::outputs(*first, *dim, *keepdim, false)
-                .map(|((s, _), e)| ((s, DType::I64), e)),
+            Op::Argmax { dim, keepdim } => {
+                { reduce::outputs(*first, reduce::DimList::from_dim(*dim), *keepdim, false) }
+                    .map(|((s, _), e)| ((s, DType::I64), e))
+            }
             Op::Max => {
                 if first.0.iter().product::<usize>() == 0 {
                     return Some(Err(LayoutError(

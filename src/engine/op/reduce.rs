@@ -12,6 +12,61 @@ use crate::engine::dtype::DType;
 use crate::engine::layout::{contiguous_strides, wrap_dim, LayoutError};
 use crate::trace::Category;
 
+/// The dimensions a `sum`/`mean` reduces: one (`dim=1`), several (`dim=[0, 2]`), or every one
+/// (none given). Small and `Copy`: ops are built on every script call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DimList {
+    len: u8,
+    dims: [i8; 8],
+}
+
+impl DimList {
+    /// Every dimension.
+    pub const ALL: DimList = DimList {
+        len: 0,
+        dims: [0; 8],
+    };
+
+    /// One dimension, or every one for `None`.
+    pub fn from_dim(dim: Option<i64>) -> DimList {
+        match dim {
+            Some(d) => DimList::from_slice(&[d]).expect("one dimension fits"),
+            None => DimList::ALL,
+        }
+    }
+
+    /// Up to 8 dimensions (as PyTorch's tensors have few); an empty list is every one.
+    pub fn from_slice(dims: &[i64]) -> Result<DimList, String> {
+        if dims.len() > 8 {
+            return Err(format!("at most 8 dims to reduce, got {}", dims.len()));
+        }
+        let mut out = DimList::ALL;
+        for (k, &d) in dims.iter().enumerate() {
+            out.dims[k] = i8::try_from(d).map_err(|_| format!("dim {d} is out of range"))?;
+        }
+        out.len = dims.len() as u8;
+        Ok(out)
+    }
+
+    /// Which of `ndim` dimensions are reduced (PyTorch's errors for a bad or repeated one).
+    pub fn reduced(&self, ndim: usize) -> Result<Vec<bool>, LayoutError> {
+        if self.len == 0 {
+            return Ok(vec![true; ndim]);
+        }
+        let mut red = vec![false; ndim];
+        for &d in &self.dims[..self.len as usize] {
+            let w = wrap_dim(d as i64, ndim)?;
+            if red[w] {
+                return Err(LayoutError(format!(
+                    "dim {w} appears multiple times in the list of dims"
+                )));
+            }
+            red[w] = true;
+        }
+        Ok(red)
+    }
+}
+
 fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
     let op = match name {
@@ -32,7 +87,14 @@ fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         }
         _ => Op::Reduce {
             mean: name == "mean",
-            dim: b.int(1),
+            // `dim=1`, or a list `dim=[0, 2]` (bound into the list), or everything
+            dims: match b.int(1) {
+                Some(d) => DimList::from_dim(Some(d)),
+                None => {
+                    let ds: Vec<i64> = b.list.iter().map(|&v| v as i64).collect();
+                    DimList::from_slice(&ds)?
+                }
+            },
             keepdim: b.flag(2),
         },
     };
@@ -42,38 +104,37 @@ fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-const REDUCE: &[P] = &[X, P::OptInt("dim"), P::Bool("keepdim", false)];
+const REDUCE: &[P] = &[X, P::Dims("dim"), P::Bool("keepdim", false)];
+const ARGMAX: &[P] = &[X, P::OptInt("dim"), P::Bool("keepdim", false)];
 
 entries! {
-    "sum", Both, REDUCE, reduce, "sum, over everything or dim (int64 for an integer or bool input, summed from its int64 copy)";
-    "mean", Both, REDUCE, reduce, "mean, over everything or dim (a floating input)";
-    "argmax", Both, REDUCE, reduce, "int64 index of the largest element, over everything or along dim";
+    "sum", Both, REDUCE, reduce, "sum, over everything, dim, or a list of dims (int64 for an integer or bool input, summed from its int64 copy)";
+    "mean", Both, REDUCE, reduce, "mean, over everything, dim or a list of dims (a floating input)";
+    "argmax", Both, ARGMAX, reduce, "int64 index of the largest element, over everything or along dim";
     "max", Both, UNARY_MAX, reduce, "the largest element, a 0-dim tensor";
     "isin", Function, &[P::Tensor("elements"), P::Tensor("test_elements")], reduce, "whether each element is among test_elements (a few of them: PyTorch compares every pair, then any(-1), both temporaries): a bool tensor";
 }
 
 const UNARY_MAX: &[P] = &[X];
 
-/// The reduced shape: a scalar over everything, or `dim` removed (kept as 1 with `keepdim`).
-/// A sum of an integer or bool input is int64; a mean needs a floating input.
+/// The reduced shape: the reduced dimensions removed (kept as 1 with `keepdim`). A sum of an
+/// integer or bool input is int64; a mean needs a floating input.
 pub(super) fn outputs(
     x: MetaRef,
-    dim: Option<i64>,
+    dims: DimList,
     keepdim: bool,
     mean: bool,
 ) -> Result<(Meta, Extras), LayoutError> {
-    let mut shape = x.0.to_vec();
-    match dim {
-        None => shape.clear(),
-        Some(d) => {
-            let d = wrap_dim(d, shape.len())?;
-            if keepdim {
-                shape[d] = 1;
-            } else {
-                shape.remove(d);
-            }
-        }
-    }
+    let red = dims.reduced(x.0.len())?;
+    let shape: Vec<usize> =
+        x.0.iter()
+            .zip(&red)
+            .filter_map(|(&s, &r)| match (r, keepdim) {
+                (false, _) => Some(s),
+                (true, true) => Some(1),
+                (true, false) => None,
+            })
+            .collect();
     let dtype = match (x.1.is_floating(), mean) {
         (true, _) => x.1,
         (false, false) => DType::I64,
@@ -97,18 +158,12 @@ pub(super) fn acc_bytes(dtype: DType) -> usize {
     }
 }
 
-/// The dimensions a reduction over `dim` (or everything) reduces, marked.
-fn reduced(ndim: usize, dim: Option<i64>) -> Vec<bool> {
-    match dim.and_then(|d| wrap_dim(d, ndim).ok()) {
-        Some(d) => (0..ndim).map(|k| k == d).collect(),
-        None => vec![true; ndim],
-    }
-}
-
 /// The staging buffer and semaphores of a split reduction of a contiguous `x` (nothing when
 /// the kernel reduces within its blocks), as scratch steps numbered from `first`.
-fn split_scratch(x: MetaRef, dim: Option<i64>, elem: usize, acc: usize, first: usize) -> Vec<Step> {
-    let red = reduced(x.0.len(), dim);
+fn split_scratch(x: MetaRef, dims: DimList, elem: usize, acc: usize, first: usize) -> Vec<Step> {
+    let Ok(red) = dims.reduced(x.0.len()) else {
+        return Vec::new();
+    };
     let strides = contiguous_strides(x.0);
     let Some((buffer, sem)) =
         crate::engine::reduction::reduce_scratch(x.0, &strides, &red, elem, acc)
@@ -130,16 +185,16 @@ fn split_scratch(x: MetaRef, dim: Option<i64>, elem: usize, acc: usize, first: u
 
 /// A sum's scratch: an integer or bool input's int64 copy (taken after the output, freed when
 /// the kernel returns), and the split reduction's buffers.
-pub(super) fn sum_scratch(x: MetaRef, dim: Option<i64>) -> Vec<Step> {
+pub(super) fn sum_scratch(x: MetaRef, dims: DimList) -> Vec<Step> {
     if x.1.is_floating() || x.1 == DType::I64 {
-        return split_scratch(x, dim, x.1.size() as usize, acc_bytes(x.1), 0);
+        return split_scratch(x, dims, x.1.size() as usize, acc_bytes(x.1), 0);
     }
     let mut steps = vec![Step::Alloc {
         shape: x.0.to_vec(),
         dtype: DType::I64,
         category: Category::Temporary,
     }];
-    steps.extend(split_scratch((x.0, DType::I64), dim, 8, 8, 1));
+    steps.extend(split_scratch((x.0, DType::I64), dims, 8, 8, 1));
     steps.push(Step::Free(0));
     steps
 }
@@ -147,7 +202,7 @@ pub(super) fn sum_scratch(x: MetaRef, dim: Option<i64>) -> Vec<Step> {
 /// `argmax`'s and `max`'s split-reduction buffers (`acc` bytes per accumulator: argmax keeps
 /// a value and an int64 index, 16 bytes).
 pub(super) fn arg_scratch(x: MetaRef, dim: Option<i64>, acc: usize) -> Vec<Step> {
-    split_scratch(x, dim, x.1.size() as usize, acc, 0)
+    split_scratch(x, DimList::from_dim(dim), x.1.size() as usize, acc, 0)
 }
 
 /// PyTorch compares every pair only for few test elements (fewer than 10 * n^0.145 for n

@@ -40,6 +40,8 @@ pub enum Param {
     Operand(&'static str),
     /// A list of tensors (`cat([a, b])`).
     Tensors(&'static str),
+    /// A dimension, a list of them (into the bound list), or `none` (every one).
+    Dims(&'static str),
 }
 
 impl Param {
@@ -55,14 +57,15 @@ impl Param {
             | Param::DType(n)
             | Param::Numbers(n)
             | Param::Operand(n)
-            | Param::Tensors(n) => n,
+            | Param::Tensors(n)
+            | Param::Dims(n) => n,
         }
     }
 
     fn shown(&self) -> String {
         match *self {
             Param::Tensor(n) => n.to_string(),
-            Param::OptTensor(n) | Param::OptInt(n) => format!("{n}=none"),
+            Param::OptTensor(n) | Param::OptInt(n) | Param::Dims(n) => format!("{n}=none"),
             Param::Int(n, None) | Param::Float(n, None) => n.to_string(),
             Param::Int(n, Some(d)) => format!("{n}={d}"),
             Param::Float(n, Some(d)) => format!("{n}={d}"),
