@@ -29,6 +29,17 @@ pub fn reduce_scratch(
     elem: usize,
     acc: usize,
 ) -> Option<(u64, u64)> {
+    // a split needs at least MAX_VALUES_PER_THREAD values per output: the common short
+    // reductions (a norm's row) stop here, before any arrangement is computed
+    let per_output: usize = shape
+        .iter()
+        .zip(reduced)
+        .filter(|(_, &r)| r)
+        .map(|(&s, _)| s)
+        .product();
+    if per_output < MAX_VALUES_PER_THREAD {
+        return None;
+    }
     let (dims, ins, outs) = presented(shape, strides, reduced);
     let ndim = dims.len();
     let numel: usize = dims.iter().product();

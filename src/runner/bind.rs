@@ -96,37 +96,25 @@ impl Runner {
                     Arg::Int(v.as_i64().expect("checked"))
                 }
                 // a list of dims goes into the bound list
-                (Param::Dims(n), Some(Value::List(items))) => {
-                    for it in items {
-                        match it.as_i64() {
-                            Some(d) if !matches!(it, Value::Bool(_)) => bound.list.push(d as f64),
-                            _ => {
-                                return script(
-                                    span,
-                                    format!(
-                                        "{n} must be an integer or a list of integers ({})",
-                                        e.signature()
-                                    ),
-                                )
-                            }
-                        }
-                    }
-                    if items.is_empty() {
+                (Param::Dims(n), Some(v)) => {
+                    let dims: Option<Vec<i64>> = match v {
+                        Value::List(items) if !items.is_empty() => items
+                            .iter()
+                            .map(|it| it.as_i64().filter(|_| !matches!(it, Value::Bool(_))))
+                            .collect(),
+                        _ => None,
+                    };
+                    let Some(dims) = dims else {
                         return script(
                             span,
-                            format!("{n} must name at least one dimension ({})", e.signature()),
+                            format!(
+                                "{n} must be an integer or a non-empty list of integers ({})",
+                                e.signature()
+                            ),
                         );
-                    }
+                    };
+                    bound.list.extend(dims.iter().map(|&d| d as f64));
                     Arg::None
-                }
-                (Param::Dims(n), Some(_)) => {
-                    return script(
-                        span,
-                        format!(
-                            "{n} must be an integer or a list of integers ({})",
-                            e.signature()
-                        ),
-                    )
                 }
                 (Param::Int(_, Some(d)), None) => Arg::Int(*d),
                 (Param::Int(n, _) | Param::OptInt(n), Some(_)) => {

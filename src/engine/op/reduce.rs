@@ -6,7 +6,7 @@
 //! staging buffer and semaphores ([`crate::engine::reduction`]), after the output.
 
 use super::grad::Step;
-use super::script::{entries, Bound, Entry, Form, Made, Param as P, X};
+use super::script::{entries, Bound, Entry, Form, Made, Param as P, UNARY, X};
 use super::{Extras, Meta, MetaRef, Op};
 use crate::engine::dtype::DType;
 use crate::engine::layout::{contiguous_strides, wrap_dim, LayoutError};
@@ -111,11 +111,9 @@ entries! {
     "sum", Both, REDUCE, reduce, "sum, over everything, dim, or a list of dims (int64 for an integer or bool input, summed from its int64 copy)";
     "mean", Both, REDUCE, reduce, "mean, over everything, dim or a list of dims (a floating input)";
     "argmax", Both, ARGMAX, reduce, "int64 index of the largest element, over everything or along dim";
-    "max", Both, UNARY_MAX, reduce, "the largest element, a 0-dim tensor";
+    "max", Both, UNARY, reduce, "the largest element, a 0-dim tensor";
     "isin", Function, &[P::Tensor("elements"), P::Tensor("test_elements")], reduce, "whether each element is among test_elements (a few of them: PyTorch compares every pair, then any(-1), both temporaries): a bool tensor";
 }
-
-const UNARY_MAX: &[P] = &[X];
 
 /// The reduced shape: the reduced dimensions removed (kept as 1 with `keepdim`). A sum of an
 /// integer or bool input is int64; a mean needs a floating input.

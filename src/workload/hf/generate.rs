@@ -64,9 +64,9 @@ pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
     let n = g.new_tokens;
     // step k generates token k + 1; the processors force no eos while k < min_new_tokens
     let active = |k: u64| k < g.min_new_tokens;
-    step(&mut s, c, r, g, Step::Prefill, ind);
+    step(&mut s, c, r, g, &tokens, Step::Prefill, ind);
     if n >= 2 {
-        step(&mut s, c, r, g, Step::FirstDecode, ind);
+        step(&mut s, c, r, g, &tokens, Step::FirstDecode, ind);
     }
     // the later steps, in runs of the same shape (processors forcing, then not)
     let mut k = 2;
@@ -77,7 +77,15 @@ pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
             end += 1;
         }
         let _ = writeln!(s, "{ind}for step in range({}) {{", end - k);
-        step(&mut s, c, r, g, Step::Decode(k), &format!("{ind}  "));
+        step(
+            &mut s,
+            c,
+            r,
+            g,
+            &tokens,
+            Step::Decode(k),
+            &format!("{ind}  "),
+        );
         let _ = writeln!(s, "{ind}}}");
         k = end;
     }
@@ -194,9 +202,16 @@ enum Step {
 /// One step: the model inputs, the forward, and the token's choice. The minimum-length
 /// processors exist with an eos token and `min_new_tokens` > 0; `force`: they mask eos this
 /// step (fewer than `min_new_tokens` generated).
-fn step(s: &mut String, c: &LlamaConfig, r: &Run, g: &Generate, kind: Step, ind: &str) {
+fn step(
+    s: &mut String,
+    c: &LlamaConfig,
+    r: &Run,
+    g: &Generate,
+    tk: &Tokens,
+    kind: Step,
+    ind: &str,
+) {
     let b = r.batch;
-    let tk = &Tokens::of(c, g);
     let procs = tk.eos.is_some() && g.min_new_tokens > 0;
     let force = |k: u64| k < g.min_new_tokens;
     let force = force(match kind {

@@ -156,6 +156,22 @@ fn lora_params(c: &LlamaConfig, r: &Run) -> Vec<(String, String, Vec<u64>, bool)
 
 /// The setup and body scripts.
 pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
+    let s = setup(c, r);
+    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    (
+        s,
+        super::train::body(
+            if r.checkpointing { 0 } else { c.layers },
+            c.sliding_window.is_some(),
+            r,
+            super::train::CLONED_LABELS,
+            &fwd,
+        ),
+    )
+}
+
+/// The setup script: the parameters, the rotary buffers, LoRA's adapters, the optimizer.
+pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     let mut s = String::new();
     let ps = params(c);
     // `model.to(torch.bfloat16)`: every parameter and floating buffer in bf16
@@ -210,17 +226,7 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
-    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
-    (
-        s,
-        super::train::body(
-            if r.checkpointing { 0 } else { c.layers },
-            c.sliding_window.is_some(),
-            r,
-            super::train::CLONED_LABELS,
-            &fwd,
-        ),
-    )
+    s
 }
 
 /// `LlamaModel.forward` then `lm_head` (and the loss, in training), leaving `logits` (and each
@@ -316,15 +322,7 @@ fn window(c: &LlamaConfig, t: u64) -> Option<u64> {
 /// bool [T, T] seen as [B, 1, T, T]: `causal_mask`.
 fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
     let (b, t) = (r.batch, r.seq);
-    for st in [
-        format!("mb = arange({b})"),
-        "mh = arange(1)".to_string(),
-        format!("mk0 = arange({t})"),
-        "kv_idx = mk0 + 0".to_string(),
-        "del mk0".to_string(),
-        format!("mq0 = arange({t})"),
-        "q_idx = mq0 + 0".to_string(),
-        "del mq0".to_string(),
+    for st in mask_indices(r).into_iter().chain([
         "mr0 = full(fill_value=1, dtype=bool)".to_string(),
         format!("ms0 = q_idx.view(-1, 1) - {w}"),
         "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
@@ -337,9 +335,25 @@ fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
         "del mb, mh, kv_idx, q_idx".to_string(),
         format!("causal_mask = mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t})"),
         "del mr2".to_string(),
-    ] {
+    ]) {
         at(s, ind, "model.create_sliding_window_causal_mask", &st);
     }
+}
+
+/// `sdpa_mask`'s index tensors: the batch and head aranges, and the key and query positions
+/// (`arange(T) + offset`), as `mb`, `mh`, `kv_idx`, `q_idx`.
+fn mask_indices(r: &Run) -> Vec<String> {
+    let (b, t) = (r.batch, r.seq);
+    vec![
+        format!("mb = arange({b})"),
+        "mh = arange(1)".to_string(),
+        format!("mk0 = arange({t})"),
+        "kv_idx = mk0 + 0".to_string(),
+        "del mk0".to_string(),
+        format!("mq0 = arange({t})"),
+        "q_idx = mq0 + 0".to_string(),
+        "del mq0".to_string(),
+    ]
 }
 
 /// Without a cache (gradient checkpointing turns it off in training), `create_causal_mask`
@@ -371,22 +385,14 @@ fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
 /// a float32 [B, 1, T, T].
 fn eager_mask(s: &mut String, r: &Run, ind: &str) {
     let (b, t) = (r.batch, r.seq);
-    for st in [
-        format!("mb = arange({b})"),
-        "mh = arange(1)".to_string(),
-        format!("mk0 = arange({t})"),
-        "kv_idx = mk0 + 0".to_string(),
-        "del mk0".to_string(),
-        format!("mq0 = arange({t})"),
-        "q_idx = mq0 + 0".to_string(),
-        "del mq0".to_string(),
+    for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
         "del mb, mh, kv_idx, q_idx".to_string(),
         "mz = zeros()".to_string(),
         "mn = full(fill_value=-3.4028234663852886e+38)".to_string(),
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
-    ] {
+    ]) {
         at(s, ind, "model.create_causal_mask", &st);
     }
 }

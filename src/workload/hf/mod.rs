@@ -270,9 +270,8 @@ pub(crate) fn expand(
     }
     let (setup, body) = match &cfg {
         config::Family::Llama(c) if run.mode == "generate" => {
-            let (setup, _) = llama::expand(c, &run);
             let g = run.generate.as_ref().expect("checked with the mode");
-            (setup, generate::body(c, &run, g))
+            (llama::setup(c, &run), generate::body(c, &run, g))
         }
         config::Family::Llama(c) => llama::expand(c, &run),
         config::Family::Gpt2(c) => gpt2::expand(c, &run),
