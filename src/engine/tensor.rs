@@ -196,7 +196,7 @@ impl<S: Device> Tensors<S> {
         let layout = Layout::contiguous(shape);
         let nbytes = layout.numel() as u64 * dtype.size();
         let rec = self.alloc.recorder_mut();
-        rec.push_tag(&category.tag());
+        rec.push_static(category.tag());
         let before = self.alloc.stats().allocated_bytes.all().current;
         let r = self.alloc.malloc(nbytes, 0);
         self.alloc.recorder_mut().pop_tag();
@@ -300,7 +300,7 @@ impl<S: Device> Tensors<S> {
             if s.block > 0 {
                 // tell the trace, so analyses of it see the role the engine sees
                 let rec = self.alloc.recorder_mut();
-                rec.push_tag(&to.tag());
+                rec.push_static(to.tag());
                 rec.record(crate::trace::EventKind::Retag, addr, 0, 0);
                 rec.pop_tag();
             }

@@ -95,6 +95,10 @@ struct Runner {
     iter_stack: StackId,
     /// The runtime function being called (the optimizer constructors share one).
     calling: &'static str,
+    /// Each `scope "..."` block's tag by the address and length of its name in the script's
+    /// syntax tree, which outlives the runner (`run_on` borrows the workload): a module path
+    /// is hashed once per run, not once per visit.
+    scope_tags: rustc_hash::FxHashMap<(usize, usize), crate::trace::TagId>,
 }
 
 fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
@@ -176,6 +180,7 @@ pub fn run_on(
         optimizers: Vec::new(),
         iter_stack: StackId::ROOT,
         calling: "",
+        scope_tags: Default::default(),
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
@@ -296,21 +301,21 @@ fn peak_breakdown<S: crate::alloc::SegmentSource>(
 ) -> PeakBreakdown {
     use crate::trace::EventKind;
     let rec = a.recorder();
-    let mut live: HashMap<u64, (u64, crate::trace::StackId)> = HashMap::new();
+    // sizes of live allocations by address; the ring is walked twice rather than copied
+    let mut live: rustc_hash::FxHashMap<u64, u64> = Default::default();
     let mut cur: u64 = 0;
     let mut best: (u64, usize) = (0, 0);
-    let events: Vec<_> = rec.ring.iter().copied().collect();
-    for (i, e) in events.iter().enumerate() {
+    for (i, e) in rec.ring.iter().enumerate() {
         match e.kind() {
             EventKind::Alloc => {
-                live.insert(e.addr, (e.size(), e.stack));
+                live.insert(e.addr, e.size());
                 cur += e.size();
                 if cur > best.0 {
                     best = (cur, i + 1);
                 }
             }
             EventKind::FreeRequested => {
-                if let Some((s, _)) = live.remove(&e.addr) {
+                if let Some(s) = live.remove(&e.addr) {
                     cur -= s;
                 }
             }
@@ -318,8 +323,8 @@ fn peak_breakdown<S: crate::alloc::SegmentSource>(
         }
     }
     // the live set at the peak
-    let mut at_peak: HashMap<u64, (u64, crate::trace::StackId)> = HashMap::new();
-    for e in &events[..best.1] {
+    let mut at_peak: rustc_hash::FxHashMap<u64, (u64, crate::trace::StackId)> = Default::default();
+    for e in rec.ring.iter().take(best.1) {
         match e.kind() {
             EventKind::Alloc => {
                 at_peak.insert(e.addr, (e.size(), e.stack));
@@ -487,7 +492,12 @@ impl Runner {
                     }
                 }
                 BlockKind::Scope(name) => {
-                    self.dev.alloc.recorder_mut().push_tag(name);
+                    let rec = self.dev.alloc.recorder_mut();
+                    let t = *self
+                        .scope_tags
+                        .entry((name.as_ptr() as usize, name.len()))
+                        .or_insert_with(|| rec.tags.intern(name));
+                    rec.push_tag_id(t);
                     let r = self.block(body);
                     self.dev.alloc.recorder_mut().pop_tag();
                     r?;
@@ -684,10 +694,10 @@ impl Runner {
     fn op<T>(
         &mut self,
         span: Span,
-        tag: &str,
+        tag: &'static str,
         f: impl FnOnce(&mut Tensors<AnyDevice>) -> Result<T, EngineError>,
     ) -> Flow<T> {
-        self.dev.alloc.recorder_mut().push_tag(tag);
+        self.dev.alloc.recorder_mut().push_static(tag);
         let r = f(&mut self.dev);
         self.dev.alloc.recorder_mut().pop_tag();
         r.map_err(|e| engine_err(span, e))

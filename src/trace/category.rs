@@ -39,8 +39,28 @@ impl Category {
         }
     }
 
-    /// The tag that marks an allocation's category in the event trace.
-    pub fn tag(self) -> String {
-        format!("category:{}", self.name())
+    /// The tag that marks an allocation's category in the event trace: `category:<name>`.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Category::Parameter => "category:parameter",
+            Category::Gradient => "category:gradient",
+            Category::OptimizerState => "category:optimizer_state",
+            Category::Activation => "category:activation",
+            Category::Temporary => "category:temporary",
+            Category::Input => "category:input",
+            Category::Workspace => "category:workspace",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Category;
+
+    #[test]
+    fn each_tag_is_its_name_under_the_category_prefix() {
+        for c in Category::ALL {
+            assert_eq!(c.tag(), format!("category:{}", c.name()));
+        }
     }
 }

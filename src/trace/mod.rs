@@ -23,6 +23,9 @@ pub struct Recorder {
     pub ring: Ring<Event>,
     pub tags: Tags,
     current: StackId,
+    /// Tags of `&'static str` names (op names, categories) by the string's address and
+    /// length: a static string never moves, so its tag is found without hashing its text.
+    statics: rustc_hash::FxHashMap<(usize, usize), TagId>,
 }
 
 impl Default for Recorder {
@@ -39,12 +42,35 @@ impl Recorder {
             ring: Ring::new(capacity),
             tags: Tags::default(),
             current: StackId::ROOT,
+            statics: rustc_hash::FxHashMap::default(),
         }
     }
 
     /// Enters a tag (a scope, an op, a category...): events from now on carry it.
     pub fn push_tag(&mut self, tag: &str) -> StackId {
         let t = self.tags.intern(tag);
+        self.current = self.tags.child(self.current, t);
+        self.current
+    }
+
+    /// [`Recorder::push_tag`] for a name that lives as long as the program (an op's name, a
+    /// category's tag): the same stacks, found faster.
+    pub fn push_static(&mut self, tag: &'static str) -> StackId {
+        let key = (tag.as_ptr() as usize, tag.len());
+        let t = match self.statics.get(&key) {
+            Some(&t) => t,
+            None => {
+                let t = self.tags.intern(tag);
+                self.statics.insert(key, t);
+                t
+            }
+        };
+        self.current = self.tags.child(self.current, t);
+        self.current
+    }
+
+    /// Enters a tag already interned in [`Recorder::tags`].
+    pub fn push_tag_id(&mut self, t: TagId) -> StackId {
         self.current = self.tags.child(self.current, t);
         self.current
     }
