@@ -142,7 +142,7 @@ fn fixture_workloads() -> Vec<PathBuf> {
 
 /// Workloads whose float arithmetic (or random fill of gigabytes) takes more than a minute on
 /// two cores in a debug build (GPT-2 small, the 4096-wide MLPs, an 80-layer model, 3.5 GiB of
-/// randn, the Hugging Face training cases): the ignored test runs them.
+/// randn, the Hugging Face training cases, the ResNets): the ignored test runs them.
 const HEAVY: &[&str] = &[
     "gpt2",
     "mlp_adam.toml",
@@ -164,6 +164,9 @@ const HEAVY: &[&str] = &[
     // benchmark far more than a host holds, and the tiny training cases take seconds an
     // iteration (tests/hf.rs runs one iteration of the tiny llama, GPT-2 and BERT on cpu)
     "hf/",
+    // torchvision's ResNets: GPT-2-sized convolutions (tests/vision.rs trains a 32-pixel
+    // resnet18 on cpu)
+    "vision/",
 ];
 
 fn is_heavy(p: &Path) -> bool {

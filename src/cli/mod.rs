@@ -54,7 +54,9 @@ pub enum Command {
 /// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out;
 /// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
 /// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
-/// retain_graph) build PyTorch's reference model and loop.
+/// retain_graph) build PyTorch's reference model and loop; `[model] hf_config = "config.json"`
+/// a Hugging Face model from its config (llama, mistral, qwen2, gpt2, bert), and
+/// `[model] torchvision = "resnet50"` a torchvision ResNet (image_size, num_classes).
 /// Script workloads may declare integer `[params]` (e.g. `batch = 32`) and use them as names.
 ///
 /// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,

@@ -110,6 +110,29 @@ pub fn preset_for(
     Ok(t)
 }
 
+/// The families hf_models.py builds with transformers; any other is a torchvision model.
+const HF_FAMILIES: &[&str] = &["llama", "qwen2", "mistral", "gpt2", "bert"];
+
+/// An hf_models.py case of a torchvision model (`randn(B, 3, 224, 224)` images, 1,000
+/// classes).
+fn vision_workload(
+    family: &str,
+    config: &Value,
+    iterations: usize,
+) -> std::result::Result<String, String> {
+    let batch = config
+        .get("batch")
+        .and_then(Value::as_u64)
+        .ok_or("config has no integer 'batch'")?;
+    let opt = config.get("opt").and_then(Value::as_str).unwrap_or("none");
+    Ok(format!(
+        "[model]\ntorchvision = {}\n[train]\nbatch = {batch}\niterations = {}\noptimizer = {}\n",
+        Value::from(family),
+        iterations.max(1),
+        Value::from(opt)
+    ))
+}
+
 /// An hf_models.py case's workload: its config (transformers' class defaults for what the
 /// case leaves out) written to `dir`, and the TOML naming it.
 fn hf_workload(
@@ -118,6 +141,9 @@ fn hf_workload(
     dir: &Path,
 ) -> std::result::Result<String, String> {
     let family = config.get("family").and_then(Value::as_str).unwrap_or("?");
+    if !HF_FAMILIES.contains(&family) {
+        return vision_workload(family, config, iterations);
+    }
     let mut cfg = config
         .get("cfg")
         .and_then(Value::as_object)

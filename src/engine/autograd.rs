@@ -55,7 +55,13 @@ impl<S: Device> Tensors<S> {
         self.record_node(op, inputs, outputs, saves);
     }
 
-    fn record_node(&mut self, op: &Op, inputs: &[TensorId], outputs: &[TensorId], saves: &[Save]) {
+    pub(crate) fn record_node(
+        &mut self,
+        op: &Op,
+        inputs: &[TensorId],
+        outputs: &[TensorId],
+        saves: &[Save],
+    ) {
         let needs = |s: &Self, i: usize| s.info(inputs[i]).requires_grad;
         let mut saved: Vec<(TensorId, Role)> = Vec::new();
         for s in saves {

@@ -16,6 +16,16 @@ use crate::backend::Device;
 
 pub use super::workspace::{CUBLASLT_WORKSPACE, CUBLAS_WORKSPACE};
 
+/// An in-place op's method name, for messages.
+fn inplace_name(op: InPlace) -> String {
+    match op {
+        InPlace::Tensor(b) | InPlace::Scalar(b, _) => format!("{}_", b.name()),
+        InPlace::Unary(u) => format!("{}_", u.name()),
+        InPlace::Fill(_) => "zero_/fill_".into(),
+        InPlace::Copy => "copy_ (or slice assignment)".into(),
+    }
+}
+
 impl<S: Device> Tensors<S> {
     /// A factory (`zeros`, `ones`, `randn`, `empty`, `full`, `arange`...): a fresh tensor.
     pub fn factory_fill(
@@ -429,7 +439,11 @@ impl<S: Device> Tensors<S> {
     }
 
     /// An in-place op: nothing is allocated, the storage's version goes up (so a node that
-    /// saved it can no longer compute its gradient), and the kernel writes into it.
+    /// saved it can no longer compute its gradient), and the kernel writes into it. In the
+    /// autograd graph (grad mode on, `x` or the operand requiring grad) the tensor's history
+    /// is rebased as PyTorch does: a node for the op takes `x`'s old grad_fn as its input and
+    /// becomes `x`'s grad_fn (`relu_` keeps its result, the same storage: no allocation).
+    /// Only the ops whose derivative needs nothing the write destroys are taken there.
     pub fn inplace(
         &mut self,
         op: InPlace,
@@ -441,15 +455,31 @@ impl<S: Device> Tensors<S> {
                 "a leaf Variable that requires grad is being used in an in-place operation.".into(),
             ));
         }
-        if matches!(op, InPlace::Copy)
-            && self.grad_enabled
-            && (self.info(x).requires_grad || operand.is_some_and(|o| self.info(o).requires_grad))
-        {
-            // (PyTorch records CopySlices for it; gpumem does not model that backward yet)
-            return Err(EngineError::Invalid(
-                "copy_ or slice assignment of a tensor in the autograd graph is not modelled yet: run it under no_grad".into(),
-            ));
-        }
+        let in_graph = self.grad_enabled
+            && (self.info(x).requires_grad || operand.is_some_and(|o| self.info(o).requires_grad));
+        let node_op = if in_graph {
+            let eq = match op {
+                InPlace::Unary(u @ (Unary::Relu | Unary::Exp | Unary::Neg)) => Some(Op::Unary(u)),
+                InPlace::Tensor(b @ (Binary::Add | Binary::Sub)) => Some(Op::Binary(b)),
+                InPlace::Scalar(b, value) => Some(Op::Scalar {
+                    op: b,
+                    value,
+                    reversed: false,
+                }),
+                _ => None,
+            };
+            if eq.is_none() {
+                // (copy_ records CopySlices in PyTorch; the others' derivatives read the
+                // values the write destroys)
+                return Err(EngineError::Invalid(format!(
+                    "{} of a tensor in the autograd graph is not modelled: write it out of place, or run it under no_grad",
+                    inplace_name(op)
+                )));
+            }
+            eq
+        } else {
+            None
+        };
         if let Some(o) = operand {
             let (xs, os) = (self.shape(x), self.shape(o));
             if super::op::broadcast(os, xs).as_deref() != Ok(xs) {
@@ -463,7 +493,16 @@ impl<S: Device> Tensors<S> {
         self.bump_version(x);
         let mut ins = vec![x];
         ins.extend(operand);
-        self.launch(&Op::InPlace(op), &ins, &[x])
+        self.launch(&Op::InPlace(op), &ins, &[x])?;
+        if let Some(eq) = node_op {
+            let old = self.info(x).grad_fn;
+            self.record_node(&eq, &ins, &[x], eq.saves(ins.len()));
+            // `x` now refers to the new node; the new node holds the old one
+            if let Some(n) = old {
+                self.node_decref(n);
+            }
+        }
+        Ok(())
     }
 
     /// Describes a tensor as PyTorch's repr of its size does.

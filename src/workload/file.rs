@@ -103,7 +103,9 @@ fn override_preset(model: &mut Table, train: &mut Table, o: &Overrides, kind: &s
         t.insert(key.to_string(), Spanned::new(range, v));
     };
     for (k, v) in &o.params {
-        if preset::TRAIN_INTS.contains(&k.as_str()) {
+        if preset::TRAIN_INTS.contains(&k.as_str())
+            || (kind == "torchvision" && super::vision::TRAIN_KEYS.contains(&k.as_str()))
+        {
             set(train, k, Value::Integer(*v));
         } else {
             set(model, k, Value::Integer(*v));
@@ -182,6 +184,7 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
             } else if !overrides.is_empty() {
                 let kind = match model_t.get("kind").map(|v| v.get_ref()) {
                     Some(Value::String(k)) => k.clone(),
+                    _ if super::vision::is_vision(&model_t) => "torchvision".into(),
                     _ => String::new(),
                 };
                 let t = train_t.get_or_insert_with(Table::new);
@@ -204,6 +207,8 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                     base,
                     &span_of,
                 )?
+            } else if super::vision::is_vision(&model_t) {
+                super::vision::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?
             } else {
                 preset::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?
             };

@@ -66,6 +66,7 @@ mod parser;
 mod preset;
 mod source;
 pub mod transform;
+mod vision;
 
 #[cfg(test)]
 mod tests;

@@ -318,3 +318,107 @@ fn products_attention_and_losses_match_finite_differences() {
         l
     });
 }
+
+#[test]
+fn vision_ops_match_finite_differences() {
+    use crate::engine::op::vision::{BatchNorm, Conv, Pool};
+    use crate::engine::op::InPlace;
+    let conv = |stride, padding, dilation, groups| {
+        Op::Conv2d(Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+        })
+    };
+    check(
+        "conv2d, strided and padded, with a bias",
+        &[
+            (vec![2, 3, 6, 5], true),
+            (vec![4, 3, 3, 3], true),
+            (vec![4], true),
+        ],
+        &|d, i| d.apply(&conv(2, 1, 1, 1), i).unwrap(),
+    );
+    check(
+        "conv2d, grouped and dilated",
+        &[(vec![1, 4, 7, 7], true), (vec![6, 2, 3, 3], true)],
+        &|d, i| d.apply(&conv(1, 2, 2, 2), i).unwrap(),
+    );
+    let bn = Op::BatchNorm(BatchNorm {
+        training: true,
+        momentum: 0.1,
+        eps: 1e-5,
+    });
+    check(
+        "batch_norm in training",
+        &[
+            (vec![3, 2, 4, 3], true),
+            (vec![2], true),
+            (vec![2], true),
+            (vec![2], false),
+            (vec![2], false),
+        ],
+        &|d, i| d.apply(&bn, i).unwrap(),
+    );
+    check("max_pool2d", &[(vec![2, 2, 7, 6], true)], &|d, i| {
+        d.apply(
+            &Op::MaxPool2d(Pool {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            }),
+            i,
+        )
+        .unwrap()
+    });
+    check(
+        "adaptive_avg_pool2d, uneven windows",
+        &[(vec![2, 3, 5, 7], true)],
+        &|d, i| d.apply(&Op::AdaptiveAvgPool2d { out: [2, 3] }, i).unwrap(),
+    );
+    // ResNet's residual join: `out += identity; out.relu_()` on a tensor in the graph
+    check(
+        "in-place add_ and relu_ in the graph",
+        &[(vec![2, 5], true), (vec![2, 5], true)],
+        &|d, i| {
+            let out = d.binary(Binary::Mul, i[0], i[0]).unwrap();
+            let shifted = d.scalar(Binary::Sub, out, 0.3, false).unwrap();
+            d.release(out);
+            d.inplace(InPlace::Tensor(Binary::Add), shifted, Some(i[1]))
+                .unwrap();
+            d.inplace(InPlace::Unary(Unary::Relu), shifted, None)
+                .unwrap();
+            shifted
+        },
+    );
+}
+
+#[test]
+fn batch_norm_updates_the_running_statistics() {
+    use crate::engine::op::vision::BatchNorm;
+    let mut d = dev();
+    let x = input(&mut d, &[4, 2, 3, 3], false, noise(5));
+    let w = input(&mut d, &[2], false, |_| 1.0);
+    let b = input(&mut d, &[2], false, |_| 0.0);
+    let rm = input(&mut d, &[2], false, |_| 0.0);
+    let rv = input(&mut d, &[2], false, |_| 1.0);
+    let bn = Op::BatchNorm(BatchNorm {
+        training: true,
+        momentum: 0.1,
+        eps: 1e-5,
+    });
+    let y = d.apply(&bn, &[x, w, b, rm, rv]).unwrap();
+    let xs = values(&d, x);
+    for c in 0..2 {
+        let vals: Vec<f64> = (0..4)
+            .flat_map(|n| (0..9).map(move |i| (n * 2 + c) * 9 + i))
+            .map(|k| xs[k])
+            .collect();
+        let mean = vals.iter().sum::<f64>() / 36.0;
+        let var = vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 35.0;
+        assert!((values(&d, rm)[c] - 0.1 * mean).abs() < 1e-12);
+        assert!((values(&d, rv)[c] - (0.9 + 0.1 * var)).abs() < 1e-12);
+    }
+    d.release(y);
+}

@@ -22,6 +22,7 @@ mod nn;
 mod optim;
 pub mod rng;
 mod scratch;
+mod vision;
 
 pub(crate) use scratch::Scratch;
 
@@ -407,6 +408,10 @@ impl Device for CpuDevice {
             (Op::Matmul | Op::Linear | Op::Addmm, _) => linalg::launch(self, l),
             (Op::Sdpa { .. }, _) => attention::launch(self, l),
             (Op::OptimStep(s), Pass::Forward) => optim::step(self, l, s),
+            (
+                Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. },
+                _,
+            ) => vision::launch(self, l),
             _ => nn::launch(self, l),
         }
     }

@@ -402,17 +402,17 @@ entries! {
     "div", Both, TWO, binary_fn, "x / other, broadcast";
     "bitwise_and", Both, TWO, bitwise, "x & other of integer or bool tensors, broadcast (the wider integer type)";
     "bitwise_or", Both, TWO, bitwise, "x | other of integer or bool tensors, broadcast";
-    "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number)";
-    "sub_", Method, INPLACE, inplace, "in place: x -= other";
-    "mul_", Method, INPLACE, inplace, "in place: x *= other";
-    "div_", Method, INPLACE, inplace, "in place: x /= other";
-    "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value";
-    "zero_", Method, UNARY, inplace, "in place: zeros";
+    "add_", Method, INPLACE, inplace, "in place: x += other (a tensor or number); in the autograd graph, its history rebased";
+    "sub_", Method, INPLACE, inplace, "in place: x -= other; in the autograd graph too";
+    "mul_", Method, INPLACE, inplace, "in place: x *= other; in the autograd graph by a number only";
+    "div_", Method, INPLACE, inplace, "in place: x /= other; in the autograd graph by a number only";
+    "fill_", Method, &[X, P::Float("value", None)], inplace, "in place: every element value; outside autograd only";
+    "zero_", Method, UNARY, inplace, "in place: zeros; outside autograd only";
     "copy_", Method, INPLACE, inplace, "in place: src's values, broadcast (also x[...] = src); outside autograd only";
-    "relu_", Method, UNARY, inplace, "in place: relu";
-    "sin_", Method, UNARY, inplace, "in place: sine";
-    "exp_", Method, UNARY, inplace, "in place: exponential";
-    "neg_", Method, UNARY, inplace, "in place: negation";
+    "relu_", Method, UNARY, inplace, "in place: relu; in the autograd graph too (its backward keeps the result: no allocation)";
+    "sin_", Method, UNARY, inplace, "in place: sine; outside autograd only";
+    "exp_", Method, UNARY, inplace, "in place: exponential; in the autograd graph too (keeps the result)";
+    "neg_", Method, UNARY, inplace, "in place: negation; in the autograd graph too";
 }
 
 /// The unary functions' entries, made from [`Unary::ALL`] (each a function and a method).

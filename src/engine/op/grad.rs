@@ -110,6 +110,7 @@ impl Op {
             Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
             Op::Embedding { strided } => super::nn::grad_plan(inputs, grad, *strided),
+            Op::Conv2d(_) => super::vision::grad_plan(self, inputs),
             Op::Unary(super::Unary::Rsqrt) => GradPlan {
                 formulas: vec![Formula::around(0, &inputs[0], 2)],
                 ..GradPlan::default()

@@ -12,11 +12,13 @@
 //! scalar, in-place, factories), [`product`] (matmul, linear), [`norm`], [`softmax`] (and the
 //! cross-entropy loss), [`attention`], [`nn`] (embedding, dropout, masked_fill), [`view`]
 //! (views, split, contiguous, clone, cat, pad), [`reduce`] (sum, mean), [`cast`], the optimizer updates
-//! ([`optim`]); the gradient plumbing backward needs (copies, sums, concatenation) is here. What a
+//! ([`optim`]), [`vision`] (conv2d with cuDNN's measured workspaces in [`cudnn_conv`], batch
+//! norm, the pools); the gradient plumbing backward needs (copies, sums, concatenation) is here. What a
 //! backward allocates beyond its gradients is each family's [`grad::GradPlan`].
 
 pub mod attention;
 pub mod cast;
+pub mod cudnn_conv;
 pub mod elementwise;
 pub mod grad;
 pub mod nn;
@@ -27,6 +29,7 @@ pub mod reduce;
 pub mod script;
 pub mod softmax;
 pub mod view;
+pub mod vision;
 
 pub use elementwise::{Binary, Fill, InPlace, Unary};
 pub use grad::{FStep, Formula, GradPlan, Step};
@@ -243,6 +246,16 @@ pub enum Op {
     SumTo,
     /// One parameter's optimizer update.
     OptimStep(OptimStep),
+    /// `F.conv2d` ([`vision`]); inputs `[x, weight]` or `[x, weight, bias]`.
+    Conv2d(vision::Conv),
+    /// `F.batch_norm` ([`vision`]); inputs `[x, weight, bias, running_mean, running_var]`.
+    BatchNorm(vision::BatchNorm),
+    /// `F.max_pool2d` ([`vision`]): the output, then its int64 indices (an extra).
+    MaxPool2d(vision::Pool),
+    /// `F.adaptive_avg_pool2d` to `[h, w]`.
+    AdaptiveAvgPool2d {
+        out: [usize; 2],
+    },
 }
 
 /// A comparison's operator.
@@ -341,6 +354,10 @@ impl Op {
             Op::Accumulate => "accumulate",
             Op::SumTo => "sum_to",
             Op::OptimStep(s) => s.kind.name(),
+            Op::Conv2d(_) => "conv2d",
+            Op::BatchNorm(_) => "batch_norm",
+            Op::MaxPool2d(_) => "max_pool2d",
+            Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
         }
     }
 
@@ -375,6 +392,10 @@ impl Op {
             Op::InPlace(_) => "inplace",
             Op::Accumulate => "accumulate",
             Op::OptimStep(s) => s.kind.kernel(),
+            Op::Conv2d(_) => "conv2d",
+            Op::BatchNorm(_) => "batch_norm",
+            Op::MaxPool2d(_) => "max_pool2d",
+            Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
         })
     }
 
@@ -399,6 +420,10 @@ impl Op {
             Op::Sdpa { .. } => "attention_backward",
             Op::View { .. } => "scatter_add",
             Op::Split { .. } => "cat",
+            Op::Conv2d(_) => "conv2d_backward",
+            Op::BatchNorm(_) => "batch_norm_backward",
+            Op::MaxPool2d(_) => "max_pool2d_backward",
+            Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d_backward",
             _ => return None,
         })
     }
@@ -406,7 +431,9 @@ impl Op {
     /// Autocast's policy for its floating inputs (None: it runs in its inputs' dtype).
     pub fn autocast(&self) -> Option<CastPolicy> {
         match self {
-            Op::Matmul | Op::Linear | Op::Addmm | Op::Sdpa { .. } => Some(CastPolicy::Lower),
+            Op::Matmul | Op::Linear | Op::Addmm | Op::Sdpa { .. } | Op::Conv2d(_) => {
+                Some(CastPolicy::Lower)
+            }
             Op::Norm(n) => Some(n.autocast()),
             Op::Softmax { .. } | Op::NllLoss => Some(CastPolicy::Float32),
             _ => None,
@@ -434,6 +461,9 @@ impl Op {
                 Save::Output,
             ],
             Op::Sdpa { .. } => &[Save::Input(0), Save::Input(1), Save::Input(2), Save::Output],
+            Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. } => {
+                vision::saves(self)
+            }
             _ => &[],
         }
     }
@@ -524,6 +554,7 @@ impl Op {
             (Op::Reduce { dims, .. }, Some(x)) => reduce::sum_scratch(*x, *dims),
             (Op::Argmax { dim, .. }, Some(x)) => reduce::arg_scratch(*x, *dim, 16),
             (Op::Max, Some(x)) => reduce::arg_scratch(*x, None, reduce::acc_bytes(x.1)),
+            (Op::Conv2d(_), _) => vision::forward_scratch(self, ins),
             _ => Vec::new(),
         }
     }
@@ -644,6 +675,9 @@ impl Op {
                 }
                 let scalar = (Vec::new(), first.1);
                 Ok((scalar.clone(), vec![scalar]))
+            }
+            Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. } => {
+                return vision::outputs(self, ins)
             }
             _ => return None,
         };

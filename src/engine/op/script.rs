@@ -255,6 +255,7 @@ pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
         .chain(super::norm::ENTRIES)
         .chain(super::nn::ENTRIES)
         .chain(super::view::ENTRIES)
+        .chain(super::vision::ENTRIES)
 }
 
 /// FNV-1a, for the fixed tables of names looked up on every script call (ours, not a
