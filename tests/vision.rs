@@ -258,3 +258,55 @@ fn in_place_ops_in_the_graph_are_modelled_or_refused() {
     let (code, v) = run_json(&["run", w.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{v}");
 }
+
+/// `fit` on a ResNet: the largest batch that fits (the next one runs out of memory), and no
+/// remedy the model is not modelled under (bf16 autocast); GPT-2's config likewise.
+#[test]
+fn fit_finds_the_largest_batch_and_offers_only_modelled_remedies() {
+    let (code, v) = run_json(&[
+        "fit",
+        "fixtures/vision/workloads/resnet18_b32_sgdm_fp32.toml",
+        "--capacity",
+        "2GiB",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    let text = v.to_string();
+    assert!(!text.contains("bf16 autocast"), "{text}");
+    let best = &v["results"][0];
+    assert_eq!(best["remedy"], "as written", "{v}");
+    let max = best["max_fitting"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{best}"));
+    assert!(max > 32, "{best}");
+    let run_at = |b: u64| {
+        let (c, v) = run_json(&[
+            "run",
+            "fixtures/vision/workloads/resnet18_b32_sgdm_fp32.toml",
+            "--batch",
+            &b.to_string(),
+            "--capacity",
+            "2GiB",
+            "--no-remedies",
+        ]);
+        (c, v["oom"].is_null())
+    };
+    assert_eq!(run_at(max), (Some(0), true));
+    assert!(
+        !run_at(max + 1).1,
+        "batch {} should run out of memory",
+        max + 1
+    );
+    let out = at_root(&[
+        "fit",
+        "fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml",
+        "--capacity",
+        "1GiB",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("bf16 autocast"), "{text}");
+}

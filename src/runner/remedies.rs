@@ -103,7 +103,8 @@ pub fn applicable(w: &Workload, base: &Overrides) -> Vec<Remedy> {
         });
     }
     let autocast = match p {
-        Some(p) => p.bf16,
+        // a model not modelled under autocast is not offered it
+        Some(p) => p.bf16 || !p.can_autocast,
         None => {
             transform::has_block(&w.body, &|k| matches!(k, BlockKind::Autocast { .. }))
                 || !transform::multiplies_matrices(&w.body)

@@ -71,6 +71,8 @@ pub struct PresetInfo {
     pub mode: &'static str,
     /// `keep_loss = "tensor"`.
     pub keep_tensor: bool,
+    /// Whether the model is modelled under bf16 autocast (the remedy is offered only then).
+    pub can_autocast: bool,
 }
 
 /// The integer keys of `[train]`.
@@ -93,6 +95,7 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
             Mode::EvalWithGraph => "eval-with-graph",
         },
         keep_tensor: t.keep_tensor,
+        can_autocast: true,
     }
 }
 

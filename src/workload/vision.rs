@@ -180,6 +180,8 @@ pub(crate) fn expand(
             checkpointing: false,
             mode: if run.train { "train" } else { "inference" },
             keep_tensor: false,
+            // (bf16 autocast is not modelled for the ResNets yet)
+            can_autocast: false,
         },
         weights: None,
     })

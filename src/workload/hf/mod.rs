@@ -296,6 +296,10 @@ pub(crate) fn expand(
         checkpointing: run.checkpointing,
         mode: run.mode,
         keep_tensor: false,
+        // what the checks above take under bf16 autocast
+        can_autocast: matches!(&cfg, config::Family::Llama(c) if c.sliding_window.is_none())
+            && !run.bf16_weights
+            && run.mode != "generate",
     };
     Ok(Expanded {
         kind,
