@@ -28,8 +28,9 @@ dev = "cuda"
 T_START = time.time()
 BUDGET = float(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 300.0
 OUTF = sys.argv[1]
-# --all-batches: the resnet convs (ResNeXt-101's too) at every batch 1..128 not measured by the
-# first sweep (its batches 1, 2, 4, ..., 128), float32 then bf16, and no grid
+# --all-batches: the resnet convs (ResNeXt-101's too) at every batch 1..128 not measured yet
+# (not in the table given by --missing-from TSV, else not among the first sweep's batches 1, 2,
+# 4, ..., 128), float32 then bf16, and no grid
 ALL_BATCHES = "--all-batches" in sys.argv
 MAX_BYTES = 4.0e9          # any one tensor
 MAX_FLOPS = 3.0e12         # forward multiply-adds x2
@@ -301,16 +302,27 @@ def main():
                 sh_set[sh] = "resnet_bf16"
                 bf.append(sh)
     if ALL_BATCHES:
-        first = {1, 2, 4, 8, 16, 32, 64, 128}
-        # ResNeXt-101's own convs at the first sweep's batches too
-        first_convs = set(resnet_convs_first())
+        # every (batch, conv, dtype) not measured yet: not in the table given with --missing-from
+        # (src/engine/op/cudnn_conv_h200.tsv), else not in the first sweep's batches
+        have = set()
+        if "--missing-from" in sys.argv:
+            for line in open(sys.argv[sys.argv.index("--missing-from") + 1]):
+                f = line.split()
+                if f and not line.startswith("#"):
+                    # N C H W K R S stride pad groups dtype
+                    have.add((int(f[0]), int(f[1]), int(f[2]), int(f[4]), int(f[5]), int(f[7]), int(f[9]), f[10]))
+        else:
+            first_convs = set(resnet_convs_first())
+            have = {(N, C, H, K, k, s, g, dt) for N in (1, 2, 4, 8, 16, 32, 64, 128)
+                    for (C, H, K, k, s, g) in first_convs for dt in ("fp32", "bf16")}
+        sh_set.clear()
         shapes, grid, bf = [], [], []
         for dt, e, lst in (("fp32", 4, shapes), ("bf16", 2, bf)):
             for N in range(1, 129):
                 for (C, H, K, k, s, g) in convs:
-                    if N in first and (C, H, K, k, s, g) in first_convs:
-                        continue
                     sh = (N, C, H, K, k, s, g, dt)
+                    if sh in have:
+                        continue
                     if feasible(N, C, H, K, k, s, g, e) and sh not in sh_set:
                         sh_set[sh] = "resnet_all" if dt == "fp32" else "resnet_all_bf16"
                         lst.append(sh)

@@ -113,23 +113,42 @@ pub fn preset_for(
 /// The families hf_models.py builds with transformers; any other is a torchvision model.
 const HF_FAMILIES: &[&str] = &["llama", "qwen2", "mistral", "gpt2", "bert"];
 
+/// The optimizer hf_models.py's `make_opt` builds for a case's `opt`: SGD with momentum or
+/// AdamW (foreach); any other name, none.
+fn hf_optimizer(config: &Value) -> &'static str {
+    match config.get("opt").and_then(Value::as_str) {
+        Some("sgd_momentum") => "sgd_momentum",
+        Some("adamw") => "adamw",
+        _ => "none",
+    }
+}
+
 /// An hf_models.py case of a torchvision model (`randn(B, 3, 224, 224)` images, 1,000
-/// classes).
+/// classes). The case keys gpumem does not model for these are refused by name.
 fn vision_workload(
     family: &str,
     config: &Value,
     iterations: usize,
 ) -> std::result::Result<String, String> {
+    for key in ["amp", "weights", "ckpt", "lora", "no_grad", "generate"] {
+        if config
+            .get(key)
+            .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+        {
+            return Err(format!(
+                "the case sets '{key}', which gpumem does not model for torchvision models yet"
+            ));
+        }
+    }
     let batch = config
         .get("batch")
         .and_then(Value::as_u64)
         .ok_or("config has no integer 'batch'")?;
-    let opt = config.get("opt").and_then(Value::as_str).unwrap_or("none");
     Ok(format!(
         "[model]\ntorchvision = {}\n[train]\nbatch = {batch}\niterations = {}\noptimizer = {}\n",
         Value::from(family),
         iterations.max(1),
-        Value::from(opt)
+        Value::from(hf_optimizer(config))
     ))
 }
 
@@ -180,7 +199,7 @@ fn hf_workload(
         int("batch")?,
         int("seq")?,
         iterations.max(1),
-        Value::from(get("opt").and_then(Value::as_str).unwrap_or("none"))
+        Value::from(hf_optimizer(config))
     );
     if get("amp").and_then(Value::as_str) == Some("bf16") {
         t += "precision = \"bf16-autocast\"\n";

@@ -10,21 +10,11 @@
 
 use super::dtype::DType;
 use super::layout::{elementwise_layout, Dims, Layout};
-use super::op::{Binary, Fill, InPlace, MetaRef, Norm, Op, Role, Unary, ViewKind};
+use super::op::{Binary, Fill, MetaRef, Norm, Op, Role, Unary, ViewKind};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
 pub use super::workspace::{CUBLASLT_WORKSPACE, CUBLAS_WORKSPACE};
-
-/// An in-place op's method name, for messages.
-fn inplace_name(op: InPlace) -> String {
-    match op {
-        InPlace::Tensor(b) | InPlace::Scalar(b, _) => format!("{}_", b.name()),
-        InPlace::Unary(u) => format!("{}_", u.name()),
-        InPlace::Fill(_) => "zero_/fill_".into(),
-        InPlace::Copy => "copy_ (or slice assignment)".into(),
-    }
-}
 
 impl<S: Device> Tensors<S> {
     /// A factory (`zeros`, `ones`, `randn`, `empty`, `full`, `arange`...): a fresh tensor.
@@ -74,6 +64,15 @@ impl<S: Device> Tensors<S> {
             ),
             Op::Dropout { p, .. } => self.dropout(arg(0)?, *p),
             Op::Embedding { .. } => self.embedding(arg(0)?, arg(1)?),
+            Op::BatchNorm(bn)
+                if !bn.training
+                    && self.grad_enabled
+                    && inputs.iter().any(|&t| self.info(t).requires_grad) =>
+            {
+                Err(EngineError::Invalid(
+                    "batch_norm in eval mode (training=false) inside autograd is not modelled yet: run it under no_grad, or in training mode".into(),
+                ))
+            }
             Op::Cumsum { .. } if self.grad_enabled && self.info(arg(0)?).requires_grad => {
                 Err(EngineError::Invalid(
                     "cumsum's backward is not modelled yet: take it under no_grad, or of an integer or bool tensor".into(),
@@ -436,73 +435,6 @@ impl<S: Device> Tensors<S> {
         self.launch(&Op::Cast, &[x], &[out])?;
         self.record(&Op::Cast, &[x], &[out], &[]);
         Ok(out)
-    }
-
-    /// An in-place op: nothing is allocated, the storage's version goes up (so a node that
-    /// saved it can no longer compute its gradient), and the kernel writes into it. In the
-    /// autograd graph (grad mode on, `x` or the operand requiring grad) the tensor's history
-    /// is rebased as PyTorch does: a node for the op takes `x`'s old grad_fn as its input and
-    /// becomes `x`'s grad_fn (`relu_` keeps its result, the same storage: no allocation).
-    /// Only the ops whose derivative needs nothing the write destroys are taken there.
-    pub fn inplace(
-        &mut self,
-        op: InPlace,
-        x: TensorId,
-        operand: Option<TensorId>,
-    ) -> Result<(), EngineError> {
-        if self.grad_enabled && self.is_leaf(x) && self.info(x).requires_grad {
-            return Err(EngineError::Invalid(
-                "a leaf Variable that requires grad is being used in an in-place operation.".into(),
-            ));
-        }
-        let in_graph = self.grad_enabled
-            && (self.info(x).requires_grad || operand.is_some_and(|o| self.info(o).requires_grad));
-        let node_op = if in_graph {
-            let eq = match op {
-                InPlace::Unary(u @ (Unary::Relu | Unary::Exp | Unary::Neg)) => Some(Op::Unary(u)),
-                InPlace::Tensor(b @ (Binary::Add | Binary::Sub)) => Some(Op::Binary(b)),
-                InPlace::Scalar(b, value) => Some(Op::Scalar {
-                    op: b,
-                    value,
-                    reversed: false,
-                }),
-                _ => None,
-            };
-            if eq.is_none() {
-                // (copy_ records CopySlices in PyTorch; the others' derivatives read the
-                // values the write destroys)
-                return Err(EngineError::Invalid(format!(
-                    "{} of a tensor in the autograd graph is not modelled: write it out of place, or run it under no_grad",
-                    inplace_name(op)
-                )));
-            }
-            eq
-        } else {
-            None
-        };
-        if let Some(o) = operand {
-            let (xs, os) = (self.shape(x), self.shape(o));
-            if super::op::broadcast(os, xs).as_deref() != Ok(xs) {
-                return Err(EngineError::Invalid(format!(
-                    "the source of size {} cannot be broadcast to the destination's {}",
-                    Dims(os),
-                    Dims(xs)
-                )));
-            }
-        }
-        self.bump_version(x);
-        let mut ins = vec![x];
-        ins.extend(operand);
-        self.launch(&Op::InPlace(op), &ins, &[x])?;
-        if let Some(eq) = node_op {
-            let old = self.info(x).grad_fn;
-            self.record_node(&eq, &ins, &[x], eq.saves(ins.len()));
-            // `x` now refers to the new node; the new node holds the old one
-            if let Some(n) = old {
-                self.node_decref(n);
-            }
-        }
-        Ok(())
     }
 
     /// Describes a tensor as PyTorch's repr of its size does.

@@ -13,6 +13,7 @@
 //! - [`tensor`]: tensors and storages over the caching allocator, reference counted, with the
 //!   memory category of each allocation in its tag stack; kernel launches.
 //! - [`exec`]: running ops forward (allocation order, kernels, the node each records).
+//! - [`inplace`]: in-place ops, and the history they rebase in the autograd graph.
 //! - [`autograd`]: recording nodes and backward (each op's [`op::GradPlan`] carried out).
 //! - [`checkpoint`]: activation checkpoints: dropped in the forward, recomputed in backward.
 //! - [`workspace`]: the CUDA libraries' workspaces and scratch, as named notes.
@@ -26,6 +27,7 @@ pub mod checkpoint;
 pub mod dtype;
 pub mod exec;
 pub mod graph;
+pub mod inplace;
 pub mod layout;
 pub mod op;
 pub mod optim;

@@ -216,7 +216,7 @@ struct Block {
 }
 
 /// The model's modules in `model.to()` order and its blocks.
-fn modules(a: &Arch, classes: u64) -> (Vec<Module>, Vec<Block>, u64) {
+fn modules(a: &Arch) -> (Vec<Module>, Vec<Block>, u64) {
     let mut ms = vec![
         Module::Conv {
             path: "conv1".into(),
@@ -291,13 +291,12 @@ fn modules(a: &Arch, classes: u64) -> (Vec<Module>, Vec<Block>, u64) {
             inplanes = planes * expansion;
         }
     }
-    let _ = classes;
     (ms, blocks, inplanes)
 }
 
 /// The setup (parameters and buffers in `model.to()` order, the optimizer) and the body.
 fn resnet(a: &Arch, r: &Run) -> (String, String) {
-    let (ms, blocks, features) = modules(a, r.classes);
+    let (ms, blocks, features) = modules(a);
     let mut s = String::new();
     let mut params = Vec::new();
     let mut convs = std::collections::HashMap::new();
@@ -379,13 +378,16 @@ fn resnet(a: &Arch, r: &Run) -> (String, String) {
     };
     let bn = |b: &mut String, path: &str, x: &str, y: &str| {
         let v = var(path);
-        let mut stmts = format!(
+        // `num_batches_tracked.add_(1)` first, in training, as BatchNorm.forward does
+        let mut stmts = String::new();
+        if r.train {
+            let _ = write!(stmts, "{v}_nbt.add_(1)\n{ind}  ");
+        }
+        let _ = write!(
+            stmts,
             "{y} = batch_norm({x}, {v}_rm, {v}_rv, {v}_w, {v}_b, training={})",
             r.train
         );
-        if r.train {
-            let _ = write!(stmts, "\n{ind}  {v}_nbt.add_(1)");
-        }
         at(b, ind, path, &stmts);
     };
     let line = |b: &mut String, stmt: &str| {
@@ -473,7 +475,7 @@ mod tests {
             ("wide_resnet50_2", 68_883_240),
         ] {
             let a = MODELS.iter().find(|(n, _)| *n == name).unwrap().1;
-            let (ms, _, features) = modules(&a, 1000);
+            let (ms, _, features) = modules(&a);
             let mut total = features * 1000 + 1000;
             for m in &ms {
                 total += match m {

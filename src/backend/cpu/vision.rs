@@ -234,7 +234,8 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         }
         (Op::AdaptiveAvgPool2d { out }, Pass::Grad { .. }) => {
             let g = d.load(&l.inputs[0])?;
-            let (n, c, h, w) = nchw(&saved(l, Role::Input(0))?.layout.shape);
+            // the gradient is in the input's shape (the input itself is not kept for 1 x 1)
+            let (n, c, h, w) = nchw(&l.outputs[0].layout.shape);
             let [oh, ow] = *out;
             let mut gx = Scratch::zeros(n * c * h * w);
             for plane in 0..n * c {

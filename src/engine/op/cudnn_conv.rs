@@ -7,9 +7,10 @@
 //! conv_workspace.md). What does hold is that a workspace depends on the convolution's shape
 //! and dtype alone (not on the allocator's state or the model around it), and that each
 //! engine's size is a sum of the tensors' sizes plus a constant. So the engine reads the
-//! measured sweep (`cudnn_conv_h200.tsv`: every convolution of torchvision's ResNets at 224
-//! for batches 1 to 128 in float32 and bf16, and a generic grid of 11,637 shapes), and for a
-//! batch size that was not measured it carries the nearest measured batch's size over: the
+//! measured sweep (`cudnn_conv_h200.tsv`, 29,541 shapes: every convolution of torchvision's
+//! ResNets, wide ResNets and ResNeXts at 224 for every batch from 1 to 128 in float32 and
+//! bf16, and a generic grid of 11,637 shapes), and for a batch size that was not measured
+//! (above 128) it carries the nearest measured batch's size over: the
 //! part that scales with the batch (the input, the output, a per-image weight buffer) scaled,
 //! the rest kept. A shape that was never measured at any batch gets no workspace, and
 //! [`measured`] says so.

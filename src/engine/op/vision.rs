@@ -39,9 +39,12 @@ pub struct Pool {
 /// One spatial size after a window: `(n + 2p - d(k - 1) - 1) / s + 1`, or an error when the
 /// window does not fit.
 fn window_out(n: usize, k: usize, s: usize, p: usize, d: usize) -> Option<usize> {
-    let span = d * (k.max(1) - 1) + 1;
-    let padded = n + 2 * p;
-    (padded >= span && s > 0).then(|| (padded - span) / s + 1)
+    if n == 0 || k == 0 || s == 0 {
+        return None;
+    }
+    let span = d.checked_mul(k - 1)?.checked_add(1)?;
+    let padded = p.checked_mul(2)?.checked_add(n)?;
+    (padded >= span).then(|| (padded - span) / s + 1)
 }
 
 impl Conv {
@@ -61,7 +64,10 @@ impl Conv {
                 Dims(w)
             ));
         }
-        if self.groups == 0 || x[1] != w[1] * self.groups || !w[0].is_multiple_of(self.groups) {
+        if self.groups == 0
+            || w[1].checked_mul(self.groups) != Some(x[1])
+            || !w[0].is_multiple_of(self.groups)
+        {
             return bad(format!(
                 "Given groups={}, weight of size {}, expected input{} to have {} channels, but got {} channels instead",
                 self.groups,
@@ -69,6 +75,13 @@ impl Conv {
                 Dims(x),
                 w[1] * self.groups,
                 x[1]
+            ));
+        }
+        if x[2..].contains(&0) || w[2..].contains(&0) {
+            return bad(format!(
+                "conv2d needs positive spatial sizes, got input {} and weight {}",
+                Dims(x),
+                Dims(w)
             ));
         }
         let (ho, wo) = (
@@ -146,6 +159,13 @@ pub(super) fn outputs(op: &Op, ins: &[MetaRef]) -> Option<Result<(Meta, Extras),
                     "batch_norm's running statistics, weight and bias must each be [{c}]"
                 ))));
             }
+            let per_channel = x.0[0] * x.0[2..].iter().product::<usize>();
+            if bn.training && per_channel <= 1 {
+                return Some(Err(LayoutError(format!(
+                    "Expected more than 1 value per channel when training, got input size {}",
+                    Dims(x.0)
+                ))));
+            }
             // cuDNN's kernel keeps a float32 mean and inverse std per channel (training only)
             let stats = if bn.training {
                 vec![(vec![c], DType::F32); 2]
@@ -164,6 +184,12 @@ pub(super) fn outputs(op: &Op, ins: &[MetaRef]) -> Option<Result<(Meta, Extras),
                     Dims(x.0)
                 ))));
             }
+            if x.0[2] == 0 || x.0[3] == 0 {
+                return Some(Err(LayoutError(format!(
+                    "adaptive_avg_pool2d: expected non-empty spatial sizes, got input {}",
+                    Dims(x.0)
+                ))));
+            }
             Ok(((vec![x.0[0], x.0[1], out[0], out[1]], x.1), vec![]))
         }
         _ => return None,
@@ -178,7 +204,10 @@ pub(super) fn saves(op: &Op) -> &'static [Save] {
         Op::Conv2d(_) => &[Save::Input(0), Save::Input(1)],
         // cuDNN's batch-norm backward reads the input and the weight (and the saved stats)
         Op::BatchNorm(_) => &[Save::Input(0), Save::Input(1)],
-        Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. } => &[Save::Input(0)],
+        Op::MaxPool2d(_) => &[Save::Input(0)],
+        // to 1 x 1 PyTorch computes a mean over the plane (`mean_dim`), which keeps nothing
+        Op::AdaptiveAvgPool2d { out: [1, 1] } => &[],
+        Op::AdaptiveAvgPool2d { .. } => &[Save::Input(0)],
         _ => &[],
     }
 }
