@@ -130,7 +130,7 @@ fn vision_workload(
     config: &Value,
     iterations: usize,
 ) -> std::result::Result<String, String> {
-    for key in ["amp", "weights", "ckpt", "lora", "no_grad", "generate"] {
+    for key in ["weights", "ckpt", "lora", "no_grad", "generate"] {
         if config
             .get(key)
             .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
@@ -144,8 +144,17 @@ fn vision_workload(
         .get("batch")
         .and_then(Value::as_u64)
         .ok_or("config has no integer 'batch'")?;
+    let precision = match config.get("amp").and_then(Value::as_str) {
+        None => "fp32",
+        Some("bf16") => "bf16-autocast",
+        Some(other) => {
+            return Err(format!(
+                "the case sets amp = \"{other}\": gpumem models bf16 autocast only"
+            ))
+        }
+    };
     Ok(format!(
-        "[model]\ntorchvision = {}\n[train]\nbatch = {batch}\niterations = {}\noptimizer = {}\n",
+        "[model]\ntorchvision = {}\n[train]\nbatch = {batch}\niterations = {}\noptimizer = {}\nprecision = \"{precision}\"\n",
         Value::from(family),
         iterations.max(1),
         Value::from(hf_optimizer(config))

@@ -8,6 +8,7 @@
 //! bmm's operand copies), attention (cuDNN's seed and statistics, the transposed output), the
 //! composite cross_entropy, views, casts and in-place ops.
 
+use super::autocast::CastPolicy;
 use super::dtype::DType;
 use super::layout::{elementwise_layout, Dims, Layout};
 use super::op::{Binary, Fill, MetaRef, Norm, Op, Role, Unary, ViewKind};
@@ -590,8 +591,13 @@ impl<S: Device> Tensors<S> {
                 Dims(self.shape(target))
             )));
         }
+        // F.cross_entropy passes log_softmax its input's dtype, so autocast leaves it in the
+        // region's dtype; nll_loss (autocast's float32 list) takes a float32 copy of the
+        // log-probabilities, which its node keeps (the H200 traces of bf16 ResNets)
         let lsm = self.softmax(true, logits, 1)?;
-        let loss = self.simple(Op::NllLoss, &[lsm, target]);
+        let loss = self.autocast_op(CastPolicy::Float32, &[lsm, target], |d, i| {
+            d.simple(Op::NllLoss, i)
+        });
         self.release(lsm);
         loss
     }

@@ -321,14 +321,9 @@ impl Runner {
                 .map(Value::Tensor),
             Made::CrossEntropy { logits, target } => {
                 let ins = [tid(logits), tid(target)];
-                self.op(span, e.name, |d| {
-                    d.autocast_op(
-                        crate::engine::autocast::CastPolicy::Float32,
-                        &ins,
-                        |d, i| d.cross_entropy(i[0], i[1]),
-                    )
-                })
-                .map(Value::Tensor)
+                // (autocast applies inside: to nll_loss, not to log_softmax)
+                self.op(span, e.name, |d| d.cross_entropy(ins[0], ins[1]))
+                    .map(Value::Tensor)
             }
             Made::To { x, dtype } => {
                 let x = tid(x);

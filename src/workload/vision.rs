@@ -17,6 +17,8 @@
 //!
 //! `mode = "inference"` runs the forward under `no_grad` in eval mode (batch norm from the
 //! running statistics), as a user serving the model would; `mode = "train"` is hf_models.py's.
+//! `precision = "bf16-autocast"` runs the forward and the loss under `torch.autocast` (bf16
+//! convolutions, batch norm on bf16 inputs, the loss's float32 `nll_loss`).
 
 use std::fmt::Write as _;
 
@@ -30,7 +32,7 @@ use super::preset::{at, optimizer_line, Expanded, PresetInfo, Reader, Table};
 pub const MODEL_KEYS: &[&str] = &["torchvision", "num_classes", "image_size"];
 
 /// The keys of `[train]` for a torchvision model.
-pub const TRAIN_KEYS: &[&str] = &["batch", "iterations", "optimizer", "mode"];
+pub const TRAIN_KEYS: &[&str] = &["batch", "iterations", "optimizer", "mode", "precision"];
 
 /// Is this `[model]` table a torchvision one?
 pub(crate) fn is_vision(model: &Table) -> bool {
@@ -88,6 +90,9 @@ struct Run {
     iterations: u32,
     optimizer: &'static str,
     train: bool,
+    /// `precision = "bf16-autocast"`: the forward and the loss under
+    /// `torch.autocast("cuda", dtype=torch.bfloat16)`.
+    bf16: bool,
 }
 
 /// Expands `[model] torchvision = "..."` and `[train]`.
@@ -162,6 +167,7 @@ pub(crate) fn expand(
             &["sgd", "sgd_momentum", "adam", "adamw", "none"],
         )?,
         train: t.choice("mode", "train", &["train", "inference"])? == "train",
+        bf16: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])? == "bf16-autocast",
     };
     let (setup, body) = resnet(&arch, &run);
     Ok(Expanded {
@@ -176,12 +182,11 @@ pub(crate) fn expand(
                 ("iterations".into(), run.iterations as u64),
             ],
             optimizer: run.optimizer,
-            bf16: false,
+            bf16: run.bf16,
             checkpointing: false,
             mode: if run.train { "train" } else { "inference" },
             keep_tensor: false,
-            // (bf16 autocast is not modelled for the ResNets yet)
-            can_autocast: false,
+            can_autocast: true,
         },
         weights: None,
     })
@@ -358,10 +363,20 @@ fn resnet(a: &Arch, r: &Run) -> (String, String) {
     let _ = writeln!(b, "x = randn({n}, 3, {px}, {px}, from=\"data:images\")");
     let _ = writeln!(b, "labels = zeros({n}, dtype=int64, from=\"data:labels\")");
     let _ = writeln!(b, "phase \"forward\" {{");
-    let ind = if r.train { "  " } else { "    " };
+    // `with torch.no_grad():` (inference), then `with torch.autocast(...)`: each a block
+    let mut regions = Vec::new();
     if !r.train {
-        let _ = writeln!(b, "  no_grad {{");
+        regions.push("no_grad");
     }
+    if r.bf16 {
+        regions.push("autocast(dtype=bf16)");
+    }
+    let mut ind = "  ".to_string();
+    for blk in &regions {
+        let _ = writeln!(b, "{ind}{blk} {{");
+        ind.push_str("  ");
+    }
+    let ind = ind.as_str();
     let conv = |b: &mut String, path: &str, x: &str, y: &str| {
         let (k, stride, groups) = convs[path];
         let mut args = format!("{x}, {}_w", var(path));
@@ -439,8 +454,9 @@ fn resnet(a: &Arch, r: &Run) -> (String, String) {
     line(&mut b, "del flat");
     if r.train {
         at(&mut b, ind, "loss", "loss = cross_entropy(logits, labels)");
-    } else {
-        let _ = writeln!(b, "  }}");
+    }
+    for k in (0..regions.len()).rev() {
+        let _ = writeln!(b, "{}}}", "  ".repeat(k + 1));
     }
     let _ = writeln!(b, "}}");
     if r.train {

@@ -448,11 +448,17 @@ impl Op {
             Op::Binary(b) => b.saves(),
             Op::MaskedFill { .. } => &[Save::Input(1)],
             Op::Where => &[Save::Input(0)],
-            Op::Matmul | Op::Linear | Op::Addmm => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
+            // released in the order of the node's saved variables, which PyTorch's codegen
+            // sorts by name: `mat2` before `self` (mm, bmm: the weight first), `mat1` before
+            // `mat2` (addmm, a linear with a bias: the input first)
+            Op::Linear if inputs == 3 => &[Save::InputFor(0, 1), Save::InputFor(1, 0)],
+            Op::Addmm => &[Save::InputFor(0, 1), Save::InputFor(1, 0)],
+            Op::Matmul | Op::Linear => &[Save::InputFor(1, 0), Save::InputFor(0, 1)],
             Op::Norm(n) => n.saves(inputs),
             Op::Softmax { .. } => &[Save::Output],
             Op::Embedding { .. } => &[Save::InputFor(0, 1)],
-            Op::NllLoss => &[Save::Input(1)],
+            // NllLossBackward0 keeps its input (a float32 copy under autocast) and the target
+            Op::NllLoss => &[Save::Input(0), Save::Input(1)],
             Op::Sdpa { .. } if inputs == 4 => &[
                 Save::Input(0),
                 Save::Input(1),
