@@ -138,47 +138,6 @@ fn hf_cases_match_pytorch() {
     eprintln!("{}", report.join("\n"));
 }
 
-/// gpumem's own trace of a case, as tests compare it: ["a", size] per allocation and ["f",
-/// ordinal of the allocation] per free, after the setup (PyTorch's trace starts after the
-/// model is built).
-fn gpumem_events(workload: &str) -> Vec<(char, i64)> {
-    let s = Scratch::new("hf-events");
-    let snap = s.path("snap.json");
-    let path = format!("fixtures/hf/workloads/{workload}.toml");
-    let out = at_root(&["run", &path, "--snapshot", snap.to_str().unwrap(), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
-    let stacks = v["stacks"].as_array().unwrap();
-    let mut live = std::collections::HashMap::new();
-    let mut n = 0i64;
-    let mut out = Vec::new();
-    for e in v["trace"]["events"].as_array().unwrap() {
-        let setup = e["stack"]
-            .as_u64()
-            .and_then(|k| stacks[k as usize].as_array())
-            .and_then(|t| t.first())
-            .and_then(Value::as_str)
-            == Some("setup");
-        if setup {
-            continue;
-        }
-        match e["action"].as_str().unwrap() {
-            "alloc" => {
-                live.insert(u(&e["addr"]), n);
-                out.push(('a', u(&e["size"]) as i64));
-                n += 1;
-            }
-            "free_completed" => out.push(('f', live.remove(&u(&e["addr"])).unwrap_or(-1))),
-            _ => {}
-        }
-    }
-    out
-}
-
 /// Every allocation and free of three iterations, in PyTorch's order, releasing the same
 /// allocations: the model runs transformers' ops, autograd's backward and AdamW's foreach
 /// step as they ran on the H200.
@@ -188,11 +147,8 @@ fn hf_cases_allocate_and_free_as_pytorch_does() {
         let p = common::root().join(format!("fixtures/hf/traces/events_{name}.json"));
         let t: Vec<(String, i64)> =
             serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        let g = gpumem_events(w);
-        let first = g
-            .iter()
-            .zip(&t)
-            .position(|(a, b)| a.0.to_string() != b.0 || a.1 != b.1);
+        let g = common::allocator_events(&format!("fixtures/hf/workloads/{w}.toml"));
+        let first = g.iter().zip(&t).position(|(a, b)| a != b);
         assert_eq!(first, None, "{name}: first difference at event {first:?}");
         assert_eq!(g.len(), t.len(), "{name}: event count");
     }

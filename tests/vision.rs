@@ -99,42 +99,6 @@ fn resnet_cases_match_pytorch() {
     eprintln!("{}", report.join("\n"));
 }
 
-/// gpumem's trace of a workload after its setup, as ["a", size] per allocation and ["f",
-/// ordinal of the allocation it releases] per free.
-fn gpumem_events(workload: &str) -> Vec<(String, i64)> {
-    let s = Scratch::new("vision-events");
-    let snap = s.path("snap.json");
-    let out = at_root(&["run", workload, "--snapshot", snap.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
-    let stacks = v["stacks"].as_array().unwrap();
-    let (mut live, mut n, mut out) = (std::collections::HashMap::new(), 0i64, Vec::new());
-    for e in v["trace"]["events"].as_array().unwrap() {
-        let first = e["stack"]
-            .as_u64()
-            .and_then(|k| stacks[k as usize].as_array())
-            .and_then(|t| t.first())
-            .and_then(Value::as_str);
-        if first == Some("setup") {
-            continue;
-        }
-        match e["action"].as_str().unwrap() {
-            "alloc" => {
-                live.insert(u(&e["addr"]), n);
-                out.push(("a".to_string(), u(&e["size"]) as i64));
-                n += 1;
-            }
-            "free_completed" => out.push(("f".into(), live.remove(&u(&e["addr"])).unwrap_or(-1))),
-            _ => {}
-        }
-    }
-    out
-}
-
 /// Every allocation and free of three iterations in PyTorch's order, each free releasing the
 /// same allocation: cuDNN's convolutions with their workspaces, batch norm's statistics, the
 /// pools, the in-place ReLUs and residual adds, autograd's order, SGD's and AdamW's steps.
@@ -144,7 +108,7 @@ fn resnet_cases_allocate_and_free_as_pytorch_does() {
         let p = common::root().join(format!("fixtures/vision/traces/events_{name}.json"));
         let t: Vec<(String, i64)> =
             serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        let g = gpumem_events(&format!("fixtures/vision/workloads/{name}.toml"));
+        let g = common::allocator_events(&format!("fixtures/vision/workloads/{name}.toml"));
         let first = g.iter().zip(&t).position(|(a, b)| a != b);
         assert_eq!(first, None, "{name}: first difference at event {first:?}");
         assert_eq!(g.len(), t.len(), "{name}: event count");

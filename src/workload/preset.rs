@@ -173,6 +173,23 @@ impl Reader<'_> {
         }
     }
 
+    /// `iterations` (default 3): a positive integer that fits in 32 bits.
+    pub(super) fn iterations(&self) -> PResult<u32> {
+        let n = self.int("iterations", Some(3), "")?;
+        u32::try_from(n).map_err(|_| {
+            SyntaxError::new(
+                self.table
+                    .get("iterations")
+                    .map_or(self.at, |v| self.pos(v)),
+                format!(
+                    "'iterations' in [{}] must be at most {}",
+                    self.name,
+                    u32::MAX
+                ),
+            )
+        })
+    }
+
     pub(super) fn choice(
         &self,
         key: &str,
@@ -604,13 +621,7 @@ fn train_value(t: &Reader<'_>, key: &str) -> Span {
 
 fn read_train(t: &Reader<'_>) -> PResult<Train> {
     let batch = t.int("batch", None, "the micro-batch size, e.g. batch = 8")?;
-    let iterations = t.int("iterations", Some(3), "")?;
-    let iterations = u32::try_from(iterations).map_err(|_| {
-        SyntaxError::new(
-            train_value(t, "iterations"),
-            format!("'iterations' in [train] must be at most {}", u32::MAX),
-        )
-    })?;
+    let iterations = t.iterations()?;
     let optimizer = t.choice(
         "optimizer",
         "adamw",

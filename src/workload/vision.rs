@@ -141,13 +141,7 @@ pub(crate) fn expand(
         span,
     };
     t.check_keys(TRAIN_KEYS, " for a torchvision model")?;
-    let iterations = t.int("iterations", Some(3), "")?;
-    let iterations = u32::try_from(iterations).map_err(|_| {
-        SyntaxError::new(
-            t.table.get("iterations").map_or(train_at, |v| t.pos(v)),
-            format!("'iterations' in [train] must be at most {}", u32::MAX),
-        )
-    })?;
+    let iterations = t.iterations()?;
     let image = m.int("image_size", Some(224), "")?;
     // the smallest image the stem's strides and the stages' leave a pixel of
     if !(32..=65_536).contains(&image) {

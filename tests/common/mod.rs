@@ -1,5 +1,6 @@
-//! What the integration tests of issues 5 and 6 share: the executable, the repository root, a
-//! scratch directory, and `gpumem ... --json` read back.
+//! What the integration tests share: the executable, the repository root, a scratch
+//! directory, `gpumem ... --json` read back, and a workload's allocator events as the model
+//! comparisons read them.
 
 #![allow(dead_code)]
 
@@ -71,4 +72,41 @@ pub fn run_json(args: &[&str]) -> (Option<i32>, Value) {
 
 pub fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+/// gpumem's trace of a workload after its setup (PyTorch's traces start after the model is
+/// built), as tests compare it with `scripts/hf_events.py`'s extracts: ["a", size] per
+/// allocation and ["f", ordinal of the allocation it releases] per free.
+pub fn allocator_events(workload: &str) -> Vec<(String, i64)> {
+    let s = Scratch::new("events");
+    let snap = s.path("snap.json");
+    let out = at_root(&["run", workload, "--snapshot", snap.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let stacks = v["stacks"].as_array().unwrap();
+    let (mut live, mut n, mut out) = (std::collections::HashMap::new(), 0i64, Vec::new());
+    for e in v["trace"]["events"].as_array().unwrap() {
+        let first = e["stack"]
+            .as_u64()
+            .and_then(|k| stacks[k as usize].as_array())
+            .and_then(|t| t.first())
+            .and_then(Value::as_str);
+        if first == Some("setup") {
+            continue;
+        }
+        match e["action"].as_str().unwrap() {
+            "alloc" => {
+                live.insert(u(&e["addr"]), n);
+                out.push(("a".to_string(), u(&e["size"]) as i64));
+                n += 1;
+            }
+            "free_completed" => out.push(("f".into(), live.remove(&u(&e["addr"])).unwrap_or(-1))),
+            _ => {}
+        }
+    }
+    out
 }

@@ -145,13 +145,7 @@ pub(crate) fn expand(
         None => cfg_dtype.unwrap_or("fp32"),
         Some(_) => m.choice("dtype", "fp32", &["fp32", "bf16"])?,
     };
-    let iterations = t.int("iterations", Some(3), "")?;
-    let iterations = u32::try_from(iterations).map_err(|_| {
-        SyntaxError::new(
-            value_at(&t, "iterations"),
-            format!("'iterations' in [train] must be at most {}", u32::MAX),
-        )
-    })?;
+    let iterations = t.iterations()?;
     let mut run = Run {
         batch: t.int("batch", None, "the batch size, e.g. batch = 4")?,
         seq: t.int("seq", None, "tokens per sample, e.g. seq = 1024")?,
