@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{at_root, run_json, u, Scratch};
+use common::{at_root, refused, run_json, u, Scratch};
 use serde_json::Value;
 
 // The fields hf_models.py records per training iteration: compare-torch's own list.
@@ -53,15 +53,6 @@ const CASES: [(&str, &str, bool); 21] = [
     ),
     ("llama_m_generate_bf16", "llama_m_generate_bf16", true),
 ];
-
-/// Runs gpumem with `args`, which it must refuse: exit 2 with `want` in the message (returned).
-fn refused(args: &[&str], want: &str) -> String {
-    let out = at_root(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(want), "{args:?}: {err}");
-    err
-}
 
 fn case(name: &str) -> Value {
     let p = common::root().join(format!("fixtures/hf/cases/hf_{name}.json"));

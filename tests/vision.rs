@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{at_root, run_json, u, Scratch};
+use common::{at_root, refused, run_json, u, Scratch};
 use serde_json::Value;
 
 use gpumem::commands::compare_torch::FIELDS;
@@ -192,10 +192,7 @@ fn vision_workloads_are_refused_by_name() {
         ),
     ] {
         let w = s.write("w.toml", body);
-        let out = at_root(&["run", w.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
-        assert!(err.contains(want), "{body}: {err}");
+        let err = refused(&["run", w.to_str().unwrap()], want);
         assert!(err.contains("w.toml"), "{body}: {err}");
     }
 }
@@ -209,21 +206,28 @@ fn in_place_ops_in_the_graph_are_modelled_or_refused() {
         "w.toml",
         "[workload]\nname = \"t\"\nbody = \"\"\"\nx = randn(4, 4, requires_grad=true)\ny = x * 2.0\ny.sin_()\nloss = y.sum()\nloss.backward()\n\"\"\"\n",
     );
-    let out = at_root(&["run", w.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("sin_ of a tensor in the autograd graph is not modelled"),
-        "{err}"
+    let err = refused(
+        &["run", w.to_str().unwrap()],
+        "sin_ of a tensor in the autograd graph is not modelled",
     );
     assert!(err.contains("w.toml: line 6"), "{err}");
-    // relu_ is: its backward allocates the gradient threshold_backward makes
-    let w = s.write(
-        "r.toml",
-        "[workload]\nname = \"t\"\nbody = \"\"\"\nx = randn(256, 1024, requires_grad=true)\ny = x * 2.0\ny.relu_()\nloss = y.sum()\nloss.backward()\n\"\"\"\n",
-    );
-    let (code, v) = run_json(&["run", w.to_str().unwrap()]);
-    assert_eq!(code, Some(0), "{v}");
+    // relu_ is: it allocates no output, and its backward the same gradient as relu's
+    let run = |relu: &str| {
+        let w = s.write(
+            "r.toml",
+            &format!("[workload]\nname = \"t\"\nbody = \"\"\"\nx = randn(256, 1024, requires_grad=true)\ny = x * 2.0\n{relu}\nloss = y.sum()\nloss.backward()\n\"\"\"\n"),
+        );
+        let (code, v) = run_json(&["run", w.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{v}");
+        let stats = &v["memory_stats"];
+        (
+            u(&stats["allocated_bytes.all.allocated"]),
+            u(&stats["allocation.all.allocated"]),
+        )
+    };
+    let (inplace, out_of_place) = (run("y.relu_()"), run("y = y.relu()"));
+    assert_eq!(inplace.0 + 256 * 1024 * 4, out_of_place.0);
+    assert_eq!(inplace.1 + 1, out_of_place.1);
 }
 
 /// `fit` on a ResNet: the largest batch that fits (the next one runs out of memory), and bf16
@@ -322,10 +326,7 @@ fn vision_ops_refuse_what_pytorch_refuses() {
             "w.toml",
             &format!("[workload]\nname = \"t\"\nbody = \"\"\"\n{body}\n\"\"\"\n"),
         );
-        let out = at_root(&["run", w.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{body}: {err}");
-        assert!(err.contains(want), "{body}: {err}");
+        let err = refused(&["run", w.to_str().unwrap()], want);
         assert!(err.contains("w.toml: line"), "{body}: {err}");
     }
 }

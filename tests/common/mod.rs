@@ -110,3 +110,12 @@ pub fn allocator_events(workload: &str) -> Vec<(String, i64)> {
     }
     out
 }
+
+/// Runs gpumem with `args`, which it must refuse: exit 2 with `want` in the message (returned).
+pub fn refused(args: &[&str], want: &str) -> String {
+    let out = at_root(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    err
+}

@@ -213,46 +213,23 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
         (Op::AdaptiveAvgPool2d { out }, Pass::Forward) => {
             let x = d.load(&l.inputs[0])?;
             let (n, c, h, w) = nchw(&l.inputs[0].layout.shape);
-            let [oh, ow] = *out;
-            let mut y = Scratch::zeros(n * c * oh * ow);
-            for plane in 0..n * c {
-                for i in 0..oh {
-                    let (h0, h1) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
-                    for j in 0..ow {
-                        let (w0, w1) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
-                        let mut s = 0.0;
-                        for a in h0..h1 {
-                            for b in w0..w1 {
-                                s += x[plane * h * w + a * w + b];
-                            }
-                        }
-                        y[plane * oh * ow + i * ow + j] = s / ((h1 - h0) * (w1 - w0)) as f64;
-                    }
-                }
-            }
+            let mut y = Scratch::zeros(n * c * out[0] * out[1]);
+            adaptive_windows(n * c, (h, w), *out, |o, at, count| {
+                y[o] = at.map(|k| x[k]).sum::<f64>() / count as f64;
+            });
             d.store(&l.outputs[0], &y)
         }
         (Op::AdaptiveAvgPool2d { out }, Pass::Grad { .. }) => {
             let g = d.load(&l.inputs[0])?;
             // the gradient is in the input's shape (the input itself is not kept for 1 x 1)
             let (n, c, h, w) = nchw(&l.outputs[0].layout.shape);
-            let [oh, ow] = *out;
             let mut gx = Scratch::zeros(n * c * h * w);
-            for plane in 0..n * c {
-                for i in 0..oh {
-                    let (h0, h1) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
-                    for j in 0..ow {
-                        let (w0, w1) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
-                        let share =
-                            g[plane * oh * ow + i * ow + j] / ((h1 - h0) * (w1 - w0)) as f64;
-                        for a in h0..h1 {
-                            for b in w0..w1 {
-                                gx[plane * h * w + a * w + b] += share;
-                            }
-                        }
-                    }
+            adaptive_windows(n * c, (h, w), *out, |o, at, count| {
+                let share = g[o] / count as f64;
+                for k in at {
+                    gx[k] += share;
                 }
-            }
+            });
             d.store(&l.outputs[0], &gx)
         }
         _ => Err(format!(
@@ -421,4 +398,26 @@ fn max_pool(p: &Pool, x: &[f64], xs: &[usize], ys: &[usize]) -> (Scratch, Scratc
         }
     }
     (y, idx)
+}
+
+/// Each output of an adaptive average pool of `planes` planes of `(h, w)` to `[oh, ow]`: its
+/// flat index, the flat indices of its window (rows `floor(i h / oh)` to `ceil((i + 1) h / oh)`,
+/// columns likewise) and the window's size.
+fn adaptive_windows(
+    planes: usize,
+    (h, w): (usize, usize),
+    [oh, ow]: [usize; 2],
+    mut f: impl FnMut(usize, &mut dyn Iterator<Item = usize>, usize),
+) {
+    for plane in 0..planes {
+        for i in 0..oh {
+            let (h0, h1) = (i * h / oh, ((i + 1) * h).div_ceil(oh));
+            for j in 0..ow {
+                let (w0, w1) = (j * w / ow, ((j + 1) * w).div_ceil(ow));
+                let mut at =
+                    (h0..h1).flat_map(|a| (w0..w1).map(move |b| plane * h * w + a * w + b));
+                f(plane * oh * ow + i * ow + j, &mut at, (h1 - h0) * (w1 - w0));
+            }
+        }
+    }
 }
