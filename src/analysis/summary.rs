@@ -28,6 +28,25 @@ pub struct PoolState {
     pub inactive_split_bytes: u64,
     pub inactive_split_blocks: u64,
     pub allocations: u64,
+    /// Every free block, split or not (`memory_viz`'s "total free").
+    pub free_bytes: u64,
+    pub largest_free_bytes: u64,
+}
+
+impl PoolState {
+    /// The state of two devices (or pools) together: sums, and the larger largest block.
+    pub fn add(&mut self, o: &PoolState) {
+        self.segments += o.segments;
+        self.reserved_bytes += o.reserved_bytes;
+        self.allocated_bytes += o.allocated_bytes;
+        self.active_bytes += o.active_bytes;
+        self.requested_bytes += o.requested_bytes;
+        self.inactive_split_bytes += o.inactive_split_bytes;
+        self.inactive_split_blocks += o.inactive_split_blocks;
+        self.allocations += o.allocations;
+        self.free_bytes += o.free_bytes;
+        self.largest_free_bytes = self.largest_free_bytes.max(o.largest_free_bytes);
+    }
 }
 
 /// Bytes held by one allocation site.
@@ -90,6 +109,85 @@ pub struct Summary {
     pub ooms: Vec<OomEvent>,
 }
 
+/// One device of one file, as a row of the table of ranks.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceRow {
+    pub file: String,
+    pub device: u32,
+    pub state: PoolState,
+    /// Over the trace (none without one).
+    pub peak_allocated_bytes: Option<u64>,
+    pub peak_reserved_bytes: Option<u64>,
+    pub trace_entries: u64,
+    pub ooms: usize,
+    pub leaks: usize,
+}
+
+impl DeviceRow {
+    pub fn of(file: &str, s: &crate::snapshot::Snapshot, m: &Summary) -> DeviceRow {
+        DeviceRow {
+            file: file.to_string(),
+            device: s.device,
+            state: m.all.clone(),
+            peak_allocated_bytes: m.trace.as_ref().map(|t| t.peak_allocated_bytes),
+            peak_reserved_bytes: m.trace.as_ref().map(|t| t.peak_reserved_bytes),
+            trace_entries: m.trace.as_ref().map_or(0, |t| t.entries),
+            ooms: m.ooms.len(),
+            leaks: m.leaks.leaks.len(),
+        }
+    }
+}
+
+/// One column of the table of ranks across its rows: the largest and smallest value, the row
+/// of each, and the spread between them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Spread {
+    pub column: &'static str,
+    pub max: u64,
+    pub max_row: usize,
+    pub min: u64,
+    pub min_row: usize,
+    pub spread: u64,
+}
+
+/// The byte columns of the table of ranks, as (name, value of a row).
+pub type Column = (&'static str, fn(&DeviceRow) -> Option<u64>);
+
+pub const RANK_COLUMNS: [Column; 6] = [
+    ("reserved", |r| Some(r.state.reserved_bytes)),
+    ("allocated", |r| Some(r.state.allocated_bytes)),
+    ("inactive_split", |r| Some(r.state.inactive_split_bytes)),
+    ("largest free", |r| Some(r.state.largest_free_bytes)),
+    ("peak allocated", |r| r.peak_allocated_bytes),
+    ("peak reserved", |r| r.peak_reserved_bytes),
+];
+
+/// The largest, smallest and spread of each byte column over the rows that have it.
+pub fn spread(rows: &[DeviceRow]) -> Vec<Spread> {
+    let mut out = Vec::new();
+    for (column, f) in RANK_COLUMNS {
+        let vals: Vec<(usize, u64)> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| f(r).map(|v| (i, v)))
+            .collect();
+        // the first row wins ties, so the answer does not depend on the order of reading
+        let Some(&(max_row, max)) = vals.iter().rev().max_by_key(|(_, v)| *v) else {
+            continue;
+        };
+        let &(min_row, min) = vals.iter().min_by_key(|(_, v)| *v).expect("non-empty");
+        out.push(Spread {
+            column,
+            max,
+            max_row,
+            min,
+            min_row,
+            spread: max - min,
+        });
+    }
+    out
+}
+
 fn pool_state(segs: &[SegmentInfo], pool: Option<PoolKind>) -> PoolState {
     let mut p = PoolState::default();
     for s in segs.iter().filter(|s| pool.is_none_or(|k| s.pool == k)) {
@@ -106,6 +204,8 @@ fn pool_state(segs: &[SegmentInfo], pool: Option<PoolKind>) -> PoolState {
                 }
                 BlockState::ActivePendingFree => p.active_bytes += b.size,
                 BlockState::Inactive => {
+                    p.free_bytes += b.size;
+                    p.largest_free_bytes = p.largest_free_bytes.max(b.size);
                     if split {
                         p.inactive_split_bytes += b.size;
                         p.inactive_split_blocks += 1;

@@ -358,20 +358,36 @@ pub struct CheckArgs {
 /// annotations, or from the trace repeating itself) and each out-of-memory. The reader never
 /// runs code from a pickle: anything that would import or call Python is refused.
 ///
+/// A snapshot of several GPUs (one process driving cuda:0, cuda:1, ...) is reported device by
+/// device, with a table of all of them first; `--device N` shows one. Out-of-memory errors and
+/// leaks on any device count for --fail-on.
+///
+/// Several files (one per rank of a distributed job: `gpumem summary rank*.pickle`) give one
+/// row per rank and device, then the largest, the smallest and the spread of each column; the
+/// files are read side by side, a few at a time, so memory stays bounded however many there
+/// are.
+///
 /// A large pickle is read, and its trace analysed, on all cores (a 1 GB snapshot in well
 /// under a second on 16); set GPUMEM_THREADS=N to use N (1: one core).
 ///
-/// Example:
+/// Examples:
 ///   gpumem summary fixtures/snapshots/snapshot_mlp_adam.pickle
+///   gpumem summary snapshot.pickle --device 1
+///   gpumem summary rank*.pickle --fail-on oom
 #[derive(Debug, Args)]
 #[command(after_long_help = "\
 Exit codes:
   0  the snapshot was read (findings are reported, not failed on, without --fail-on)
-  1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak)
+  1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak), on any device of any file
   2  usage, input or I/O error (an unreadable, malformed or unsafe file)")]
 pub struct SummaryArgs {
-    /// The snapshot file.
-    pub snapshot: PathBuf,
+    /// The snapshot file, or several (one per rank).
+    #[arg(required = true, num_args = 1.., value_name = "SNAPSHOT")]
+    pub snapshots: Vec<PathBuf>,
+
+    /// Show only this device (the N of cuda:N) of a snapshot that holds several.
+    #[arg(long, value_name = "N")]
+    pub device: Option<u32>,
 
     /// Show whole call stacks, C++ frames included.
     #[arg(long)]

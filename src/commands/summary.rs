@@ -1,35 +1,142 @@
-//! `gpumem summary FILE`: what a snapshot says, for gpumem's snapshots and PyTorch's.
+//! `gpumem summary FILE...`: what a snapshot says, for gpumem's snapshots and PyTorch's, device
+//! by device; several files (one per rank) as one table of ranks.
 
 use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-use crate::analysis::summary;
-use crate::cli::SummaryArgs;
+use crate::analysis::summary::{self, DeviceRow, Summary};
+use crate::cli::{FailOn, SummaryArgs};
 use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::report;
+use crate::snapshot::Snapshot;
 
 pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.top == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }
-    let s = crate::snapshot::load(&args.snapshot)?;
-    let m = summary::summarize(
+    if let [one] = args.snapshots.as_slice() {
+        return one_file(args, one, out);
+    }
+    ranks(args, out)
+}
+
+fn summarize(s: &Snapshot, args: &SummaryArgs) -> Summary {
+    summary::summarize(
         &s.segments,
         &s.events,
         &s.tags,
         &s.conf,
         args.top,
         args.stacks,
-    );
-    let path = args.snapshot.display().to_string();
+    )
+}
+
+fn fails(args: &SummaryArgs, ooms: usize, leaks: usize) -> bool {
+    args.fail_on.contains(&FailOn::Oom) && ooms > 0
+        || args.fail_on.contains(&FailOn::Leak) && leaks > 0
+}
+
+fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outcome> {
+    let snaps = crate::snapshot::load_for_flag(file, args.device)?;
+    let sums: Vec<Summary> = snaps.iter().map(|s| summarize(s, args)).collect();
+    let path = file.display().to_string();
+    let pairs: Vec<(&Snapshot, &Summary)> = snaps.iter().zip(&sums).collect();
     if args.json {
-        let v = report::summary::to_json(&path, &s, &m);
+        let v = report::summary::to_json_devices(&path, &pairs);
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
-        report::summary::write_text(out, &path, &s, &m, args.stacks)?;
+        report::summary::write_devices(out, &path, &pairs, args.stacks)?;
     }
-    let fail = args.fail_on.contains(&crate::cli::FailOn::Oom) && !m.ooms.is_empty()
-        || args.fail_on.contains(&crate::cli::FailOn::Leak) && !m.leaks.leaks.is_empty();
-    Ok(if fail { Outcome::Finding } else { Outcome::Ok })
+    let ooms = sums.iter().map(|m| m.ooms.len()).sum();
+    let leaks = sums.iter().map(|m| m.leaks.leaks.len()).sum();
+    Ok(if fails(args, ooms, leaks) {
+        Outcome::Finding
+    } else {
+        Outcome::Ok
+    })
+}
+
+/// Several files: each read and summarized on its own worker, a bounded number at a time, and
+/// only its rows kept.
+fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
+    let files = &args.snapshots;
+    let cores = crate::snapshot::threads();
+    let workers = cores.min(files.len()).max(1);
+    // the cores left over read inside each file
+    let inner = (cores / workers).max(1);
+    let next = AtomicUsize::new(0);
+    type Slot = Option<Result<Vec<DeviceRow>>>;
+    let results: Mutex<Vec<Slot>> = Mutex::new((0..files.len()).map(|_| None).collect());
+    let bar = progress(files.len());
+    std::thread::scope(|sc| {
+        for _ in 0..workers {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(f) = files.get(i) else { break };
+                let r = rows_of(f, args, inner);
+                if let Some(b) = &bar {
+                    b.inc(1);
+                }
+                results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+            });
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut rows = Vec::new();
+    for r in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        rows.extend(r.expect("every file was read")?);
+    }
+    if rows.is_empty() {
+        if let Some(n) = args.device {
+            return Err(Error::usage(
+                "--device",
+                format!("none of the {} files has anything on device {n}", files.len()),
+            ));
+        }
+    }
+    let spread = summary::spread(&rows);
+    if args.json {
+        let v = report::summary::ranks_json(&rows, &spread);
+        serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+        writeln!(out)?;
+    } else {
+        report::summary::write_ranks(out, &rows, &spread)?;
+    }
+    let ooms = rows.iter().map(|r| r.ooms).sum();
+    let leaks = rows.iter().map(|r| r.leaks).sum();
+    Ok(if fails(args, ooms, leaks) {
+        Outcome::Finding
+    } else {
+        Outcome::Ok
+    })
+}
+
+fn rows_of(file: &Path, args: &SummaryArgs, threads: usize) -> Result<Vec<DeviceRow>> {
+    let which = args
+        .device
+        .map_or(crate::snapshot::Which::All, crate::snapshot::Which::Device);
+    let snaps = crate::snapshot::load_devices_with(file, which, threads)?;
+    Ok(snaps
+        .iter()
+        .map(|s| DeviceRow::of(&file.display().to_string(), s, &summarize(s, args)))
+        .collect())
+}
+
+/// A progress bar on stderr for many files, only for a person watching.
+fn progress(n: usize) -> Option<indicatif::ProgressBar> {
+    (n >= 8 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+        let b = indicatif::ProgressBar::new(n as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("reading snapshots [{bar:30}] {pos}/{len}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b
+    })
 }

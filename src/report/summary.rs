@@ -6,7 +6,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::{json, Value};
 
 use crate::analysis::stacks::display_site;
-use crate::analysis::summary::{PoolState, SiteBytes, Summary};
+use crate::analysis::summary::{DeviceRow, PoolState, SiteBytes, Spread, Summary, RANK_COLUMNS};
 use crate::snapshot::{IterationSource, Snapshot};
 use crate::units::format_bytes as b;
 
@@ -104,6 +104,8 @@ pub fn write_text(
     t.add_row(row("inactive_split blocks", &|p| {
         p.inactive_split_blocks.to_string()
     }));
+    t.add_row(row("free (inactive blocks)", &|p| b(p.free_bytes)));
+    t.add_row(row("largest free block", &|p| b(p.largest_free_bytes)));
     super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     if let Some(tr) = &m.trace {
@@ -169,6 +171,8 @@ pub fn to_json(path: &str, s: &Snapshot, m: &Summary) -> Value {
         "active_bytes": m.all.active_bytes,
         "requested_bytes": m.all.requested_bytes,
         "segments": m.all.segments,
+        "free_bytes": m.all.free_bytes,
+        "largest_free_bytes": m.all.largest_free_bytes,
         "pools": {"all": m.all, "large": m.large, "small": m.small},
         "peak_allocated_bytes": m.trace.as_ref().map(|t| t.peak_allocated_bytes),
         "trace": m.trace,
@@ -180,4 +184,209 @@ pub fn to_json(path: &str, s: &Snapshot, m: &Summary) -> Value {
         "ooms": m.ooms,
         "skipped_entries": s.skipped,
     })
+}
+
+/// The state figures of a pool (or a device, or all devices) as JSON.
+fn state_json(p: &PoolState) -> Value {
+    json!({
+        "segments": p.segments,
+        "reserved_bytes": p.reserved_bytes,
+        "allocated_bytes": p.allocated_bytes,
+        "active_bytes": p.active_bytes,
+        "requested_bytes": p.requested_bytes,
+        "inactive_split_bytes": p.inactive_split_bytes,
+        "inactive_split_blocks": p.inactive_split_blocks,
+        "free_bytes": p.free_bytes,
+        "largest_free_bytes": p.largest_free_bytes,
+        "allocations": p.allocations,
+    })
+}
+
+/// One file's devices as JSON: the first device's fields at the top (the file's primary
+/// device when it holds one), `per_device` with each, `all_devices` with their totals, and
+/// the out-of-memory errors and leaks of every device, each naming its device.
+pub fn to_json_devices(path: &str, devs: &[(&Snapshot, &Summary)]) -> Value {
+    let per: Vec<Value> = devs.iter().map(|(s, m)| to_json(path, s, m)).collect();
+    let mut total = PoolState::default();
+    for (_, m) in devs {
+        total.add(&m.all);
+    }
+    let with_device = |key: &str| -> Vec<Value> {
+        per.iter()
+            .flat_map(|d| {
+                let dev = d["device"].clone();
+                d[key].as_array().cloned().unwrap_or_default().into_iter().map(
+                    move |mut x| {
+                        x["device"] = dev.clone();
+                        x
+                    },
+                )
+            })
+            .collect()
+    };
+    let (ooms, leaks) = (with_device("ooms"), with_device("leaks"));
+    // the primary device: the one with the longest trace
+    let primary = devs
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, (s, _))| (s.events.len(), std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i);
+    let mut v = per.get(primary).cloned().unwrap_or_else(|| json!({}));
+    v["devices_shown"] = json!(devs.iter().map(|(s, _)| s.device).collect::<Vec<_>>());
+    v["all_devices"] = state_json(&total);
+    v["ooms"] = json!(ooms);
+    v["leaks"] = json!(leaks);
+    v["per_device"] = json!(per);
+    v
+}
+
+/// One file's devices as text: with several, a table of them, then each device's report.
+pub fn write_devices(
+    out: &mut dyn Write,
+    path: &str,
+    devs: &[(&Snapshot, &Summary)],
+    full_stacks: bool,
+) -> std::io::Result<()> {
+    if let [(s, m)] = devs {
+        return write_text(out, path, s, m, full_stacks);
+    }
+    let Some((first, _)) = devs.first() else {
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "{path}: {} \"{}\", {} devices",
+        first.format.describe(),
+        first.name,
+        devs.len()
+    )?;
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+        "device",
+        "segments",
+        "reserved",
+        "allocated",
+        "inactive_split",
+        "largest free",
+        "trace entries",
+        "OOMs",
+    ]);
+    let mut total = PoolState::default();
+    let row = |name: String, p: &PoolState, entries: String, ooms: String| {
+        vec![
+            name,
+            p.segments.to_string(),
+            b(p.reserved_bytes),
+            b(p.allocated_bytes),
+            b(p.inactive_split_bytes),
+            b(p.largest_free_bytes),
+            entries,
+            ooms,
+        ]
+    };
+    let (mut entries, mut ooms) = (0u64, 0usize);
+    for (s, m) in devs {
+        total.add(&m.all);
+        let n = m.trace.as_ref().map_or(0, |t| t.entries);
+        entries += n;
+        ooms += m.ooms.len();
+        t.add_row(row(
+            format!("cuda:{}", s.device),
+            &m.all,
+            n.to_string(),
+            m.ooms.len().to_string(),
+        ));
+    }
+    t.add_row(row(
+        "all devices".into(),
+        &total,
+        entries.to_string(),
+        ooms.to_string(),
+    ));
+    super::align_right(&mut t, 1);
+    writeln!(out, "{t}")?;
+    for (s, m) in devs {
+        writeln!(out)?;
+        writeln!(out, "== cuda:{} ==", s.device)?;
+        write_text(out, path, s, m, full_stacks)?;
+    }
+    Ok(())
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), b)
+}
+
+/// The table of ranks: a row per file and device, then the largest, smallest and spread of
+/// each column, naming the row.
+pub fn write_ranks(
+    out: &mut dyn Write,
+    rows: &[DeviceRow],
+    spread: &[Spread],
+) -> std::io::Result<()> {
+    let files: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.file.as_str()).collect();
+    writeln!(
+        out,
+        "{} files, {} devices (a row per file and device; `gpumem summary FILE` for one in full)",
+        files.len(),
+        rows.len()
+    )?;
+    let mut t = Table::new();
+    let mut header = vec!["#", "file", "device"];
+    header.extend(RANK_COLUMNS.iter().map(|c| c.0));
+    header.extend(["OOMs", "leaks"]);
+    t.load_style(UTF8_FULL_CONDENSED).set_header(header);
+    for (i, r) in rows.iter().enumerate() {
+        let mut cells = vec![i.to_string(), r.file.clone(), format!("cuda:{}", r.device)];
+        cells.extend(RANK_COLUMNS.iter().map(|c| opt((c.1)(r))));
+        cells.extend([r.ooms.to_string(), r.leaks.to_string()]);
+        t.add_row(cells);
+    }
+    super::align_right(&mut t, 3);
+    writeln!(out, "{t}")?;
+    if rows.len() < 2 {
+        return Ok(());
+    }
+    let mut s = Table::new();
+    s.load_style(UTF8_FULL_CONDENSED)
+        .set_header(vec!["across ranks", "largest", "smallest", "spread"]);
+    for x in spread {
+        s.add_row(vec![
+            x.column.to_string(),
+            format!("{} (#{})", b(x.max), x.max_row),
+            format!("{} (#{})", b(x.min), x.min_row),
+            b(x.spread),
+        ]);
+    }
+    super::align_right(&mut s, 1);
+    writeln!(out, "{s}")?;
+    let ooms: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.ooms > 0)
+        .map(|(i, r)| format!("#{i} {} cuda:{} ({})", r.file, r.device, r.ooms))
+        .collect();
+    if !ooms.is_empty() {
+        writeln!(out, "out-of-memory errors in: {}", ooms.join(", "))?;
+    }
+    Ok(())
+}
+
+pub fn ranks_json(rows: &[DeviceRow], spread: &[Spread]) -> Value {
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "file": r.file,
+                "device": r.device,
+                "state": state_json(&r.state),
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "trace_entries": r.trace_entries,
+                "ooms": r.ooms,
+                "leaks": r.leaks,
+            })
+        })
+        .collect();
+    json!({ "rows": rows, "across_rows": spread })
 }

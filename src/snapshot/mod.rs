@@ -17,7 +17,7 @@ use crate::alloc::{AllocConf, SegmentInfo};
 use crate::error::Error;
 use crate::trace::{Event, Tags};
 
-pub use torch::{convert_gpumem, iterations_from_repetition, Doc, TRACE};
+pub use torch::{convert_gpumem, iterations_from_repetition, Doc, Which, TRACE};
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -92,7 +92,7 @@ pub struct Snapshot {
 
 /// How many cores read a large pickle: `GPUMEM_THREADS` when set (1 reads sequentially),
 /// else all the machine has.
-fn threads() -> usize {
+pub(crate) fn threads() -> usize {
     std::env::var("GPUMEM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
@@ -107,16 +107,59 @@ fn chunk_bytes(len: u64, threads: usize) -> u64 {
     (len / (threads as u64 * 4)).clamp(1 << 20, 32 << 20)
 }
 
-/// Reads any snapshot file (a large pickle on all cores: `GPUMEM_THREADS` sets how many).
+/// Reads any snapshot file (a large pickle on all cores: `GPUMEM_THREADS` sets how many): its
+/// primary device, the one with the longest trace.
 pub fn load(path: &Path) -> Result<Snapshot, Error> {
-    // below 32 MiB one core reads fast enough, in less memory
-    let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= 32 << 20);
-    load_with(path, if big { threads() } else { 1 }, None)
+    let mut v = load_devices(path, Which::Primary)?;
+    Ok(v.remove(0))
 }
 
-/// Reads any snapshot file, a pickle on `threads` cores in pieces of `chunk` bytes (by default
-/// a few per core).
+/// Reads the devices of a snapshot file that `which` asks for, in device order (none when
+/// `Which::Device` names one the file has nothing on).
+pub fn load_devices(path: &Path, which: Which) -> Result<Vec<Snapshot>, Error> {
+    // below 32 MiB one core reads fast enough, in less memory
+    let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= 32 << 20);
+    load_from(path, if big { threads() } else { 1 }, None, which)
+}
+
+/// [`load_devices`] with a large pickle read on at most `threads` cores.
+pub fn load_devices_with(path: &Path, which: Which, threads: usize) -> Result<Vec<Snapshot>, Error> {
+    let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= 32 << 20);
+    load_from(path, if big { threads.max(1) } else { 1 }, None, which)
+}
+
+/// Reads a snapshot file's primary device, a pickle on `threads` cores in pieces of `chunk`
+/// bytes (by default a few per core).
 pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snapshot, Error> {
+    let mut v = load_from(path, threads, chunk, Which::Primary)?;
+    Ok(v.remove(0))
+}
+
+/// The devices of a file in the pieces a device command shows: one when `device` names it
+/// (a `--device` flag: an error naming the flag when the file has nothing on it), else all.
+pub fn load_for_flag(path: &Path, device: Option<u32>) -> Result<Vec<Snapshot>, Error> {
+    let v = load_devices(path, device.map_or(Which::All, Which::Device))?;
+    if let (Some(n), true) = (device, v.is_empty()) {
+        let all = load_devices(path, Which::All)?;
+        let list: Vec<String> = all.iter().map(|s| format!("cuda:{}", s.device)).collect();
+        return Err(Error::usage(
+            "--device",
+            format!(
+                "{} has nothing on device {n}: it holds {}",
+                path.display(),
+                list.join(", ")
+            ),
+        ));
+    }
+    Ok(v)
+}
+
+fn load_from(
+    path: &Path,
+    threads: usize,
+    chunk: Option<u64>,
+    which: Which,
+) -> Result<Vec<Snapshot>, Error> {
     let read_err = |source| Error::Read {
         path: path.to_path_buf(),
         source,
@@ -173,7 +216,7 @@ pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snap
         let mut p = p;
         let runs = p.take_projected();
         let doc = torch::PickleDoc::new(&p, runs);
-        let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name).map_err(bad);
+        let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name, which).map_err(bad);
         return r;
     }
     let mut text = Vec::new();
@@ -187,11 +230,16 @@ pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snap
         ))
     })?;
     if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
-        return torch::convert_gpumem(&v).map_err(bad);
+        let s = torch::convert_gpumem(&v).map_err(bad)?;
+        return Ok(match which {
+            Which::Device(n) if n != s.device => Vec::new(),
+            _ => vec![s],
+        });
     }
     // gpumem's Perfetto export carries the snapshot as PyTorch's dict
     if let Some(inner) = v.get("otherData").and_then(|o| o.get("gpumem_snapshot")) {
-        return torch::convert(&torch::JsonDoc, inner, Format::TorchJson, &name).map_err(bad);
+        return torch::convert(&torch::JsonDoc, inner, Format::TorchJson, &name, which)
+            .map_err(bad);
     }
-    torch::convert(&torch::JsonDoc, &v, Format::TorchJson, &name).map_err(bad)
+    torch::convert(&torch::JsonDoc, &v, Format::TorchJson, &name, which).map_err(bad)
 }

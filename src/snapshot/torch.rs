@@ -256,7 +256,8 @@ impl Frames {
                 // a gpumem tag exported as a frame (`gpumem export`): back to the tag
                 name.to_string()
             } else if file.ends_with(".py") {
-                let base = file.rsplit('/').next().unwrap_or(file);
+                // the file's name, from a POSIX or a Windows path
+                let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
                 format!("{base}:{line}:{name}")
             } else {
                 format!("[C++] {name}")
@@ -269,6 +270,15 @@ impl Frames {
         }
         s
     }
+}
+
+/// A block's stack: its `frames`, or in PyTorch 2.0's format (no block `frames`) those of the
+/// last entry of its `history` (the allocation that made the block what it is).
+fn block_frames<'a, D: Doc<'a>>(d: &D, b: D::V) -> Option<D::V> {
+    d.get(b, "frames").or_else(|| {
+        let h = d.get(b, "history").filter(|h| d.is_list(*h))?;
+        d.list(h).last().and_then(|e| d.get(e, "frames"))
+    })
 }
 
 fn conf_from_settings<'a, D: Doc<'a>>(d: &D, settings: Option<D::V>) -> Result<AllocConf, String> {
@@ -310,13 +320,26 @@ fn state(s: &str) -> Option<BlockState> {
     })
 }
 
-/// Converts PyTorch's snapshot dict (or a bare list of segments).
+/// Which devices of a file to convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The device with the longest trace, else the first with segments.
+    Primary,
+    /// This one (none when the file has nothing on it).
+    Device(u32),
+    /// Every device with a trace or segments, in order.
+    All,
+}
+
+/// Converts PyTorch's snapshot dict (or a bare list of segments): one [`Snapshot`] per device
+/// asked for, in device order.
 pub fn convert<'a, D: Doc<'a>>(
     d: &D,
     root: D::V,
     format: Format,
     name: &str,
-) -> Result<Snapshot, String> {
+    which: Which,
+) -> Result<Vec<Snapshot>, String> {
     let (segs_v, traces_v, settings, annotations_v) = if d.is_list(root) {
         (Some(root), None, None, None)
     } else if d.is_dict(root) {
@@ -332,11 +355,6 @@ pub fn convert<'a, D: Doc<'a>>(
     let segs_v = segs_v
         .filter(|s| d.is_list(*s))
         .ok_or("no 'segments' list: not a PyTorch memory snapshot")?;
-    let mut frames = Frames {
-        tags: Tags::default(),
-        cache: FxHashMap::default(),
-    };
-    // which device: the one with the longest trace, else the first with segments
     let traces: Vec<D::V> = traces_v
         .filter(|t| d.is_list(*t))
         .map(|t| d.list(t).collect())
@@ -358,15 +376,17 @@ pub fn convert<'a, D: Doc<'a>>(
         }
     }
     let seg_list: Vec<D::V> = d.list(segs_v).collect();
-    for s in &seg_list {
+    for (i, s) in seg_list.iter().enumerate() {
         if let Some(dev) = d.get(*s, "device").and_then(|v| d.int(v)) {
-            if !devices.contains(&(dev as u32)) {
-                devices.push(dev as u32);
+            let dev = u32::try_from(dev)
+                .map_err(|_| format!("segments[{i}].device {dev} is not a device index"))?;
+            if !devices.contains(&dev) {
+                devices.push(dev);
             }
         }
     }
     devices.sort();
-    let device = trace_lens
+    let primary = trace_lens
         .iter()
         .enumerate()
         .max_by_key(|(i, n)| (**n, std::cmp::Reverse(*i)))
@@ -374,7 +394,53 @@ pub fn convert<'a, D: Doc<'a>>(
         .map(|(i, _)| i as u32)
         .or_else(|| devices.first().copied())
         .unwrap_or(0);
+    let wanted: Vec<u32> = match which {
+        Which::Primary => vec![primary],
+        Which::Device(n) if devices.contains(&n) => vec![n],
+        Which::Device(_) => Vec::new(),
+        Which::All if devices.is_empty() => vec![primary],
+        Which::All => devices.clone(),
+    };
+    let conf = conf_from_settings(d, settings)?;
+    let file = File {
+        format,
+        name,
+        devices: &devices,
+        seg_list: &seg_list,
+        traces: &traces,
+        trace_lens: &trace_lens,
+        annotations: annotations_v,
+        conf: &conf,
+    };
+    wanted
+        .into_iter()
+        .map(|device| device_snapshot(d, &file, device))
+        .collect()
+}
 
+/// What [`convert`] found in the file, shared by its devices.
+struct File<'f, V> {
+    format: Format,
+    name: &'f str,
+    devices: &'f [u32],
+    seg_list: &'f [V],
+    traces: &'f [V],
+    trace_lens: &'f [usize],
+    annotations: Option<V>,
+    conf: &'f AllocConf,
+}
+
+/// One device's segments, trace and annotations.
+fn device_snapshot<'a, D: Doc<'a>>(
+    d: &D,
+    f: &File<'_, D::V>,
+    device: u32,
+) -> Result<Snapshot, String> {
+    let (seg_list, traces, trace_lens) = (f.seg_list, f.traces, f.trace_lens);
+    let mut frames = Frames {
+        tags: Tags::default(),
+        cache: FxHashMap::default(),
+    };
     let mut segments = Vec::new();
     for (i, s) in seg_list.iter().enumerate() {
         let at = |k: &str| format!("segments[{i}].{k}");
@@ -423,7 +489,7 @@ pub fn convert<'a, D: Doc<'a>>(
                     size,
                     requested_size: requested,
                     state,
-                    stack: frames.stack(d, d.get(b, "frames")),
+                    stack: frames.stack(d, block_frames(d, b)),
                 });
                 offset = baddr + size;
             }
@@ -543,7 +609,7 @@ pub fn convert<'a, D: Doc<'a>>(
         }
     }
     let mut annotations = Vec::new();
-    if let Some(a) = annotations_v.filter(|a| d.is_list(*a)) {
+    if let Some(a) = f.annotations.filter(|a| d.is_list(*a)) {
         for x in d.list(a) {
             if d.get(x, "device")
                 .and_then(|v| d.int(v))
@@ -567,17 +633,16 @@ pub fn convert<'a, D: Doc<'a>>(
             });
         }
     }
-    let conf = conf_from_settings(d, settings)?;
     let mut snap = Snapshot {
-        format,
-        name: name.to_string(),
+        format: f.format,
+        name: f.name.to_string(),
         device,
-        devices,
+        devices: f.devices.to_vec(),
         segments,
         events,
         times,
         tags: frames.tags,
-        conf,
+        conf: f.conf.clone(),
         total_memory: None,
         context_overhead: None,
         annotations,

@@ -119,3 +119,20 @@ pub fn refused(args: &[&str], want: &str) -> String {
     assert!(err.contains(want), "{args:?}: {err}");
     err
 }
+
+/// A real snapshot of fixtures/external (xz-compressed there), unpacked into `dir`.
+pub fn external(dir: &Scratch, name: &str) -> PathBuf {
+    let packed = root().join(format!("fixtures/external/{name}.xz"));
+    let mut input = std::io::BufReader::new(std::fs::File::open(&packed).unwrap());
+    let mut bytes = Vec::new();
+    lzma_rs::xz_decompress(&mut input, &mut bytes).unwrap();
+    let p = dir.path(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// fixtures/external/expected.json: per file, each device's figures as Python computed them.
+pub fn external_expected() -> Value {
+    let p = root().join("fixtures/external/expected.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}

@@ -1,0 +1,265 @@
+//! Issue 15: PyTorch snapshots from other people's runs (fixtures/external), read as PyTorch's
+//! own figures say, on every device of every file.
+
+mod common;
+
+use common::{external, external_expected, gpumem, u, Scratch};
+use serde_json::Value;
+
+/// The files that are snapshots, with their expected figures.
+fn snapshots() -> Vec<(String, Value)> {
+    let exp = external_expected();
+    exp.as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| v.get("per_device").is_some())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn summary_json(path: &std::path::Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let out = gpumem()
+        .arg("summary")
+        .arg(path)
+        .args(extra)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "{}: not JSON ({e}): {text}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+/// Python's figures (expected.json's names) from one device's (or all devices') JSON.
+fn figures(d: &Value, pools: Option<&Value>) -> Vec<(&'static str, u64)> {
+    let f = |k: &str| u(&d[k]);
+    let mut v = vec![
+        ("segments", f("segments")),
+        ("reserved", f("reserved_bytes")),
+        ("allocated", f("allocated_bytes")),
+        ("active", f("active_bytes")),
+        ("requested", f("requested_bytes")),
+        ("internal", f("allocated_bytes") - f("requested_bytes")),
+        ("free", f("free_bytes")),
+        ("largest_free", f("largest_free_bytes")),
+    ];
+    if let Some(p) = pools {
+        v.extend([
+            ("inactive_split", u(&p["all"]["inactive_split_bytes"])),
+            ("inactive_split_blocks", u(&p["all"]["inactive_split_blocks"])),
+            ("allocations", u(&p["all"]["allocations"])),
+            ("large_reserved", u(&p["large"]["reserved_bytes"])),
+            ("small_reserved", u(&p["small"]["reserved_bytes"])),
+        ]);
+    } else {
+        v.extend([
+            ("inactive_split", f("inactive_split_bytes")),
+            ("inactive_split_blocks", f("inactive_split_blocks")),
+            ("allocations", f("allocations")),
+        ]);
+    }
+    v
+}
+
+#[test]
+fn issue15_every_device_of_every_real_snapshot_reads_as_python_computes_it() {
+    let dir = Scratch::new("external-figures");
+    let mut checked = 0;
+    for (name, exp) in snapshots() {
+        let path = external(&dir, &name);
+        let (code, v) = summary_json(&path, &[]);
+        assert_eq!(code, Some(0), "{name}: {v}");
+        let per = v["per_device"].as_array().unwrap();
+        let devices: Vec<u64> = per.iter().map(|d| u(&d["device"])).collect();
+        let want: Vec<u64> = exp["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(u)
+            .collect();
+        assert_eq!(devices, want, "{name}: devices");
+        for d in per {
+            let dev = u(&d["device"]).to_string();
+            let e = &exp["per_device"][&dev];
+            for (k, got) in figures(d, Some(&d["pools"])) {
+                assert_eq!(got, u(&e[k]), "{name} cuda:{dev} {k}");
+                checked += 1;
+            }
+        }
+        for (k, got) in figures(&v["all_devices"], None) {
+            if k == "largest_free" || exp["all_devices"].get(k).is_some() {
+                assert_eq!(got, u(&exp["all_devices"][k]), "{name} all devices {k}");
+            }
+        }
+        // --device N shows that device alone, with the same figures
+        let last = devices.last().unwrap().to_string();
+        let (code, one) = summary_json(&path, &["--device", &last]);
+        assert_eq!(code, Some(0));
+        assert_eq!(one["per_device"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            u(&one["reserved_bytes"]),
+            u(&exp["per_device"][&last]["reserved"]),
+            "{name} --device {last}"
+        );
+    }
+    assert!(checked > 200, "{checked} figures checked");
+}
+
+/// The 3-GPU snapshot's out-of-memory error is on cuda:1, not the device with the longest
+/// trace: it is reported, and `--fail-on oom` fails on it.
+#[test]
+fn issue15_an_oom_on_another_device_is_found_and_failed_on() {
+    let dir = Scratch::new("external-oom");
+    let path = external(&dir, "codeloc_memory_snapshot.pickle");
+    let (code, v) = summary_json(&path, &["--fail-on", "oom"]);
+    assert_eq!(code, Some(1), "{v}");
+    let ooms = v["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1);
+    assert_eq!(ooms[0]["device"], 1);
+    let text = gpumem().arg("summary").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    for d in ["cuda:0", "cuda:1", "cuda:2", "all devices", "== cuda:1 =="] {
+        assert!(text.contains(d), "{d} missing:\n{text}");
+    }
+    // a device the file has nothing on names the flag and what the file holds
+    let out = gpumem()
+        .arg("summary")
+        .arg(&path)
+        .args(["--device", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--device") && err.contains("cuda:0, cuda:1, cuda:2"),
+        "{err}"
+    );
+}
+
+/// A snapshot whose memory is all on cuda:1 shows it, not zeros.
+#[test]
+fn issue15_memory_on_the_second_gpu_is_shown() {
+    let dir = Scratch::new("external-cuda1");
+    let path = external(&dir, "layoutedit_dump_snapshot.pickle");
+    let (_, v) = summary_json(&path, &[]);
+    let exp = external_expected();
+    let want = u(&exp["layoutedit_dump_snapshot.pickle"]["all_devices"]["reserved"]);
+    assert_eq!(u(&v["all_devices"]["reserved_bytes"]), want);
+    assert!(want > 10 << 30);
+}
+
+/// Not a snapshot: refused with exit 2, saying what the file is not.
+#[test]
+fn issue15_a_pickle_that_is_not_a_snapshot_is_refused() {
+    let dir = Scratch::new("external-not");
+    let path = external(&dir, "mygpt_memory.pickle");
+    let out = gpumem().arg("summary").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mygpt_memory.pickle") && err.contains("segments"), "{err}");
+}
+
+/// Several files (one per rank): a row per file and device, and the spread across them.
+#[test]
+fn issue15_several_files_give_a_table_of_ranks() {
+    let dir = Scratch::new("external-ranks");
+    let names = [
+        "selectn_1f2f54_snapshot.pickle",
+        "selectn_04d383_snapshot.pickle",
+        "codeloc_memory_snapshot.pickle",
+    ];
+    let paths: Vec<_> = names.iter().map(|n| external(&dir, n)).collect();
+    let out = gpumem()
+        .arg("summary")
+        .args(&paths)
+        .args(["--json", "--fail-on", "oom"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "the OOM on codeloc's cuda:1");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "1 + 1 + 3 devices");
+    let exp = external_expected();
+    let mut reserved = Vec::new();
+    for r in rows {
+        let f = r["file"].as_str().unwrap();
+        let name = std::path::Path::new(f).file_name().unwrap().to_str().unwrap();
+        let dev = u(&r["device"]).to_string();
+        let want = u(&exp[name]["per_device"][&dev]["reserved"]);
+        assert_eq!(u(&r["state"]["reserved_bytes"]), want, "{name} cuda:{dev}");
+        reserved.push(want);
+    }
+    let across = v["across_rows"].as_array().unwrap();
+    let res = across.iter().find(|c| c["column"] == "reserved").unwrap();
+    let (max, min) = (*reserved.iter().max().unwrap(), *reserved.iter().min().unwrap());
+    assert_eq!((u(&res["max"]), u(&res["min"])), (max, min));
+    assert_eq!(u(&res["spread"]), max - min);
+    assert_eq!(reserved[u(&res["max_row"]) as usize], max);
+    // the text table names each file and the spread
+    let out = gpumem().arg("summary").args(&paths).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("across ranks") && text.contains("spread"), "{text}");
+    assert!(text.contains("selectn_04d383_snapshot.pickle"), "{text}");
+}
+
+/// The sites of a summary's `live_by_site`.
+fn sites(v: &Value) -> Vec<String> {
+    v["live_by_site"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["site"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// PyTorch 2.0 kept each block's stack in its `history`, not in `frames`: they are read.
+#[test]
+fn issue15_pytorch_2_0_history_stacks_are_read() {
+    let dir = Scratch::new("external-history");
+    let path = external(&dir, "llminf_1.3b_snapshot.pickle");
+    let (_, v) = summary_json(&path, &[]);
+    let s = sites(&v);
+    assert!(!s.is_empty());
+    for site in &s {
+        assert!(
+            site.contains("pytorch_backend.py:") || site.contains("flex_opt.py:"),
+            "{site}"
+        );
+    }
+}
+
+/// Windows paths: sites are shortened to the file's name, and the plot labels by site.
+#[test]
+fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
+    let dir = Scratch::new("external-windows");
+    for name in ["decomfl_memory.pickle", "magma27_memory_snapshot.pickle"] {
+        let path = external(&dir, name);
+        let (_, v) = summary_json(&path, &[]);
+        // blocks allocated before recording started have no frames
+        for site in sites(&v).into_iter().filter(|s| s != "(no frames recorded)") {
+            assert!(!site.contains('\\') && !site.contains(":\\"), "{name}: {site}");
+            assert!(site.contains(".py:"), "{name}: {site}");
+        }
+        let text = gpumem().arg("summary").arg(&path).output().unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(!text.contains("C:\\") && !text.contains("<non-python>"), "{name}");
+        let svg = dir.path(&format!("{name}.svg"));
+        let out = gpumem()
+            .arg("plot")
+            .arg(&path)
+            .arg("-o")
+            .arg(&svg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert!(!svg.contains("non-python"), "{name}: the plot files sites as <non-python>");
+        assert!(svg.contains(".py:"), "{name}: no site in the legend");
+    }
+}
