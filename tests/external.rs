@@ -263,3 +263,91 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
         assert!(svg.contains(".py:"), "{name}: no site in the legend");
     }
 }
+
+fn export(path: &std::path::Path, to: &str, out: &std::path::Path) {
+    let o = gpumem()
+        .arg("export")
+        .arg(path)
+        .args(["--to", to, "-o"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Export keeps everything: every device, frames as frames, every key, no field added, and a
+/// memory-viz file about the size of what it came from.
+#[test]
+fn issue15_exports_of_real_snapshots_lose_nothing() {
+    let dir = Scratch::new("external-export");
+    let exp = external_expected();
+    for name in [
+        "codeloc_memory_snapshot.pickle",  // 3 devices, compile_context
+        "magma27_memory_snapshot.pickle",  // user_metadata, Windows paths
+        "selectn_1f2f54_snapshot.pickle",  // no time_us
+    ] {
+        let path = external(&dir, name);
+        let original = std::fs::read(&path).unwrap();
+        // memory-viz of a pickle is the pickle
+        let viz = dir.path(&format!("{name}.viz.pickle"));
+        export(&path, "memory-viz", &viz);
+        assert_eq!(std::fs::read(&viz).unwrap(), original, "{name}");
+        // torch-json keeps the document as it is
+        let js = dir.path(&format!("{name}.json"));
+        export(&path, "torch-json", &js);
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&js).unwrap()).unwrap();
+        let traces = doc["device_traces"].as_array().unwrap();
+        let entries: Vec<&Value> = traces.iter().flat_map(|t| t.as_array().unwrap()).collect();
+        let frames: Vec<&Value> = entries
+            .iter()
+            .flat_map(|e| e["frames"].as_array().into_iter().flatten())
+            .collect();
+        assert!(!frames.is_empty(), "{name}");
+        for f in &frames {
+            assert_ne!(f["filename"], "gpumem", "{name}: {f}");
+            assert!(f["line"].as_i64().is_some(), "{name}: {f}");
+        }
+        if name.starts_with("selectn") {
+            assert!(entries.iter().all(|e| e.get("time_us").is_none()), "{name}: time_us invented");
+        }
+        if name.starts_with("magma27") {
+            assert!(entries.iter().any(|e| e.get("user_metadata").is_some()), "{name}");
+        }
+        if name.starts_with("codeloc") {
+            assert!(entries.iter().any(|e| e.get("compile_context").is_some()), "{name}");
+            assert!(doc.get("allocator_settings").is_some());
+        }
+        // and back to memory-viz: the same figures on every device, within 1.2x the size
+        let back = dir.path(&format!("{name}.back.pickle"));
+        export(&js, "memory-viz", &back);
+        let size = std::fs::metadata(&back).unwrap().len() as f64;
+        assert!(size <= 1.2 * original.len() as f64, "{name}: {size} bytes");
+        let (_, v) = summary_json(&back, &[]);
+        for d in v["per_device"].as_array().unwrap() {
+            let dev = u(&d["device"]).to_string();
+            assert_eq!(
+                u(&d["reserved_bytes"]),
+                u(&exp[name]["per_device"][&dev]["reserved"]),
+                "{name} cuda:{dev}"
+            );
+        }
+    }
+    // Perfetto: a process per device, no copy of the snapshot inside
+    let path = external(&dir, "codeloc_memory_snapshot.pickle");
+    let pf = dir.path("p.json");
+    export(&path, "perfetto", &pf);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&pf).unwrap()).unwrap();
+    assert!(v["otherData"].get("gpumem_snapshot").is_none());
+    let procs: Vec<&Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .collect();
+    assert_eq!(procs.len(), 3);
+}

@@ -410,12 +410,18 @@ pub struct SummaryArgs {
 ///
 /// `--to memory-viz` writes PyTorch's snapshot dict as a pickle, which PyTorch's memory viewer
 /// (https://pytorch.org/memory_viz) and `python -m torch.cuda._memory_viz` read; `--to
-/// torch-json` the same dict as JSON; `--to perfetto` a Chrome trace with a memory counter
-/// track per category and one for reserved memory, which https://ui.perfetto.dev opens. gpumem
-/// reads all three back (`gpumem summary`).
+/// torch-json` the same dict as JSON; `--to perfetto` a Chrome trace with, per device, a
+/// memory counter track per category and one for reserved memory, which
+/// https://ui.perfetto.dev opens. gpumem reads the first two back (`gpumem summary`).
 ///
-/// Example:
+/// Every device of the file is exported. A PyTorch snapshot loses nothing: to memory-viz, a
+/// pickle is copied as it is; otherwise its own document is converted value by value (every
+/// key, frames as frames, nothing added). A gpumem snapshot becomes PyTorch's dict, its tags as
+/// frames of file `gpumem`.
+///
+/// Examples:
 ///   gpumem run w.toml --snapshot run.json && gpumem export run.json --to memory-viz -o snap.pickle
+///   gpumem export snapshot.pickle --to torch-json -o snapshot.json
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct ExportArgs {

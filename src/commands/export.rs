@@ -1,27 +1,61 @@
-//! `gpumem export SNAPSHOT --to memory-viz|perfetto -o FILE`: a snapshot in another tool's
-//! format, written atomically.
+//! `gpumem export SNAPSHOT --to memory-viz|torch-json|perfetto -o FILE`: a snapshot in another
+//! tool's format, every device of it, written atomically.
+//!
+//! A PyTorch snapshot goes out as PyTorch wrote it: a pickle to memory-viz is the file itself
+//! (checked first), anything else the file's own document converted value by value, so no key,
+//! frame or device is lost and nothing is added. A gpumem snapshot is turned into PyTorch's
+//! dict.
 
 use std::io::Write;
 
 use crate::cli::{ExportArgs, ExportFormat};
 use crate::commands::{write_atomic, Outcome};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::report::export;
+use crate::snapshot::{Format, Raw, Which};
 
 pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
-    let s = crate::snapshot::load(&args.snapshot)?;
-    let bytes = match args.to {
-        ExportFormat::MemoryViz => {
+    let path = &args.snapshot;
+    // read as a snapshot first: what is not one is refused before anything is written
+    let snaps = crate::snapshot::load_devices(path, Which::All)?;
+    let first = &snaps[0];
+    let bad = |m: String| Error::input(path, "snapshot", m);
+    let raw = match first.format {
+        Format::Gpumem => None,
+        _ => crate::snapshot::load_raw(path)?,
+    };
+    let bytes = match (args.to, &raw) {
+        (ExportFormat::MemoryViz, Some(Raw::Pickle(p)))
+            if p.kind(p.root()) == crate::trace::pickle::Kind::Dict =>
+        {
+            std::fs::read(path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?
+        }
+        (ExportFormat::MemoryViz, Some(r)) => {
             let mut buf = Vec::new();
-            crate::trace::pickle::write(&export::torch_snapshot(&s), &mut buf)?;
+            crate::trace::pickle::write(&r.to_pickle_value().map_err(bad)?, &mut buf)?;
             buf
         }
-        ExportFormat::TorchJson => {
-            serde_json::to_vec(&export::w_to_json(&export::torch_snapshot(&s)))
+        (ExportFormat::MemoryViz, None) => {
+            let mut buf = Vec::new();
+            crate::trace::pickle::write(&export::torch_snapshot(first), &mut buf)?;
+            buf
+        }
+        (ExportFormat::TorchJson, Some(r)) => {
+            let mut v = r.to_json().map_err(bad)?;
+            if v.is_array() {
+                v = serde_json::json!({"segments": v, "device_traces": []});
+            }
+            serde_json::to_vec(&v).map_err(std::io::Error::from)?
+        }
+        (ExportFormat::TorchJson, None) => {
+            serde_json::to_vec(&export::w_to_json(&export::torch_snapshot(first)))
                 .map_err(std::io::Error::from)?
         }
-        ExportFormat::Perfetto => {
-            serde_json::to_vec(&export::perfetto(&s)).map_err(std::io::Error::from)?
+        (ExportFormat::Perfetto, _) => {
+            serde_json::to_vec(&export::perfetto(&snaps)).map_err(std::io::Error::from)?
         }
     };
     write_atomic(&args.output, &bytes)?;
@@ -30,15 +64,19 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
             "open it at https://pytorch.org/memory_viz, or: python -m torch.cuda._memory_viz stats FILE"
         }
         ExportFormat::TorchJson => "PyTorch's snapshot dict as JSON",
-        ExportFormat::Perfetto => "open it at https://ui.perfetto.dev (or chrome://tracing)",
+        ExportFormat::Perfetto => {
+            "open it at https://ui.perfetto.dev (or chrome://tracing); a process per device"
+        }
     };
+    let devices: Vec<String> = snaps.iter().map(|s| format!("cuda:{}", s.device)).collect();
     writeln!(
         out,
-        "wrote {} ({} bytes, {} segments, {} trace entries): {hint}",
+        "wrote {} ({} bytes; {}: {} segments, {} trace entries): {hint}",
         args.output.display(),
         bytes.len(),
-        s.segments.len(),
-        s.events.len()
+        devices.join(", "),
+        snaps.iter().map(|s| s.segments.len()).sum::<usize>(),
+        snaps.iter().map(|s| s.events.len()).sum::<usize>()
     )?;
     Ok(Outcome::Ok)
 }

@@ -206,12 +206,24 @@ pub fn w_to_json(w: &W) -> Value {
     }
 }
 
-/// A Chrome trace (Perfetto and chrome://tracing open it): a counter track per memory
-/// category (allocated, in block sizes as `analysis::blocks` finds them) and one for reserved
-/// memory, over the
-/// trace's time (or event index), iteration starts as instant events, and the snapshot as
-/// PyTorch's dict under `otherData` so gpumem can read the file back.
-pub fn perfetto(snap: &Snapshot) -> Value {
+/// A Chrome trace (Perfetto and chrome://tracing open it): a process per device, each with a
+/// counter track per memory category (allocated, in block sizes as `analysis::blocks` finds
+/// them) and one for reserved memory, over the trace's time (or event index), and iteration
+/// starts as instant events.
+pub fn perfetto(snaps: &[Snapshot]) -> Value {
+    let mut events = Vec::new();
+    for snap in snaps {
+        events.extend(perfetto_device(snap));
+    }
+    json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": format!("gpumem {}", env!("CARGO_PKG_VERSION"))},
+    })
+}
+
+fn perfetto_device(snap: &Snapshot) -> Vec<Value> {
+    let pid = snap.device as u64 + 1;
     let mut sizer = crate::analysis::blocks::Sizer::new(&snap.conf);
     let mut ann = crate::analysis::stacks::Annotator::new(&snap.tags);
     // walk the trace relative to its start, then anchor at the end state
@@ -275,8 +287,8 @@ pub fn perfetto(snap: &Snapshot) -> Value {
     let before = (end_alloc - net).max(0);
     let res0 = (end_res - reserved).max(0);
     let mut events = vec![json!({
-        "name": "process_name", "ph": "M", "pid": 1, "tid": 0,
-        "args": {"name": format!("gpumem: {}", snap.name)},
+        "name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+        "args": {"name": format!("{} cuda:{}", snap.name, snap.device)},
     })];
     for (t, c, r) in &rows {
         let mut args = serde_json::Map::new();
@@ -286,17 +298,13 @@ pub fn perfetto(snap: &Snapshot) -> Value {
         for (k, v) in c {
             args.insert(k.clone(), json!((*v).max(0)));
         }
-        events.push(json!({"name": "allocated by category", "ph": "C", "ts": t, "pid": 1, "tid": 0, "args": args}));
-        events.push(json!({"name": "reserved", "ph": "C", "ts": t, "pid": 1, "tid": 0, "args": {"reserved": res0 + r}}));
+        events.push(json!({"name": "allocated by category", "ph": "C", "ts": t, "pid": pid, "tid": 0, "args": args}));
+        events.push(json!({"name": "reserved", "ph": "C", "ts": t, "pid": pid, "tid": 0, "args": {"reserved": res0 + r}}));
     }
     for (t, label) in marks {
-        events.push(json!({"name": label, "ph": "i", "s": "g", "ts": t, "pid": 1, "tid": 0}));
+        events.push(json!({"name": label, "ph": "i", "s": "p", "ts": t, "pid": pid, "tid": 0}));
     }
-    json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"generator": format!("gpumem {}", env!("CARGO_PKG_VERSION")), "gpumem_snapshot": w_to_json(&torch_snapshot(snap))},
-    })
+    events
 }
 
 /// Event `i`'s time: its recorded `time_us`, or its index where the snapshot has none.

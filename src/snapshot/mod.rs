@@ -8,7 +8,10 @@
 //! `[C++] function` (reports fold those unless asked), and an `iter:N` tag in front when the
 //! iterations are known (from `Optimizer.step` annotations, or from the trace repeating itself).
 
+mod raw;
 mod torch;
+
+pub use raw::Raw;
 
 use std::io::Read;
 use std::path::Path;
@@ -128,6 +131,32 @@ pub fn load_devices_with(path: &Path, which: Which, threads: usize) -> Result<Ve
     load_from(path, if big { threads.max(1) } else { 1 }, None, which)
 }
 
+/// A PyTorch snapshot file's document as written (a pickle read whole, or its JSON), for
+/// exports that keep everything; `None` for a gpumem snapshot.
+pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
+    let read_err = |source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bad = |m: String| Error::input(path, "snapshot", m);
+    let f = std::fs::File::open(path).map_err(read_err)?;
+    let mut head = [0u8; 1];
+    let n = (&f).read(&mut head).map_err(read_err)?;
+    if n == 1 && (head[0] == 0x80 || head[0] == b'(' || head[0] == b']' || head[0] == b'}') {
+        let p = crate::trace::pickle::read_file(&f, 1, 1 << 20, None, None)
+            .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+        return Ok(Some(Raw::Pickle(p)));
+    }
+    let text = std::fs::read(path).map_err(read_err)?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
+        return Ok(None);
+    }
+    let inner = v.get("otherData").and_then(|o| o.get("gpumem_snapshot")).cloned();
+    Ok(Some(Raw::Json(inner.unwrap_or(v))))
+}
+
 /// Reads a snapshot file's primary device, a pickle on `threads` cores in pieces of `chunk`
 /// bytes (by default a few per core).
 pub fn load_with(path: &Path, threads: usize, chunk: Option<u64>) -> Result<Snapshot, Error> {
@@ -236,10 +265,17 @@ fn load_from(
             _ => vec![s],
         });
     }
-    // gpumem's Perfetto export carries the snapshot as PyTorch's dict
+    // earlier gpumem Perfetto exports carried the snapshot as PyTorch's dict
     if let Some(inner) = v.get("otherData").and_then(|o| o.get("gpumem_snapshot")) {
         return torch::convert(&torch::JsonDoc, inner, Format::TorchJson, &name, which)
             .map_err(bad);
+    }
+    if v.get("traceEvents").is_some() && v.get("segments").is_none() {
+        return Err(bad(
+            "a Chrome/Perfetto trace (such as `gpumem export --to perfetto` writes) holds memory \
+             counters, not a snapshot: give the snapshot it was exported from"
+                .into(),
+        ));
     }
     torch::convert(&torch::JsonDoc, &v, Format::TorchJson, &name, which).map_err(bad)
 }
