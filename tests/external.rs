@@ -351,3 +351,29 @@ fn issue15_exports_of_real_snapshots_lose_nothing() {
         .collect();
     assert_eq!(procs.len(), 3);
 }
+
+/// diff, plot and replay show one device of a multi-GPU snapshot: they say which, and
+/// `--device` picks another.
+#[test]
+fn issue15_one_device_commands_say_which_device_they_show() {
+    let dir = Scratch::new("external-onedev");
+    let path = external(&dir, "codeloc_memory_snapshot.pickle");
+    let svg = dir.path("p.svg");
+    let run = |args: &[&str]| {
+        let o = gpumem().args(args).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let p = path.to_str().unwrap();
+    let (code, text) = run(&["plot", p, "-o", svg.to_str().unwrap(), "--device", "2"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("showing cuda:2 of cuda:0, cuda:1, cuda:2"), "{text}");
+    let (_, text) = run(&["diff", p, p, "--device", "1"]);
+    assert!(text.contains("showing cuda:1 of"), "{text}");
+    let (_, text) = run(&["replay", p, "--capacity", "139GiB", "--device", "1"]);
+    assert!(text.contains("showing cuda:1 of"), "{text}");
+    let (_, text) = run(&["replay", p, "--capacity", "139GiB", "--device", "1", "--json"]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["device"], 1);
+    let (code, _) = run(&["diff", p, p, "--device", "7"]);
+    assert_eq!(code, Some(2));
+}

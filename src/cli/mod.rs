@@ -474,6 +474,11 @@ pub struct DiffArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
+    /// with the longest trace).
+    #[arg(long, value_name = "N")]
+    pub device: Option<u32>,
 }
 
 /// Find the largest batch size (or another integer parameter) that fits on a device.
@@ -546,6 +551,11 @@ pub struct PlotArgs {
     /// spikes such as the peak stay visible.
     #[arg(long, default_value_t = 300, value_name = "N")]
     pub samples: usize,
+
+    /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
+    /// with the longest trace).
+    #[arg(long, value_name = "N")]
+    pub device: Option<u32>,
 }
 
 /// Replay a recorded PyTorch allocator trace and compare every step with PyTorch; or replay a
@@ -602,6 +612,11 @@ pub struct ReplayArgs {
     /// snapshot's device, or what a PyTorch trace's out-of-memory entries show.
     #[arg(long, value_name = "SIZE")]
     pub capacity: Option<String>,
+
+    /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
+    /// with the longest trace).
+    #[arg(long, value_name = "N")]
+    pub device: Option<u32>,
 }
 
 /// Measure the allocator: ns per alloc+free pair with event recording on and off.

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::snapshot::Snapshot;
 
 /// A snapshot file, or a workload (`.toml`) run now on the simulated device.
-fn load(path: &Path) -> Result<Snapshot> {
+fn load(path: &Path, device: Option<u32>) -> Result<Snapshot> {
     if path.extension().is_some_and(|e| e == "toml") {
         let w = crate::workload::load(path)?;
         let r = crate::runner::run(&w, path, &Default::default())?;
@@ -18,21 +18,26 @@ fn load(path: &Path) -> Result<Snapshot> {
             crate::report::snapshot::to_json(&r.allocator, &path.display().to_string(), &r.name);
         return crate::snapshot::convert_gpumem(&v).map_err(|m| Error::input(path, "run", m));
     }
-    crate::snapshot::load(path)
+    crate::snapshot::load_one(path, device)
 }
 
 pub fn run(args: &DiffArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.top == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }
-    let (a, b) = (load(&args.a)?, load(&args.b)?);
+    let (a, b) = (load(&args.a, args.device)?, load(&args.b, args.device)?);
+    // a file of several devices: say which one is compared
+    let name = |p: &Path, s: &Snapshot| match s.device_note() {
+        Some(n) => format!("{} ({n})", p.display()),
+        None => p.display().to_string(),
+    };
     let sum = |s: &Snapshot| {
         summary::summarize(&s.segments, &s.events, &s.tags, &s.conf, usize::MAX, false)
     };
     let d = diff::diff(&sum(&a), &sum(&b), args.top);
-    let (an, bn) = (args.a.display().to_string(), args.b.display().to_string());
+    let (an, bn) = (name(&args.a, &a), name(&args.b, &b));
     if args.json {
-        let v = serde_json::json!({"a": an, "b": bn, "diff": d});
+        let v = serde_json::json!({"a": an, "b": bn, "device_a": a.device, "device_b": b.device, "diff": d});
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else if args.markdown {

@@ -20,6 +20,7 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
     let gpumem_run = std::str::from_utf8(&text)
         .ok()
         .filter(|t| t.trim_start().starts_with('{') && t.contains("\"gpumem-snapshot\""));
+    let mut note = None;
     let (t, events) = match gpumem_run {
         // a gpumem run's trace starts with the run: replay it exactly
         Some(text) => {
@@ -48,7 +49,8 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         // a PyTorch snapshot: walked from its end state, stacked by the sites holding most
         None => {
-            let s = crate::snapshot::load(&args.snapshot)?;
+            let s = crate::snapshot::load_one(&args.snapshot, args.device)?;
+            note = s.device_note();
             let t = state::timeline_from_trace(
                 &s.segments,
                 &s.events,
@@ -62,6 +64,9 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
     };
     let snap_events = events;
+    if let Some(n) = &note {
+        writeln!(out, "{}: {n}", args.snapshot.display())?;
+    }
     write_atomic(&args.output, timeline_svg::render(&t).as_bytes())?;
     writeln!(
         out,

@@ -45,7 +45,10 @@ fn is_allocator_trace(path: &std::path::Path) -> bool {
 }
 
 fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
-    let s = crate::snapshot::load(&args.trace)?;
+    let s = crate::snapshot::load_one(&args.trace, args.device)?;
+    if let (Some(n), false) = (s.device_note(), args.json) {
+        writeln!(out, "{}: {n}", args.trace.display())?;
+    }
     let conf = match &args.alloc_conf {
         Some(c) => AllocConf::parse(c).map_err(|e| Error::usage("--alloc-conf", e.to_string()))?,
         None => s.conf.clone(),
@@ -68,7 +71,8 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     let w = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
     let path = args.trace.display().to_string();
     if args.json {
-        let v = crate::report::whatif::to_json(&path, &w);
+        let mut v = crate::report::whatif::to_json(&path, &w);
+        v["device"] = serde_json::json!(s.device);
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {

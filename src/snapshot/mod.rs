@@ -183,6 +183,29 @@ pub fn load_for_flag(path: &Path, device: Option<u32>) -> Result<Vec<Snapshot>, 
     Ok(v)
 }
 
+/// One device of a file for a command that shows one: the `--device` flag's, else the primary.
+pub fn load_one(path: &Path, device: Option<u32>) -> Result<Snapshot, Error> {
+    match device {
+        Some(_) => Ok(load_for_flag(path, device)?.remove(0)),
+        None => load(path),
+    }
+}
+
+impl Snapshot {
+    /// For a file of several devices, which one is shown: "cuda:1 of cuda:0, cuda:1 (--device N
+    /// for another)"; `None` for a file of one.
+    pub fn device_note(&self) -> Option<String> {
+        (self.devices.len() > 1).then(|| {
+            let all: Vec<String> = self.devices.iter().map(|d| format!("cuda:{d}")).collect();
+            format!(
+                "showing cuda:{} of {} (--device N for another)",
+                self.device,
+                all.join(", ")
+            )
+        })
+    }
+}
+
 fn load_from(
     path: &Path,
     threads: usize,
