@@ -53,6 +53,19 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// Human size for gpumem's own output: `512 B`, `1.50 KiB`, `20.00 MiB`, `139.80 GiB`.
+/// An integer with its digits grouped in threes: `13,038,973,952`.
+pub fn group_digits(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::with_capacity(d.len() + d.len() / 3);
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < KIB {
@@ -144,6 +157,14 @@ pub fn torch_format_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digits_group_in_threes() {
+        assert_eq!(group_digits(0), "0");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1000), "1,000");
+        assert_eq!(group_digits(13_038_973_952), "13,038,973,952");
+    }
 
     #[test]
     fn parses_units() {

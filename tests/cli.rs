@@ -790,3 +790,23 @@ fn issue2_bench_json_has_pairs_and_batch_with_recording_on_and_off() {
     .collect();
     assert_eq!(seen, want);
 }
+
+/// Issue 15: the README's first command prints the peak it promises in bytes, every table of
+/// its text output has a heading, and `--help` starts a newcomer with `run`.
+#[test]
+fn issue15_the_first_command_shows_what_the_readme_promises() {
+    let out = gpumem()
+        .current_dir(root())
+        .args(["run", "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(readme.contains("peak 13,038,973,952 bytes"));
+    assert!(text.contains("(13,038,973,952 bytes) allocated"), "{text}");
+    assert!(text.contains("the caching allocator at the end"), "{text}");
+    let help = gpumem().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("Start with:\n  gpumem run "), "{help}");
+}

@@ -21,7 +21,8 @@ Exit codes:
     long_about = "gpumem reproduces PyTorch's CUDA caching allocator (rounding, pools, best fit, \
 splitting, merging, retries, expandable segments, memory_stats) on a simulated device, so you can \
 see where GPU memory goes and why an allocation fails without a GPU.\n\n\
-Start with:\n  gpumem replay fixtures/allocator/trace_mixed_default.json --summary",
+Start with:\n  gpumem run fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml\n\
+Then: gpumem summary SNAPSHOT.pickle (a snapshot PyTorch wrote); gpumem COMMAND --help",
     after_long_help = EXIT_CODES,
     disable_help_subcommand = true
 )]

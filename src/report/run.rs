@@ -108,9 +108,11 @@ pub fn write_text(
     }
     writeln!(
         out,
-        "at the peak, {} allocated (peak reserved {}):",
+        "at the peak, {} ({} bytes) allocated (peak reserved {}, {} bytes):",
         format_bytes(r.peak.peak_allocated),
-        format_bytes(r.peak.peak_reserved)
+        crate::units::group_digits(r.peak.peak_allocated),
+        format_bytes(r.peak.peak_reserved),
+        crate::units::group_digits(r.peak.peak_reserved)
     )?;
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED)
@@ -143,6 +145,7 @@ pub fn write_text(
     if torch_style {
         torch_summary::write(out, &r.stats, 0)
     } else {
+        writeln!(out, "the caching allocator at the end (torch.cuda.memory_stats()):")?;
         stats_table::write(out, &r.stats)
     }
 }
