@@ -797,7 +797,10 @@ fn issue2_bench_json_has_pairs_and_batch_with_recording_on_and_off() {
 fn issue15_the_first_command_shows_what_the_readme_promises() {
     let out = gpumem()
         .current_dir(root())
-        .args(["run", "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"])
+        .args([
+            "run",
+            "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));

@@ -52,7 +52,10 @@ fn figures(d: &Value, pools: Option<&Value>) -> Vec<(&'static str, u64)> {
     if let Some(p) = pools {
         v.extend([
             ("inactive_split", u(&p["all"]["inactive_split_bytes"])),
-            ("inactive_split_blocks", u(&p["all"]["inactive_split_blocks"])),
+            (
+                "inactive_split_blocks",
+                u(&p["all"]["inactive_split_blocks"]),
+            ),
             ("allocations", u(&p["all"]["allocations"])),
             ("large_reserved", u(&p["large"]["reserved_bytes"])),
             ("small_reserved", u(&p["small"]["reserved_bytes"])),
@@ -77,12 +80,7 @@ fn issue15_every_device_of_every_real_snapshot_reads_as_python_computes_it() {
         assert_eq!(code, Some(0), "{name}: {v}");
         let per = v["per_device"].as_array().unwrap();
         let devices: Vec<u64> = per.iter().map(|d| u(&d["device"])).collect();
-        let want: Vec<u64> = exp["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(u)
-            .collect();
+        let want: Vec<u64> = exp["devices"].as_array().unwrap().iter().map(u).collect();
         assert_eq!(devices, want, "{name}: devices");
         for d in per {
             let dev = u(&d["device"]).to_string();
@@ -162,7 +160,10 @@ fn issue15_a_pickle_that_is_not_a_snapshot_is_refused() {
     let out = gpumem().arg("summary").arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mygpt_memory.pickle") && err.contains("segments"), "{err}");
+    assert!(
+        err.contains("mygpt_memory.pickle") && err.contains("segments"),
+        "{err}"
+    );
 }
 
 /// Several files (one per rank): a row per file and device, and the spread across them.
@@ -189,7 +190,11 @@ fn issue15_several_files_give_a_table_of_ranks() {
     let mut reserved = Vec::new();
     for r in rows {
         let f = r["file"].as_str().unwrap();
-        let name = std::path::Path::new(f).file_name().unwrap().to_str().unwrap();
+        let name = std::path::Path::new(f)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
         let dev = u(&r["device"]).to_string();
         let want = u(&exp[name]["per_device"][&dev]["reserved"]);
         assert_eq!(u(&r["state"]["reserved_bytes"]), want, "{name} cuda:{dev}");
@@ -197,14 +202,20 @@ fn issue15_several_files_give_a_table_of_ranks() {
     }
     let across = v["across_rows"].as_array().unwrap();
     let res = across.iter().find(|c| c["column"] == "reserved").unwrap();
-    let (max, min) = (*reserved.iter().max().unwrap(), *reserved.iter().min().unwrap());
+    let (max, min) = (
+        *reserved.iter().max().unwrap(),
+        *reserved.iter().min().unwrap(),
+    );
     assert_eq!((u(&res["max"]), u(&res["min"])), (max, min));
     assert_eq!(u(&res["spread"]), max - min);
     assert_eq!(reserved[u(&res["max_row"]) as usize], max);
     // the text table names each file and the spread
     let out = gpumem().arg("summary").args(&paths).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("across ranks") && text.contains("spread"), "{text}");
+    assert!(
+        text.contains("across ranks") && text.contains("spread"),
+        "{text}"
+    );
     assert!(text.contains("selectn_04d383_snapshot.pickle"), "{text}");
 }
 
@@ -242,13 +253,22 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
         let path = external(&dir, name);
         let (_, v) = summary_json(&path, &[]);
         // blocks allocated before recording started have no frames
-        for site in sites(&v).into_iter().filter(|s| s != "(no frames recorded)") {
-            assert!(!site.contains('\\') && !site.contains(":\\"), "{name}: {site}");
+        for site in sites(&v)
+            .into_iter()
+            .filter(|s| s != "(no frames recorded)")
+        {
+            assert!(
+                !site.contains('\\') && !site.contains(":\\"),
+                "{name}: {site}"
+            );
             assert!(site.contains(".py:"), "{name}: {site}");
         }
         let text = gpumem().arg("summary").arg(&path).output().unwrap();
         let text = String::from_utf8_lossy(&text.stdout);
-        assert!(!text.contains("C:\\") && !text.contains("<non-python>"), "{name}");
+        assert!(
+            !text.contains("C:\\") && !text.contains("<non-python>"),
+            "{name}"
+        );
         let svg = dir.path(&format!("{name}.svg"));
         let out = gpumem()
             .arg("plot")
@@ -259,7 +279,10 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
             .unwrap();
         assert_eq!(out.status.code(), Some(0));
         let svg = std::fs::read_to_string(&svg).unwrap();
-        assert!(!svg.contains("non-python"), "{name}: the plot files sites as <non-python>");
+        assert!(
+            !svg.contains("non-python"),
+            "{name}: the plot files sites as <non-python>"
+        );
         assert!(svg.contains(".py:"), "{name}: no site in the legend");
     }
 }
@@ -287,9 +310,9 @@ fn issue15_exports_of_real_snapshots_lose_nothing() {
     let dir = Scratch::new("external-export");
     let exp = external_expected();
     for name in [
-        "codeloc_memory_snapshot.pickle",  // 3 devices, compile_context
-        "magma27_memory_snapshot.pickle",  // user_metadata, Windows paths
-        "selectn_1f2f54_snapshot.pickle",  // no time_us
+        "codeloc_memory_snapshot.pickle", // 3 devices, compile_context
+        "magma27_memory_snapshot.pickle", // user_metadata, Windows paths
+        "selectn_1f2f54_snapshot.pickle", // no time_us
     ] {
         let path = external(&dir, name);
         let original = std::fs::read(&path).unwrap();
@@ -313,13 +336,22 @@ fn issue15_exports_of_real_snapshots_lose_nothing() {
             assert!(f["line"].as_i64().is_some(), "{name}: {f}");
         }
         if name.starts_with("selectn") {
-            assert!(entries.iter().all(|e| e.get("time_us").is_none()), "{name}: time_us invented");
+            assert!(
+                entries.iter().all(|e| e.get("time_us").is_none()),
+                "{name}: time_us invented"
+            );
         }
         if name.starts_with("magma27") {
-            assert!(entries.iter().any(|e| e.get("user_metadata").is_some()), "{name}");
+            assert!(
+                entries.iter().any(|e| e.get("user_metadata").is_some()),
+                "{name}"
+            );
         }
         if name.starts_with("codeloc") {
-            assert!(entries.iter().any(|e| e.get("compile_context").is_some()), "{name}");
+            assert!(
+                entries.iter().any(|e| e.get("compile_context").is_some()),
+                "{name}"
+            );
             assert!(doc.get("allocator_settings").is_some());
         }
         // and back to memory-viz: the same figures on every device, within 1.2x the size
@@ -361,17 +393,31 @@ fn issue15_one_device_commands_say_which_device_they_show() {
     let svg = dir.path("p.svg");
     let run = |args: &[&str]| {
         let o = gpumem().args(args).output().unwrap();
-        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
     };
     let p = path.to_str().unwrap();
     let (code, text) = run(&["plot", p, "-o", svg.to_str().unwrap(), "--device", "2"]);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("showing cuda:2 of cuda:0, cuda:1, cuda:2"), "{text}");
+    assert!(
+        text.contains("showing cuda:2 of cuda:0, cuda:1, cuda:2"),
+        "{text}"
+    );
     let (_, text) = run(&["diff", p, p, "--device", "1"]);
     assert!(text.contains("showing cuda:1 of"), "{text}");
     let (_, text) = run(&["replay", p, "--capacity", "139GiB", "--device", "1"]);
     assert!(text.contains("showing cuda:1 of"), "{text}");
-    let (_, text) = run(&["replay", p, "--capacity", "139GiB", "--device", "1", "--json"]);
+    let (_, text) = run(&[
+        "replay",
+        p,
+        "--capacity",
+        "139GiB",
+        "--device",
+        "1",
+        "--json",
+    ]);
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["device"], 1);
     let (code, _) = run(&["diff", p, p, "--device", "7"]);

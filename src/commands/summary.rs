@@ -96,7 +96,10 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         if let Some(n) = args.device {
             return Err(Error::usage(
                 "--device",
-                format!("none of the {} files has anything on device {n}", files.len()),
+                format!(
+                    "none of the {} files has anything on device {n}",
+                    files.len()
+                ),
             ));
         }
     }

@@ -145,7 +145,10 @@ pub fn write_text(
     if torch_style {
         torch_summary::write(out, &r.stats, 0)
     } else {
-        writeln!(out, "the caching allocator at the end (torch.cuda.memory_stats()):")?;
+        writeln!(
+            out,
+            "the caching allocator at the end (torch.cuda.memory_stats()):"
+        )?;
         stats_table::write(out, &r.stats)
     }
 }

@@ -215,12 +215,15 @@ pub fn to_json_devices(path: &str, devs: &[(&Snapshot, &Summary)]) -> Value {
         per.iter()
             .flat_map(|d| {
                 let dev = d["device"].clone();
-                d[key].as_array().cloned().unwrap_or_default().into_iter().map(
-                    move |mut x| {
+                d[key]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |mut x| {
                         x["device"] = dev.clone();
                         x
-                    },
-                )
+                    })
             })
             .collect()
     };
@@ -348,8 +351,12 @@ pub fn write_ranks(
         return Ok(());
     }
     let mut s = Table::new();
-    s.load_style(UTF8_FULL_CONDENSED)
-        .set_header(vec!["across ranks", "largest", "smallest", "spread"]);
+    s.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+        "across ranks",
+        "largest",
+        "smallest",
+        "spread",
+    ]);
     for x in spread {
         s.add_row(vec![
             x.column.to_string(),

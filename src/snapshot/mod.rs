@@ -126,7 +126,11 @@ pub fn load_devices(path: &Path, which: Which) -> Result<Vec<Snapshot>, Error> {
 }
 
 /// [`load_devices`] with a large pickle read on at most `threads` cores.
-pub fn load_devices_with(path: &Path, which: Which, threads: usize) -> Result<Vec<Snapshot>, Error> {
+pub fn load_devices_with(
+    path: &Path,
+    which: Which,
+    threads: usize,
+) -> Result<Vec<Snapshot>, Error> {
     let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= 32 << 20);
     load_from(path, if big { threads.max(1) } else { 1 }, None, which)
 }
@@ -142,7 +146,7 @@ pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
     let f = std::fs::File::open(path).map_err(read_err)?;
     let mut head = [0u8; 1];
     let n = (&f).read(&mut head).map_err(read_err)?;
-    if n == 1 && (head[0] == 0x80 || head[0] == b'(' || head[0] == b']' || head[0] == b'}') {
+    if n == 1 && pickle_start(head[0]) {
         let p = crate::trace::pickle::read_file(&f, 1, 1 << 20, None, None)
             .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         return Ok(Some(Raw::Pickle(p)));
@@ -153,7 +157,10 @@ pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
     if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
         return Ok(None);
     }
-    let inner = v.get("otherData").and_then(|o| o.get("gpumem_snapshot")).cloned();
+    let inner = v
+        .get("otherData")
+        .and_then(|o| o.get("gpumem_snapshot"))
+        .cloned();
     Ok(Some(Raw::Json(inner.unwrap_or(v))))
 }
 
@@ -206,6 +213,12 @@ impl Snapshot {
     }
 }
 
+/// Whether a file starting with this byte is a pickle: protocol 2+ starts with PROTO (0x80),
+/// 0 and 1 with a container opcode.
+fn pickle_start(b: u8) -> bool {
+    matches!(b, 0x80 | b'(' | b']' | b'}')
+}
+
 fn load_from(
     path: &Path,
     threads: usize,
@@ -227,8 +240,7 @@ fn load_from(
     if n == 0 {
         return Err(bad("the file is empty".into()));
     }
-    if head[0] == 0x80 || head[0] == b'(' || head[0] == b']' || head[0] == b'}' {
-        // a pickle: protocol 2+ starts with PROTO (0x80); 0 and 1 with a container opcode
+    if pickle_start(head[0]) {
         // a progress bar on stderr for big files, only for a person watching
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         let bar =

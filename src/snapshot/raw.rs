@@ -82,8 +82,9 @@ fn pickle_json(p: &Pickle, v: Value, depth: usize) -> Result<Json, String> {
             Some(i) => Json::from(i as f64),
             None => return Err("an integer wider than 128 bits".into()),
         },
-        Kind::Float => serde_json::Number::from_f64(p.float(v).unwrap_or(0.0))
-            .map_or(Json::Null, Json::Number),
+        Kind::Float => {
+            serde_json::Number::from_f64(p.float(v).unwrap_or(0.0)).map_or(Json::Null, Json::Number)
+        }
         Kind::Str => Json::String(p.str(v).unwrap_or("").to_string()),
         Kind::Bytes => Json::Array(
             p.bytes(v)
