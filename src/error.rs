@@ -1,5 +1,6 @@
-//! gpumem's one error type. Every message names the file, line, op or flag to fix; `main.rs`
-//! maps every variant to exit code 2 (usage, input or I/O error).
+//! gpumem's one error type. Every message names the file, line, op or flag to fix; an I/O
+//! error's cause is its `source()`, which `main.rs` prints after it (through anyhow's chain),
+//! and `main.rs` maps every variant to exit code 2 (usage, input or I/O error).
 
 use std::path::PathBuf;
 
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 pub enum Error {
     // ---- input files ----
     /// A file that could not be read at all.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -21,12 +22,12 @@ pub enum Error {
     },
 
     // ---- outputs ----
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}", path.display())]
     Write {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot write output: {0}")]
+    #[error("cannot write output")]
     Output(#[from] std::io::Error),
 
     // ---- command line ----

@@ -1,12 +1,45 @@
-//! The gpumem executable: parses the command line, runs the command, and is the only place
-//! that picks exit codes (0 ok, 1 a finding the user asked to fail on, 2 usage/input/I/O).
+//! The gpumem executable: parses the command line, sets up logging and the output's colour and
+//! width, runs the command, and is the only place that picks exit codes (0 ok, 1 a finding the
+//! user asked to fail on, 2 usage/input/I/O).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
 use gpumem::cli::Cli;
 use gpumem::commands::{self, Outcome};
+use gpumem::report::style;
+
+/// Log lines go to stderr: `RUST_LOG` when set (`gpumem=debug`, `debug`, `gpumem::alloc=trace`,
+/// ...), else warnings, debug with -v, trace with -vv.
+fn init_logging(verbose: u8, color: bool) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => spec
+            .parse::<Targets>()
+            .with_context(|| format!("RUST_LOG={spec:?} is not a list of TARGET=LEVEL or LEVEL"))?,
+        _ => Targets::new().with_default(match verbose {
+            0 => LevelFilter::WARN,
+            1 => LevelFilter::DEBUG,
+            _ => LevelFilter::TRACE,
+        }),
+    };
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(color && std::io::stderr().is_terminal())
+                .with_target(true)
+                .without_time(),
+        )
+        .with(filter)
+        .try_init()
+        .context("cannot start logging")?;
+    Ok(())
+}
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -17,7 +50,23 @@ fn main() -> ExitCode {
             return ExitCode::from(code.clamp(0, 255) as u8);
         }
     };
+    let env = |k: &str| std::env::var(k).ok();
     let stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    let color = style::decide_color(cli.color, terminal, &env);
+    let terminal_width = if terminal {
+        comfy_table::Table::new().width()
+    } else {
+        None
+    };
+    style::init(style::Output {
+        color,
+        width: style::decide_width(terminal_width, &env),
+    });
+    if let Err(e) = init_logging(cli.verbose, color) {
+        eprintln!("gpumem: error: {e:#}");
+        return ExitCode::from(2);
+    }
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = commands::run(&cli.command, &mut out);
     let flushed = out.flush();
@@ -38,7 +87,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("gpumem: error: {e}");
+            // the error with its causes, outermost first ("cannot read X: permission denied")
+            let e = anyhow::Error::new(e);
+            eprintln!("gpumem: error: {e:#}");
             ExitCode::from(2)
         }
     }

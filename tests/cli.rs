@@ -722,6 +722,14 @@ fn man_pages_match_cli() {
             }
         }
     }
+    // the completion scripts come from the same CLI definition, beside the man pages
+    let mut pages = pages;
+    if bless {
+        std::fs::create_dir_all(dir.join("completions")).expect("create man/completions/");
+    }
+    for (name, bytes) in gpumem::cli::completion_scripts() {
+        pages.push((format!("completions/{name}"), bytes));
+    }
     let mut differ = Vec::new();
     for (name, bytes) in &pages {
         let path = dir.join(name);

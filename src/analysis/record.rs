@@ -65,6 +65,9 @@ pub struct RunOom {
 pub struct RunOutcome {
     pub name: String,
     pub capacity: u64,
+    /// The allocator settings as written (PYTORCH_CUDA_ALLOC_CONF syntax, "" for the defaults)
+    /// and where they came from (see `Workload::alloc_conf_from`).
+    pub alloc_conf: (String, String),
     pub iterations: Vec<IterationStats>,
     /// (iteration, index in the event trace of its last event) per finished iteration.
     pub iteration_ends: Vec<(u32, u64)>,

@@ -7,8 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  everything asked for holds (for replay: every step matches PyTorch)
-  1  a finding you asked to fail on (for replay: any mismatch with the recording)
+  0  done
   2  usage, input or I/O error (a bad flag, an unreadable or malformed file)";
 
 /// GPU-memory profiler and out-of-memory diagnoser, with PyTorch's CUDA caching allocator
@@ -22,13 +21,37 @@ Exit codes:
 splitting, merging, retries, expandable segments, memory_stats) on a simulated device, so you can \
 see where GPU memory goes and why an allocation fails without a GPU.\n\n\
 Start with:\n  gpumem run fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml\n\
-Then: gpumem summary SNAPSHOT.pickle (a snapshot PyTorch wrote); gpumem COMMAND --help",
-    after_long_help = EXIT_CODES,
-    disable_help_subcommand = true
+Then: gpumem summary SNAPSHOT.pickle (a snapshot PyTorch wrote); gpumem help COMMAND\n\n\
+Environment: PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) sets the allocator of every \
+workload run, as in PyTorch (--alloc-conf and a workload's alloc_conf beat it); RUST_LOG \
+(e.g. gpumem=debug) sets the log lines on stderr; NO_COLOR turns colour off; COLUMNS sets \
+the width of tables when the output is not a terminal; GPUMEM_THREADS the cores that read \
+a snapshot.",
+    after_long_help = "\
+Exit codes:
+  0  everything asked for holds
+  1  a finding you asked to fail on (--fail-on, a check that regressed, a replay mismatch)
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)"
 )]
 pub struct Cli {
+    /// Log what the reader, the runner and the allocator do on stderr: -v for each file,
+    /// iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`.
+    #[arg(long, value_enum, default_value_t = ColorWhen::Auto, global = true, value_name = "WHEN")]
+    pub color: ColorWhen,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorWhen {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Subcommand)]
@@ -43,6 +66,23 @@ pub enum Command {
     Replay(ReplayArgs),
     Bench(BenchArgs),
     CompareTorch(CompareTorchArgs),
+    Completions(CompletionsArgs),
+}
+
+/// Print a shell completion script for gpumem: every command, flag and value.
+///
+/// Examples:
+///   gpumem completions bash > ~/.local/share/bash-completion/completions/gpumem
+///   gpumem completions zsh > ~/.zfunc/_gpumem      # with fpath+=(~/.zfunc) in .zshrc
+///   gpumem completions fish > ~/.config/fish/completions/gpumem.fish
+///
+/// The same scripts are in the repository's man/completions/, beside the man pages.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
+pub struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Run a workload on the simulated device and show where the memory went.
@@ -71,10 +111,9 @@ pub enum Command {
 /// loss.item(), no_grad, bf16 autocast, checkpointing, SGD, the batch halved down to 1), with a
 /// table of their peaks and the smallest change that fits.
 ///
-/// Examples:
-///   gpumem run fixtures/workloads/gpt2_small_adamw.toml --capacity 8GiB
-///   gpumem run train.toml --param batch=16 --report fragmentation --plot timeline.svg
-///   gpumem run train.toml --fail-on oom,leak      # exit 1 on either, for CI
+/// The allocator's settings come from --alloc-conf, else the workload's `alloc_conf`, else
+/// PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) in the environment, as PyTorch reads it;
+/// the report says which.
 #[derive(Debug, Args)]
 #[command(after_long_help = run_after_help())]
 pub struct RunArgs {
@@ -207,7 +246,12 @@ pub struct RunArgs {
 /// exit codes.
 fn run_after_help() -> String {
     format!(
-        "Script functions and methods (from the engine's op table; -inf and inf are numbers):\n{}\n{RUN_EXIT_CODES}",
+        "Examples:
+  gpumem run fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml --capacity 8GiB
+  gpumem run fixtures/workloads/presets/mlp_adam.toml --param batch=16 --plot timeline.svg
+  gpumem run fixtures/workloads/presets/mlp_leak.toml --fail-on oom,leak   # exit 1, for CI
+
+Script functions and methods (from the engine's op table; -inf and inf are numbers):\n{}\n{RUN_EXIT_CODES}",
         crate::runner::script_reference()
     )
 }
@@ -283,7 +327,7 @@ pub enum FailOn {
 ///   gpumem check fixtures/workloads/presets/mlp_*.toml --baseline gpumem-baseline.json --update
 ///   gpumem check workloads/*.toml --baseline gpumem-baseline.json --junit report.xml
 ///   gpumem check train.toml --baseline b.json --tolerance 2% --tolerance peak_reserved=0
-///   gpumem check snapshot.pickle --baseline b.json --budget peak_reserved=20GiB --allow-new
+///   gpumem check fixtures/snapshots/snapshot_mlp_adam.pickle --budget peak_reserved=20GiB
 #[derive(Debug, Args)]
 #[command(
     verbatim_doc_comment,
@@ -299,9 +343,10 @@ pub struct CheckArgs {
     #[arg(required = true, value_name = "INPUT")]
     pub inputs: Vec<PathBuf>,
 
-    /// The baseline file (JSON). Without --update it must exist.
+    /// The baseline file (JSON). Without --update (or --allow-new) it must exist. Without
+    /// --baseline only budgets are checked (--budget, or the workload's [check] table).
     #[arg(long, value_name = "FILE")]
-    pub baseline: PathBuf,
+    pub baseline: Option<PathBuf>,
 
     /// Write the baseline instead of checking: record every input's metrics (creating the
     /// file if needed), keep other entries and every entry's "check" settings; exit 0.
@@ -576,7 +621,12 @@ pub struct PlotArgs {
 /// Segment addresses are taken from the trace's `segment_alloc` entries, so best-fit ties
 /// between equal-size blocks fall as they did on the GPU.
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(after_long_help = "\
+Exit codes:
+  0  a trace: every step matches PyTorch's recording; a what-if: the replay does not run out
+     of memory
+  1  a trace: a step differs from the recording; a what-if: the replay runs out of memory
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)")]
 pub struct ReplayArgs {
     /// The allocator trace (JSON), or a snapshot (gpumem JSON, PyTorch pickle or JSON).
     pub trace: PathBuf,
@@ -662,6 +712,24 @@ pub struct BenchArgs {
 /// The clap command, for man pages and completions.
 pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
+}
+
+/// The shell completion scripts, as `man/completions/` holds them: (file name, script).
+pub fn completion_scripts() -> Vec<(String, Vec<u8>)> {
+    use clap_complete::Shell;
+    [
+        (Shell::Bash, "gpumem.bash"),
+        (Shell::Zsh, "_gpumem"),
+        (Shell::Fish, "gpumem.fish"),
+    ]
+    .into_iter()
+    .map(|(shell, name)| {
+        let mut cmd = command();
+        let mut buf = Vec::new();
+        clap_complete::generate(shell, &mut cmd, "gpumem", &mut buf);
+        (name.to_string(), buf)
+    })
+    .collect()
 }
 
 /// Renders the man pages: `gpumem.1` and one per subcommand (`gpumem-replay.1`, ...).

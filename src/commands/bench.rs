@@ -95,7 +95,7 @@ fn bench_workload(
     out: &mut dyn Write,
 ) -> Result<Outcome> {
     use crate::runner::{run as run_workload, RunOptions};
-    let w = crate::workload::load(path)?;
+    let w = crate::workload::load_with(path, &super::parse_overrides(&[], None)?)?;
     let iters = w.iterations.max(1);
     let opts = |n: u32| RunOptions {
         capacity: None,

@@ -4,7 +4,7 @@
 //! is [`crate::analysis::check`], the formatting [`crate::report::check`].
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::analysis::check::{self as judge, Baseline, Entry, Limits, Measurement, Source};
@@ -267,25 +267,36 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     let cli = command_line_table(&args.tolerance, &args.budget)?;
     let overrides = parse_overrides(&args.params, None)?;
-    let mut baseline = load_baseline(&args.baseline, args.update)?;
-    let mut entry_tables = BTreeMap::new();
-    for (name, e) in &baseline.entries {
-        entry_tables.insert(name.clone(), entry_table(&args.baseline, name, e)?);
-    }
-    let tty = std::io::stderr().is_terminal();
-    let mut inputs: Vec<Input> = Vec::new();
-    for (i, p) in args.inputs.iter().enumerate() {
-        if tty {
-            eprint!(
-                "\rgpumem check: [{}/{}] {}\x1b[K",
-                i + 1,
-                args.inputs.len(),
-                p.display()
-            );
+    // without --baseline only budgets are checked; a missing file with --allow-new is empty
+    let mut baseline = match &args.baseline {
+        Some(path) => load_baseline(path, args.update || args.allow_new)?,
+        None if args.update => {
+            return Err(Error::usage(
+                "--update",
+                "needs --baseline FILE: the file to write the measurements to",
+            ))
         }
+        None => Baseline::default(),
+    };
+    let mut entry_tables = BTreeMap::new();
+    if let Some(path) = &args.baseline {
+        for (name, e) in &baseline.entries {
+            entry_tables.insert(name.clone(), entry_table(path, name, e)?);
+        }
+    }
+    // a progress bar on a terminal (indicatif hides it otherwise)
+    let bar = indicatif::ProgressBar::new(args.inputs.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("gpumem check [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut inputs: Vec<Input> = Vec::new();
+    for p in &args.inputs {
+        bar.set_message(p.display().to_string());
         let input = measure(p, &overrides);
-        if tty && (input.is_err() || i + 1 == args.inputs.len()) {
-            eprint!("\r\x1b[K");
+        bar.inc(1);
+        if input.is_err() {
+            bar.finish_and_clear();
         }
         let input = input?;
         if let Some(other) = inputs.iter().find(|x| x.name == input.name) {
@@ -302,12 +313,13 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         inputs.push(input);
     }
+    bar.finish_and_clear();
     let files: BTreeMap<String, String> = inputs
         .iter()
         .map(|i| (i.name.clone(), i.path.display().to_string()))
         .collect();
 
-    if args.update {
+    if let (true, Some(baseline_path)) = (args.update, &args.baseline) {
         let version = env!("CARGO_PKG_VERSION");
         for i in &inputs {
             let keep = baseline
@@ -339,17 +351,30 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         let mut text = serde_json::to_string_pretty(&baseline).map_err(std::io::Error::from)?;
         text.push('\n');
-        write_atomic(&args.baseline, text.as_bytes())?;
+        write_atomic(baseline_path, text.as_bytes())?;
         writeln!(
             out,
             "wrote {} ({} entries); commit it",
-            args.baseline.display(),
+            baseline_path.display(),
             baseline.entries.len()
         )?;
         return Ok(Outcome::Ok);
     }
 
     let empty = CheckTable::default();
+    // budget-only: each input is judged as an entry that holds only budgets
+    let budgets_only = Entry::default();
+    if args.baseline.is_none()
+        && cli.budgets.is_empty()
+        && inputs.iter().all(|i| i.check.budgets.is_empty())
+    {
+        return Err(Error::usage(
+            "--baseline",
+            "nothing to check: give --baseline FILE to compare with a recorded baseline, or a \
+             budget (--budget peak_reserved=20GiB, or max_peak_reserved in the workload's \
+             [check] table)",
+        ));
+    }
     let judged: Vec<judge::Judged> = inputs
         .iter()
         .map(|i| {
@@ -361,10 +386,14 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
                     Source::Baseline,
                 ),
             ];
+            let entry = match &args.baseline {
+                Some(_) => baseline.entries.get(&i.name),
+                None => Some(&budgets_only),
+            };
             judge::judge(
                 &i.name,
                 &i.measurement,
-                baseline.entries.get(&i.name),
+                entry,
                 &|m| limits(m, &sources),
                 args.allow_new,
                 args.top,
@@ -380,7 +409,10 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
             crate::report::check::junit(&judged, &files).as_bytes(),
         )?;
     }
-    let baseline_name = args.baseline.display().to_string();
+    let baseline_name = match &args.baseline {
+        Some(p) => p.display().to_string(),
+        None => "none (budgets only)".into(),
+    };
     if args.json {
         let v = serde_json::json!({
             "baseline": baseline_name,

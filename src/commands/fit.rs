@@ -3,7 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::CellAlignment;
 use serde_json::json;
 
 use crate::cli::FitArgs;
@@ -37,7 +37,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.iterations == Some(0) {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }
-    let w = workload::load(&args.workload)?;
+    let base = Overrides {
+        env_alloc_conf: super::env_alloc_conf(&|k| std::env::var(k).ok())?,
+        ..Overrides::default()
+    };
+    let w = workload::load_with(&args.workload, &base)?;
     let ints = w.integer_params();
     let (param, start) = match &args.param {
         Some(p) => match ints.iter().find(|(n, _)| n == p) {
@@ -79,7 +83,6 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         capacity,
         iterations: args.iterations,
     };
-    let base = Overrides::default();
     let mut candidates: Vec<(String, String, Overrides)> = vec![(
         "as written".into(),
         "the workload unchanged".into(),
@@ -176,8 +179,8 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         format_bytes(cap),
         args.max
     )?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+    let mut t = crate::report::style::table();
+    t.set_header(vec![
         "remedy".to_string(),
         format!("max {param}"),
         "peak allocated".into(),

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod check;
 pub mod compare_torch;
+pub mod completions;
 pub mod diff;
 pub mod export;
 pub mod fit;
@@ -27,7 +28,8 @@ pub enum Outcome {
 }
 
 /// Writes `bytes` to `path` so that a reader never sees a half-written file and a failed write
-/// never clobbers an existing one: a temporary file beside it, synced, then renamed over it.
+/// never clobbers an existing one: `tempfile` makes a randomly named file beside it (opened
+/// exclusively, so a planted link is not followed), which is synced and then renamed over it.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write as _;
     let err = |source| crate::error::Error::Write {
@@ -38,24 +40,20 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| err(std::io::Error::other("not a file name")))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    if path.file_name().is_none() {
+        return Err(err(std::io::Error::other("not a file name")));
     }
-    result.map_err(err)
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".gpumem-");
+    // an ordinary file's mode (0666 less the umask), not tempfile's private 0600
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut tmp = builder.tempfile_in(dir).map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    tracing::debug!(path = %path.display(), bytes = bytes.len(), "wrote");
+    Ok(())
 }
 
 /// `--param NAME=VALUE` flags and `--alloc-conf` as workload overrides (checked here; the
@@ -82,7 +80,24 @@ pub fn parse_overrides(
             .map_err(|e| crate::error::Error::usage("--alloc-conf", e.to_string()))?;
         o.alloc_conf = Some(c.to_string());
     }
+    o.env_alloc_conf = env_alloc_conf(&|k| std::env::var(k).ok())?;
     Ok(o)
+}
+
+/// The allocator settings of the environment, as PyTorch reads them: `PYTORCH_ALLOC_CONF`
+/// (PyTorch 2.9's name), else `PYTORCH_CUDA_ALLOC_CONF`; empty counts as unset. A value PyTorch
+/// would refuse is a usage error naming the variable.
+pub fn env_alloc_conf(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<(String, String)>> {
+    for var in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
+        if let Some(v) = env(var).filter(|v| !v.trim().is_empty()) {
+            crate::alloc::AllocConf::parse(&v).map_err(|e| {
+                crate::error::Error::usage(var, format!("'{v}' in the environment: {e}"))
+            })?;
+            tracing::debug!(var, value = %v, "allocator settings from the environment");
+            return Ok(Some((var.to_string(), v)));
+        }
+    }
+    Ok(None)
 }
 
 /// Loads a workload with overrides, first checking that every `--param` names one of its
@@ -140,5 +155,6 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
         Command::Replay(a) => replay::run(a, out),
         Command::Bench(a) => bench::run(a, out),
         Command::CompareTorch(a) => compare_torch::run_cmd(a, out),
+        Command::Completions(a) => completions::run(a, out),
     }
 }

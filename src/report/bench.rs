@@ -2,8 +2,6 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-
 /// One measured pattern: ns per alloc+free pair over repetitions.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BenchRow {
@@ -25,8 +23,8 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 pub fn write_text(out: &mut dyn Write, rows: &[BenchRow]) -> std::io::Result<()> {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
+    let mut t = super::style::table();
+
     let with_torch = rows.iter().any(|r| r.pytorch_ns_per_pair.is_some());
     let mut header = vec![
         "pattern",

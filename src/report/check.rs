@@ -5,8 +5,6 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-
 use crate::analysis::check::{Growth, Judged, Row, Source, Verdict, OOM};
 use crate::units::{format_bytes, format_bytes_signed, format_percent};
 
@@ -212,8 +210,8 @@ fn closing(t: &Tally) -> String {
 pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std::io::Result<()> {
     let rows = crate::analysis::check::order_rows(judged);
     writeln!(out, "baseline: {baseline}")?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+    let mut t = super::style::table();
+    t.set_header(vec![
         "input", "metric", "baseline", "now", "change", "limit", "verdict",
     ]);
     for r in &rows {
@@ -285,7 +283,7 @@ pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std
 }
 
 fn md(s: &str) -> String {
-    s.replace('|', "\\|")
+    super::escape::markdown(s)
 }
 
 /// The report as GitHub-flavoured markdown, for a pull-request comment.
@@ -339,50 +337,15 @@ pub fn write_markdown(out: &mut dyn Write, judged: &[Judged]) -> std::io::Result
     writeln!(out, "\n{}", md(&closing(&t)))
 }
 
-/// XML text and attribute escaping.
-fn xml(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&apos;"),
-            // characters XML 1.0 cannot hold at all
-            c if (c as u32) < 0x20 && !matches!(c, '\n' | '\r' | '\t') => o.push('?'),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
 /// JUnit XML: one `<testsuite name="gpumem check">` with a `<testcase classname="INPUT"
 /// name="METRIC">` per input and metric, and a `<failure>` in each failing one. `files` maps an
 /// input's name to its path.
 pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
-    let t = tally(judged);
-    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    s += &format!(
-        "<testsuites name=\"gpumem check\" tests=\"{}\" failures=\"{}\" errors=\"0\">\n",
-        t.checks, t.failed
-    );
-    s += &format!(
-        "  <testsuite name=\"gpumem check\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"0\">\n",
-        t.checks, t.failed
-    );
+    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+    let mut suite = TestSuite::new("gpumem check");
     for j in judged {
         for r in &j.rows {
-            let file = files
-                .get(&r.name)
-                .map(|f| format!(" file=\"{}\"", xml(f)))
-                .unwrap_or_default();
-            s += &format!(
-                "    <testcase classname=\"{}\" name=\"{}\"{file}",
-                xml(&r.name),
-                xml(&r.metric)
-            );
-            if r.verdict.fails() {
+            let status = if r.verdict.fails() {
                 let mut body = format!(
                     "baseline: {}\nnow: {}\nlimit: {}\nverdict: {}\n",
                     r.baseline
@@ -403,22 +366,31 @@ pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
                     Verdict::NotInBaseline => "not-in-baseline",
                     _ => "regression",
                 };
-                s += &format!(
-                    ">\n      <failure message=\"{}\" type=\"{kind}\">{}</failure>\n    </testcase>\n",
-                    xml(&failure_message(r)),
-                    xml(&body)
-                );
+                let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                s.set_message(failure_message(r))
+                    .set_type(kind)
+                    .set_description(body);
+                s
             } else {
-                s += &format!(
-                    ">\n      <system-out>{}: {}</system-out>\n    </testcase>\n",
-                    verdict(r),
-                    xml(&value(r, r.now))
-                );
+                TestCaseStatus::success()
+            };
+            let mut case = TestCase::new(r.metric.as_str(), status);
+            case.set_classname(r.name.as_str());
+            if let Some(f) = files.get(&r.name) {
+                case.extra.insert("file".into(), f.as_str().into());
             }
+            if !r.verdict.fails() {
+                case.set_system_out(format!("{}: {}", verdict(r), value(r, r.now)));
+            }
+            suite.add_test_case(case);
         }
     }
-    s += "  </testsuite>\n</testsuites>\n";
-    s
+    let mut report = Report::new("gpumem check");
+    report.add_test_suite(suite);
+    // serializing to memory fails only on a writer error, which a String does not have
+    report
+        .to_string()
+        .unwrap_or_else(|e| format!("<!-- cannot write JUnit XML: {e} -->\n"))
 }
 
 /// A workflow command's message (`%`, CR and LF escaped, as GitHub's toolkit does).
@@ -497,10 +469,6 @@ mod tests {
 
     #[test]
     fn escaping() {
-        assert_eq!(
-            xml("a<b & \"c\" 'd'>"),
-            "a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;"
-        );
         assert_eq!(gh_prop("a:b,c%\n"), "a%3Ab%2Cc%25%0A");
     }
 }

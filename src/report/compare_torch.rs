@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::CellAlignment;
 
 use crate::units::format_bytes;
 
@@ -97,8 +97,8 @@ fn pct(e: Option<f64>) -> String {
 }
 
 pub fn write_text(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()> {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
+    let mut t = super::style::table();
+
     t.set_header([
         "case",
         "PyTorch peak allocated",
@@ -193,8 +193,8 @@ fn write_estimates(out: &mut dyn Write, rows: &[CaseRow]) -> std::io::Result<()>
     if tools.is_empty() {
         return Ok(());
     }
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
+    let mut t = super::style::table();
+
     let mut header = vec![
         "case".to_string(),
         "PyTorch peak allocated".into(),

@@ -2,8 +2,6 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-
 use crate::analysis::diff::{Diff, Row};
 use crate::analysis::stacks::display_site;
 use crate::units::{format_bytes as b, format_bytes_signed};
@@ -64,9 +62,8 @@ pub fn write_text(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> std::i
         if rows.is_empty() {
             continue;
         }
-        let mut t = Table::new();
-        t.load_style(UTF8_FULL_CONDENSED)
-            .set_header(vec![title, "A", "B", "change", "%"]);
+        let mut t = super::style::table();
+        t.set_header(vec![title, "A", "B", "change", "%"]);
         for r in rows {
             t.add_row(cells(r, bytes, site));
         }
@@ -74,12 +71,6 @@ pub fn write_text(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> std::i
         writeln!(out, "{t}")?;
     }
     Ok(())
-}
-
-fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 pub fn write_markdown(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> std::io::Result<()> {
@@ -92,7 +83,12 @@ pub fn write_markdown(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> st
         format_bytes_signed(peak.change()),
         pct(peak)
     )?;
-    writeln!(out, "A: `{}` · B: `{}`\n", md_escape(a), md_escape(bname))?;
+    writeln!(
+        out,
+        "A: {} · B: {}\n",
+        super::escape::markdown(a),
+        super::escape::markdown(bname)
+    )?;
     for (title, rows, bytes, site) in sections(d) {
         if rows.is_empty() {
             continue;
@@ -106,7 +102,7 @@ pub fn write_markdown(out: &mut dyn Write, a: &str, bname: &str, d: &Diff) -> st
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {} |",
-                md_escape(&c[0]),
+                super::escape::markdown(&c[0]),
                 c[1],
                 c[2],
                 c[3],

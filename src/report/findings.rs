@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, Table};
+use comfy_table::{CellAlignment, Table};
 use serde_json::{json, Value};
 
 use crate::analysis::findings::Findings;
@@ -15,8 +15,8 @@ use crate::analysis::stacks::{display_site, is_python_frame};
 use crate::units::format_bytes as b;
 
 fn table(header: Vec<&str>, right_from: usize) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(header);
+    let mut t = super::style::table();
+    t.set_header(header);
     super::align_right(&mut t, right_from);
     t
 }
@@ -31,20 +31,28 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
         (None, _) => {
             if verbose {
                 if let Some(n) = &l.note {
-                    writeln!(out, "leaks: not checked: {n}")?;
+                    writeln!(
+                        out,
+                        "{}",
+                        super::style::wrap(&format!("leaks: not checked: {n}"))
+                    )?;
                 }
             }
         }
         (Some((a, z)), true) => writeln!(
             out,
-            "leaks: none (iterations {a} to {z} each freed everything they made, after warm-up)"
+            "{}",
+            super::style::wrap(&format!(
+                "leaks: none (iterations {a} to {z} each freed everything they made, after \
+                 warm-up)"
+            ))
         )?,
         (Some((a, z)), false) => {
             for k in &l.leaks {
-                writeln!(
-                    out,
-                    "LEAK: {} per iteration ({}) from iteration {} on, still held at the end \
+                let text = format!(
+                    "{}: {} per iteration ({}) from iteration {} on, still held at the end \
                      (iterations {a} to {z} checked: {}):",
+                    super::style::bad("LEAK"),
                     b(k.bytes_per_iteration),
                     k.category,
                     k.first_iteration,
@@ -53,7 +61,8 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
                         .map(|x| b(*x))
                         .collect::<Vec<_>>()
                         .join(", ")
-                )?;
+                );
+                writeln!(out, "{}", super::style::wrap(&text))?;
                 let mut t = table(
                     vec!["site (tags)", "op", "category", "per iteration", "blocks"],
                     3,
@@ -92,8 +101,7 @@ pub fn write_fragmentation(
     f: &Fragmentation,
     max_segments: usize,
 ) -> std::io::Result<()> {
-    writeln!(
-        out,
+    let text = format!(
         "fragmentation {title}: reserved {}, allocated {} (requested {}, internal slack {}), \
          free in segments {} (external), largest free block {}, fragmentation {}",
         b(f.reserved),
@@ -103,7 +111,8 @@ pub fn write_fragmentation(
         b(f.external),
         b(f.largest_free),
         pct(f.ratio)
-    )?;
+    );
+    writeln!(out, "{}", super::style::wrap(&text))?;
     let mut t = table(
         vec![
             "pool",
@@ -138,10 +147,15 @@ pub fn write_fragmentation(
     if f.segments.is_empty() {
         return Ok(());
     }
+    // a line is 60 characters besides its map: a narrow terminal gets a coarser map
+    let chars = super::style::map_chars(60);
     writeln!(
         out,
-        "segments (# requested, + slack of allocated blocks, . free; 1/64 of the segment per \
-         character), most free first:"
+        "{}",
+        super::style::wrap(&format!(
+            "segments (# requested, + slack of allocated blocks, . free; 1/{chars} of the \
+             segment per character), most free first:"
+        ))
     )?;
     let mut segs: Vec<_> = f.segments.iter().collect();
     segs.sort_by(|a, b| b.free.cmp(&a.free).then(a.address.cmp(&b.address)));
@@ -154,13 +168,34 @@ pub fn write_fragmentation(
             b(s.size),
             b(s.free),
             s.free_blocks,
-            s.map
+            coarser(&s.map, chars)
         )?;
     }
     if segs.len() > max_segments {
         writeln!(out, "  ... {} more segments", segs.len() - max_segments)?;
     }
     Ok(())
+}
+
+/// A fill map of `map.len()` characters shown in `chars`: each shown character stands for a run
+/// of the map's and is the one most of them are (on a tie: `#` over `+` over `.`).
+fn coarser(map: &str, chars: usize) -> String {
+    let cells: Vec<char> = map.chars().collect();
+    if chars == 0 || cells.len() <= chars {
+        return map.to_string();
+    }
+    let per = cells.len().div_ceil(chars);
+    cells
+        .chunks(per)
+        .map(|run| {
+            let count = |c: char| run.iter().filter(|&&x| x == c).count();
+            // max_by_key keeps the last of equal counts
+            ['.', '+', '#']
+                .into_iter()
+                .max_by_key(|&c| count(c))
+                .unwrap_or('.')
+        })
+        .collect()
 }
 
 /// The fragmentation report: at the peak, at the failure or end, and the series.

@@ -12,28 +12,68 @@
 //! - [`export`]: PyTorch's snapshot dict (memory_viz) and a Perfetto trace.
 //! - [`timeline_svg`]: the memory timeline as an SVG chart.
 //! - [`check`]: `gpumem check`'s verdicts: table, markdown, JUnit XML, GitHub annotations.
+//! - [`escape`]: markdown and XML escaping for what is written by hand.
+//! - [`style`]: colour and table width for where the output goes (set once by `main.rs`).
 
 pub mod bench;
 pub mod check;
 pub mod compare_torch;
 pub mod diff;
+pub mod escape;
 pub mod export;
 pub mod findings;
 pub mod replay;
 pub mod run;
 pub mod snapshot;
 pub mod stats_table;
+pub mod style;
 pub mod summary;
 pub mod tensors;
 pub mod timeline_svg;
 pub mod torch_summary;
 pub mod whatif;
 
-/// Right-aligns the columns of `t` from `from` on (the figures of gpumem's tables).
+/// Right-aligns the columns of `t` from `from` on (the figures of gpumem's tables). When the
+/// table must fit a narrow terminal, figures stay whole (their headers may wrap) and the text
+/// columns before `from` wrap between words, never narrower than their longest word (up to
+/// 24 characters).
 pub(crate) fn align_right(t: &mut comfy_table::Table, from: usize) {
-    for i in from..t.column_count() {
+    use comfy_table::{ColumnConstraint, Width};
+    let widest = |t: &comfy_table::Table, i: usize, words: bool| -> u16 {
+        let header = t
+            .header()
+            .and_then(|h| h.cell_iter().nth(i))
+            .map(|c| c.content())
+            .filter(|_| words);
+        t.column_cells_iter(i)
+            .flatten()
+            .map(|c| c.content())
+            .chain(header)
+            .flat_map(|s| {
+                if words {
+                    s.split_whitespace().map(|w| w.chars().count()).max()
+                } else {
+                    s.lines().map(|l| l.chars().count()).max()
+                }
+            })
+            .max()
+            .unwrap_or(1) as u16
+    };
+    let bounds: Vec<u16> = (0..t.column_count())
+        .map(|i| {
+            if i < from {
+                widest(t, i, true).min(24)
+            } else {
+                widest(t, i, false)
+            }
+        })
+        .collect();
+    for (i, w) in bounds.into_iter().enumerate() {
         if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(comfy_table::CellAlignment::Right);
+            c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
+            if i >= from {
+                c.set_cell_alignment(comfy_table::CellAlignment::Right);
+            }
         }
     }
 }

@@ -2,7 +2,6 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 
 use crate::analysis::record::RunOutcome;
@@ -30,6 +29,23 @@ pub fn write_text(
         r.name,
         format_bytes(r.capacity)
     )?;
+    let (conf, from) = &r.alloc_conf;
+    if !conf.is_empty() || from != "default" {
+        let from = match from.as_str() {
+            "alloc_conf" => "the workload's alloc_conf".to_string(),
+            "--alloc-conf" => "--alloc-conf".to_string(),
+            var => format!("{var} in the environment"),
+        };
+        writeln!(
+            out,
+            "allocator settings: {} (from {from})",
+            if conf.is_empty() {
+                "PyTorch's defaults"
+            } else {
+                conf
+            }
+        )?;
+    }
     let losses: Vec<String> = r
         .iterations
         .iter()
@@ -67,8 +83,8 @@ pub fn write_text(
         let mut header = vec!["iteration", "start"];
         header.extend(shown.iter().map(|(h, _)| *h));
         header.extend(["end", "peak allocated", "peak reserved", "reserved at end"]);
-        let mut t = Table::new();
-        t.load_style(UTF8_FULL_CONDENSED).set_header(header);
+        let mut t = super::style::table();
+        t.set_header(header);
         for i in &r.iterations {
             let mut row = vec![i.iteration.to_string(), format_bytes(i.start)];
             row.extend(shown.iter().map(|(_, get)| opt(get(i))));
@@ -84,14 +100,8 @@ pub fn write_text(
         writeln!(out, "{t}")?;
     }
     if !r.marks.is_empty() {
-        let mut t = Table::new();
-        t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
-            "mark",
-            "line",
-            "iteration",
-            "allocated",
-            "reserved",
-        ]);
+        let mut t = super::style::table();
+        t.set_header(vec!["mark", "line", "iteration", "allocated", "reserved"]);
         for m in &r.marks {
             t.add_row(vec![
                 m.label.clone(),
@@ -114,17 +124,15 @@ pub fn write_text(
         format_bytes(r.peak.peak_reserved),
         crate::units::group_digits(r.peak.peak_reserved)
     )?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED)
-        .set_header(vec!["category", "allocated"]);
+    let mut t = super::style::table();
+    t.set_header(vec!["category", "allocated"]);
     for (c, b) in &r.peak.by_category {
         t.add_row(vec![c.name().to_string(), format_bytes(*b)]);
     }
     super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED)
-        .set_header(vec!["tags (outermost first)", "allocated"]);
+    let mut t = super::style::table();
+    t.set_header(vec!["tags (outermost first)", "allocated"]);
     for (tags, b) in &r.peak.top_tags {
         t.add_row(vec![tags.clone(), format_bytes(*b)]);
     }

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, CellAlignment, ContentArrangement, Table};
+use comfy_table::CellAlignment;
 
 use crate::alloc::{DeviceStats, Stat};
 use crate::units::format_bytes;
@@ -17,17 +17,15 @@ fn bytes(v: i64) -> String {
 }
 
 pub fn render(stats: &DeviceStats) -> String {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(vec![
-            "metric",
-            "pool",
-            "current",
-            "peak",
-            "total allocated",
-            "total freed",
-        ]);
+    let mut t = super::style::table();
+    t.set_header(vec![
+        "metric",
+        "pool",
+        "current",
+        "peak",
+        "total allocated",
+        "total freed",
+    ]);
     let metrics: [(&str, &str, bool); 9] = [
         ("allocated_bytes", "allocated", true),
         ("active_bytes", "active", true),

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use comfy_table::Table;
 use serde_json::{json, Value};
 
 use crate::analysis::stacks::display_site;
@@ -11,9 +11,8 @@ use crate::snapshot::{IterationSource, Snapshot};
 use crate::units::format_bytes as b;
 
 fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED)
-        .set_header(vec![title, "bytes", "blocks"]);
+    let mut t = super::style::table();
+    t.set_header(vec![title, "bytes", "blocks"]);
     for s in sites {
         t.add_row(vec![
             display_site(&s.site, full, 3),
@@ -47,26 +46,32 @@ pub fn write_text(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{path}: {} \"{}\", device {} (devices in the file: {})",
-        s.format.describe(),
-        s.name,
-        s.device,
-        s.devices
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        "{}",
+        super::style::wrap(&format!(
+            "{path}: {} \"{}\", device {} (devices in the file: {})",
+            s.format.describe(),
+            s.name,
+            s.device,
+            s.devices
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     )?;
     match &m.trace {
         Some(t) => writeln!(
             out,
-            "trace: {} entries ({} allocations, {} frees, {} segments added, {} released), {}",
-            t.entries,
-            t.allocs,
-            t.frees,
-            t.segment_allocs,
-            t.segment_frees,
-            iterations_text(s, t.iterations)
+            "{}",
+            super::style::wrap(&format!(
+                "trace: {} entries ({} allocations, {} frees, {} segments added, {} released), {}",
+                t.entries,
+                t.allocs,
+                t.frees,
+                t.segment_allocs,
+                t.segment_frees,
+                iterations_text(s, t.iterations)
+            ))
         )?,
         None => writeln!(
             out,
@@ -76,16 +81,19 @@ pub fn write_text(
     if !s.skipped.is_empty() {
         writeln!(
             out,
-            "skipped trace entries: {}",
-            s.skipped
-                .iter()
-                .map(|(a, n)| format!("{n} '{a}'"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "{}",
+            super::style::wrap(&format!(
+                "skipped trace entries: {}",
+                s.skipped
+                    .iter()
+                    .map(|(a, n)| format!("{n} '{a}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         )?;
     }
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+    let mut t = super::style::table();
+    t.set_header(vec![
         "state in the snapshot",
         "all",
         "large pool",
@@ -112,18 +120,22 @@ pub fn write_text(
         if tr.inconsistent_allocs > 0 {
             writeln!(
                 out,
+                "{}",
+                super::style::wrap(&format!(
                 "warning: the trace is not a consistent history: {} allocations reuse an address \
                  it still had allocated (entries lost, or a file stitched together); the figures \
                  below are estimates",
-                tr.inconsistent_allocs
+                tr.inconsistent_allocs))
             )?;
         }
         writeln!(
             out,
+            "{}",
+            super::style::wrap(&format!(
             "peak over the trace: {} allocated at entry {} ({} allocated when the trace starts)",
             b(tr.peak_allocated_bytes),
             tr.peak_event,
-            b(tr.allocated_at_start)
+            b(tr.allocated_at_start)))
         )?;
         writeln!(
             out,
@@ -149,11 +161,14 @@ pub fn write_text(
     for o in &m.ooms {
         writeln!(
             out,
-            "OOM at entry {}: {} requested, {}\n  at: {}",
-            o.event,
-            b(o.requested),
-            o.explanation,
-            display_site(&o.site, full_stacks, 3)
+            "{}",
+            super::style::wrap(&format!(
+                "OOM at entry {}: {} requested, {}\n  at: {}",
+                o.event,
+                b(o.requested),
+                o.explanation,
+                display_site(&o.site, full_stacks, 3)
+            ))
         )?;
     }
     Ok(())
@@ -263,8 +278,8 @@ pub fn write_devices(
         first.name,
         devs.len()
     )?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(vec![
+    let mut t = super::style::table();
+    t.set_header(vec![
         "device",
         "segments",
         "reserved",
@@ -334,11 +349,11 @@ pub fn write_ranks(
         files.len(),
         rows.len()
     )?;
-    let mut t = Table::new();
+    let mut t = super::style::table();
     let mut header = vec!["#", "file", "device"];
     header.extend(RANK_COLUMNS.iter().map(|c| c.0));
     header.extend(["OOMs", "leaks"]);
-    t.load_style(UTF8_FULL_CONDENSED).set_header(header);
+    t.set_header(header);
     for (i, r) in rows.iter().enumerate() {
         let mut cells = vec![i.to_string(), r.file.clone(), format!("cuda:{}", r.device)];
         cells.extend(RANK_COLUMNS.iter().map(|c| opt((c.1)(r))));
@@ -350,13 +365,8 @@ pub fn write_ranks(
     if rows.len() < 2 {
         return Ok(());
     }
-    let mut s = Table::new();
-    s.load_style(UTF8_FULL_CONDENSED).set_header(vec![
-        "across ranks",
-        "largest",
-        "smallest",
-        "spread",
-    ]);
+    let mut s = super::style::table();
+    s.set_header(vec!["across ranks", "largest", "smallest", "spread"]);
     for x in spread {
         s.add_row(vec![
             x.column.to_string(),

@@ -290,12 +290,12 @@ impl<'t> Chart<'t> {
             svg,
             r#"<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg">"#
         );
-        let _ = writeln!(svg, "<title>{}</title>", xml_escape(&self.t.title));
+        let _ = writeln!(svg, "<title>{}</title>", super::escape::xml(&self.t.title));
 
         svg.push_str(&self.layer(r#"id="axes""#, |root, _plot| self.draw_axes(root))?);
         for &i in &self.shown {
             let name = &self.t.categories[i];
-            let attrs = format!(r#"class="area" data-series="{}""#, xml_escape(name));
+            let attrs = format!(r#"class="area" data-series="{}""#, super::escape::xml(name));
             let body = self.layer(&attrs, |_root, plot| self.draw_area(plot, i))?;
             svg.push_str(&body);
         }
@@ -308,7 +308,7 @@ impl<'t> Chart<'t> {
         for (k, mark) in self.t.iterations.iter().enumerate() {
             let attrs = format!(
                 r#"class="iteration" data-label="{}""#,
-                xml_escape(&mark.label)
+                super::escape::xml(&mark.label)
             );
             svg.push_str(&self.layer(&attrs, |root, plot| {
                 self.draw_iteration(root, plot, k, labelled.get(k) == Some(&true))
@@ -715,25 +715,13 @@ fn shorten(text: &str, max_chars: usize) -> String {
     s
 }
 
-fn xml_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// A plain SVG with the title and one centred message, written by hand so it cannot fail.
 fn message_svg(title: &str, message: &str) -> String {
-    let full_title = xml_escape(title);
-    let (title, message) = (xml_escape(&fit_title(title)), xml_escape(message));
+    let full_title = super::escape::xml(title);
+    let (title, message) = (
+        super::escape::xml(&fit_title(title)),
+        super::escape::xml(message),
+    );
     format!(
         r##"<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg">
 <title>{full_title}</title>

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use comfy_table::Table;
 
 use crate::analysis::whatif::WhatIf;
 use crate::units::{format_bytes as b, format_bytes_signed};
@@ -24,9 +24,8 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
         b(w.capacity),
         w.preexisting_blocks
     )?;
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED)
-        .set_header(vec!["", "recorded", "replayed", "change"]);
+    let mut t = super::style::table();
+    t.set_header(vec!["", "recorded", "replayed", "change"]);
     let bytes_row = |t: &mut Table, name: &str, o: u64, r: u64| {
         t.add_row(vec![
             name.to_string(),

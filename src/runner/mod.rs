@@ -140,6 +140,15 @@ pub fn run_on(
         .or(workload.capacity)
         .unwrap_or(DEFAULT_CAPACITY);
     let conf: AllocConf = workload.alloc_conf.clone();
+    tracing::debug!(
+        workload = %workload.name,
+        path = %path.display(),
+        capacity,
+        alloc_conf = %conf.raw,
+        alloc_conf_from = %workload.alloc_conf_from,
+        iterations = opts.iterations.unwrap_or(workload.iterations),
+        "running"
+    );
     // `capacity` is the card's total memory; the CUDA context takes its share of it
     let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
     // a workload that asks for a device this build lacks runs simulated (`run` says so)
@@ -245,6 +254,16 @@ pub fn run_on(
             r.current.peak_allocated = s.allocated_bytes.all().peak as u64;
             r.current.peak_reserved = s.reserved_bytes.all().peak as u64;
             r.current.reserved_end = s.reserved_bytes.all().current as u64;
+            tracing::debug!(
+                workload = %workload.name,
+                iteration = it,
+                start = r.current.start,
+                end = r.current.end,
+                peak_allocated = r.current.peak_allocated,
+                peak_reserved = r.current.peak_reserved,
+                events = r.dev.alloc.recorder().ring.len(),
+                "iteration done"
+            );
             iterations.push(std::mem::take(&mut r.current));
             let recorded = r.dev.alloc.recorder().ring.len() as u64;
             if res.is_ok() && recorded > 0 {
@@ -281,6 +300,10 @@ pub fn run_on(
     Ok(RunOutcome {
         name: workload.name.clone(),
         capacity,
+        alloc_conf: (
+            workload.alloc_conf.raw.clone(),
+            workload.alloc_conf_from.clone(),
+        ),
         iterations,
         iteration_ends,
         marks: r.marks,
@@ -388,6 +411,11 @@ impl Runner {
     }
 
     fn stmt(&mut self, s: &Stmt) -> Flow<()> {
+        tracing::trace!(
+            line = s.span.line,
+            allocated = self.dev.alloc.stats().allocated_bytes.all().current,
+            "statement"
+        );
         match &s.kind {
             StmtKind::Assign { targets, value } => {
                 let v = self.eval(value)?;

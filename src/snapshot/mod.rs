@@ -225,6 +225,31 @@ fn load_from(
     chunk: Option<u64>,
     which: Which,
 ) -> Result<Vec<Snapshot>, Error> {
+    let start = std::time::Instant::now();
+    let r = read_and_convert(path, threads, chunk, which);
+    if let Ok(devices) = &r {
+        for s in devices {
+            tracing::debug!(
+                path = %path.display(),
+                format = s.format.describe(),
+                device = s.device,
+                segments = s.segments.len(),
+                trace_events = s.events.len(),
+                threads,
+                ms = start.elapsed().as_millis() as u64,
+                "snapshot read"
+            );
+        }
+    }
+    r
+}
+
+fn read_and_convert(
+    path: &Path,
+    threads: usize,
+    chunk: Option<u64>,
+    which: Which,
+) -> Result<Vec<Snapshot>, Error> {
     let read_err = |source| Error::Read {
         path: path.to_path_buf(),
         source,

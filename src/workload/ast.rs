@@ -19,6 +19,9 @@ pub struct Workload {
     /// `alloc_conf`, parsed with PyTorch's syntax; the string as written is in
     /// [`AllocConf::raw`] (`""` when the key is absent, which gives PyTorch's defaults).
     pub alloc_conf: AllocConf,
+    /// Where `alloc_conf` came from: `--alloc-conf`, `alloc_conf` (the workload),
+    /// `PYTORCH_CUDA_ALLOC_CONF` or `PYTORCH_ALLOC_CONF` (the environment), or `default`.
+    pub alloc_conf_from: String,
     /// `device`: where the workload is meant to run (default [`Device::Sim`]).
     pub device: Device,
     /// `description`: free text.

@@ -350,13 +350,30 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
         }
     };
 
-    let alloc_conf = match (&overrides.alloc_conf, &w.alloc_conf) {
-        (Some(conf), _) => AllocConf::parse(conf).map_err(|e| {
-            SyntaxError::new(header, format!("bad allocator settings '{conf}': {e}"))
-        })?,
-        (None, None) => AllocConf::default(),
-        (None, Some(v)) => AllocConf::parse(&string(v, "alloc_conf")?)
-            .map_err(|e| SyntaxError::new(at(v), format!("bad 'alloc_conf': {e}")))?,
+    let (alloc_conf, alloc_conf_from) = match (&overrides.alloc_conf, &w.alloc_conf) {
+        (Some(conf), _) => (
+            AllocConf::parse(conf).map_err(|e| {
+                SyntaxError::new(header, format!("bad allocator settings '{conf}': {e}"))
+            })?,
+            "--alloc-conf".to_string(),
+        ),
+        (None, Some(v)) => (
+            AllocConf::parse(&string(v, "alloc_conf")?)
+                .map_err(|e| SyntaxError::new(at(v), format!("bad 'alloc_conf': {e}")))?,
+            "alloc_conf".to_string(),
+        ),
+        (None, None) => match &overrides.env_alloc_conf {
+            Some((var, conf)) => (
+                AllocConf::parse(conf).map_err(|e| {
+                    SyntaxError::new(
+                        header,
+                        format!("bad {var}='{conf}' in the environment: {e}"),
+                    )
+                })?,
+                var.clone(),
+            ),
+            None => (AllocConf::default(), "default".to_string()),
+        },
     };
 
     let device = match &w.device {
@@ -518,6 +535,7 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
         data,
         capacity,
         alloc_conf,
+        alloc_conf_from,
         device,
         description,
         setup,

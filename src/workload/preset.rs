@@ -123,6 +123,8 @@ pub(super) struct Reader<'a> {
     pub(super) table: &'a Table,
     pub(super) name: &'static str,
     pub(super) at: Span,
+    /// The workload has no such table (`table` is empty): missing keys say to add it.
+    pub(super) absent: bool,
     pub(super) span: &'a dyn Fn(usize) -> Span,
 }
 
@@ -152,7 +154,14 @@ impl Reader<'_> {
             None => default.ok_or_else(|| {
                 SyntaxError::new(
                     self.at,
-                    format!("missing key '{key}' in [{}] ({hint})", self.name),
+                    if self.absent {
+                        format!(
+                            "the workload has no [{}] table, which needs '{key}' ({hint})",
+                            self.name
+                        )
+                    } else {
+                        format!("missing key '{key}' in [{}] ({hint})", self.name)
+                    },
                 )
             }),
             Some(v) => match v.get_ref() {
@@ -256,6 +265,7 @@ pub(crate) fn expand(
         table: model,
         name: "model",
         at: model_at,
+        absent: false,
         span,
     };
     let kind = m.choice("kind", "", &["mlp", "gpt"])?;
@@ -283,7 +293,9 @@ pub(crate) fn expand(
     let t = Reader {
         table: train.unwrap_or(&empty),
         name: "train",
-        at: train_at,
+        // with no [train] table, a missing key is reported at [model]
+        at: if train.is_some() { train_at } else { model_at },
+        absent: train.is_none(),
         span,
     };
     t.check_keys(TRAIN_KEYS, "")?;

@@ -15,8 +15,11 @@ pub struct Overrides {
     /// Integer parameters by name: a `[params]` entry of a script, or an integer key of a
     /// preset's `[model]` or `[train]` (`batch`, `layers`, `seq`, ...).
     pub params: Vec<(String, i64)>,
-    /// `PYTORCH_CUDA_ALLOC_CONF` to use instead of the workload's.
+    /// `PYTORCH_CUDA_ALLOC_CONF` to use instead of the workload's (`--alloc-conf`).
     pub alloc_conf: Option<String>,
+    /// The environment's allocator settings, (variable, value): used when neither
+    /// `--alloc-conf` nor the workload's `alloc_conf` sets them, as PyTorch reads them.
+    pub env_alloc_conf: Option<(String, String)>,
     /// Run the forward pass (a preset) or the body (a script) under bf16 autocast.
     pub bf16_autocast: bool,
     /// Checkpoint every transformer block (a `gpt` preset).

@@ -107,6 +107,7 @@ pub(crate) fn expand(
         table: model,
         name: "model",
         at: model_at,
+        absent: false,
         span,
     };
     m.check_keys(MODEL_KEYS, " for a torchvision model (torchvision)")?;
@@ -137,7 +138,9 @@ pub(crate) fn expand(
     let t = Reader {
         table: train.unwrap_or(&empty),
         name: "train",
-        at: train_at,
+        // with no [train] table, a missing key is reported at [model]
+        at: if train.is_some() { train_at } else { model_at },
+        absent: train.is_none(),
         span,
     };
     t.check_keys(TRAIN_KEYS, " for a torchvision model")?;

@@ -452,6 +452,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
             Some(id) => Ok(id),
             None => {
                 let device_free = self.source.device_free();
+                tracing::debug!(
+                    requested = n,
+                    alloc_size,
+                    device_free,
+                    allocated = self.stats.allocated_bytes.all().current,
+                    reserved = self.stats.reserved_bytes.all().current,
+                    "out of memory after freeing cached blocks and retrying"
+                );
                 self.recorder
                     .record(EventKind::Oom, device_free, size, stream);
                 self.stats.num_ooms += 1;
@@ -593,6 +601,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        tracing::debug!(addr = %format_args!("{addr:#x}"), size = alloc_size, ?pool, "segment allocated (cudaMalloc)");
         self.recorder
             .record(EventKind::SegmentAlloc, addr, alloc_size, stream);
         Some(id)

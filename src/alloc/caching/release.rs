@@ -8,6 +8,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `torch.cuda.empty_cache()`: returns every whole free segment (and every free expandable
     /// page) to the device.
     pub fn empty_cache(&mut self) {
+        tracing::debug!("empty_cache");
         self.recorder.record(EventKind::EmptyCache, 0, 0, 0);
         self.release_cached_blocks();
     }
@@ -47,6 +48,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             (b.addr, b.size, b.stream, b.pool)
         };
         self.stats.num_device_free += 1;
+        tracing::debug!(addr = %format_args!("{addr:#x}"), size, ?pool, "segment freed (cudaFree)");
         self.recorder
             .record(EventKind::SegmentFree, addr, size, stream);
         self.source.free(addr, size);

@@ -111,6 +111,7 @@ pub(crate) fn expand(
         table: model,
         name: "model",
         at: model_at,
+        absent: false,
         span,
     };
     m.check_keys(MODEL_KEYS, " for a Hugging Face config (hf_config)")?;
@@ -131,7 +132,9 @@ pub(crate) fn expand(
     let t = Reader {
         table: train.unwrap_or(&empty),
         name: "train",
-        at: train_at,
+        // with no [train] table, a missing key is reported at [model]
+        at: if train.is_some() { train_at } else { model_at },
+        absent: train.is_none(),
         span,
     };
     t.check_keys(TRAIN_KEYS, " for a Hugging Face config")?;
@@ -334,6 +337,7 @@ fn generate_table(
         table,
         name: "generate",
         at,
+        absent: false,
         span,
     };
     g.check_keys(GENERATE_KEYS, "")?;
