@@ -28,6 +28,8 @@ pub struct Side {
 pub struct WhatIf {
     /// What the allocator could use in the replay.
     pub capacity: u64,
+    /// Whether `capacity` is the device's (given or recorded), not [`UNLIMITED`].
+    pub capacity_known: bool,
     pub original: Side,
     pub replayed: Side,
     /// Trace entries (indices) of recorded OOMs the replay could serve.
@@ -84,6 +86,76 @@ fn original(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Sid
 
 /// Replays `events` (with `segments`, the state at their end) under `conf` on a device whose
 /// allocator may use `capacity` bytes; `recorded` is the settings the trace was made with.
+/// The capacity of a replay whose device's memory is not known: more than any GPU has, so
+/// nothing runs out (and a replay that would is not judged).
+pub const UNLIMITED: u64 = 1 << 48;
+
+/// A recorded allocator trace (PyTorch's figures after each op) against its replay under
+/// other settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TraceWhatIf {
+    pub capacity: u64,
+    pub original: TraceSide,
+    pub replayed: TraceSide,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TraceSide {
+    pub alloc_conf: String,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub allocated_end: u64,
+    pub reserved_end: u64,
+    pub ooms: u64,
+    pub alloc_retries: u64,
+}
+
+/// What the recording shows (the peaks of its per-op figures, its final `memory_stats()`
+/// where it has one) against what the replay `r` under `conf` did.
+pub fn trace_what_if(
+    gt: &crate::analysis::groundtruth::GroundTruth,
+    r: &crate::analysis::replay::ReplayOutcome,
+    conf: &str,
+) -> TraceWhatIf {
+    let col = |name: &str| gt.after_columns.iter().position(|c| c == name);
+    let series = |name: &str| -> Vec<u64> {
+        match col(name) {
+            Some(i) => gt.after.iter().map(|row| row[i].max(0) as u64).collect(),
+            None => Vec::new(),
+        }
+    };
+    let end = |k: &str| gt.stats_end.as_ref().and_then(|m| m.get(k)).map(|v| *v as u64);
+    let (alloc, res) = (series("allocated_bytes"), series("reserved_bytes"));
+    let original = TraceSide {
+        alloc_conf: gt.alloc_conf.clone(),
+        peak_allocated: end("allocated_bytes.all.peak")
+            .unwrap_or_else(|| alloc.iter().copied().max().unwrap_or(0)),
+        peak_reserved: end("reserved_bytes.all.peak")
+            .unwrap_or_else(|| res.iter().copied().max().unwrap_or(0)),
+        allocated_end: end("allocated_bytes.all.current")
+            .unwrap_or_else(|| alloc.last().copied().unwrap_or(0)),
+        reserved_end: end("reserved_bytes.all.current")
+            .unwrap_or_else(|| res.last().copied().unwrap_or(0)),
+        ooms: gt.ooms.len() as u64,
+        alloc_retries: end("num_alloc_retries").unwrap_or(0),
+    };
+    let s = &r.stats;
+    let replayed = TraceSide {
+        alloc_conf: conf.to_string(),
+        peak_allocated: s.allocated_bytes.all().peak.max(0) as u64,
+        peak_reserved: s.reserved_bytes.all().peak.max(0) as u64,
+        allocated_end: s.allocated_bytes.all().current.max(0) as u64,
+        reserved_end: s.reserved_bytes.all().current.max(0) as u64,
+        ooms: (r.ooms_expected - r.ooms_missed.len() + r.ooms_unexpected.len()) as u64,
+        alloc_retries: s.num_alloc_retries.max(0) as u64,
+    };
+    TraceWhatIf {
+        capacity: gt.device_total_memory,
+        original,
+        replayed,
+    }
+}
+
 pub fn what_if(
     segments: &[SegmentInfo],
     events: &[Event],
@@ -162,6 +234,7 @@ pub fn what_if(
     };
     WhatIf {
         capacity,
+        capacity_known: true,
         original: orig,
         replayed,
         ooms_avoided,

@@ -611,15 +611,22 @@ pub struct PlotArgs {
 /// recorded allocations and frees run through gpumem's allocator with those settings, and the
 /// table compares recorded and replayed: peak reserved, peak allocated, fragmentation, and
 /// out-of-memory errors avoided or caused (exit 1 when the replay still runs out):
-///   gpumem replay snap.pickle --alloc-conf expandable_segments:True
+///   gpumem replay fixtures/snapshots/snapshot_mlp_adam.pickle --alloc-conf expandable_segments:True
+/// A snapshot does not record its GPU's memory (except at an out-of-memory): without
+/// --capacity the replay has no limit and out-of-memory errors are not judged.
 ///
-/// The trace is JSON as ../shared/tools/alloc_traces.py writes it: `ops` (["a", id, size],
-/// ["f", id], ["e"] for empty_cache), and what PyTorch recorded after each op (`after`), the
-/// ops that raised out-of-memory (`ooms`), the final `memory_stats()` (`stats_end`) and its
-/// device trace (`trace`). gpumem runs the ops on a simulated device of `device_total_memory`
-/// bytes with the trace's `memory_fraction` and `alloc_conf`, and compares after every op.
+/// An allocator trace is JSON recorded from PyTorch by running a list of raw allocations on a
+/// GPU (fixtures/allocator/*.json in gpumem's repository are such recordings): `ops`
+/// (["a", id, size], ["f", id], ["e"] for empty_cache), what PyTorch's memory_stats() said
+/// after each op (`after_columns`, `after`), the ops that raised out-of-memory (`ooms`), the
+/// final `memory_stats()` (`stats_end`) and its device trace (`trace`). gpumem runs the ops on a
+/// simulated device of `device_total_memory` bytes with the trace's `memory_fraction` and
+/// `alloc_conf`, and compares after every op:
+///   gpumem replay fixtures/allocator/trace_mixed_default.json
 /// Segment addresses are taken from the trace's `segment_alloc` entries, so best-fit ties
-/// between equal-size blocks fall as they did on the GPU.
+/// between equal-size blocks fall as they did on the GPU. With --alloc-conf other than the
+/// recording's, a trace is a what-if too: recorded peaks and out-of-memory errors against the
+/// replay's.
 #[derive(Debug, Args)]
 #[command(after_long_help = "\
 Exit codes:
@@ -672,10 +679,17 @@ pub struct ReplayArgs {
 
 /// Measure the allocator: ns per alloc+free pair with event recording on and off.
 ///
-/// Runs the two patterns of PyTorch's own allocator benchmark (../shared/tools/alloc_bench.py)
-/// with the same size lists in the same order: `pairs` (alloc then free at once, cycling over 64
-/// sizes) and `batch` (allocate 256 blocks, then free them in the order i*7919 mod 256). With
-/// --pytorch, PyTorch's results (the JSON alloc_bench.py writes) are shown beside, as ratios.
+/// Runs the two patterns that gpumem's developers timed on PyTorch's own allocator (an H200,
+/// PyTorch 2.11, recorded in fixtures/groundtruth/alloc_bench.json and built into gpumem) with
+/// the same size lists in the same order: `pairs` (alloc then free at once, cycling over 64
+/// sizes) and `batch` (allocate 256 blocks, then free them in the order i*7919 mod 256); the
+/// table shows PyTorch's times beside as ratios. --pytorch FILE compares with another such
+/// recording: JSON with `sizes_pairs`, `sizes_batch` and, for recording off and on, `plain`
+/// and `recording`, each {"pairs_ns": [...], "batch_ns": [...]}.
+///
+/// Examples:
+///   gpumem bench
+///   gpumem bench --workload fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
@@ -695,7 +709,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub warmup_ms: u64,
 
-    /// PyTorch's results from alloc_bench.py (JSON) to compare against; its size lists are used.
+    /// PyTorch's results (JSON, as above) to compare against; its size lists are used.
     #[arg(long, value_name = "FILE")]
     pub pytorch: Option<PathBuf>,
 
@@ -756,13 +770,13 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
     pages
 }
 
-/// Check gpumem's model presets against PyTorch: run every case of reference_models.py result
-/// files and compare each iteration's figures.
+/// Check gpumem's model presets against PyTorch: run every recorded case and compare each
+/// iteration's figures.
 ///
-/// MODELS.json is what ../shared/tools/reference_models.py writes (the ground truth
-/// ../shared/groundtruth/models/models.json, or one case_NAME.json): per case, its config and,
-/// per iteration, allocated bytes at the start, after forward, backward and the optimizer step,
-/// at the end, and the peaks. Each case runs as a `[model]`/`[train]` preset from an empty
+/// MODELS.json holds cases recorded from PyTorch by running each model preset's reference
+/// PyTorch code on a GPU (gpumem's repository keeps them: fixtures/models/models.json, and one
+/// case_NAME.json per case): per case, its config and, per iteration, allocated bytes at the
+/// start, after forward, backward and the optimizer step, at the end, and the peaks. Each case runs as a `[model]`/`[train]` preset from an empty
 /// device, as PyTorch's did in a fresh process. The table gives, per case, PyTorch's peak and
 /// gpumem's with the error, how many fields are exact to the byte, and the worst one. A case
 /// passes when every allocated field is within 0.1% and every reserved field within 1% or

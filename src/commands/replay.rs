@@ -53,22 +53,23 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(c) => AllocConf::parse(c).map_err(|e| Error::usage("--alloc-conf", e.to_string()))?,
         None => s.conf.clone(),
     };
+    // the device's memory: --capacity, else what the snapshot records (at an out-of-memory);
+    // else no limit, and the report says out-of-memory errors are not judged
     let capacity = match &args.capacity {
-        Some(c) => crate::units::parse_size(c).map_err(|m| Error::usage("--capacity", m))?,
+        Some(c) => Some(crate::units::parse_size(c).map_err(|m| Error::usage("--capacity", m))?),
         None => match (s.total_memory, s.context_overhead) {
-            (Some(t), o) => t.saturating_sub(o.unwrap_or(0)),
-            (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events)
-                .ok_or_else(|| {
-                    Error::usage(
-                        "--capacity",
-                        "the snapshot does not say how much memory the device had (PyTorch's \
-                         snapshots record it only at an out-of-memory): give --capacity, e.g. \
-                         --capacity 79GiB",
-                    )
-                })?,
+            (Some(t), o) => Some(t.saturating_sub(o.unwrap_or(0))),
+            (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events),
         },
     };
-    let w = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
+    let mut w = crate::analysis::whatif::what_if(
+        &s.segments,
+        &s.events,
+        &s.conf,
+        &conf,
+        capacity.unwrap_or(crate::analysis::whatif::UNLIMITED),
+    );
+    w.capacity_known = capacity.is_some();
     let path = args.trace.display().to_string();
     if args.json {
         let mut v = crate::report::whatif::to_json(&path, &w);
@@ -113,8 +114,26 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
         max_details: args.max_mismatches,
     };
     let conf_text = conf.raw.clone();
+    // other settings than the recording's: a what-if, recorded against replayed
+    let differs = overridden
+        && AllocConf::parse(&gt.alloc_conf).map(|c| c != conf).unwrap_or(true);
     let r = replay(&gt, conf, &opts);
     let path = args.trace.display().to_string();
+    if differs {
+        let w = crate::analysis::whatif::trace_what_if(&gt, &r, &conf_text);
+        if args.json {
+            serde_json::to_writer_pretty(&mut *out, &crate::report::whatif::trace_to_json(&path, &w))
+                .map_err(std::io::Error::from)?;
+            writeln!(out)?;
+        } else {
+            crate::report::whatif::write_trace_text(out, &path, &w)?;
+        }
+        return Ok(if w.replayed.ooms > 0 {
+            Outcome::Finding
+        } else {
+            Outcome::Ok
+        });
+    }
     let header = ReplayHeader {
         path: &path,
         alloc_conf: &conf_text,

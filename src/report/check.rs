@@ -279,7 +279,14 @@ pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std
             )?;
         }
     }
-    writeln!(out, "\n{}", closing(&tally(judged)))
+    let t = tally(judged);
+    let text = super::style::wrap(&closing(&t));
+    let text = if t.failed == 0 {
+        super::style::good(&text)
+    } else {
+        super::style::bad(&text)
+    };
+    writeln!(out, "\n{text}")
 }
 
 fn md(s: &str) -> String {

@@ -118,7 +118,8 @@ pub fn write_text(
     }
     writeln!(
         out,
-        "at the peak, {} ({} bytes) allocated (peak reserved {}, {} bytes):",
+        "{} {} ({} bytes) allocated (peak reserved {}, {} bytes):",
+        super::style::heading("at the peak,"),
         format_bytes(r.peak.peak_allocated),
         crate::units::group_digits(r.peak.peak_allocated),
         format_bytes(r.peak.peak_reserved),
@@ -145,8 +146,11 @@ pub fn write_text(
             .unwrap_or_else(|| "setup".into());
         writeln!(
             out,
-            "out of memory at line {} column {} ({when}):\n  {}",
-            o.line, o.column, o.error
+            "{} at line {} column {} ({when}):\n  {}",
+            super::style::bad("out of memory"),
+            o.line,
+            o.column,
+            o.error
         )?;
     }
     writeln!(out)?;
@@ -155,7 +159,10 @@ pub fn write_text(
     } else {
         writeln!(
             out,
-            "the caching allocator at the end (torch.cuda.memory_stats()):"
+            "{}",
+            super::style::heading(
+                "the caching allocator at the end (torch.cuda.memory_stats()):"
+            )
         )?;
         stats_table::write(out, &r.stats)
     }
@@ -167,6 +174,7 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "name": r.name,
         "device": r.device,
         "capacity": r.capacity,
+        "alloc_conf": {"value": r.alloc_conf.0, "from": r.alloc_conf.1},
         "iterations": r.iterations,
         "marks": r.marks,
         "peak": {

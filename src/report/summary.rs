@@ -325,7 +325,11 @@ pub fn write_devices(
     writeln!(out, "{t}")?;
     for (s, m) in devs {
         writeln!(out)?;
-        writeln!(out, "== cuda:{} ==", s.device)?;
+        writeln!(
+            out,
+            "{}",
+            super::style::heading(&format!("== cuda:{} ==", s.device))
+        )?;
         write_text(out, path, s, m, full_stacks)?;
     }
     Ok(())

@@ -15,14 +15,23 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
             c.to_string()
         }
     };
+    let allowed = if w.capacity_known {
+        format!("the allocator allowed {}", b(w.capacity))
+    } else {
+        "no memory limit (the snapshot does not record its device's memory: give --capacity, \
+         e.g. 79GiB, to judge out-of-memory errors)"
+            .to_string()
+    };
     writeln!(
         out,
-        "{path}: the recorded trace replayed with {} (recorded with {}), the allocator allowed {}; \
-         {} blocks from before the trace allocated first",
-        conf(&w.replayed.alloc_conf),
-        conf(&w.original.alloc_conf),
-        b(w.capacity),
-        w.preexisting_blocks
+        "{}",
+        super::style::wrap(&format!(
+            "{path}: the recorded trace replayed with {} (recorded with {}), {allowed}; {} \
+             blocks from before the trace allocated first",
+            conf(&w.replayed.alloc_conf),
+            conf(&w.original.alloc_conf),
+            w.preexisting_blocks
+        ))
     )?;
     let mut t = super::style::table();
     t.set_header(vec!["", "recorded", "replayed", "change"]);
@@ -92,6 +101,73 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
         (_, _) => "no: the out-of-memory errors remain".to_string(),
     };
     writeln!(out, "verdict: {verdict}")
+}
+
+/// What `gpumem replay TRACE.json --alloc-conf OTHER` prints: PyTorch's recording against the
+/// replay under other settings.
+pub fn write_trace_text(
+    out: &mut dyn Write,
+    path: &str,
+    w: &crate::analysis::whatif::TraceWhatIf,
+) -> std::io::Result<()> {
+    let conf = |c: &str| {
+        if c.is_empty() {
+            "defaults".to_string()
+        } else {
+            c.to_string()
+        }
+    };
+    writeln!(
+        out,
+        "{}",
+        super::style::wrap(&format!(
+            "{path}: what-if: PyTorch's recorded ops replayed with {} (recorded with {}) on the \
+             recording's {} device",
+            conf(&w.replayed.alloc_conf),
+            conf(&w.original.alloc_conf),
+            b(w.capacity)
+        ))
+    )?;
+    let mut t = super::style::table();
+    t.set_header(vec!["", "recorded (PyTorch)", "replayed", "change"]);
+    let (o, r) = (&w.original, &w.replayed);
+    for (name, a, z) in [
+        ("peak reserved", o.peak_reserved, r.peak_reserved),
+        ("peak allocated", o.peak_allocated, r.peak_allocated),
+        ("reserved at the end", o.reserved_end, r.reserved_end),
+        ("allocated at the end", o.allocated_end, r.allocated_end),
+    ] {
+        t.add_row(vec![
+            name.to_string(),
+            b(a),
+            b(z),
+            format_bytes_signed(z as i64 - a as i64),
+        ]);
+    }
+    for (name, a, z) in [
+        ("out-of-memory errors", o.ooms, r.ooms),
+        ("cudaMalloc retries", o.alloc_retries, r.alloc_retries),
+    ] {
+        t.add_row(vec![
+            name.to_string(),
+            a.to_string(),
+            z.to_string(),
+            format!("{:+}", z as i64 - a as i64),
+        ]);
+    }
+    super::align_right(&mut t, 1);
+    writeln!(out, "{t}")?;
+    writeln!(
+        out,
+        "(to compare step by step with the recording, replay without --alloc-conf)"
+    )
+}
+
+pub fn trace_to_json(path: &str, w: &crate::analysis::whatif::TraceWhatIf) -> serde_json::Value {
+    let mut v = serde_json::to_value(w).unwrap_or(serde_json::Value::Null);
+    v["file"] = path.into();
+    v["what_if"] = true.into();
+    v
 }
 
 pub fn to_json(path: &str, w: &WhatIf) -> serde_json::Value {
