@@ -218,3 +218,8 @@ mod tests {
         assert_eq!(format_bytes_signed(-(MIB as i64)), "-1.00 MiB");
     }
 }
+
+/// `n` and the word for it: "1 entry", "2 entries" (`one` and `many` are the two forms).
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

@@ -34,7 +34,13 @@ fn issue15_completions_for_three_shells() {
         assert_eq!(out.status.code(), Some(0), "{shell}");
         let s = text(&out.stdout);
         assert!(s.contains(marker), "{shell}: {}", &s[..s.len().min(300)]);
-        for word in ["summary", "replay", "compare-torch", "--alloc-conf", "--fail-on"] {
+        for word in [
+            "summary",
+            "replay",
+            "compare-torch",
+            "--alloc-conf",
+            "--fail-on",
+        ] {
             assert!(s.contains(word), "{shell} completion lacks {word}");
         }
         // the committed copy is the same script
@@ -66,7 +72,10 @@ fn issue15_logging_through_tracing() {
         .unwrap();
     let err = text(&v.stderr);
     assert_eq!(v.stdout, quiet.stdout, "logging must not change the report");
-    assert!(err.contains("DEBUG gpumem::runner: running workload=mlp_sgd"), "{err}");
+    assert!(
+        err.contains("DEBUG gpumem::runner: running workload=mlp_sgd"),
+        "{err}"
+    );
     assert!(err.contains("segment allocated (cudaMalloc)"), "{err}");
     assert!(err.contains("iteration done"), "{err}");
     assert!(!err.contains("TRACE"), "{err}");
@@ -85,7 +94,10 @@ fn issue15_logging_through_tracing() {
         .output()
         .unwrap();
     let err = text(&r.stderr);
-    assert!(err.contains("snapshot read") && err.contains("segments=49"), "{err}");
+    assert!(
+        err.contains("snapshot read") && err.contains("segments=49"),
+        "{err}"
+    );
     assert!(!err.contains("gpumem::alloc"), "{err}");
     let bad = gpumem()
         .current_dir(root())
@@ -162,7 +174,10 @@ fn issue15_tables_fit_the_terminal_width() {
     let run = gpumem()
         .current_dir(root())
         .env("COLUMNS", "80")
-        .args(["run", "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"])
+        .args([
+            "run",
+            "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml",
+        ])
         .output()
         .unwrap();
     for line in text(&run.stdout).lines() {
@@ -190,7 +205,9 @@ fn issue15_pytorch_cuda_alloc_conf_is_honoured() {
         assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         (
-            v["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap(),
+            v["memory_stats"]["reserved_bytes.all.peak"]
+                .as_u64()
+                .unwrap(),
             v["alloc_conf"].clone(),
         )
     };
@@ -202,7 +219,10 @@ fn issue15_pytorch_cuda_alloc_conf_is_honoured() {
     assert_eq!(conf["value"], "expandable_segments:True");
     let (flag, _) = reserved(&run(&[], &["--alloc-conf", "expandable_segments:True"]));
     assert_eq!(expandable, flag, "the variable does what the flag does");
-    assert_ne!(expandable, plain, "expandable segments change mlp_adam's peak reserved");
+    assert_ne!(
+        expandable, plain,
+        "expandable segments change mlp_adam's peak reserved"
+    );
     // the flag beats the variable
     let (over, conf) = reserved(&run(&env, &["--alloc-conf", "expandable_segments:False"]));
     assert_eq!((over, conf["from"].as_str()), (plain, Some("--alloc-conf")));
@@ -212,7 +232,10 @@ fn issue15_pytorch_cuda_alloc_conf_is_honoured() {
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
     ];
     let (p, conf) = reserved(&run(&both, &[]));
-    assert_eq!((p, conf["from"].as_str()), (plain, Some("PYTORCH_ALLOC_CONF")));
+    assert_eq!(
+        (p, conf["from"].as_str()),
+        (plain, Some("PYTORCH_ALLOC_CONF"))
+    );
     // shown in the text report
     let t = gpumem()
         .current_dir(root())
@@ -225,7 +248,10 @@ fn issue15_pytorch_cuda_alloc_conf_is_honoured() {
         "allocator settings: expandable_segments:True (from PYTORCH_CUDA_ALLOC_CONF in the \
          environment)"
     ));
-    let bad = run(&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segment:True")], &[]);
+    let bad = run(
+        &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segment:True")],
+        &[],
+    );
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad.stderr).contains("PYTORCH_CUDA_ALLOC_CONF"));
 }
@@ -249,7 +275,14 @@ fn issue15_budget_only_check_needs_no_baseline() {
     let missing = dir.path("not-yet.json");
     let o = gpumem()
         .current_dir(root())
-        .args(["check", w, "--allow-new", "--budget", "peak_reserved=1MiB", "--baseline"])
+        .args([
+            "check",
+            w,
+            "--allow-new",
+            "--budget",
+            "peak_reserved=1MiB",
+            "--baseline",
+        ])
         .arg(&missing)
         .output()
         .unwrap();
@@ -268,7 +301,10 @@ fn issue15_missing_train_table_is_located() {
     let o = gpumem().arg("run").arg(&p).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
     let e = text(&o.stderr);
-    assert!(e.contains("line 4 column 1") && e.contains("no [train] table"), "{e}");
+    assert!(
+        e.contains("line 4 column 1") && e.contains("no [train] table"),
+        "{e}"
+    );
 }
 
 /// Each command's --help has its own examples (one per line) and its own exit codes.
@@ -284,9 +320,14 @@ fn issue15_each_help_is_its_own() {
         .collect();
     assert_eq!(ex.len(), 3, "{run}");
     assert!(ex.iter().all(|l| l.starts_with("  gpumem run ")), "{ex:?}");
-    for cmd in ["export", "diff", "plot", "bench", "fit", "summary", "check", "run"] {
+    for cmd in [
+        "export", "diff", "plot", "bench", "fit", "summary", "check", "run",
+    ] {
         let h = help(cmd);
-        assert!(!h.contains("for replay"), "{cmd} --help shows replay's exit codes");
+        assert!(
+            !h.contains("for replay"),
+            "{cmd} --help shows replay's exit codes"
+        );
         assert!(!h.contains("../shared"), "{cmd} --help cites ../shared");
     }
 }
@@ -311,8 +352,17 @@ fn issue15_junit_from_quick_junit() {
     assert_eq!(o.status.code(), Some(1));
     let s = std::fs::read_to_string(&xml).unwrap();
     assert!(s.starts_with("<?xml"), "{s}");
-    assert!(s.contains("<testsuites name=\"gpumem check\" tests=\"1\" failures=\"1\""), "{s}");
+    assert!(
+        s.contains("<testsuites name=\"gpumem check\" tests=\"1\" failures=\"1\""),
+        "{s}"
+    );
     assert!(s.contains("classname=\"mlp_sgd\"") && s.contains("name=\"peak_reserved\""));
-    assert!(s.contains("<failure message=") && s.contains("type=\"over-budget\""), "{s}");
-    assert!(!s.contains("->") && s.contains("-&gt;"), "escaped by the crate: {s}");
+    assert!(
+        s.contains("<failure message=") && s.contains("type=\"over-budget\""),
+        "{s}"
+    );
+    assert!(
+        !s.contains("->") && s.contains("-&gt;"),
+        "escaped by the crate: {s}"
+    );
 }

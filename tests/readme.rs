@@ -162,7 +162,11 @@ fn issue15_readme_outputs_are_what_the_commands_print() {
         let Some(cmd) = &b.output_of else { continue };
         let out = shell(&dir, cmd);
         let got = squash(&String::from_utf8_lossy(&out.stdout));
-        for l in b.text.lines().filter(|l| l.trim() != "..." && !l.trim().is_empty()) {
+        for l in b
+            .text
+            .lines()
+            .filter(|l| l.trim() != "..." && !l.trim().is_empty())
+        {
             assert!(
                 got.contains(&squash(l)),
                 "README.md block at line {}: `{cmd}` no longer prints\n{l}\nit printed:\n{}",

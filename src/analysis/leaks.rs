@@ -253,7 +253,7 @@ pub fn find(
             iterations: 0,
             checked: None,
             leaks: Vec::new(),
-            note: Some("the trace has no iterations (no iter:N tags)".into()),
+            note: Some("no iterations were found in the trace".into()),
         };
     };
     // an iteration cut short by an out-of-memory is not complete

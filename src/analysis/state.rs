@@ -386,11 +386,11 @@ pub fn timeline_from_trace(
         by[0] = before as u64;
         for (k, v) in bands {
             let i = index.get(k.as_str()).copied().unwrap_or(n - 1);
-            let v = (*v).max(0) as u64;
             if i == 0 {
-                by[0] = (before + v as i64).max(0) as u64;
+                // what was allocated before the trace shrinks as the trace frees it
+                by[0] = (before + *v).max(0) as u64;
             } else {
-                by[i] += v;
+                by[i] += (*v).max(0) as u64;
             }
         }
         let s = Sample {

@@ -588,11 +588,14 @@ fn trace_summary(
             },
         );
     let count = |k: EventKind| counts[k as usize];
-    // the iteration of each distinct stack (few), not of each event
+    // the iteration of each distinct stack (few), not of each event; an iteration counts when
+    // it allocates (a boundary followed only by frees starts none, as the timeline draws it)
     let stacks: rustc_hash::FxHashSet<StackId> = events
         .par_iter()
         .fold(rustc_hash::FxHashSet::default, |mut s, e| {
-            s.insert(e.stack);
+            if e.kind() == EventKind::Alloc {
+                s.insert(e.stack);
+            }
             s
         })
         .reduce(rustc_hash::FxHashSet::default, |mut a, b| {

@@ -124,7 +124,12 @@ pub fn trace_what_if(
             None => Vec::new(),
         }
     };
-    let end = |k: &str| gt.stats_end.as_ref().and_then(|m| m.get(k)).map(|v| *v as u64);
+    let end = |k: &str| {
+        gt.stats_end
+            .as_ref()
+            .and_then(|m| m.get(k))
+            .map(|v| *v as u64)
+    };
     let (alloc, res) = (series("allocated_bytes"), series("reserved_bytes"));
     let original = TraceSide {
         alloc_conf: gt.alloc_conf.clone(),

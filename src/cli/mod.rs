@@ -400,8 +400,9 @@ pub struct CheckArgs {
 /// content. Prints the allocator's state (reserved, allocated, active, requested,
 /// inactive_split, by pool), what is live by allocation site (Python frames, innermost first;
 /// C++ frames folded unless --stacks), fragmentation per segment, and from the trace: the peak
-/// and who held memory then, leaks across iterations (iterations from the Optimizer.step
-/// annotations, or from the trace repeating itself) and each out-of-memory. The reader never
+/// and who held memory then, leaks across iterations (iterations from --iteration-marker, the
+/// Optimizer.step annotations, or the trace repeating itself as a whole) and each
+/// out-of-memory. The reader never
 /// runs code from a pickle: anything that would import or call Python is refused.
 ///
 /// A snapshot of several GPUs (one process driving cuda:0, cuda:1, ...) is reported device by
@@ -438,6 +439,12 @@ pub struct SummaryArgs {
     /// Show whole call stacks, C++ frames included.
     #[arg(long)]
     pub stacks: bool,
+
+    /// Iterations are the calls of this function (e.g. train_step, or train.py:42): one starts
+    /// at each allocation made inside a call, after allocations made outside. Beats the
+    /// Optimizer.step annotations and repetition; for traces that have neither.
+    #[arg(long, value_name = "FUNCTION")]
+    pub iteration_marker: Option<String>,
 
     /// How many sites to list.
     #[arg(long, default_value_t = 10, value_name = "N")]

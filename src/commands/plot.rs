@@ -21,6 +21,8 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
         .ok()
         .filter(|t| t.trim_start().starts_with('{') && t.contains("\"gpumem-snapshot\""));
     let mut note = None;
+    // what a snapshot holds at its end (allocated, reserved), for one without a trace
+    let mut state = None;
     let (t, events) = match gpumem_run {
         // a gpumem run's trace starts with the run: replay it exactly
         Some(text) => {
@@ -51,6 +53,17 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
         None => {
             let s = crate::snapshot::load_one(&args.snapshot, args.device)?;
             note = s.device_note();
+            let allocated: u64 = s
+                .segments
+                .iter()
+                .flat_map(|g| &g.blocks)
+                .filter(|b| b.state == crate::alloc::BlockState::ActiveAllocated)
+                .map(|b| b.size)
+                .sum();
+            state = Some((
+                allocated,
+                s.segments.iter().map(|g| g.total_size).sum::<u64>(),
+            ));
             let t = state::timeline_from_trace(
                 &s.segments,
                 &s.events,
@@ -67,14 +80,29 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
     if let Some(n) = &note {
         writeln!(out, "{}: {n}", args.snapshot.display())?;
     }
+    if let (true, Some((allocated, reserved))) = (t.samples.is_empty(), state) {
+        // nothing to draw over time: say what the snapshot holds, in the picture too
+        let what = format!(
+            "no allocation in the trace: the snapshot holds {} allocated, {} reserved (record \
+             a trace with torch.cuda.memory._record_memory_history())",
+            format_bytes(allocated),
+            format_bytes(reserved)
+        );
+        write_atomic(
+            &args.output,
+            timeline_svg::render_message(&t.title, &what).as_bytes(),
+        )?;
+        writeln!(out, "wrote {}: {what}", args.output.display())?;
+        return Ok(Outcome::Ok);
+    }
     write_atomic(&args.output, timeline_svg::render(&t).as_bytes())?;
     writeln!(
         out,
-        "wrote {}: {} points over {} events, {} iterations, peak {}",
+        "wrote {}: {} points over {}, {}, peak {}",
         args.output.display(),
         t.samples.len(),
-        snap_events,
-        t.iterations.len(),
+        crate::units::count(snap_events as u64, "event", "events"),
+        crate::units::count(t.iterations.len() as u64, "iteration", "iterations"),
         t.peak
             .as_ref()
             .map(|p| format_bytes(p.allocated))

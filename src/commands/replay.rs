@@ -116,14 +116,19 @@ pub fn run(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     let conf_text = conf.raw.clone();
     // other settings than the recording's: a what-if, recorded against replayed
     let differs = overridden
-        && AllocConf::parse(&gt.alloc_conf).map(|c| c != conf).unwrap_or(true);
+        && AllocConf::parse(&gt.alloc_conf)
+            .map(|c| c != conf)
+            .unwrap_or(true);
     let r = replay(&gt, conf, &opts);
     let path = args.trace.display().to_string();
     if differs {
         let w = crate::analysis::whatif::trace_what_if(&gt, &r, &conf_text);
         if args.json {
-            serde_json::to_writer_pretty(&mut *out, &crate::report::whatif::trace_to_json(&path, &w))
-                .map_err(std::io::Error::from)?;
+            serde_json::to_writer_pretty(
+                &mut *out,
+                &crate::report::whatif::trace_to_json(&path, &w),
+            )
+            .map_err(std::io::Error::from)?;
             writeln!(out)?;
         } else {
             crate::report::whatif::write_trace_text(out, &path, &w)?;

@@ -39,8 +39,28 @@ fn fails(args: &SummaryArgs, ooms: usize, leaks: usize) -> bool {
         || args.fail_on.contains(&FailOn::Leak) && leaks > 0
 }
 
+/// Iterations from `--iteration-marker` on each device that has a trace.
+fn mark_iterations(args: &SummaryArgs, snaps: &mut [Snapshot]) -> Result<()> {
+    let Some(m) = &args.iteration_marker else {
+        return Ok(());
+    };
+    let mut found = 0;
+    let mut last_err = None;
+    for s in snaps.iter_mut().filter(|s| !s.events.is_empty()) {
+        match crate::snapshot::iterations_from_marker(s, m) {
+            Ok(_) => found += 1,
+            Err(e) => last_err = Some(e),
+        }
+    }
+    match (found, last_err) {
+        (0, Some(e)) => Err(Error::usage("--iteration-marker", e)),
+        _ => Ok(()),
+    }
+}
+
 fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outcome> {
-    let snaps = crate::snapshot::load_for_flag(file, args.device)?;
+    let mut snaps = crate::snapshot::load_for_flag(file, args.device)?;
+    mark_iterations(args, &mut snaps)?;
     let sums: Vec<Summary> = snaps.iter().map(|s| summarize(s, args)).collect();
     let path = file.display().to_string();
     let pairs: Vec<(&Snapshot, &Summary)> = snaps.iter().zip(&sums).collect();
@@ -124,7 +144,8 @@ fn rows_of(file: &Path, args: &SummaryArgs, threads: usize) -> Result<Vec<Device
     let which = args
         .device
         .map_or(crate::snapshot::Which::All, crate::snapshot::Which::Device);
-    let snaps = crate::snapshot::load_devices_with(file, which, threads)?;
+    let mut snaps = crate::snapshot::load_devices_with(file, which, threads)?;
+    mark_iterations(args, &mut snaps)?;
     Ok(snaps
         .iter()
         .map(|s| DeviceRow::of(&file.display().to_string(), s, &summarize(s, args)))

@@ -160,9 +160,7 @@ pub fn write_text(
         writeln!(
             out,
             "{}",
-            super::style::heading(
-                "the caching allocator at the end (torch.cuda.memory_stats()):"
-            )
+            super::style::heading("the caching allocator at the end (torch.cuda.memory_stats()):")
         )?;
         stats_table::write(out, &r.stats)
     }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::analysis::stacks::display_site;
 use crate::analysis::summary::{DeviceRow, PoolState, SiteBytes, Spread, Summary, RANK_COLUMNS};
 use crate::snapshot::{IterationSource, Snapshot};
-use crate::units::format_bytes as b;
+use crate::units::{count, format_bytes as b};
 
 fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
     let mut t = super::style::table();
@@ -26,14 +26,24 @@ fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
 
 fn iterations_text(s: &Snapshot, n: u32) -> String {
     match s.iterations {
-        IterationSource::Tags => format!("{n} iterations"),
-        IterationSource::Annotations => {
-            format!("{n} iterations, from the Optimizer.step/zero_grad annotations")
-        }
-        IterationSource::Repetition => {
-            format!("{n} iterations, from the trace repeating itself")
-        }
-        IterationSource::None => "iterations not found".into(),
+        IterationSource::Tags => count(n.into(), "iteration", "iterations"),
+        IterationSource::Annotations => format!(
+            "{}, from the Optimizer.step/zero_grad annotations",
+            count(n.into(), "iteration", "iterations")
+        ),
+        IterationSource::Repetition => format!(
+            "{}, from the trace repeating itself",
+            count(n.into(), "iteration", "iterations")
+        ),
+        IterationSource::Marker => format!(
+            "{}, from --iteration-marker",
+            count(n.into(), "iteration", "iterations")
+        ),
+        IterationSource::None => "iterations not found (no Optimizer.step/zero_grad \
+            annotations, and the trace does not repeat as a whole: repeats within a step, such as \
+            a model's layers, are not iterations); name a function that runs once per \
+            iteration with --iteration-marker, e.g. --iteration-marker train_step"
+            .into(),
     }
 }
 
@@ -64,11 +74,11 @@ pub fn write_text(
             out,
             "{}",
             super::style::wrap(&format!(
-                "trace: {} entries ({} allocations, {} frees, {} segments added, {} released), {}",
-                t.entries,
-                t.allocs,
-                t.frees,
-                t.segment_allocs,
+                "trace: {} ({}, {}, {} added, {} released), {}",
+                count(t.entries, "entry", "entries"),
+                count(t.allocs, "allocation", "allocations"),
+                count(t.frees, "free", "frees"),
+                count(t.segment_allocs, "segment", "segments"),
                 t.segment_frees,
                 iterations_text(s, t.iterations)
             ))
@@ -134,7 +144,7 @@ pub fn write_text(
             super::style::wrap(&format!(
             "peak over the trace: {} allocated at entry {} ({} allocated when the trace starts)",
             b(tr.peak_allocated_bytes),
-            tr.peak_event,
+            s.entry(tr.peak_event),
             b(tr.allocated_at_start)))
         )?;
         writeln!(
@@ -164,7 +174,7 @@ pub fn write_text(
             "{}",
             super::style::wrap(&format!(
                 "OOM at entry {}: {} requested, {}\n  at: {}",
-                o.event,
+                s.entry(o.event),
                 b(o.requested),
                 o.explanation,
                 display_site(&o.site, full_stacks, 3)
@@ -175,6 +185,20 @@ pub fn write_text(
 }
 
 pub fn to_json(path: &str, s: &Snapshot, m: &Summary) -> Value {
+    let mut v = to_json_events(path, s, m);
+    // events leave out entries gpumem does not model: give each its index in the file's trace
+    if let (Some(t), Some(tv)) = (&m.trace, v.get_mut("trace")) {
+        tv["peak_entry"] = json!(s.entry(t.peak_event));
+    }
+    if let Some(Value::Array(os)) = v.get_mut("ooms") {
+        for (o, ov) in m.ooms.iter().zip(os.iter_mut()) {
+            ov["entry"] = json!(s.entry(o.event));
+        }
+    }
+    v
+}
+
+fn to_json_events(path: &str, s: &Snapshot, m: &Summary) -> Value {
     json!({
         "file": path,
         "format": s.format,

@@ -111,6 +111,11 @@ fn color_in(name: &str, all: &[String]) -> RGBColor {
     EXTRA[i % EXTRA.len()]
 }
 
+/// A chart with no series: the title and one centred message (a snapshot without a trace).
+pub fn render_message(title: &str, message: &str) -> String {
+    message_svg(title, message)
+}
+
 /// Renders the timeline as a complete SVG document ([`WIDTH`] x [`HEIGHT`]).
 ///
 /// Never panics: an empty timeline gives a chart saying "no allocations recorded", and a

@@ -20,7 +20,9 @@ use crate::alloc::{AllocConf, SegmentInfo};
 use crate::error::Error;
 use crate::trace::{Event, Tags};
 
-pub use torch::{convert_gpumem, iterations_from_repetition, Doc, Which, TRACE};
+pub use torch::{
+    convert_gpumem, iterations_from_marker, iterations_from_repetition, Doc, Which, TRACE,
+};
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -62,6 +64,8 @@ pub enum IterationSource {
     Annotations,
     /// The trace's allocation sizes repeating with a period.
     Repetition,
+    /// Calls of a function the user named (`--iteration-marker`).
+    Marker,
     None,
 }
 
@@ -91,6 +95,8 @@ pub struct Snapshot {
     pub dropped: u64,
     /// Trace entries of kinds gpumem does not model (skipped), by action.
     pub skipped: Vec<(String, u64)>,
+    /// The trace index of each skipped entry, ascending (see [`Snapshot::entry`]).
+    pub skipped_at: Vec<u64>,
 }
 
 /// How many cores read a large pickle: `GPUMEM_THREADS` when set (1 reads sequentially),
@@ -199,6 +205,21 @@ pub fn load_one(path: &Path, device: Option<u32>) -> Result<Snapshot, Error> {
 }
 
 impl Snapshot {
+    /// The index in the file's trace (`device_traces[device]`, as PyTorch's viewer numbers it)
+    /// of event `event`: events leave out the entries gpumem does not model (`snapshot`
+    /// markers, ...), so later events sit that many entries further on.
+    pub fn entry(&self, event: u64) -> u64 {
+        let mut e = event;
+        for &s in &self.skipped_at {
+            if s <= e {
+                e += 1;
+            } else {
+                break;
+            }
+        }
+        e
+    }
+
     /// For a file of several devices, which one is shown: "cuda:1 of cuda:0, cuda:1 (--device N
     /// for another)"; `None` for a file of one.
     pub fn device_note(&self) -> Option<String> {

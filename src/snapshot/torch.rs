@@ -522,6 +522,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
     let mut events = Vec::with_capacity(total);
     let mut times = Vec::with_capacity(total);
     let mut skipped: Vec<(String, u64)> = Vec::new();
+    let mut skipped_at: Vec<u64> = Vec::new();
     if let Some(t) = traces.get(device as usize) {
         let runs = d.take_projected(*t);
         let n = trace_lens.get(device as usize).copied().unwrap_or(0)
@@ -551,6 +552,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
                     &rows,
                     &mut frames,
                     &mut skipped,
+                    &mut skipped_at,
                     &mut events,
                     &mut times,
                     device,
@@ -595,6 +597,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
             let Some(kind) = EventKind::from_action(action).filter(|k| *k != EventKind::Retag)
             else {
                 count_skipped(&mut skipped, action, 1);
+                skipped_at.push(entry as u64);
                 continue;
             };
             if size >= 1 << 60 {
@@ -633,6 +636,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
             });
         }
     }
+    lone_completions_free(&mut events);
     let mut snap = Snapshot {
         format: f.format,
         name: f.name.to_string(),
@@ -649,9 +653,47 @@ fn device_snapshot<'a, D: Doc<'a>>(
         iterations: IterationSource::None,
         dropped: 0,
         skipped,
+        skipped_at,
     };
     tag_iterations(&mut snap);
     Ok(snap)
+}
+
+/// A `free_completed` with no `free_requested` of its address pending (the request happened
+/// before the trace began, or was lost) is the block's free as far as the trace can tell: it
+/// becomes a `free_requested`, so the block's bytes leave the allocated total. Most traces have
+/// none: a completion right after its request is checked first, on all cores, without hashing.
+fn lone_completions_free(events: &mut [Event]) {
+    use rayon::prelude::*;
+    let maybe_lone = |i: usize| {
+        let e = &events[i];
+        e.kind() == EventKind::FreeCompleted
+            && !(i > 0 && {
+                let p = &events[i - 1];
+                p.kind() == EventKind::FreeRequested && p.addr == e.addr
+            })
+    };
+    if !(0..events.len()).into_par_iter().any(maybe_lone) {
+        return;
+    }
+    let mut pending: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    for e in events.iter_mut() {
+        match e.kind() {
+            EventKind::FreeRequested => {
+                pending.insert(e.addr);
+            }
+            EventKind::FreeCompleted if !pending.remove(&e.addr) => {
+                *e = Event::new(
+                    EventKind::FreeRequested,
+                    e.addr,
+                    e.size(),
+                    e.stack,
+                    e.stream,
+                );
+            }
+            _ => {}
+        }
+    }
 }
 
 fn count_skipped(skipped: &mut Vec<(String, u64)>, action: &str, n: u64) {
@@ -670,6 +712,7 @@ fn projected_events<'a, D: Doc<'a>>(
     rows: &Projected,
     frames: &mut Frames,
     skipped: &mut Vec<(String, u64)>,
+    skipped_at: &mut Vec<u64>,
     events: &mut Vec<Event>,
     times: &mut Vec<u64>,
     device: u32,
@@ -754,6 +797,7 @@ fn projected_events<'a, D: Doc<'a>>(
         for r in 0..n {
             if kind(r).is_none() {
                 count_skipped(skipped, text(rows.str_id(r, 0)).unwrap_or(""), 1);
+                skipped_at.push((first + r) as u64);
             }
         }
     }
@@ -828,6 +872,13 @@ fn tag_iterations(s: &mut Snapshot) {
             None => return,
         }
     };
+    apply_iterations(s, &iter_of);
+}
+
+/// Puts `iter:N` (N = `iter_of[i]`) in front of each event's stack, in place of an `iter:` tag
+/// already there.
+fn apply_iterations(s: &mut Snapshot, iter_of: &[u32]) {
+    use rayon::prelude::*;
     // the distinct (iteration, stack) pairs, each made a stack once, in the order they first
     // occur (so tags are numbered as a sequential pass would number them)
     type Firsts = FxHashMap<(u32, StackId), usize>;
@@ -851,12 +902,15 @@ fn tag_iterations(s: &mut Snapshot) {
     pairs.sort_by_key(|p| p.1);
     let mut cache: FxHashMap<(u32, StackId), StackId> = FxHashMap::default();
     for ((it, stack), _) in pairs {
-        let tags: Vec<String> = s
+        let mut tags: Vec<String> = s
             .tags
             .resolve(stack)
             .into_iter()
             .map(String::from)
             .collect();
+        if tags.first().is_some_and(|t| t.starts_with("iter:")) {
+            tags.remove(0);
+        }
         let t = s.tags.intern(&format!("iter:{it}"));
         let mut id = s.tags.child(StackId::ROOT, t);
         for tag in tags {
@@ -874,10 +928,73 @@ fn tag_iterations(s: &mut Snapshot) {
         });
 }
 
-/// Where iterations start, from the trace repeating itself: the sizes of the last allocations
-/// (a window of 32) occur again one period earlier, and the period is confirmed over the
-/// trace's second half. Returns the event indices that start each iteration (the first
-/// is 0), or `None` when the trace does not repeat at least 3 times.
+/// Iterations from a frame the user names (`--iteration-marker`): one starts at each
+/// allocation made inside a call of `marker` (a function name such as `train_step`, or
+/// `file.py:LINE`) right after one made outside it; what comes before the first call belongs
+/// to the first iteration. Returns how many were found.
+pub fn iterations_from_marker(s: &mut Snapshot, marker: &str) -> Result<u32, String> {
+    let marker = marker.trim();
+    if marker.is_empty() {
+        return Err("is empty: give a function name, e.g. --iteration-marker train_step".into());
+    }
+    let frame_matches = |tag: &str| {
+        let base = tag.rsplit(['/', '\\']).next().unwrap_or(tag);
+        base == marker
+            || base.rsplit(':').next() == Some(marker)
+            || base.starts_with(&format!("{marker}:"))
+    };
+    let mut inside: FxHashMap<StackId, bool> = FxHashMap::default();
+    let mut iter_of = Vec::with_capacity(s.events.len());
+    let (mut n, mut prev) = (0u32, false);
+    for e in &s.events {
+        if e.kind() == EventKind::Alloc {
+            let has = *inside.entry(e.stack).or_insert_with(|| {
+                s.tags
+                    .resolve(e.stack)
+                    .into_iter()
+                    .any(|t| frame_matches(t))
+            });
+            if has && !prev {
+                n += 1;
+            }
+            prev = has;
+        }
+        iter_of.push(n.saturating_sub(1));
+    }
+    if n == 0 {
+        let example = s
+            .events
+            .iter()
+            .find(|e| e.kind() == EventKind::Alloc)
+            .and_then(|e| {
+                s.tags
+                    .resolve(e.stack)
+                    .into_iter()
+                    .find(|t| t.contains(".py:"))
+            })
+            .map(|t| format!(" (frames look like {t})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "no allocation of the trace is made inside '{marker}'{example}"
+        ));
+    }
+    apply_iterations(s, &iter_of);
+    s.iterations = crate::snapshot::IterationSource::Marker;
+    Ok(n)
+}
+
+/// Iteration starts found from the trace repeating itself (no annotations). A period `p` (in
+/// allocations, at least [`MIN_PERIOD`]; the smallest that passes) is taken when:
+/// - the allocation sizes repeat with period `p` (98% of them at least) over a suffix of the
+///   trace that ends at its end and holds at least three periods and half its allocations (what
+///   comes before is setup and a warm-up iteration);
+/// - whole periods do not free, on balance, more than they allocate (5% of slack for what a
+///   trace's first period frees of the one before): a training or evaluation step keeps its
+///   level (or grows, when it leaks), while the layers of a backward pass, which repeat too,
+///   each free what their forward made.
+///
+/// Starts are every `p` allocations, at the phase where the last period's allocated level is
+/// lowest (where a step begins); the first iteration takes whatever came before.
 pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
     let allocs: Vec<(usize, u64)> = events
         .iter()
@@ -886,34 +1003,67 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
         .map(|(i, e)| (i, e.size()))
         .collect();
     let n = allocs.len();
-    const W: usize = 32;
-    if n < 3 * W {
+    if n < 3 * MIN_PERIOD {
         return None;
     }
     let sizes: Vec<u64> = allocs.iter().map(|a| a.1).collect();
-    let tail = &sizes[n - W..];
-    // the nearest earlier occurrence of the last window is a period candidate
+    // a candidate period must at least repeat the trace's last allocations
+    let w = 32.min(n / 3);
+    let tail = &sizes[n - w..];
     let mut period = None;
-    for p in W..=n / 3 {
-        if &sizes[n - W - p..n - p] == tail {
-            // confirm: the second half of the trace repeats with period p
-            let from = n / 2;
-            let same = (from..n).filter(|&i| sizes[i] == sizes[i - p]).count();
-            if same * 100 >= (n - from) * 98 {
-                period = Some(p);
-                break;
+    'candidates: for p in MIN_PERIOD..=n / 3 {
+        if &sizes[n - w - p..n - p] != tail {
+            continue;
+        }
+        // the longest suffix that repeats with period p, 98% of it at least
+        let mut mismatches = 0usize;
+        let mut from = None;
+        for f in (p..n).rev() {
+            if sizes[f] != sizes[f - p] {
+                mismatches += 1;
+            }
+            if mismatches * 100 <= (n - f) * 2 {
+                from = Some(f);
             }
         }
+        let Some(from) = from else { continue };
+        if n - from < (3 * p).max(n / 2) {
+            continue;
+        }
+        // the balance of the repeating part, over whole periods counted back from the end
+        let whole = n - (n - from) / p * p;
+        let (mut made, mut freed) = (0u64, 0u64);
+        for e in &events[allocs[whole].0..] {
+            match e.kind() {
+                EventKind::Alloc => made += e.size(),
+                EventKind::FreeRequested => freed += e.size(),
+                _ => {}
+            }
+        }
+        tracing::trace!(p, from, made, freed, "repetition candidate");
+        if freed > made + made / 20 {
+            continue 'candidates;
+        }
+        period = Some(p);
+        break;
     }
     let p = period?;
-    // iteration starts: every p allocations back from the end; the first iteration takes
-    // whatever came before (warm-up differs)
-    let mut starts: Vec<usize> = Vec::new();
-    let mut k = n;
-    while k >= p {
-        k -= p;
-        starts.push(allocs[k].0);
+    // the phase: a step starts where its period's allocated level is lowest (the previous
+    // step's temporaries freed), found in the last whole period
+    let mut level = 0i64;
+    let mut before = Vec::with_capacity(n);
+    for e in events {
+        match e.kind() {
+            EventKind::Alloc => {
+                before.push(level);
+                level += e.size() as i64;
+            }
+            EventKind::FreeRequested => level -= e.size() as i64,
+            _ => {}
+        }
     }
+    let last = (n - p..n).min_by_key(|&i| (before[i], i)).unwrap_or(n - p);
+    let mut starts: Vec<usize> = (0..=last / p).map(|m| allocs[last - m * p].0).collect();
     starts.reverse();
     if starts.len() < 3 {
         return None;
@@ -921,6 +1071,10 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
     starts[0] = 0;
     Some(starts)
 }
+
+/// The fewest allocations an iteration found from repetition may have (fewer repeat by
+/// chance: a run of equal sizes).
+const MIN_PERIOD: usize = 4;
 
 /// A gpumem snapshot's JSON: its trace (through `analysis::snapshot_file`) and its segments.
 pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
@@ -1012,5 +1166,6 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         iterations: IterationSource::Tags,
         dropped: t.dropped,
         skipped: Vec::new(),
+        skipped_at: Vec::new(),
     })
 }
