@@ -154,6 +154,11 @@ pub fn torch_format_size(bytes: u64) -> String {
     }
 }
 
+/// `n` and the word for it: "1 entry", "2 entries" (`one` and `many` are the two forms).
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,9 +222,4 @@ mod tests {
         assert_eq!(format_bytes(20 * MIB), "20.00 MiB");
         assert_eq!(format_bytes_signed(-(MIB as i64)), "-1.00 MiB");
     }
-}
-
-/// `n` and the word for it: "1 entry", "2 entries" (`one` and `many` are the two forms).
-pub fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }

@@ -74,7 +74,7 @@ fn issue15_eval_loop_keeping_losses_leaks_by_repetition() {
     // (and the loss itself: a 4-byte tensor in a 512-byte block)
     assert_eq!(
         steady,
-        (6 * (8 + 8 + 2) << 20) + 512,
+        ((6 * (8 + 8 + 2)) << 20) + 512,
         "{} leak rows",
         leaks.len()
     );

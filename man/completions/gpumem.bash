@@ -687,13 +687,17 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__summary)
-            opts="-v -h --device --stacks --top --json --fail-on --verbose --color --help"
+            opts="-v -h --device --stacks --iteration-marker --top --json --fail-on --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --iteration-marker)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

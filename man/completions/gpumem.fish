@@ -39,7 +39,7 @@ complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "fit" -d 'Find the lar
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "plot" -d 'Draw the memory timeline of a snapshot as an SVG picture'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "replay" -d 'Replay a recorded PyTorch allocator trace and compare every step with PyTorch; or replay a snapshot\'s allocations under other allocator settings ("would this have saved my run?")'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "bench" -d 'Measure the allocator: ns per alloc+free pair with event recording on and off'
-complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "compare-torch" -d 'Check gpumem\'s model presets against PyTorch: run every case of reference_models.py result files and compare each iteration\'s figures'
+complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "compare-torch" -d 'Check gpumem\'s model presets against PyTorch: run every recorded case and compare each iteration\'s figures'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "completions" -d 'Print a shell completion script for gpumem: every command, flag and value.'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
@@ -86,6 +86,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l no-remedies -d 'On
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l device -d 'Show only this device (the N of cuda:N) of a snapshot that holds several' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l iteration-marker -d 'Iterations are the calls of this function (e.g. train_step, or train.py:42): one starts at each allocation made inside a call, after allocations made outside. Beats the Optimizer.step annotations and repetition; for traces that have neither' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l fail-on -d 'Exit 1 when the snapshot shows one of these: `oom`, `leak`' -r -f -a "oom\t''
 leak\t''"
@@ -165,7 +166,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l repeat -d 'Repet
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pairs-reps -d 'Passes over the size list per `pairs` repetition' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l batch-reps -d 'Passes over the size list per `batch` repetition' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l warmup-ms -d 'Milliseconds of untimed work first, so the CPU is at speed when timing starts' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pytorch -d 'PyTorch\'s results from alloc_bench.py (JSON) to compare against; its size lists are used' -r -F
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pytorch -d 'PyTorch\'s results (JSON, as above) to compare against; its size lists are used' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l workload -d 'Time running this workload instead (ms per iteration and allocator events per iteration, over --repeat runs of its setup and iterations)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
@@ -195,6 +196,6 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_
 complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "plot" -d 'Draw the memory timeline of a snapshot as an SVG picture'
 complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "replay" -d 'Replay a recorded PyTorch allocator trace and compare every step with PyTorch; or replay a snapshot\'s allocations under other allocator settings ("would this have saved my run?")'
 complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "bench" -d 'Measure the allocator: ns per alloc+free pair with event recording on and off'
-complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "compare-torch" -d 'Check gpumem\'s model presets against PyTorch: run every case of reference_models.py result files and compare each iteration\'s figures'
+complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "compare-torch" -d 'Check gpumem\'s model presets against PyTorch: run every recorded case and compare each iteration\'s figures'
 complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "completions" -d 'Print a shell completion script for gpumem: every command, flag and value.'
 complete -c gpumem -n "__fish_gpumem_using_subcommand help; and not __fish_seen_subcommand_from run summary check export diff fit plot replay bench compare-torch completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -159,12 +159,16 @@ fn fill(s: &SegmentInfo) -> SegmentFill {
             out.free_blocks += 1;
             out.largest_free = out.largest_free.max(b.size);
             paint(off, b.size, 2);
-        } else {
+        } else if b.state == BlockState::ActiveAllocated {
             let req = b.requested_size.min(b.size);
             out.allocated += b.size;
             out.requested += req;
             paint(off, req, 0);
             paint(off + req, b.size - req, 1);
+        } else {
+            // freed by the program but still in use by a stream (active_pending_free): not
+            // allocated and not yet free
+            paint(off, b.size, 0);
         }
     }
     out.internal = out.allocated - out.requested;

@@ -76,7 +76,15 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
         bytes.len(),
         devices.join(", "),
         snaps.iter().map(|s| s.segments.len()).sum::<usize>(),
-        snaps.iter().map(|s| s.events.len()).sum::<usize>()
+        // (gpumem's own retag and empty_cache events are not PyTorch entries: not written)
+        snaps
+            .iter()
+            .flat_map(|s| &s.events)
+            .filter(|e| !matches!(
+                e.kind(),
+                crate::trace::EventKind::Retag | crate::trace::EventKind::EmptyCache
+            ))
+            .count()
     )?;
     Ok(Outcome::Ok)
 }

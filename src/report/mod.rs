@@ -68,9 +68,14 @@ pub(crate) fn align_right(t: &mut comfy_table::Table, from: usize) {
             }
         })
         .collect();
+    // when even that is wider than the output, figures may wrap too (at their space)
+    let needed: usize = bounds.iter().map(|&w| w as usize + 3).sum::<usize>() + 1;
+    let figures_whole = style::width().is_none_or(|w| needed <= w as usize);
     for (i, w) in bounds.into_iter().enumerate() {
         if let Some(c) = t.column_mut(i) {
-            c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
+            if i < from || figures_whole {
+                c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
+            }
             if i >= from {
                 c.set_cell_alignment(comfy_table::CellAlignment::Right);
             }

@@ -25,9 +25,12 @@ pub fn write_text(
     };
     writeln!(
         out,
-        "{path}: \"{}\" on {device} ({} capacity)",
-        r.name,
-        format_bytes(r.capacity)
+        "{}",
+        super::style::wrap(&format!(
+            "{path}: \"{}\" on {device} ({} capacity)",
+            r.name,
+            format_bytes(r.capacity)
+        ))
     )?;
     let (conf, from) = &r.alloc_conf;
     if !conf.is_empty() || from != "default" {
@@ -116,15 +119,15 @@ pub fn write_text(
         super::align_right(&mut t, 3);
         writeln!(out, "{t}")?;
     }
-    writeln!(
-        out,
+    let text = format!(
         "{} {} ({} bytes) allocated (peak reserved {}, {} bytes):",
         super::style::heading("at the peak,"),
         format_bytes(r.peak.peak_allocated),
         crate::units::group_digits(r.peak.peak_allocated),
         format_bytes(r.peak.peak_reserved),
         crate::units::group_digits(r.peak.peak_reserved)
-    )?;
+    );
+    writeln!(out, "{}", super::style::wrap(&text))?;
     let mut t = super::style::table();
     t.set_header(vec!["category", "allocated"]);
     for (c, b) in &r.peak.by_category {

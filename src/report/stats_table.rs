@@ -78,15 +78,17 @@ pub fn render(stats: &DeviceStats) -> String {
         }
     }
     let mut s = t.to_string();
-    s.push_str(&format!(
-        "\nOOMs: {}   cudaMalloc retries: {}   device allocs/frees: {}/{}   cache flushes: {}   max_split_size: {}\n",
+    s.push('\n');
+    s.push_str(&super::style::wrap(&format!(
+        "OOMs: {}   cudaMalloc retries: {}   device allocs/frees: {}/{}   cache flushes: {}   max_split_size: {}",
         stats.num_ooms,
         stats.num_alloc_retries,
         stats.num_device_alloc,
         stats.num_device_free,
         stats.num_sync_all_streams,
         if stats.max_split_size < 0 { "unlimited".to_string() } else { bytes(stats.max_split_size) }
-    ));
+    )));
+    s.push('\n');
     s
 }
 

@@ -28,6 +28,11 @@ fn output() -> Output {
     OUTPUT.get().copied().unwrap_or_default()
 }
 
+/// The width tables must fit, if any.
+pub fn width() -> Option<u16> {
+    output().width
+}
+
 /// Whether colour is on.
 pub fn color() -> bool {
     output().color

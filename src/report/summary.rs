@@ -62,11 +62,15 @@ pub fn write_text(
             s.format.describe(),
             s.name,
             s.device,
-            s.devices
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            if s.devices.is_empty() {
+                "none: no segments and no trace".to_string()
+            } else {
+                s.devices
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         ))
     )?;
     match &m.trace {

@@ -274,7 +274,7 @@ impl<'t> Chart<'t> {
             .max()
             .unwrap_or(0)
             + 40;
-        let legend_w = legend_w.clamp(130, 300);
+        let legend_w = legend_w.clamp(130, 340);
         let plot_right = WIDTH as i32 - legend_w - LEGEND_GAP;
 
         Chart {
@@ -522,6 +522,25 @@ impl<'t> Chart<'t> {
             return Ok(());
         };
         let p = plot.map_coordinate(&(peak.event as f64, self.unit.scale(peak.allocated)));
+        // the reserved line where the label would go is kept clear: the label moves above it
+        let reserved = self
+            .t
+            .samples
+            .iter()
+            .take_while(|s| s.event <= peak.event)
+            .last()
+            .map(|s| s.reserved);
+        if let Some(r) = reserved {
+            let ry = plot
+                .map_coordinate(&(peak.event as f64, self.unit.scale(r)))
+                .1;
+            placed.push(Boxed {
+                x0: p.0 - 160,
+                y0: ry - 3,
+                x1: p.0 + 160,
+                y1: ry + 3,
+            });
+        }
         self.marker(plot, p, PEAK_COLOR)?;
         let text = format!("peak {}", format_bytes(peak.allocated));
         self.label(plot, &text, p, true, PEAK_COLOR, placed)
@@ -636,6 +655,9 @@ impl<'t> Chart<'t> {
         let style = TextStyle::from((FONT, LABEL_SIZE).into_font())
             .color(&TEXT_COLOR)
             .pos(Pos::new(HPos::Left, VPos::Center));
+        // a label wider than the legend keeps its end (the function of a site), after an ellipsis
+        let room = WIDTH as i32 - x - 30 - 4;
+        let max_chars = (room / text_width("m", LABEL_SIZE).max(1)).max(6) as usize;
         for (n, label) in labels.iter().enumerate() {
             let y = PLOT_TOP + 10 + n as i32 * row;
             match label.as_str() {
@@ -660,8 +682,12 @@ impl<'t> Chart<'t> {
                     ))
                     .map_err(err)?,
             }
-            root.draw(&Text::new(label.clone(), (x + 30, y), style.clone()))
-                .map_err(err)?;
+            root.draw(&Text::new(
+                shorten_start(label, max_chars),
+                (x + 30, y),
+                style.clone(),
+            ))
+            .map_err(err)?;
         }
         Ok(())
     }
@@ -709,6 +735,25 @@ fn fit_title(title: &str) -> String {
     let room = WIDTH as i32 - 2 * 20;
     let max_chars = room / text_width("m", TITLE_SIZE).max(1);
     shorten(title, max_chars.max(8) as usize)
+}
+
+/// A legend label in at most `max_chars` characters: a site `file:line:function` keeps its
+/// line and function and shortens its file name (`adam_fo…:267:update`); anything else keeps
+/// its end after an ellipsis.
+fn shorten_start(text: &str, max_chars: usize) -> String {
+    let n = text.chars().count();
+    if n <= max_chars {
+        return text.to_string();
+    }
+    if let Some((file, rest)) = text.split_once(':') {
+        let rest_n = rest.chars().count() + 1;
+        if rest_n + 4 <= max_chars {
+            let head: String = file.chars().take(max_chars - rest_n - 1).collect();
+            return format!("{head}…:{rest}");
+        }
+    }
+    let keep: String = text.chars().skip(n - max_chars.saturating_sub(1)).collect();
+    format!("…{keep}")
 }
 
 fn shorten(text: &str, max_chars: usize) -> String {

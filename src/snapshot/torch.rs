@@ -948,12 +948,9 @@ pub fn iterations_from_marker(s: &mut Snapshot, marker: &str) -> Result<u32, Str
     let (mut n, mut prev) = (0u32, false);
     for e in &s.events {
         if e.kind() == EventKind::Alloc {
-            let has = *inside.entry(e.stack).or_insert_with(|| {
-                s.tags
-                    .resolve(e.stack)
-                    .into_iter()
-                    .any(|t| frame_matches(t))
-            });
+            let has = *inside
+                .entry(e.stack)
+                .or_insert_with(|| s.tags.resolve(e.stack).into_iter().any(&frame_matches));
             if has && !prev {
                 n += 1;
             }
