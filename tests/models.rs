@@ -150,7 +150,11 @@ fn preset_errors_name_the_line_and_key() {
             "line 9",
             "unknown key 'lr' in [train]",
         ),
-        (mlp.to_string(), "line 1", "missing key 'batch' in [train]"),
+        (
+            mlp.to_string(),
+            "line 1",
+            "no [train] table, which needs 'batch'",
+        ),
         (
             format!("{mlp}[train]\nbatch = 4\ncheckpointing = true\n"),
             "line 9",

@@ -88,7 +88,7 @@ fn original(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Sid
 /// allocator may use `capacity` bytes; `recorded` is the settings the trace was made with.
 /// The capacity of a replay whose device's memory is not known: more than any GPU has, so
 /// nothing runs out (and a replay that would is not judged).
-pub const UNLIMITED: u64 = 1 << 48;
+pub const UNLIMITED: u64 = 1 << 44;
 
 /// A recorded allocator trace (PyTorch's figures after each op) against its replay under
 /// other settings.

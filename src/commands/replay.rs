@@ -46,6 +46,14 @@ fn is_allocator_trace(path: &std::path::Path) -> bool {
 
 fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     let s = crate::snapshot::load_one(&args.trace, args.device)?;
+    if s.segments.is_empty() && s.events.is_empty() {
+        return Err(Error::input(
+            &args.trace,
+            "snapshot",
+            "holds no segments and no trace: nothing to replay (record the trace with \
+             torch.cuda.memory._record_memory_history() before _dump_snapshot)",
+        ));
+    }
     if let (Some(n), false) = (s.device_note(), args.json) {
         writeln!(out, "{}: {n}", args.trace.display())?;
     }

@@ -656,8 +656,9 @@ impl<'t> Chart<'t> {
             .color(&TEXT_COLOR)
             .pos(Pos::new(HPos::Left, VPos::Center));
         // a label wider than the legend keeps its end (the function of a site), after an ellipsis
-        let room = WIDTH as i32 - x - 30 - 4;
-        let max_chars = (room / text_width("m", LABEL_SIZE).max(1)).max(6) as usize;
+        // (the legend is as wide as its longest label up to a limit: only those past it shorten)
+        let room = (WIDTH as i32 - x - 30) as f64;
+        let max_chars = ((room / (LABEL_SIZE / 1.24 * EM_PER_CHAR)) as usize).max(6);
         for (n, label) in labels.iter().enumerate() {
             let y = PLOT_TOP + 10 + n as i32 * row;
             match label.as_str() {

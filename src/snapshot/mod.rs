@@ -6,8 +6,9 @@
 //! as gpumem [`Event`]s, with call stacks interned as tag stacks: for a PyTorch snapshot each
 //! frame is a tag, outermost first, Python frames as `file.py:LINE:function` and C++ frames as
 //! `[C++] function` (reports fold those unless asked), and an `iter:N` tag in front when the
-//! iterations are known (from `Optimizer.step` annotations, or from the trace repeating itself).
+//! iterations are known (`iterations.rs`: annotations, repetition, or a marker function).
 
+mod iterations;
 mod raw;
 mod torch;
 
@@ -20,9 +21,8 @@ use crate::alloc::{AllocConf, SegmentInfo};
 use crate::error::Error;
 use crate::trace::{Event, Tags};
 
-pub use torch::{
-    convert_gpumem, iterations_from_marker, iterations_from_repetition, Doc, Which, TRACE,
-};
+pub use iterations::{iterations_from_marker, iterations_from_repetition};
+pub use torch::{convert_gpumem, Doc, Which, TRACE};
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
