@@ -123,9 +123,63 @@ pub fn display_site(site: &str, full: bool, depth: usize) -> String {
     )
 }
 
+/// [`display_site`] for the rows of one table: rows that would read the same at `depth` frames
+/// get more frames, group by group, until they differ (or show every frame), so no two rows of
+/// a table look alike unless their Python stacks are the same.
+pub fn display_sites(sites: &[&str], full: bool, depth: usize) -> Vec<String> {
+    // what a reader compares: the frames shown, not the count of those left out
+    let frames = |s: &str| s.split(" < ... (").next().unwrap_or(s).to_string();
+    let mut depths = vec![depth; sites.len()];
+    let mut shown: Vec<String> = sites.iter().map(|s| display_site(s, full, depth)).collect();
+    for _ in 0..64 {
+        let mut grew = false;
+        for i in 0..sites.len() {
+            let same: Vec<usize> = (0..sites.len())
+                .filter(|&j| {
+                    j != i && frames(&shown[j]) == frames(&shown[i]) && sites[j] != sites[i]
+                })
+                .collect();
+            if same.is_empty() {
+                continue;
+            }
+            for k in std::iter::once(i).chain(same) {
+                let next = display_site(sites[k], full, depths[k] + 1);
+                if next != shown[k] {
+                    depths[k] += 1;
+                    shown[k] = next;
+                    grew = true;
+                }
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    shown
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_that_read_alike_get_more_frames() {
+        let a = "m.py:1:main/t.py:9:step/conv.py:5:convert/mod.py:3:_apply/mod.py:2:_apply";
+        let b = "m.py:1:main/t.py:8:load/conv.py:5:convert/mod.py:3:_apply/mod.py:2:_apply";
+        let c = "m.py:1:main/x.py:1:other";
+        let rows = display_sites(&[a, b, c], false, 3);
+        assert_eq!(
+            rows[0],
+            "mod.py:2:_apply < mod.py:3:_apply < conv.py:5:convert < t.py:9:step < ... (1 more)"
+        );
+        assert_eq!(
+            rows[1],
+            "mod.py:2:_apply < mod.py:3:_apply < conv.py:5:convert < t.py:8:load < ... (1 more)"
+        );
+        assert_eq!(rows[2], "x.py:1:other < m.py:1:main");
+        // alike at 3 frames, and not when shown one by one
+        assert_eq!(display_site(a, false, 3), display_site(b, false, 3));
+    }
 
     #[test]
     fn reads_runner_tags() {

@@ -11,7 +11,7 @@ use crate::analysis::fragmentation::Fragmentation;
 use crate::analysis::leaks::LeakReport;
 use crate::analysis::oom::OomDiagnosis;
 use crate::analysis::record::Tried;
-use crate::analysis::stacks::{display_site, is_python_frame};
+use crate::analysis::stacks::is_python_frame;
 use crate::units::format_bytes as b;
 
 fn table(header: Vec<&str>, right_from: usize) -> Table {
@@ -67,7 +67,9 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
                     vec!["site (tags)", "op", "category", "per iteration", "blocks"],
                     3,
                 );
-                for s in k.sites.iter().take(10) {
+                let names: Vec<&str> = k.sites.iter().take(10).map(|s| s.site.as_str()).collect();
+                let shown = crate::analysis::stacks::display_sites(&names, false, 3);
+                for (s, name) in k.sites.iter().take(10).zip(shown) {
                     // a call stack (a PyTorch snapshot's) shows its innermost Python frames,
                     // and its op is the innermost Python function
                     let op = match s.site.rsplit('/').find(|t| is_python_frame(t)) {
@@ -75,7 +77,7 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
                         None => s.op.clone().unwrap_or_default(),
                     };
                     t.add_row(vec![
-                        display_site(&s.site, false, 3),
+                        name,
                         op,
                         s.category.clone(),
                         b(s.bytes_per_iteration),

@@ -13,12 +13,10 @@ use crate::units::{count, format_bytes as b};
 fn sites_table(title: &str, sites: &[SiteBytes], full: bool) -> Table {
     let mut t = super::style::table();
     t.set_header(vec![title, "bytes", "blocks"]);
-    for s in sites {
-        t.add_row(vec![
-            display_site(&s.site, full, 3),
-            b(s.bytes),
-            s.blocks.to_string(),
-        ]);
+    let names: Vec<&str> = sites.iter().map(|s| s.site.as_str()).collect();
+    let shown = crate::analysis::stacks::display_sites(&names, full, 3);
+    for (s, name) in sites.iter().zip(shown) {
+        t.add_row(vec![name, b(s.bytes), s.blocks.to_string()]);
     }
     super::align_right(&mut t, 1);
     t
