@@ -147,3 +147,22 @@ fn issue15_iteration_marker_names_the_step() {
         "{err}"
     );
 }
+
+/// `plot --iteration-marker` marks the same 6 steps on the time axis.
+#[test]
+fn issue15_plot_takes_the_iteration_marker() {
+    let dir = Scratch::new("marker-plot");
+    let six = without_annotations(&dir, "train_layers_6steps");
+    let svg = dir.path("t.svg");
+    let out = gpumem()
+        .arg("plot")
+        .arg(&six)
+        .args(["--iteration-marker", "forward", "-o"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("6 iterations"));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("iter 5") && !text.contains("iter 6"));
+}

@@ -513,7 +513,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__plot)
-            opts="-o -v -h --output --samples --device --verbose --color --help"
+            opts="-o -v -h --output --samples --device --iteration-marker --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -532,6 +532,10 @@ _gpumem() {
                     return 0
                     ;;
                 --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --iteration-marker)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -144,6 +144,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s h -l help -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand plot" -s o -l output -d 'Where to write the SVG' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand plot" -l samples -d 'Points kept along the x axis: each is the highest memory of its stretch of events, so spikes such as the peak stay visible' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand plot" -l device -d 'For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one with the longest trace)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand plot" -l iteration-marker -d 'For a PyTorch snapshot: iterations are the calls of this function (as in `gpumem summary --iteration-marker`), marked on the time axis' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand plot" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"

@@ -609,6 +609,11 @@ pub struct PlotArgs {
     /// with the longest trace).
     #[arg(long, value_name = "N")]
     pub device: Option<u32>,
+
+    /// For a PyTorch snapshot: iterations are the calls of this function (as in `gpumem
+    /// summary --iteration-marker`), marked on the time axis.
+    #[arg(long, value_name = "FUNCTION")]
+    pub iteration_marker: Option<String>,
 }
 
 /// Replay a recorded PyTorch allocator trace and compare every step with PyTorch; or replay a

@@ -25,6 +25,12 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
     let mut state = None;
     let (t, events) = match gpumem_run {
         // a gpumem run's trace starts with the run: replay it exactly
+        Some(_) if args.iteration_marker.is_some() => {
+            return Err(Error::usage(
+                "--iteration-marker",
+                "is for PyTorch snapshots: a gpumem run knows its iterations",
+            ))
+        }
         Some(text) => {
             let snap = snapshot_file::parse(text)
                 .map_err(|m| Error::input(&args.snapshot, "snapshot", m))?;
@@ -51,7 +57,11 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         // a PyTorch snapshot: walked from its end state, stacked by the sites holding most
         None => {
-            let s = crate::snapshot::load_one(&args.snapshot, args.device)?;
+            let mut s = crate::snapshot::load_one(&args.snapshot, args.device)?;
+            if let Some(m) = &args.iteration_marker {
+                crate::snapshot::iterations_from_marker(&mut s, m)
+                    .map_err(|e| Error::usage("--iteration-marker", e))?;
+            }
             note = s.device_note();
             let allocated: u64 = s
                 .segments
