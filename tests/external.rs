@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{external, external_expected, gpumem, u, Scratch};
+use common::{export, external, external_expected, gpumem, u, Scratch};
 use serde_json::Value;
 
 /// The files that are snapshots, with their expected figures.
@@ -285,22 +285,6 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
         );
         assert!(svg.contains(".py:"), "{name}: no site in the legend");
     }
-}
-
-fn export(path: &std::path::Path, to: &str, out: &std::path::Path) {
-    let o = gpumem()
-        .arg("export")
-        .arg(path)
-        .args(["--to", to, "-o"])
-        .arg(out)
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 /// Export keeps everything: every device, frames as frames, every key, no field added, and a

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{external, gpumem, root, u, Scratch};
+use common::{export, external, gpumem, root, u, Scratch};
 use serde_json::Value;
 
 const DIR: &str = "fixtures/snapshots/iterations";
@@ -30,19 +30,11 @@ fn summary(args: &[&str]) -> (Option<i32>, Value, String) {
 /// (or one whose annotations were not recorded) gives.
 fn without_annotations(dir: &Scratch, name: &str) -> PathBuf {
     let j = dir.path(&format!("{name}.json"));
-    let out = gpumem()
-        .current_dir(root())
-        .args([
-            "export",
-            &format!("{DIR}/{name}.pickle"),
-            "--to",
-            "torch-json",
-            "-o",
-        ])
-        .arg(&j)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    export(
+        std::path::Path::new(&format!("{DIR}/{name}.pickle")),
+        "torch-json",
+        &j,
+    );
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     v.as_object_mut().unwrap().remove("external_annotations");
     let bare = dir.path(&format!("{name}_bare.json"));

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{external, gpumem, root, Scratch};
+use common::{export, external, gpumem, root, Scratch};
 use serde_json::Value;
 
 /// Walks a pickle's opcodes as MemoryViz.js's unpickler does: protocol 2 to 4, and only the
@@ -145,23 +145,6 @@ fn frames_ok(frames: &Value, at: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn export(input: &Path, to: &str, out: &Path) {
-    let o = gpumem()
-        .current_dir(root())
-        .arg("export")
-        .arg(input)
-        .args(["--to", to, "-o"])
-        .arg(out)
-        .output()
-        .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 fn check(pickle: &Path, dir: &Scratch) {

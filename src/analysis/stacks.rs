@@ -131,18 +131,18 @@ pub fn display_sites(sites: &[&str], full: bool, depth: usize) -> Vec<String> {
     let frames = |s: &str| s.split(" < ... (").next().unwrap_or(s).to_string();
     let mut depths = vec![depth; sites.len()];
     let mut shown: Vec<String> = sites.iter().map(|s| display_site(s, full, depth)).collect();
-    for _ in 0..64 {
+    loop {
+        // rows that read alike but are different sites, grouped by what they show
+        let mut groups: std::collections::HashMap<String, Vec<usize>> = Default::default();
+        for (i, s) in shown.iter().enumerate() {
+            groups.entry(frames(s)).or_default().push(i);
+        }
         let mut grew = false;
-        for i in 0..sites.len() {
-            let same: Vec<usize> = (0..sites.len())
-                .filter(|&j| {
-                    j != i && frames(&shown[j]) == frames(&shown[i]) && sites[j] != sites[i]
-                })
-                .collect();
-            if same.is_empty() {
+        for rows in groups.values() {
+            if rows.iter().all(|&i| sites[i] == sites[rows[0]]) {
                 continue;
             }
-            for k in std::iter::once(i).chain(same) {
+            for &k in rows {
                 let next = display_site(sites[k], full, depths[k] + 1);
                 if next != shown[k] {
                     depths[k] += 1;
@@ -152,10 +152,9 @@ pub fn display_sites(sites: &[&str], full: bool, depth: usize) -> Vec<String> {
             }
         }
         if !grew {
-            break;
+            return shown;
         }
     }
-    shown
 }
 
 #[cfg(test)]

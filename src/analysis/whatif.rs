@@ -84,8 +84,6 @@ fn original(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -> Sid
     }
 }
 
-/// Replays `events` (with `segments`, the state at their end) under `conf` on a device whose
-/// allocator may use `capacity` bytes; `recorded` is the settings the trace was made with.
 /// The capacity of a replay whose device's memory is not known: more than any GPU has, so
 /// nothing runs out (and a replay that would is not judged).
 pub const UNLIMITED: u64 = 1 << 44;
@@ -161,6 +159,8 @@ pub fn trace_what_if(
     }
 }
 
+/// Replays `events` (with `segments`, the state at their end) under `conf` on a device whose
+/// allocator may use `capacity` bytes; `recorded` is the settings the trace was made with.
 pub fn what_if(
     segments: &[SegmentInfo],
     events: &[Event],

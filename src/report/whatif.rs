@@ -7,14 +7,16 @@ use comfy_table::Table;
 use crate::analysis::whatif::WhatIf;
 use crate::units::{format_bytes as b, format_bytes_signed};
 
+/// Allocator settings as written, or "defaults" for none.
+fn conf(c: &str) -> &str {
+    if c.is_empty() {
+        "defaults"
+    } else {
+        c
+    }
+}
+
 pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Result<()> {
-    let conf = |c: &str| {
-        if c.is_empty() {
-            "defaults".to_string()
-        } else {
-            c.to_string()
-        }
-    };
     let allowed = if w.capacity_known {
         format!("the allocator allowed {}", b(w.capacity))
     } else {
@@ -110,13 +112,6 @@ pub fn write_trace_text(
     path: &str,
     w: &crate::analysis::whatif::TraceWhatIf,
 ) -> std::io::Result<()> {
-    let conf = |c: &str| {
-        if c.is_empty() {
-            "defaults".to_string()
-        } else {
-            c.to_string()
-        }
-    };
     writeln!(
         out,
         "{}",

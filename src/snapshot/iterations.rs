@@ -169,12 +169,22 @@ pub fn iterations_from_marker(s: &mut Snapshot, marker: &str) -> Result<u32, Str
 /// Starts are every `p` allocations, at the phase where the last period's allocated level is
 /// lowest (where a step begins); the first iteration takes whatever came before.
 pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
-    let allocs: Vec<(usize, u64)> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.kind() == EventKind::Alloc)
-        .map(|(i, e)| (i, e.size()))
-        .collect();
+    // each allocation: its event, its size, and the bytes made and freed before it
+    let mut allocs: Vec<(usize, u64)> = Vec::new();
+    let (mut made, mut freed) = (0u64, 0u64);
+    let (mut made_before, mut freed_before) = (Vec::new(), Vec::new());
+    for (i, e) in events.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc => {
+                allocs.push((i, e.size()));
+                made_before.push(made);
+                freed_before.push(freed);
+                made += e.size();
+            }
+            EventKind::FreeRequested => freed += e.size(),
+            _ => {}
+        }
+    }
     let n = allocs.len();
     if n < 3 * MIN_PERIOD {
         return None;
@@ -184,20 +194,33 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
     let w = 32.min(n / 3);
     let tail = &sizes[n - w..];
     let mut period = None;
-    'candidates: for p in MIN_PERIOD..=n / 3 {
+    // candidates cost a pass each: past WORK passes' worth the search gives up (iterations not
+    // found, the report says how to give them), so no trace makes it quadratic
+    const WORK: usize = 64;
+    let mut work = 0usize;
+    for p in MIN_PERIOD..=n / 3 {
         if &sizes[n - w - p..n - p] != tail {
             continue;
         }
-        // the longest suffix that repeats with period p, 98% of it at least
+        // the longest suffix that repeats with period p, 98% of it at least (past 2% of the
+        // longest possible one, no earlier start can qualify)
         let mut mismatches = 0usize;
         let mut from = None;
         for f in (p..n).rev() {
+            work += 1;
             if sizes[f] != sizes[f - p] {
                 mismatches += 1;
+                if mismatches * 100 > (n - p) * 2 {
+                    break;
+                }
             }
             if mismatches * 100 <= (n - f) * 2 {
                 from = Some(f);
             }
+        }
+        if work > WORK * n {
+            tracing::debug!(p, "repetition search stopped: too many candidate periods");
+            return None;
         }
         let Some(from) = from else { continue };
         if n - from < (3 * p).max(n / 2) {
@@ -205,17 +228,10 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
         }
         // the balance of the repeating part, over whole periods counted back from the end
         let whole = n - (n - from) / p * p;
-        let (mut made, mut freed) = (0u64, 0u64);
-        for e in &events[allocs[whole].0..] {
-            match e.kind() {
-                EventKind::Alloc => made += e.size(),
-                EventKind::FreeRequested => freed += e.size(),
-                _ => {}
-            }
-        }
-        tracing::trace!(p, from, made, freed, "repetition candidate");
-        if freed > made + made / 20 {
-            continue 'candidates;
+        let (m, f) = (made - made_before[whole], freed - freed_before[whole]);
+        tracing::trace!(p, from, made = m, freed = f, "repetition candidate");
+        if f > m + m / 20 {
+            continue;
         }
         period = Some(p);
         break;
@@ -223,19 +239,8 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
     let p = period?;
     // the phase: a step starts where its period's allocated level is lowest (the previous
     // step's temporaries freed), found in the last whole period
-    let mut level = 0i64;
-    let mut before = Vec::with_capacity(n);
-    for e in events {
-        match e.kind() {
-            EventKind::Alloc => {
-                before.push(level);
-                level += e.size() as i64;
-            }
-            EventKind::FreeRequested => level -= e.size() as i64,
-            _ => {}
-        }
-    }
-    let last = (n - p..n).min_by_key(|&i| (before[i], i)).unwrap_or(n - p);
+    let level = |i: usize| made_before[i] as i64 - freed_before[i] as i64;
+    let last = (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p);
     let mut starts: Vec<usize> = (0..=last / p).map(|m| allocs[last - m * p].0).collect();
     starts.reverse();
     if starts.len() < 3 {
@@ -248,3 +253,46 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
 /// The fewest allocations an iteration found from repetition may have (fewer repeat by
 /// chance: a run of equal sizes).
 const MIN_PERIOD: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: EventKind, addr: u64, size: u64) -> Event {
+        Event::new(kind, addr, size, StackId::ROOT, 0)
+    }
+
+    /// Every period matches a trace of equal sizes, and every one fails the balance (each
+    /// allocation is followed by a free of twice its size): the search stops after a bounded
+    /// number of passes instead of trying all n/3 periods, one pass each.
+    #[test]
+    fn the_search_is_bounded_when_every_period_is_a_candidate() {
+        let n = 100_000u64;
+        let mut events = Vec::new();
+        for i in 0..n {
+            events.push(ev(EventKind::Alloc, i << 12, 512));
+            events.push(ev(EventKind::FreeRequested, (n + i) << 12, 1024));
+        }
+        assert_eq!(iterations_from_repetition(&events), None);
+    }
+
+    /// A loop of 6 allocations per step, freed within it, after a setup: the step is found.
+    #[test]
+    fn a_repeating_step_is_found() {
+        let mut events = vec![ev(EventKind::Alloc, 1 << 40, 1 << 20)];
+        let mut addr = 0u64;
+        for _ in 0..8 {
+            let sizes = [512u64, 4096, 512, 65536, 512, 1024];
+            let start = addr;
+            for s in sizes {
+                events.push(ev(EventKind::Alloc, addr, s));
+                addr += 1 << 20;
+            }
+            for (k, s) in sizes.iter().enumerate() {
+                events.push(ev(EventKind::FreeRequested, start + ((k as u64) << 20), *s));
+            }
+        }
+        let starts = iterations_from_repetition(&events).expect("found");
+        assert_eq!(starts.len(), 8, "{starts:?}");
+    }
+}

@@ -136,3 +136,21 @@ pub fn external_expected() -> Value {
     let p = root().join("fixtures/external/expected.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
+
+/// `gpumem export INPUT --to FORMAT -o OUT` in the repository root, which must succeed.
+pub fn export(input: &std::path::Path, to: &str, out: &std::path::Path) {
+    let o = gpumem()
+        .current_dir(root())
+        .arg("export")
+        .arg(input)
+        .args(["--to", to, "-o"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
