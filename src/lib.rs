@@ -2,7 +2,8 @@
 //! decisions as PyTorch's CUDA caching allocator, byte for byte.
 //!
 //! Modules, in dependency order (each uses only those before it):
-//! - [`units`], [`error`], [`trace`]: leaf types (sizes, errors, events and interned tags).
+//! - [`units`], [`error`], [`input`], [`trace`]: leaf types (sizes, errors, bounded reading of the
+//!   user's files, events and interned tags).
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
 //! - [`workload`]: workload files (TOML and the line language of `setup`/`body`), parsed and checked.
 //! - [`backend`]: devices (segment source and kernels together): `sim` computes nothing,
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod commands;
 pub mod engine;
 pub mod error;
+pub mod input;
 pub mod report;
 pub mod runner;
 pub mod snapshot;

@@ -17,6 +17,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     if t.is_empty() {
         return Err("empty size; write bytes (1073741824) or a unit (1GiB, 512MiB)".into());
     }
+    if t.starts_with('-') {
+        return Err(format!("size '{text}' cannot be negative"));
+    }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
         .unwrap_or(t.len());
@@ -50,6 +53,34 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         v.checked_mul(mult)
             .ok_or_else(|| format!("size '{text}' is out of range"))
     }
+}
+
+/// The largest device gpumem simulates: 64 TiB, hundreds of times any GPU's memory and within
+/// the simulated driver's address space (a larger capacity would run out of addresses before
+/// memory).
+pub const MAX_CAPACITY: u64 = 64 * TIB;
+
+/// Parses a device capacity: a size ([`parse_size`]) of more than 0 bytes and at most
+/// [`MAX_CAPACITY`].
+pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    let bytes = parse_size(text)?;
+    check_capacity(bytes)?;
+    Ok(bytes)
+}
+
+/// Whether `bytes` can be a simulated device's capacity; the message says why not.
+pub fn check_capacity(bytes: u64) -> Result<(), String> {
+    if bytes == 0 {
+        return Err("must be more than 0 bytes (e.g. 24GiB)".into());
+    }
+    if bytes > MAX_CAPACITY {
+        return Err(format!(
+            "{} is more than the simulated device can hold: at most {}",
+            format_bytes(bytes),
+            format_bytes(MAX_CAPACITY)
+        ));
+    }
+    Ok(())
 }
 
 /// Human size for gpumem's own output: `512 B`, `1.50 KiB`, `20.00 MiB`, `139.80 GiB`.

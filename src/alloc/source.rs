@@ -94,19 +94,21 @@ impl SimSource {
         false
     }
 
-    fn place(&mut self, size: u64, hint: Option<u64>) -> u64 {
+    /// An address for `size` bytes, or `None` when the simulated address space has no room
+    /// (a capacity beyond what a device's address space holds).
+    fn place(&mut self, size: u64, hint: Option<u64>) -> Option<u64> {
         if let Some(h) = hint {
-            if h != 0 && h % 512 == 0 && !self.overlaps(h, size) {
+            if h != 0 && h % 512 == 0 && h.checked_add(size).is_some() && !self.overlaps(h, size) {
                 self.live.insert(h, size);
-                return h;
+                return Some(h);
             }
         }
         loop {
             // a hinted segment may sit where the model would put one: skip past it
-            let a = self.vas.place(size);
+            let a = self.vas.place(size)?;
             if !self.overlaps(a, size) {
                 self.live.insert(a, size);
-                return a;
+                return Some(a);
             }
         }
     }
@@ -127,7 +129,7 @@ const VA_TOP: u64 = 0x7f00_0000_0000;
 const VA_CHUNK: u64 = 32 << 20;
 
 impl VaSpace {
-    fn place(&mut self, size: u64) -> u64 {
+    fn place(&mut self, size: u64) -> Option<u64> {
         for (&base, (rsize, used)) in self.ranges.iter_mut() {
             let mut at = base;
             for (&a, &s) in used.iter() {
@@ -138,15 +140,16 @@ impl VaSpace {
             }
             if at + size <= base + *rsize {
                 used.insert(at, size);
-                return at;
+                return Some(at);
             }
         }
-        let rsize = size.div_ceil(VA_CHUNK) * VA_CHUNK;
+        let rsize = size.div_ceil(VA_CHUNK).checked_mul(VA_CHUNK)?;
         let below = self.ranges.keys().next().copied().unwrap_or(VA_TOP);
-        let base = (below - rsize) / VA_CHUNK * VA_CHUNK;
+        // nothing at address 0: the lowest range starts at one chunk at least
+        let base = below.checked_sub(rsize).filter(|&b| b >= VA_CHUNK)? / VA_CHUNK * VA_CHUNK;
         self.ranges
             .insert(base, (rsize, BTreeMap::from([(base, size)])));
-        base
+        Some(base)
     }
 
     fn free(&mut self, addr: u64) {
@@ -173,9 +176,10 @@ impl SegmentSource for SimSource {
         if size > self.capacity() - self.used {
             return None;
         }
-        self.used += size;
         let hint = self.malloc_hints.pop_front();
-        Some(self.place(size, hint))
+        let addr = self.place(size, hint)?;
+        self.used += size;
+        Some(addr)
     }
 
     fn free(&mut self, addr: u64, size: u64) {
@@ -186,7 +190,7 @@ impl SegmentSource for SimSource {
 
     fn reserve(&mut self, size: u64) -> Option<u64> {
         let hint = self.reserve_hints.pop_front();
-        Some(self.place(size, hint))
+        self.place(size, hint)
     }
 
     fn release(&mut self, base: u64, _size: u64) {

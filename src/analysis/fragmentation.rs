@@ -143,8 +143,10 @@ fn fill(s: &SegmentInfo) -> SegmentFill {
     // bytes per cell of each kind: [requested, slack, free]
     let mut cells = [[0u64; 3]; MAP_CELLS];
     let cell = s.total_size.div_ceil(MAP_CELLS as u64).max(1);
+    let total = s.total_size;
     let mut paint = |from: u64, len: u64, kind: usize| {
-        let (mut at, end) = (from, from + len);
+        // a block recorded past its segment's end paints only what lies inside it
+        let (mut at, end) = (from.min(total), from.saturating_add(len).min(total));
         while at < end {
             let c = ((at / cell) as usize).min(MAP_CELLS - 1);
             let cell_end = ((c as u64 + 1) * cell).min(end).max(at + 1);
@@ -155,14 +157,14 @@ fn fill(s: &SegmentInfo) -> SegmentFill {
     for b in &s.blocks {
         let off = b.address.saturating_sub(s.address);
         if b.state == BlockState::Inactive {
-            out.free += b.size;
+            out.free = out.free.saturating_add(b.size);
             out.free_blocks += 1;
             out.largest_free = out.largest_free.max(b.size);
             paint(off, b.size, 2);
         } else if b.state == BlockState::ActiveAllocated {
             let req = b.requested_size.min(b.size);
-            out.allocated += b.size;
-            out.requested += req;
+            out.allocated = out.allocated.saturating_add(b.size);
+            out.requested = out.requested.saturating_add(req);
             paint(off, req, 0);
             paint(off + req, b.size - req, 1);
         } else {
@@ -193,6 +195,20 @@ mod tests {
     use super::*;
     use crate::alloc::{AllocConf, SimAllocator, SimSource};
     use crate::units::{GIB, MIB};
+
+    #[test]
+    fn a_block_past_its_segment_paints_only_the_segment() {
+        // the map's loop advanced a byte per pass past the last cell: 2^63 bytes never ended
+        let mut a = SimAllocator::new(AllocConf::default(), SimSource::new(8 * GIB, 0));
+        a.malloc(64 * MIB, 0).unwrap();
+        let mut segs = a.snapshot();
+        segs[0].blocks[0].size = i64::MAX as u64;
+        segs[0].blocks[0].requested_size = 8;
+        let f = fill(&segs[0]);
+        assert_eq!(f.map.len(), MAP_CELLS);
+        // 8 bytes requested, the rest of the segment slack
+        assert_eq!(f.map, "+".repeat(MAP_CELLS));
+    }
 
     #[test]
     fn splits_free_space_into_internal_and_external() {

@@ -113,9 +113,11 @@ pub fn column_key(name: &str) -> Option<&'static str> {
 
 impl GroundTruth {
     pub fn load(path: &Path) -> Result<GroundTruth> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.into(),
-            source,
+        let text = crate::input::read_text(path, crate::input::Kind::Text).map_err(|source| {
+            Error::Read {
+                path: path.into(),
+                source,
+            }
         })?;
         Self::parse(&text, path)
     }

@@ -96,6 +96,23 @@ pub fn is_python_frame(tag: &str) -> bool {
 /// rest, unless `full` (every frame, C++ ones too). Other sites (gpumem's scopes and ops) are
 /// returned as they are.
 pub fn display_site(site: &str, full: bool, depth: usize) -> String {
+    let shown = shown_site(site, full, depth);
+    // a table wraps each cell in time that grows with the square of its length: a site of
+    // thousands of tags (a hostile or broken file) is cut, not wrapped for minutes
+    match shown.char_indices().nth(MAX_SITE_CHARS) {
+        Some((cut, _)) => format!(
+            "{} ... ({} more characters)",
+            &shown[..cut],
+            shown[cut..].chars().count()
+        ),
+        None => shown,
+    }
+}
+
+/// The most characters of a site a report shows.
+pub const MAX_SITE_CHARS: usize = 16_384;
+
+fn shown_site(site: &str, full: bool, depth: usize) -> String {
     let parts: Vec<&str> = site.split('/').collect();
     let frames = parts
         .iter()

@@ -123,11 +123,11 @@ pub struct RunArgs {
 
     /// The batch size (a preset's or config's `batch`, a script's `batch` parameter): the same
     /// as `--param batch=N`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub batch: Option<u64>,
 
     /// Tokens per sample (a config's or GPT preset's `seq`): the same as `--param seq=N`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub seq: Option<u64>,
 
     /// With a bare config: the optimizer (`[train] optimizer`).
@@ -145,7 +145,7 @@ pub struct RunArgs {
 
     /// Tokens `model.generate` makes after the prompt (a config's `[generate] new_tokens`): the
     /// same as `--param new_tokens=N`.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub new_tokens: Option<u64>,
 
     /// With a bare config: the weights' dtype, `fp32` or `bf16` (`[model] dtype`).
@@ -186,11 +186,11 @@ pub struct RunArgs {
     pub device: Option<String>,
 
     /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 
     /// Iterations of the body instead of the workload's.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub iterations: Option<u32>,
 
     /// Print one JSON object (iterations, marks, peak breakdown, memory_stats, oom).
@@ -388,7 +388,12 @@ pub struct CheckArgs {
     pub json: bool,
 
     /// How many categories and tag stacks to list under each regression.
-    #[arg(long, default_value_t = 3, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 3,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub top: usize,
 }
 
@@ -433,7 +438,7 @@ pub struct SummaryArgs {
     pub snapshots: Vec<PathBuf>,
 
     /// Show only this device (the N of cuda:N) of a snapshot that holds several.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
 
     /// Show whole call stacks, C++ frames included.
@@ -447,7 +452,12 @@ pub struct SummaryArgs {
     pub iteration_marker: Option<String>,
 
     /// How many sites to list.
-    #[arg(long, default_value_t = 10, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 10,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub top: usize,
 
     /// Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...).
@@ -517,7 +527,12 @@ pub struct DiffArgs {
     pub b: PathBuf,
 
     /// How many sites to list.
-    #[arg(long, default_value_t = 10, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 10,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub top: usize,
 
     /// Print markdown tables (for a pull-request comment).
@@ -530,7 +545,7 @@ pub struct DiffArgs {
 
     /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
     /// with the longest trace).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
 }
 
@@ -555,7 +570,7 @@ pub struct FitArgs {
     pub workload: PathBuf,
 
     /// The device's memory (e.g. 24GiB); default: the workload's capacity, or 80 GiB.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 
     /// The integer parameter to search (default: batch, or batch_size).
@@ -563,11 +578,11 @@ pub struct FitArgs {
     pub param: Option<String>,
 
     /// The largest value to try.
-    #[arg(long, default_value_t = 1 << 16, value_name = "N")]
+    #[arg(long, default_value_t = 1 << 16, value_name = "N", allow_hyphen_values = true)]
     pub max: i64,
 
     /// Iterations of each run instead of the workload's (fewer is faster; a leak needs more).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub iterations: Option<u32>,
 
     /// Only the workload as it is, no remedies.
@@ -602,12 +617,17 @@ pub struct PlotArgs {
 
     /// Points kept along the x axis: each is the highest memory of its stretch of events, so
     /// spikes such as the peak stay visible.
-    #[arg(long, default_value_t = 300, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 300,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub samples: usize,
 
     /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
     /// with the longest trace).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
 
     /// For a PyTorch snapshot: iterations are the calls of this function (as in `gpumem
@@ -670,7 +690,12 @@ pub struct ReplayArgs {
     pub torch_style: bool,
 
     /// How many mismatching steps to show in detail.
-    #[arg(long, default_value_t = 5, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 5,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub max_mismatches: usize,
 
     /// Use the simulator's own segment addresses (its model of the CUDA driver's address
@@ -680,12 +705,12 @@ pub struct ReplayArgs {
 
     /// For a snapshot: what the allocator may use (e.g. 79GiB). Default: the gpumem
     /// snapshot's device, or what a PyTorch trace's out-of-memory entries show.
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 
     /// For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one
     /// with the longest trace).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
 }
 
@@ -706,15 +731,30 @@ pub struct ReplayArgs {
 #[command(after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
     /// Repetitions of each pattern (each is timed; the median is reported).
-    #[arg(long, default_value_t = 5, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 5,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub repeat: usize,
 
     /// Passes over the size list per `pairs` repetition.
-    #[arg(long, default_value_t = 2000, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 2000,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub pairs_reps: usize,
 
     /// Passes over the size list per `batch` repetition.
-    #[arg(long, default_value_t = 500, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 500,
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     pub batch_reps: usize,
 
     /// Milliseconds of untimed work first, so the CPU is at speed when timing starts.
@@ -810,7 +850,7 @@ pub struct CompareTorchArgs {
     pub case: Vec<String>,
 
     /// The simulated device's capacity (default: 80GiB).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 
     /// Print JSON (every field of every iteration) instead of the table.

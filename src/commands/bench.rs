@@ -147,10 +147,13 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     let (torch, source): (TorchBench, String) = match &args.pytorch {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let text =
+                crate::input::read_text(path, crate::input::Kind::Text).map_err(|source| {
+                    Error::Read {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
             let t = serde_json::from_str(&text).map_err(|e| {
                 Error::input(
                     path,

@@ -70,7 +70,7 @@ fn command_line_table(tolerances: &[String], budgets: &[String]) -> Result<Check
 
 /// Reads the baseline; a missing file is an empty baseline only for `--update`.
 fn load_baseline(path: &Path, update: bool) -> Result<Baseline> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match crate::input::read_text(path, crate::input::Kind::Text) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && update => {
             return Ok(Baseline::default())

@@ -15,7 +15,7 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::report::compare_torch::{write_text, CaseRow, Estimate, FieldDiff};
 use crate::runner::{run, RunOptions};
-use crate::units::{parse_size, MIB};
+use crate::units::{parse_capacity, MIB};
 use crate::workload;
 
 /// The fields reference_models.py records per iteration, in its order.
@@ -354,17 +354,16 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
 
 pub fn run_cmd(args: &CompareTorchArgs, out: &mut dyn Write) -> Result<Outcome> {
     let capacity = match &args.capacity {
-        Some(s) => Some(parse_size(s).map_err(|m| Error::usage("--capacity", m))?),
+        Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
     };
-    if capacity == Some(0) {
-        return Err(Error::usage("--capacity", "must be more than 0 bytes"));
-    }
     let mut cases: Vec<(Value, &Path)> = Vec::new();
     for path in &args.models {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
+        let text = crate::input::read_text(path, crate::input::Kind::Text).map_err(|source| {
+            Error::Read {
+                path: path.clone(),
+                source,
+            }
         })?;
         let v: Value = serde_json::from_str(&text).map_err(|e| {
             Error::input(

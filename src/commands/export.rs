@@ -28,7 +28,7 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
         (ExportFormat::MemoryViz, Some(Raw::Pickle(p)))
             if p.kind(p.root()) == crate::trace::pickle::Kind::Dict =>
         {
-            std::fs::read(path).map_err(|source| Error::Read {
+            crate::input::read(path, crate::input::Kind::Data).map_err(|source| Error::Read {
                 path: path.clone(),
                 source,
             })?

@@ -11,7 +11,7 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::runner::remedies::{self, RemedyKind};
 use crate::runner::RunOptions;
-use crate::units::{format_bytes, parse_size};
+use crate::units::{format_bytes, parse_capacity};
 use crate::workload::{self, Overrides};
 
 struct Row {
@@ -25,12 +25,9 @@ struct Row {
 
 pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let capacity = match &args.capacity {
-        Some(s) => Some(parse_size(s).map_err(|m| Error::usage("--capacity", m))?),
+        Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
     };
-    if capacity == Some(0) {
-        return Err(Error::usage("--capacity", "must be more than 0 bytes"));
-    }
     if args.max < 1 {
         return Err(Error::usage("--max", "must be at least 1"));
     }

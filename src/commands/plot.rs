@@ -13,9 +13,11 @@ pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.samples < 2 {
         return Err(Error::usage("--samples", "must be at least 2"));
     }
-    let text = std::fs::read(&args.snapshot).map_err(|source| Error::Read {
-        path: args.snapshot.clone(),
-        source,
+    let text = crate::input::read(&args.snapshot, crate::input::Kind::Data).map_err(|source| {
+        Error::Read {
+            path: args.snapshot.clone(),
+            source,
+        }
     })?;
     let gpumem_run = std::str::from_utf8(&text)
         .ok()

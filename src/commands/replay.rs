@@ -35,7 +35,7 @@ fn is_allocator_trace(path: &std::path::Path) -> bool {
         format: Option<String>,
         segments: Option<serde::de::IgnoredAny>,
     }
-    match std::fs::read(path)
+    match crate::input::read(path, crate::input::Kind::Data)
         .ok()
         .and_then(|b| serde_json::from_slice::<Probe>(&b).ok())
     {
@@ -64,7 +64,9 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     // the device's memory: --capacity, else what the snapshot records (at an out-of-memory);
     // else no limit, and the report says out-of-memory errors are not judged
     let capacity = match &args.capacity {
-        Some(c) => Some(crate::units::parse_size(c).map_err(|m| Error::usage("--capacity", m))?),
+        Some(c) => {
+            Some(crate::units::parse_capacity(c).map_err(|m| Error::usage("--capacity", m))?)
+        }
         None => match (s.total_memory, s.context_overhead) {
             (Some(t), o) => Some(t.saturating_sub(o.unwrap_or(0))),
             (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events),

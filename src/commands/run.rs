@@ -11,19 +11,16 @@ use crate::error::{Error, Result};
 use crate::report;
 use crate::runner::remedies;
 use crate::runner::{run_on, RunOptions, Target};
-use crate::units::parse_size;
+use crate::units::parse_capacity;
 
 /// Points of the timeline kept for the picture.
 const PLOT_SAMPLES: usize = 300;
 
 pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     let capacity = match &args.capacity {
-        Some(s) => Some(parse_size(s).map_err(|m| Error::usage("--capacity", m))?),
+        Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
     };
-    if capacity == Some(0) {
-        return Err(Error::usage("--capacity", "must be more than 0 bytes"));
-    }
     if args.iterations == Some(0) {
         return Err(Error::usage("--iterations", "must be at least 1"));
     }

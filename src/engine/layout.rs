@@ -32,6 +32,21 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// Bytes of a contiguous tensor of `shape` and elements of `elem` bytes, or PyTorch's refusal
+/// when the count does not fit an `int64` (`computeStorageNbytes`).
+pub fn storage_nbytes(shape: &[usize], elem: u64) -> Result<u64, LayoutError> {
+    shape
+        .iter()
+        .try_fold(elem, |a, &d| a.checked_mul(d as u64))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| {
+            LayoutError(format!(
+                "Storage size calculation overflowed with sizes={}",
+                Dims(shape)
+            ))
+        })
+}
+
 /// `[2, 3]` as PyTorch prints sizes.
 pub struct Dims<'a>(pub &'a [usize]);
 
@@ -124,8 +139,10 @@ impl Layout {
         self.shape.len()
     }
 
+    /// The element count (saturating: a shape past `usize` is refused where storage is made,
+    /// by [`storage_nbytes`]).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
     /// PyTorch's `is_contiguous()`: row-major, ignoring dimensions of size 1.

@@ -193,8 +193,8 @@ impl<S: Device> Tensors<S> {
         dtype: DType,
         category: Category,
     ) -> Result<TensorId, EngineError> {
+        let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
         let layout = Layout::contiguous(shape);
-        let nbytes = layout.numel() as u64 * dtype.size();
         let rec = self.alloc.recorder_mut();
         rec.push_static(category.tag());
         let before = self.alloc.stats().allocated_bytes.all().current;

@@ -67,7 +67,8 @@ impl TensorFile {
         if meta.len() > MAX_FILE {
             return Err(format!("{shown}: larger than {} GiB", MAX_FILE >> 30));
         }
-        let bytes = std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?;
+        let bytes = crate::input::read(path, crate::input::Kind::Data)
+            .map_err(|e| format!("{shown}: {e}"))?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| format!("{shown}: not a safetensors file: {e}"))?;
         let mut entries = BTreeMap::new();

@@ -157,7 +157,13 @@ pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
             .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         return Ok(Some(Raw::Pickle(p)));
     }
-    let text = std::fs::read(path).map_err(read_err)?;
+    if n == 1 && !json_start(head[0]) {
+        return Err(bad(format!(
+            "neither a pickle nor JSON (line 1 column 1: it starts with byte {:#04x})",
+            head[0]
+        )));
+    }
+    let text = crate::input::read(path, crate::input::Kind::Data).map_err(read_err)?;
     let v: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
@@ -238,6 +244,12 @@ impl Snapshot {
 /// 0 and 1 with a container opcode.
 fn pickle_start(b: u8) -> bool {
     matches!(b, 0x80 | b'(' | b']' | b'}')
+}
+
+/// Whether a file starting with this byte may be JSON (an object or a list, after white space):
+/// anything else (a device of zeros, a binary file) is refused before it is read.
+fn json_start(b: u8) -> bool {
+    b.is_ascii_whitespace() || b == b'{' || b == b'['
 }
 
 fn load_from(
@@ -329,9 +341,19 @@ fn read_and_convert(
         let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name, which).map_err(bad);
         return r;
     }
+    // JSON starts with '{' or '[' after white space: anything else (a device of zeros, a
+    // binary file) is refused before it is read
+    if n == 1 && !json_start(head[0]) {
+        return Err(bad(format!(
+            "neither a pickle nor JSON (line 1 column 1: it starts with byte {:#04x}); gpumem reads gpumem \
+             snapshots (JSON), PyTorch snapshot pickles (torch.cuda.memory._dump_snapshot) and \
+             PyTorch snapshots saved as JSON",
+            head[0]
+        )));
+    }
     let mut text = Vec::new();
     text.extend_from_slice(&head[..n]);
-    f.read_to_end(&mut text).map_err(read_err)?;
+    crate::input::read_rest(&mut f, &mut text, crate::input::Kind::Data).map_err(read_err)?;
     let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
         bad(format!(
             "neither a pickle nor JSON ({e}); gpumem reads gpumem snapshots (JSON), PyTorch \

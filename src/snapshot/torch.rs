@@ -442,6 +442,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
         cache: FxHashMap::default(),
     };
     let mut segments = Vec::new();
+    // each segment's (end, index) by address
+    let mut seen: std::collections::BTreeMap<u64, (u64, usize)> = Default::default();
     for (i, s) in seg_list.iter().enumerate() {
         let at = |k: &str| format!("segments[{i}].{k}");
         if d.get(*s, "device").and_then(|v| d.int(v)).unwrap_or(0) as u32 != device {
@@ -456,6 +458,19 @@ fn device_snapshot<'a, D: Doc<'a>>(
         };
         let address = int("address")?;
         let total_size = int("total_size")?;
+        let seg_end = address
+            .checked_add(total_size)
+            .ok_or_else(|| format!("segments[{i}]: address + total_size overflows"))?;
+        // segments of one device never overlap: a list that repeats one (a shared object in a
+        // pickle, a hand-edited file) is refused here, before its blocks are copied again
+        if let Some((&a, &(end, k))) = seen.range(..seg_end).next_back() {
+            if end > address {
+                return Err(format!(
+                    "segments[{i}] (address {address:#x}, {total_size} bytes) overlaps segments[{k}] (address {a:#x})"
+                ));
+            }
+        }
+        seen.insert(address, (seg_end, i));
         let pool = match d.get(*s, "segment_type").and_then(|v| d.text(v)) {
             Some("small") => PoolKind::Small,
             _ => PoolKind::Large,
@@ -474,16 +489,29 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 let state = state(st).ok_or_else(|| {
                     format!("segments[{i}].blocks[{j}].state '{st}' is not a block state")
                 })?;
-                let baddr = d
-                    .get(b, "address")
-                    .and_then(|v| d.int(v))
-                    .map(|a| a as u64)
-                    .unwrap_or(offset);
-                let requested = d
-                    .get(b, "requested_size")
-                    .and_then(|v| d.int(v))
-                    .map(|v| v as u64)
-                    .unwrap_or(size);
+                let at = |k: &str| format!("segments[{i}].blocks[{j}].{k}");
+                let baddr = match d.get(b, "address").and_then(|v| d.int(v)) {
+                    Some(a) if a < 0 => return Err(format!("{} is negative", at("address"))),
+                    Some(a) => a as u64,
+                    None => offset,
+                };
+                let requested = match d.get(b, "requested_size").and_then(|v| d.int(v)) {
+                    Some(r) if r < 0 => {
+                        return Err(format!("{} is negative", at("requested_size")))
+                    }
+                    Some(r) => r as u64,
+                    None => size,
+                };
+                // blocks tile their segment in address order
+                match baddr.checked_add(size) {
+                    Some(end) if baddr >= offset && end <= seg_end => {}
+                    _ => {
+                        return Err(format!(
+                            "segments[{i}].blocks[{j}] (address {baddr:#x}, {size} bytes) {} its segment (address {address:#x}, {total_size} bytes)",
+                            if baddr < offset && j > 0 { "overlaps the block before it in" } else { "lies outside" }
+                        ))
+                    }
+                }
                 blocks.push(BlockInfo {
                     address: baddr,
                     size,

@@ -340,12 +340,8 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                     ))
                 }
             };
-            if bytes == 0 {
-                return Err(SyntaxError::new(
-                    at(v),
-                    "'capacity' must be more than 0 bytes (e.g. \"24GiB\")",
-                ));
-            }
+            crate::units::check_capacity(bytes)
+                .map_err(|m| SyntaxError::new(at(v), format!("'capacity' {m}")))?;
             Some(bytes)
         }
     };

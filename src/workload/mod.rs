@@ -95,10 +95,11 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
     if let Some(text) = config_workload(path, overrides) {
         return parse_with(&text, path, overrides);
     }
-    let bytes = std::fs::read(path).map_err(|source| Error::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        crate::input::read(path, crate::input::Kind::Text).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
     parse_bytes(&bytes, path, overrides)
 }
 

@@ -546,7 +546,7 @@ const ERRORS: &[(&str, &str)] = &[
     ),
     (
         "[workload]\nname = \"x\"\ncapacity = -1\nbody = \"f()\"\n",
-        "fixtures/x.toml: line 3 column 12: 'capacity' must be more than 0 bytes (e.g. \"24GiB\")",
+        "fixtures/x.toml: line 3 column 12: 'capacity' must be more than 0 bytes (e.g. 24GiB)",
     ),
     (
         "[workload]\nname = \"x\"\ndevice = \"gpu\"\nbody = \"f()\"\n",

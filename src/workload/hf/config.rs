@@ -54,7 +54,7 @@ pub(super) fn read(path: &Path) -> Result<Map<String, Value>, String> {
             meta.len()
         ));
     }
-    let text = std::fs::read_to_string(&path)
+    let text = crate::input::read_text(&path, crate::input::Kind::Text)
         .map_err(|e| format!("cannot read the config {shown}: {e}"))?;
     match serde_json::from_str::<Value>(&text) {
         Ok(Value::Object(m)) => Ok(m),
