@@ -43,8 +43,7 @@ fn limit_of(f: &std::fs::File, kind: Kind) -> io::Result<(u64, Option<u64>)> {
     let meta = f.metadata()?;
     let size = meta.is_file().then_some(meta.len());
     let limit = match (kind, size) {
-        (Kind::Text, Some(_)) => TEXT_LIMIT,
-        (Kind::Text, None) => TEXT_LIMIT.min(STREAM_LIMIT),
+        (Kind::Text, _) => TEXT_LIMIT,
         (Kind::Data, Some(_)) => u64::MAX,
         (Kind::Data, None) => STREAM_LIMIT,
     };

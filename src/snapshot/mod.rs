@@ -157,15 +157,8 @@ pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
             .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
         return Ok(Some(Raw::Pickle(p)));
     }
-    if n == 1 && !json_start(head[0]) {
-        return Err(bad(format!(
-            "neither a pickle nor JSON (line 1 column 1: it starts with byte {:#04x})",
-            head[0]
-        )));
-    }
-    let text = crate::input::read(path, crate::input::Kind::Data).map_err(read_err)?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let mut f = f;
+    let v = read_json(&mut f, &head[..n], read_err, bad)?;
     if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
         return Ok(None);
     }
@@ -246,10 +239,32 @@ fn pickle_start(b: u8) -> bool {
     matches!(b, 0x80 | b'(' | b']' | b'}')
 }
 
-/// Whether a file starting with this byte may be JSON (an object or a list, after white space):
-/// anything else (a device of zeros, a binary file) is refused before it is read.
-fn json_start(b: u8) -> bool {
-    b.is_ascii_whitespace() || b == b'{' || b == b'['
+/// The rest of a file that is not a pickle, whose first bytes are `head`, as JSON. JSON starts
+/// with '{' or '[' after white space: anything else (a device of zeros, a binary file) is
+/// refused before the rest is read.
+fn read_json(
+    f: &mut std::fs::File,
+    head: &[u8],
+    read_err: impl Fn(std::io::Error) -> Error,
+    bad: impl Fn(String) -> Error,
+) -> Result<serde_json::Value, Error> {
+    let not = |why: String| {
+        bad(format!(
+            "neither a pickle nor JSON ({why}); gpumem reads gpumem snapshots (JSON), PyTorch \
+             snapshot pickles (torch.cuda.memory._dump_snapshot) and PyTorch snapshots saved \
+             as JSON"
+        ))
+    };
+    if let Some(&b) = head.first() {
+        if !(b.is_ascii_whitespace() || b == b'{' || b == b'[') {
+            return Err(not(format!(
+                "line 1 column 1: it starts with byte {b:#04x}"
+            )));
+        }
+    }
+    let mut text = head.to_vec();
+    crate::input::read_rest(f, &mut text, crate::input::Kind::Data).map_err(read_err)?;
+    serde_json::from_slice(&text).map_err(|e| not(e.to_string()))
 }
 
 fn load_from(
@@ -341,26 +356,7 @@ fn read_and_convert(
         let r = torch::convert(&doc, p.root(), Format::TorchPickle, &name, which).map_err(bad);
         return r;
     }
-    // JSON starts with '{' or '[' after white space: anything else (a device of zeros, a
-    // binary file) is refused before it is read
-    if n == 1 && !json_start(head[0]) {
-        return Err(bad(format!(
-            "neither a pickle nor JSON (line 1 column 1: it starts with byte {:#04x}); gpumem reads gpumem \
-             snapshots (JSON), PyTorch snapshot pickles (torch.cuda.memory._dump_snapshot) and \
-             PyTorch snapshots saved as JSON",
-            head[0]
-        )));
-    }
-    let mut text = Vec::new();
-    text.extend_from_slice(&head[..n]);
-    crate::input::read_rest(&mut f, &mut text, crate::input::Kind::Data).map_err(read_err)?;
-    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
-        bad(format!(
-            "neither a pickle nor JSON ({e}); gpumem reads gpumem snapshots (JSON), PyTorch \
-             snapshot pickles (torch.cuda.memory._dump_snapshot) and PyTorch snapshots saved \
-             as JSON"
-        ))
-    })?;
+    let v = read_json(&mut f, &head[..n], read_err, bad)?;
     if v.get("format").and_then(|f| f.as_str()) == Some("gpumem-snapshot") {
         let s = torch::convert_gpumem(&v).map_err(bad)?;
         return Ok(match which {
