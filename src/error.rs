@@ -34,6 +34,11 @@ pub enum Error {
     /// A bad flag value: which flag, and what is wrong.
     #[error("{flag}: {message}")]
     Usage { flag: String, message: String },
+
+    // ---- signals ----
+    /// Ctrl-C or SIGTERM stopped the work (exit 130).
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl Error {

@@ -25,6 +25,7 @@ pub mod commands;
 pub mod engine;
 pub mod error;
 pub mod input;
+pub mod interrupt;
 pub mod report;
 pub mod runner;
 pub mod snapshot;

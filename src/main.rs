@@ -1,6 +1,6 @@
 //! The gpumem executable: parses the command line, sets up logging and the output's colour and
 //! width, runs the command, and is the only place that picks exit codes (0 ok, 1 a finding the
-//! user asked to fail on, 2 usage/input/I/O).
+//! user asked to fail on, 2 usage/input/I/O, 130 stopped by Ctrl-C or SIGTERM).
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -67,6 +67,7 @@ fn main() -> ExitCode {
         eprintln!("gpumem: error: {e:#}");
         return ExitCode::from(2);
     }
+    gpumem::interrupt::install();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = commands::run(&cli.command, &mut out);
     let flushed = out.flush();
@@ -85,6 +86,10 @@ fn main() -> ExitCode {
         Ok(Outcome::Finding) => ExitCode::from(1),
         Err(gpumem::error::Error::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
+        }
+        Err(gpumem::error::Error::Interrupted) => {
+            eprintln!("gpumem: interrupted");
+            ExitCode::from(130)
         }
         Err(e) => {
             // the error with its causes, outermost first ("cannot read X: permission denied")

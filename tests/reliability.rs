@@ -215,3 +215,174 @@ fn devices_given_as_files_are_refused_without_reading_them_whole() {
         "more than 256.00 MiB",
     );
 }
+
+#[test]
+fn counts_that_size_the_script_are_bounded_by_name() {
+    // iterations = 4294967295 grew by 3.4 KB per iteration; grad_accum = 2000000000 wrote its
+    // script once per micro-batch (7.5 GB); layers = 100000000 sized a buffer by it (4.8 GB)
+    refused(
+        &["run", MLP, "--param", "grad_accum=2000000000"],
+        "--param: 'grad_accum=2000000000': 'grad_accum' must be at most 1,024",
+    );
+    refused(
+        &["run", MLP, "--param", "layers=100000000"],
+        "'layers' must be at most 10,000",
+    );
+    refused(
+        &["run", MLP, "--iterations", "4294967295"],
+        "--iterations: must be at most 10,000",
+    );
+    refused(
+        &["fit", MLP, "--iterations", "20000"],
+        "--iterations: must be at most 10,000",
+    );
+    let d = Scratch::new("count_limits");
+    let w = d.write(
+        "w.toml",
+        "[workload]\nname = \"t\"\niterations = 4294967295\nbody = \"x = randn(4)\"\n",
+    );
+    refused(
+        &["run", w.to_str().unwrap()],
+        "line 3 column 14: 'iterations' must be at most 10,000",
+    );
+    let w = d.write(
+        "p.toml",
+        "[workload]\nname = \"t\"\n[model]\nkind = \"mlp\"\nd_in = 4\nhidden = 4\n\
+         layers = 20000\nd_out = 4\n[train]\nbatch = 2\noptimizer = \"sgd\"\n",
+    );
+    refused(
+        &["run", w.to_str().unwrap()],
+        "line 7 column 10: 'layers' in [model] must be at most 10,000",
+    );
+    let c = d.write(
+        "config.json",
+        r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
+            "num_hidden_layers": 100000000}"#,
+    );
+    refused(
+        &["run", c.to_str().unwrap(), "--batch", "1", "--seq", "8"],
+        "'num_hidden_layers' must be at most 10,000",
+    );
+}
+
+#[test]
+fn blocks_sharing_one_long_stack_are_summarized_once_per_stack() {
+    // 40,000 blocks sharing one 100,000-tag stack took 175 s to summarize (the stack was rebuilt,
+    // described and hashed per block); a JSON export of it would hold 28 billion values
+    let d = Scratch::new("shared_stack");
+    let snap = d.path("s.json");
+    let out = at_root(&["run", MLP, "--snapshot", snap.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let stacks = v["stacks"].as_array_mut().unwrap();
+    stacks.push(serde_json::json!((0..100_000)
+        .map(|i| format!("t{i}"))
+        .collect::<Vec<_>>()));
+    let k = stacks.len() - 1;
+    let mut seg = v["segments"][0].clone();
+    let (n, size) = (20_000u64, 512u64);
+    let base = seg["address"].as_u64().unwrap();
+    seg["blocks"] = (0..n)
+        .map(|i| {
+            serde_json::json!({"address": base + i * size, "size": size,
+                "requested_size": size, "state": "active_allocated", "stack": k})
+        })
+        .collect();
+    for key in [
+        "total_size",
+        "allocated_size",
+        "active_size",
+        "requested_size",
+    ] {
+        seg[key] = (n * size).into();
+    }
+    v["segments"] = serde_json::json!([seg]);
+    std::fs::write(&snap, v.to_string()).unwrap();
+    let out = at_root(&["summary", snap.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let live = s["live_by_site"].as_array().expect("live_by_site");
+    let shared = live
+        .iter()
+        .find(|r| r["blocks"] == n)
+        .expect("the 20,000 blocks are one site");
+    assert_eq!(shared["bytes"], n * size);
+    let json = d.path("e.json");
+    refused(
+        &[
+            "export",
+            snap.to_str().unwrap(),
+            "--to",
+            "torch-json",
+            "-o",
+            json.to_str().unwrap(),
+        ],
+        "export it with --to memory-viz",
+    );
+    assert!(!json.exists());
+    let pickle = d.path("e.pickle");
+    let out = at_root(&[
+        "export",
+        snap.to_str().unwrap(),
+        "--to",
+        "memory-viz",
+        "-o",
+        pickle.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_run_with_130_and_leaves_the_old_output() {
+    let d = Scratch::new("interrupt");
+    let w = d.write(
+        "w.toml",
+        "[workload]\nname = \"long\"\niterations = 10000\nbody = \"\"\"\n\
+         for i in range(1000000) {\n  x = randn(1024)\n}\n\"\"\"\n",
+    );
+    let snap = d.write("old.json", "the user's earlier snapshot");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+        .args([
+            "run",
+            w.to_str().unwrap(),
+            "--snapshot",
+            snap.to_str().unwrap(),
+            "-v",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the first iteration's debug line says it is in the loop (the handler is installed
+    // before the command starts)
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("iteration done") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "gpumem ended before its first iteration");
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(rest.contains("gpumem: interrupted"), "{rest}");
+    assert_eq!(
+        std::fs::read_to_string(&snap).unwrap(),
+        "the user's earlier snapshot"
+    );
+    let left: Vec<_> = std::fs::read_dir(&d.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".gpumem-"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}

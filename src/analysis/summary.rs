@@ -284,17 +284,25 @@ pub fn summarize(
         )
     });
     let frag = fragmentation::analyze(segments);
-    let mut live: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    // summed per stack first, then per site: a site is described (and hashed) once per
+    // stack, however many blocks share it
+    let mut per_stack: FxHashMap<StackId, (u64, u64)> = FxHashMap::default();
     for s in segments {
         for b in s
             .blocks
             .iter()
             .filter(|b| b.state == BlockState::ActiveAllocated)
         {
-            let e = live.entry(site_of(tags, b.stack, full)).or_default();
+            let e = per_stack.entry(b.stack).or_default();
             e.0 += b.size;
             e.1 += 1;
         }
+    }
+    let mut live: FxHashMap<String, (u64, u64)> = FxHashMap::default();
+    for (stack, (bytes, n)) in per_stack {
+        let e = live.entry(site_of(tags, stack, full)).or_default();
+        e.0 += bytes;
+        e.1 += n;
     }
     Summary {
         large: pool_state(segments, Some(PoolKind::Large)),
@@ -552,6 +560,8 @@ fn trace_summary(
         e.1 += 1;
         by_cat.entry("other".into()).or_default().0 += b;
     }
+    // summed per stack first, as for the live blocks
+    let mut untraced: FxHashMap<StackId, (u64, u64)> = FxHashMap::default();
     for s in segments {
         for b in s
             .blocks
@@ -559,15 +569,20 @@ fn trace_summary(
             .filter(|b| b.state == BlockState::ActiveAllocated)
         {
             if !allocated_in_trace.contains(b.address) {
-                let e = by_site.entry(site_of(tags, b.stack, full)).or_default();
+                let e = untraced.entry(b.stack).or_default();
                 e.0 += b.size;
                 e.1 += 1;
-                let cat = describe(&tags.resolve(b.stack))
-                    .category
-                    .unwrap_or_else(|| "other".into());
-                by_cat.entry(cat).or_default().0 += b.size;
             }
         }
+    }
+    for (stack, (bytes, n)) in untraced {
+        let e = by_site.entry(site_of(tags, stack, full)).or_default();
+        e.0 += bytes;
+        e.1 += n;
+        let cat = describe(&tags.resolve(stack))
+            .category
+            .unwrap_or_else(|| "other".into());
+        by_cat.entry(cat).or_default().0 += bytes;
     }
     let peak_reserved = reserved_peak(segments, events);
     use rayon::prelude::*;

@@ -51,8 +51,12 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
             serde_json::to_vec(&v).map_err(std::io::Error::from)?
         }
         (ExportFormat::TorchJson, None) => {
-            serde_json::to_vec(&export::w_to_json(&export::torch_snapshot(first)))
-                .map_err(std::io::Error::from)?
+            let w = export::torch_snapshot(first);
+            let n = export::expanded_len(&w, &mut Default::default());
+            if n > crate::snapshot::MAX_JSON_VALUES {
+                return Err(bad(crate::snapshot::too_many_json_values(n)));
+            }
+            serde_json::to_vec(&export::w_to_json(&w)).map_err(std::io::Error::from)?
         }
         (ExportFormat::Perfetto, _) => {
             serde_json::to_vec(&export::perfetto(&snaps)).map_err(std::io::Error::from)?

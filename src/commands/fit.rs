@@ -31,9 +31,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.max < 1 {
         return Err(Error::usage("--max", "must be at least 1"));
     }
-    if args.iterations == Some(0) {
-        return Err(Error::usage("--iterations", "must be at least 1"));
-    }
+    super::check_iterations(args.iterations)?;
     let base = Overrides {
         env_alloc_conf: super::env_alloc_conf(&|k| std::env::var(k).ok())?,
         ..Overrides::default()

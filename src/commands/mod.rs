@@ -51,9 +51,29 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = builder.tempfile_in(dir).map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
+    // stopped while writing: the temporary file goes (dropped) and the target stays as it was
+    crate::interrupt::check()?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     tracing::debug!(path = %path.display(), bytes = bytes.len(), "wrote");
     Ok(())
+}
+
+/// `--iterations N`: at least 1, at most the bound a workload's `iterations` has.
+pub fn check_iterations(n: Option<u32>) -> Result<()> {
+    let Some(n) = n else { return Ok(()) };
+    if n == 0 {
+        return Err(crate::error::Error::usage(
+            "--iterations",
+            "must be at least 1",
+        ));
+    }
+    match crate::workload::limits::exceeded("iterations", n.into()) {
+        Some(why) => Err(crate::error::Error::usage(
+            "--iterations",
+            format!("must be at most {why}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `--param NAME=VALUE` flags and `--alloc-conf` as workload overrides (checked here; the
@@ -73,6 +93,15 @@ pub fn parse_overrides(
         let v: i64 = v.trim().replace('_', "").parse().map_err(|_| {
             crate::error::Error::usage("--param", format!("'{p}': the value must be an integer"))
         })?;
+        if let Some(why) = u64::try_from(v)
+            .ok()
+            .and_then(|n| crate::workload::limits::exceeded(k.trim(), n))
+        {
+            return Err(crate::error::Error::usage(
+                "--param",
+                format!("'{p}': '{}' must be at most {why}", k.trim()),
+            ));
+        }
         o.params.push((k.trim().to_string(), v));
     }
     if let Some(c) = alloc_conf {

@@ -21,9 +21,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
     };
-    if args.iterations == Some(0) {
-        return Err(Error::usage("--iterations", "must be at least 1"));
-    }
+    super::check_iterations(args.iterations)?;
     let mut params = args.params.clone();
     for (k, v) in [
         ("batch", args.batch),

@@ -182,6 +182,30 @@ pub fn torch_snapshot(snap: &Snapshot) -> W {
     ])
 }
 
+/// How many values `w` holds with every shared object counted at each use (as JSON writes
+/// it), each shared object's count computed once; saturating.
+pub fn expanded_len(w: &W, memo: &mut FxHashMap<*const W, u64>) -> u64 {
+    match w {
+        W::List(v) | W::Tuple(v) => v
+            .iter()
+            .fold(1u64, |n, x| n.saturating_add(expanded_len(x, memo))),
+        W::Dict(kv) => kv.iter().fold(1u64, |n, (k, x)| {
+            n.saturating_add(expanded_len(k, memo))
+                .saturating_add(expanded_len(x, memo))
+        }),
+        W::Shared(r) => {
+            let key = Rc::as_ptr(r);
+            if let Some(&n) = memo.get(&key) {
+                return n;
+            }
+            let n = expanded_len(r, memo);
+            memo.insert(key, n);
+            n
+        }
+        _ => 1,
+    }
+}
+
 /// The same dict as JSON (PyTorch's snapshot saved as JSON).
 pub fn w_to_json(w: &W) -> Value {
     match w {

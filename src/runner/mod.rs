@@ -67,6 +67,8 @@ impl Target {
 enum Stop {
     Script(Span, String),
     Oom(Span, Box<OutOfMemory>),
+    /// Ctrl-C or SIGTERM (checked before each statement).
+    Interrupted,
 }
 
 type Flow<T> = Result<T, Stop>;
@@ -224,6 +226,7 @@ pub fn run_on(
     }
     match setup {
         Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
+        Err(Stop::Interrupted) => return Err(Error::Interrupted),
         Err(Stop::Oom(span, e)) => {
             oom = Some(RunOom {
                 error: *e,
@@ -272,6 +275,7 @@ pub fn run_on(
             progress(it + 1, iters);
             match res {
                 Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
+                Err(Stop::Interrupted) => return Err(Error::Interrupted),
                 Err(Stop::Oom(span, e)) => {
                     oom = Some(RunOom {
                         error: *e,
@@ -411,6 +415,9 @@ impl Runner {
     }
 
     fn stmt(&mut self, s: &Stmt) -> Flow<()> {
+        if crate::interrupt::requested() {
+            return Err(Stop::Interrupted);
+        }
         tracing::trace!(
             line = s.span.line,
             allocated = self.dev.alloc.stats().allocated_bytes.all().current,

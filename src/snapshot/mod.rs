@@ -12,7 +12,7 @@ mod iterations;
 mod raw;
 mod torch;
 
-pub use raw::Raw;
+pub use raw::{too_many_json_values, Raw, MAX_JSON_VALUES};
 
 use std::io::Read;
 use std::path::Path;
@@ -141,6 +141,15 @@ pub fn load_devices_with(
     load_from(path, if big { threads.max(1) } else { 1 }, None, which)
 }
 
+/// A pickle the reader gave up on: stopped by Ctrl-C, or not readable.
+fn unreadable(e: crate::trace::pickle::PickleError, bad: impl Fn(String) -> Error) -> Error {
+    if crate::interrupt::requested() {
+        Error::Interrupted
+    } else {
+        bad(format!("not a readable pickle: {e}"))
+    }
+}
+
 /// A PyTorch snapshot file's document as written (a pickle read whole, or its JSON), for
 /// exports that keep everything; `None` for a gpumem snapshot.
 pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
@@ -154,7 +163,7 @@ pub fn load_raw(path: &Path) -> Result<Option<Raw>, Error> {
     let n = (&f).read(&mut head).map_err(read_err)?;
     if n == 1 && pickle_start(head[0]) {
         let p = crate::trace::pickle::read_file(&f, 1, 1 << 20, None, None)
-            .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+            .map_err(|e| unreadable(e, bad))?;
         return Ok(Some(Raw::Pickle(p)));
     }
     let mut f = f;
@@ -349,7 +358,7 @@ fn read_and_convert(
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        let p = p.map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+        let p = p.map_err(|e| unreadable(e, bad))?;
         let mut p = p;
         let runs = p.take_projected();
         let doc = torch::PickleDoc::new(&p, runs);

@@ -22,10 +22,18 @@ pub enum Raw {
 
 impl Raw {
     /// The document as JSON (shared objects written out at each use, as `json.dump` does).
+    /// Refused when that would hold more than [`MAX_JSON_VALUES`] values: a pickle whose
+    /// objects are shared many times over grows without bound when written out.
     pub fn to_json(&self) -> Result<Json, String> {
         match self {
             Raw::Json(v) => Ok(v.clone()),
-            Raw::Pickle(p) => pickle_json(p, p.root(), 0),
+            Raw::Pickle(p) => {
+                let n = expanded_len(p, p.root(), 0, &mut FxHashMap::default())?;
+                if n > MAX_JSON_VALUES {
+                    return Err(too_many_json_values(n));
+                }
+                pickle_json(p, p.root(), 0)
+            }
         }
     }
 
@@ -53,6 +61,52 @@ impl Raw {
             other => other,
         })
     }
+}
+
+/// The most values a JSON export may hold (about 2-4 GB of JSON): past it, the file's shared
+/// objects would be written out once per use.
+pub const MAX_JSON_VALUES: u64 = 64 << 20;
+
+/// The error for a JSON export of `n` values.
+pub fn too_many_json_values(n: u64) -> String {
+    format!(
+        "written as JSON this snapshot would hold {n} values, more than {MAX_JSON_VALUES}: \
+         objects it shares (stacks shared by many blocks) are written out at every use in \
+         JSON; export it with --to memory-viz, whose pickle keeps them shared"
+    )
+}
+
+/// How many values `v` holds with every shared object counted at each use (as JSON writes
+/// it), each object's count computed once; saturating.
+fn expanded_len(
+    p: &Pickle,
+    v: Value,
+    depth: usize,
+    memo: &mut FxHashMap<Value, u64>,
+) -> Result<u64, String> {
+    if depth > MAX_DEPTH {
+        return Err(too_deep());
+    }
+    if let Some(&n) = memo.get(&v) {
+        return Ok(n);
+    }
+    let mut n: u64 = 1;
+    match p.kind(v) {
+        Kind::List | Kind::Tuple => {
+            for x in p.items(v) {
+                n = n.saturating_add(expanded_len(p, x, depth + 1, memo)?);
+            }
+        }
+        Kind::Dict => {
+            for (_, x) in p.entries(v) {
+                n = n.saturating_add(expanded_len(p, x, depth + 1, memo)?);
+            }
+        }
+        Kind::Bytes => n = n.saturating_add(p.bytes(v).map_or(0, |b| b.len() as u64)),
+        _ => return Ok(1),
+    }
+    memo.insert(v, n);
+    Ok(n)
 }
 
 fn too_deep() -> String {

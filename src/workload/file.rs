@@ -296,7 +296,15 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
         None => preset.as_ref().map_or(1, |(_, p)| p.iterations),
         Some(v) => match v.get_ref() {
             Value::Integer(i) => match u32::try_from(*i) {
-                Ok(n) if n >= 1 => n,
+                Ok(n) if n >= 1 => match super::limits::exceeded("iterations", n.into()) {
+                    None => n,
+                    Some(why) => {
+                        return Err(SyntaxError::new(
+                            at(v),
+                            format!("'iterations' must be at most {why}"),
+                        ))
+                    }
+                },
                 _ if *i < 1 => {
                     return Err(SyntaxError::new(
                         at(v),

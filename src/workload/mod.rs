@@ -62,6 +62,7 @@ mod error;
 mod file;
 mod hf;
 mod lexer;
+pub mod limits;
 mod parser;
 mod preset;
 mod source;

@@ -165,7 +165,16 @@ impl Reader<'_> {
                 )
             }),
             Some(v) => match v.get_ref() {
-                Value::Integer(i) if *i >= 1 => Ok(u64::try_from(*i).unwrap_or(1)),
+                Value::Integer(i) if *i >= 1 => {
+                    let n = u64::try_from(*i).unwrap_or(1);
+                    match super::limits::exceeded(key, n) {
+                        None => Ok(n),
+                        Some(why) => Err(SyntaxError::new(
+                            self.pos(v),
+                            format!("'{key}' in [{}] must be at most {why}", self.name),
+                        )),
+                    }
+                }
                 Value::Integer(i) => Err(SyntaxError::new(
                     self.pos(v),
                     format!("'{key}' in [{}] must be at least 1, found {i}", self.name),

@@ -65,6 +65,13 @@ impl<T: Read> Input<T> {
     /// Makes `need` (at most `BUF`) bytes available at `pos`, or fails with `Eof`.
     #[cold]
     pub(super) fn fill(&mut self, need: usize) -> R<()> {
+        // once per buffer (1 MiB): Ctrl-C stops a long read within a few milliseconds
+        if crate::interrupt::requested() {
+            return Err(io_err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "interrupted",
+            )));
+        }
         if self.pos + need > self.buf.len() {
             self.buf.copy_within(self.pos..self.end, 0);
             self.base += self.pos as u64;

@@ -372,7 +372,10 @@ fn int(m: &Map<String, Value>, path: &Path, key: &str, default: u64) -> Result<u
     match m.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Number(n)) => match n.as_u64() {
-            Some(v) if v >= 1 => Ok(v),
+            Some(v) if v >= 1 => match super::super::limits::exceeded(key, v) {
+                None => Ok(v),
+                Some(why) => Err(format!("{}: '{key}' must be at most {why}", path.display())),
+            },
             _ => Err(format!(
                 "{}: '{key}' must be a positive integer, found {n}",
                 path.display()

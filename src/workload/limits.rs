@@ -1,0 +1,70 @@
+//! Upper bounds on the counts that size a workload's generated script or the records kept
+//! per step. Sizes (batch, hidden, seq) need none: their products are checked arithmetic and
+//! a tensor past the device ends in PyTorch's out-of-memory. Counts are different: a typo of a
+//! few extra digits in `iterations`, `layers` or `grad_accum` would otherwise mean minutes of
+//! work and gigabytes of script or per-iteration rows before anything is reported.
+
+/// A count key, its largest accepted value, and why the bound is harmless.
+pub struct Limit {
+    pub key: &'static str,
+    pub max: u64,
+    pub why: &'static str,
+}
+
+/// Every bounded count, by the key that sets it (in `[train]`, `[model]`, `[workload]` or a
+/// Hugging Face config).
+pub const LIMITS: &[Limit] = &[
+    Limit {
+        key: "iterations",
+        max: 10_000,
+        why: "gpumem keeps a row per iteration; a leak shows within a few",
+    },
+    Limit {
+        key: "grad_accum",
+        max: 1_024,
+        why: "the script holds each micro-batch",
+    },
+    Limit {
+        key: "layers",
+        max: 10_000,
+        why: "the script holds each layer",
+    },
+    Limit {
+        key: "num_hidden_layers",
+        max: 10_000,
+        why: "the script holds each layer",
+    },
+    Limit {
+        key: "n_layer",
+        max: 10_000,
+        why: "the script holds each layer",
+    },
+];
+
+/// `None` when `value` is within `key`'s bound (or `key` has none), else the reason to put
+/// after "'KEY' must be at most ...".
+pub fn exceeded(key: &str, value: u64) -> Option<String> {
+    let l = LIMITS.iter().find(|l| l.key == key)?;
+    (value > l.max).then(|| {
+        format!(
+            "{} ({}), found {value}",
+            crate::units::group_digits(l.max),
+            l.why
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_say_the_limit_and_the_value() {
+        assert_eq!(exceeded("iterations", 10_000), None);
+        assert_eq!(exceeded("batch", u64::MAX), None);
+        let m = exceeded("iterations", 4_294_967_295).unwrap();
+        assert!(m.starts_with("10,000 ("), "{m}");
+        assert!(m.ends_with("found 4294967295"), "{m}");
+        assert!(exceeded("grad_accum", 1_025).is_some());
+    }
+}
