@@ -699,9 +699,9 @@ e[0] = 3
 e[1] = 7
 m = isin(arange(10), e)
 c = m.sum()
-x = full(fill_value=6, dtype=int64)
-y = full(fill_value=3, dtype=int64)
-n = full(fill_value=v.numel())
+x = full([], fill_value=6, dtype=int64)
+y = full([], fill_value=3, dtype=int64)
+n = full([], fill_value=v.numel())
 r1 = (a * 1).item()
 r2 = (c * 10).item()
 r3 = (bitwise_and(x, y) * 100).item()

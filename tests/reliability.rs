@@ -386,3 +386,46 @@ fn ctrl_c_stops_a_run_with_130_and_leaves_the_old_output() {
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
+
+#[test]
+fn scripts_are_checked_as_pytorch_checks_them_before_it_allocates() {
+    let d = Scratch::new("semantics");
+    for (body, want) in [
+        ("x = randn()", "randn() received an invalid combination of arguments - got ()"),
+        (
+            "x = randn(2, 3, requires_grad=true)\ny = x * 2\ny.backward()",
+            "grad can be implicitly created only for scalar outputs",
+        ),
+        (
+            "x = randn(2, 3, requires_grad=true)\ny = x * 2\nopt = adam([y])",
+            "can't optimize a non-leaf Tensor",
+        ),
+        (
+            "x = randn(4, 8)\nw = randn(7)\ny = layer_norm(x, w)",
+            "Expected weight to be of same shape as normalized_shape, but got weight of shape [7] and normalized_shape = [8]",
+        ),
+        (
+            "q = randn(2, 4, 16, 8)\nk = randn(2, 4, 12, 8)\nv = randn(2, 4, 10, 8)\n\
+             y = scaled_dot_product_attention(q, k, v)",
+            "key and value must have the same sequence length, got 12 and 10",
+        ),
+        (
+            "q = randn(2, 4, 16, 8)\nk = randn(2, 4, 12, 6)\nv = randn(2, 4, 12, 8)\n\
+             y = scaled_dot_product_attention(q, k, v)",
+            "query and key must have the same head size",
+        ),
+        (
+            "q = randn(2, 4, 16, 8)\nk = randn(2, 0, 12, 8)\nv = randn(2, 0, 12, 8)\n\
+             y = scaled_dot_product_attention(q, k, v, enable_gqa=true)",
+            "must be a multiple of the key's 0",
+        ),
+    ] {
+        refused(&["run", &script(&d, body)], want);
+    }
+    // a 0-dim tensor is asked for with an empty shape, as in PyTorch
+    let out = at_root(&[
+        "run",
+        &script(&d, "x = randn([])\ny = full([], fill_value=2)"),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+}

@@ -505,3 +505,33 @@ fn issue6_a_truncated_large_pickle_is_refused_the_same_way_in_parallel() {
         assert!(String::from_utf8_lossy(&o.stderr).contains(&one));
     }
 }
+
+/// A memo fetch of an entry never stored, in the value of a key the parallel reader does not
+/// keep (`compile_context`), was accepted on several cores and refused on one (issue 16).
+#[test]
+#[allow(clippy::err_expect)] // expect_err would print the whole snapshot
+fn issue16_a_memo_fetch_never_stored_is_refused_by_both_readers() {
+    let tmp = Scratch::new("par-memo");
+    let mut bytes =
+        std::fs::read(root().join("fixtures/snapshots/grown_mlp_leak_x8.pickle")).unwrap();
+    // `compile_context` is memo entry 444 in this file: its key fetched, then its value
+    let key = [b'j', 0xbc, 0x01, 0x00, 0x00, b'j'];
+    let at = bytes
+        .windows(key.len())
+        .rposition(|w| w == key)
+        .expect("a compile_context value fetched from the memo");
+    assert!(at > bytes.len() / 2, "in a worker's chunk");
+    bytes[at + 6..at + 10].copy_from_slice(&0x7fff_fff0u32.to_le_bytes());
+    let p = tmp.path("bad_memo.pickle");
+    std::fs::write(&p, &bytes).unwrap();
+    let one = gpumem::snapshot::load_with(&p, 1, None)
+        .err()
+        .expect("refused on one core")
+        .to_string();
+    let par = gpumem::snapshot::load_with(&p, 4, Some(64 << 10))
+        .err()
+        .expect("refused on four cores")
+        .to_string();
+    assert!(one.contains("memo"), "{one}");
+    assert_eq!(one, par);
+}

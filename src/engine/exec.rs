@@ -644,7 +644,36 @@ impl<S: Device> Tensors<S> {
                 "scaled_dot_product_attention expects [B, H, L, D] tensors".into(),
             ));
         }
-        let (hq, hk, hv) = (sq[1], self.shape(k)[1], self.shape(v)[1]);
+        let (sk, sv) = (self.shape(k).to_vec(), self.shape(v).to_vec());
+        let (dq, dk, dv) = (self.dtype(q), self.dtype(k), self.dtype(v));
+        if dq != dk || dq != dv {
+            return Err(EngineError::Invalid(format!(
+                "Expected query, key, and value to have the same dtype, but got query.dtype: \
+                 {dq} key.dtype: {dk} and value.dtype: {dv} instead."
+            )));
+        }
+        if sq[0] != sk[0] || sq[0] != sv[0] {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention: query, key and value must have the same batch \
+                 size, got {}, {} and {}",
+                sq[0], sk[0], sv[0]
+            )));
+        }
+        if sk[2] != sv[2] {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention: key and value must have the same sequence \
+                 length, got {} and {}",
+                sk[2], sv[2]
+            )));
+        }
+        if sq[3] != sk[3] {
+            return Err(EngineError::Invalid(format!(
+                "scaled_dot_product_attention: query and key must have the same head size (last \
+                 dimension), got {} and {}",
+                sq[3], sk[3]
+            )));
+        }
+        let (hq, hk, hv) = (sq[1], sk[1], sv[1]);
         if hk != hv {
             return Err(EngineError::Invalid(format!(
                 "scaled_dot_product_attention: key and value must have the same number of heads, got {hk} and {hv}"
@@ -655,7 +684,7 @@ impl<S: Device> Tensors<S> {
                 "scaled_dot_product_attention: the query has {hq} heads and the key {hk}: pass enable_gqa=true for grouped-query attention"
             )));
         }
-        if hq % hk != 0 {
+        if hq.checked_rem(hk) != Some(0) {
             return Err(EngineError::Invalid(format!(
                 "scaled_dot_product_attention with enable_gqa: the query's {hq} heads must be a multiple of the key's {hk}"
             )));

@@ -34,6 +34,7 @@ impl Runner {
             args: Vec::with_capacity(e.params.len()),
             list: Vec::new(),
             list_ints: true,
+            list_given: false,
             tensors: Vec::new(),
         };
         for (k, _) in &a.kw {
@@ -190,6 +191,7 @@ impl Runner {
                 }
                 (Param::Sizes(_) | Param::Numbers(_), _) => {
                     let rest: Vec<&Value> = (next.min(npos)..npos).filter_map(pos_at).collect();
+                    bound.list_given = !rest.is_empty();
                     let flat: Vec<&Value> = match rest[..] {
                         [Value::List(items)] if matches!(p, Param::Sizes(_)) => {
                             items.iter().collect()

@@ -255,6 +255,17 @@ fn rt_backward(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Valu
     let _ = (&span, recv, a);
     let t = tensor_of(recv);
     let retain = Runner::bool_kw(span, a, "retain_graph", false)?;
+    // PyTorch's `_make_grads`: only a one-element output gets its implicit gradient of 1
+    if me.dev.info(t).requires_grad && me.dev.shape(t).iter().product::<usize>() != 1 {
+        return script(
+            span,
+            format!(
+                "grad can be implicitly created only for scalar outputs (this tensor has shape \
+                 {:?}: reduce it first, e.g. loss.sum().backward() or loss.mean().backward())",
+                me.dev.shape(t)
+            ),
+        );
+    }
     if me.current.after_forward.is_none() && me.iteration.is_some() {
         me.current.after_forward = Some(me.allocated());
     }
@@ -453,6 +464,13 @@ impl Runner {
         for &p in &params {
             if !self.dev.info(p).requires_grad {
                 return script(span, "can't optimize a tensor that does not require grad");
+            }
+            if self.dev.info(p).grad_fn.is_some() {
+                return script(
+                    span,
+                    "can't optimize a non-leaf Tensor (it is the result of an op: optimize \
+                     the tensors it was computed from, made with requires_grad=true)",
+                );
             }
         }
         for (k, _) in &a.kw {

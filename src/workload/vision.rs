@@ -336,7 +336,7 @@ fn resnet(a: &Arch, r: &Run) -> (String, String) {
                 let _ = writeln!(s, "  {v}_rv = ones({c}, from=\"{path}.running_var\")");
                 let _ = writeln!(
                     s,
-                    "  {v}_nbt = zeros(dtype=int64, from=\"{path}.num_batches_tracked\")"
+                    "  {v}_nbt = zeros([], dtype=int64, from=\"{path}.num_batches_tracked\")"
                 );
                 let _ = writeln!(s, "}}");
                 params.push(format!("{v}_w"));

@@ -221,6 +221,14 @@ fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
 }
 
 fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+    // `torch.randn()` is a TypeError; `torch.randn([])` a 0-dim tensor
+    if !b.list_given && name != "arange" {
+        return Err(format!(
+            "{name}() received an invalid combination of arguments - got (), but expected \
+             (tuple of ints size): give the shape, e.g. {name}(2, 3) ({name}([]) is a 0-dim \
+             tensor)"
+        ));
+    }
     let (fill, shape) = match name {
         "full" => {
             let v = b.float(1).ok_or("full expects (size, fill_value)")?;
@@ -304,10 +312,10 @@ fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         inputs: vec![
             b.tensor(0).ok_or("where expects a condition tensor")?,
             b.tensor(1).ok_or(
-                "where expects tensors (make a number a 0-dim tensor: full(fill_value=v))",
+                "where expects tensors (make a number a 0-dim tensor: full([], fill_value=v))",
             )?,
             b.tensor(2).ok_or(
-                "where expects tensors (make a number a 0-dim tensor: full(fill_value=v))",
+                "where expects tensors (make a number a 0-dim tensor: full([], fill_value=v))",
             )?,
         ],
     })

@@ -582,7 +582,20 @@ impl Op {
                 broadcast(first.0, m.0).map(|s| ((s, first.1), vec![]))
             }
             Op::Dropout { .. } => Ok((same(), vec![(first.0.to_vec(), DType::Bool)])),
-            Op::Norm(n) => n.outputs(*first),
+            Op::Norm(n) => {
+                // the weight and bias cover the last dimension (PyTorch's normalized_shape)
+                let d = first.0.last().copied().unwrap_or(0);
+                for (m, what) in ins[1..].iter().zip(["weight", "bias"]) {
+                    if m.0 != [d] {
+                        return Some(Err(LayoutError(format!(
+                            "Expected {what} to be of same shape as normalized_shape, but got \
+                             {what} of shape {:?} and normalized_shape = [{d}]",
+                            m.0
+                        ))));
+                    }
+                }
+                n.outputs(*first)
+            }
             Op::Cat { dim } => {
                 // the widest dtype (a cache's empty float32 buffer makes bf16 values float32)
                 let dtype = ins.iter().fold(first.1, |d, m| promote(d, m.1));

@@ -97,6 +97,8 @@ pub struct Bound<T> {
     pub list: Vec<f64>,
     /// Whether every number of `list` was written as an integer.
     pub list_ints: bool,
+    /// Whether the variadic parameter was given at all (`f()` against `f([])`).
+    pub list_given: bool,
     /// The tensors of a list parameter.
     pub tensors: Vec<T>,
 }

@@ -41,6 +41,9 @@ use std::io::{self, Read};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+/// The slot of a fix-up that only checks its memo fetch (the value of a key not projected).
+const UNREAD: u16 = u16::MAX;
+
 /// Reads `f` at `off` (positioned reads, so threads share one file handle).
 fn read_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
     #[cfg(unix)]
@@ -817,6 +820,11 @@ impl Ctx<'_> {
         }
         for (&(_, l), &slot) in pairs.iter().zip(&seen.slots) {
             if slot == u8::MAX {
+                // a key nobody reads: its value is dropped, but a memo fetch in it must still
+                // name an entry that exists, as the sequential reader requires
+                if let LVal::Ref(_) = l {
+                    c.fix.push((row, UNREAD, l));
+                }
                 continue;
             }
             let slot = usize::from(slot);
@@ -1080,6 +1088,7 @@ fn try_parallel(
                     let t = &mut **t;
                     for &(r, slot, l) in &t.fix {
                         match p.resolve(l, &t.strs) {
+                            Some(_) if slot == UNREAD => {}
                             Some(v) => t.rows.set(r as usize, usize::from(slot), v),
                             None => failed.store(true, Ordering::Relaxed),
                         }

@@ -132,7 +132,7 @@ fn prologue(s: &mut String, r: &Run, tk: &Tokens, ind: &str) {
     let b = r.batch;
     let mut st: Vec<String> = Vec::new();
     if let Some(bos) = tk.bos {
-        st.push(format!("bos_t = full(fill_value={bos}, dtype=int64)"));
+        st.push(format!("bos_t = full([], fill_value={bos}, dtype=int64)"));
     }
     if let Some(eos) = &tk.eos {
         if tk.eos_list {
@@ -142,12 +142,15 @@ fn prologue(s: &mut String, r: &Run, tk: &Tokens, ind: &str) {
             }
         } else {
             // a 0-dim tensor, unsqueezed: eos is always 1-D
-            st.push(format!("eos_t = full(fill_value={}, dtype=int64)", eos[0]));
+            st.push(format!(
+                "eos_t = full([], fill_value={}, dtype=int64)",
+                eos[0]
+            ));
             st.push("eos_t = eos_t.unsqueeze(0)".into());
         }
     }
     match (tk.pad, &tk.eos) {
-        (Some(p), _) => st.push(format!("pad_t = full(fill_value={p}, dtype=int64)")),
+        (Some(p), _) => st.push(format!("pad_t = full([], fill_value={p}, dtype=int64)")),
         (None, Some(_)) => st.push("pad_t = eos_t[0]".into()),
         (None, None) => {}
     }
@@ -331,7 +334,7 @@ fn processors(s: &mut String, c: &LlamaConfig, force: bool, ind: &str) {
     ];
     if force {
         st.extend([
-            "lp_inf = full(fill_value=-inf)".to_string(),
+            "lp_inf = full([], fill_value=-inf)".to_string(),
             "lp_w = where(lp_eos, lp_inf, next_token_logits)".into(),
             "del lp_inf".into(),
             "lp_s = lp_w".into(),
@@ -347,7 +350,7 @@ fn processors(s: &mut String, c: &LlamaConfig, force: bool, ind: &str) {
     ]);
     if force {
         st.extend([
-            "mn_inf = full(fill_value=-inf)".to_string(),
+            "mn_inf = full([], fill_value=-inf)".to_string(),
             "mn_w = where(mn_eos, mn_inf, lp_s)".into(),
             "del mn_inf".into(),
             "mn_s = mn_w".into(),

@@ -323,7 +323,7 @@ fn window(c: &LlamaConfig, t: u64) -> Option<u64> {
 fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
     let (b, t) = (r.batch, r.seq);
     for st in mask_indices(r).into_iter().chain([
-        "mr0 = full(fill_value=1, dtype=bool)".to_string(),
+        "mr0 = full([], fill_value=1, dtype=bool)".to_string(),
         format!("ms0 = q_idx.view(-1, 1) - {w}"),
         "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
         "del ms0".to_string(),
@@ -388,8 +388,8 @@ fn eager_mask(s: &mut String, r: &Run, ind: &str) {
     for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
         "del mb, mh, kv_idx, q_idx".to_string(),
-        "mz = zeros()".to_string(),
-        "mn = full(fill_value=-3.4028234663852886e+38)".to_string(),
+        "mz = zeros([])".to_string(),
+        "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
     ]) {
@@ -632,7 +632,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
                     s,
                     ind,
                     &attn,
-                    &format!("cl{l} = full(fill_value=0, dtype=int64)"),
+                    &format!("cl{l} = full([], fill_value=0, dtype=int64)"),
                 );
             }
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
@@ -736,8 +736,8 @@ fn attention(
         st.extend([
             format!("ak = {}", rk(k)),
             format!("av = {}", rk(v)),
-            "fz = zeros()".to_string(),
-            "fi = full(fill_value=-inf)".to_string(),
+            "fz = zeros([])".to_string(),
+            "fi = full([], fill_value=-inf)".to_string(),
             "fm = where(causal_mask, fz, fi)".to_string(),
             "del fi, fz".to_string(),
             "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"
@@ -774,8 +774,8 @@ fn attention(
                 format!("am0 = ones({t}, {t}, dtype=bool)"),
                 "am1 = am0.tril()".to_string(),
                 "del am0".to_string(),
-                "az = zeros()".to_string(),
-                "ai = full(fill_value=-inf)".to_string(),
+                "az = zeros([])".to_string(),
+                "ai = full([], fill_value=-inf)".to_string(),
                 "am = where(am1, az, ai)".to_string(),
                 "del ai, az, am1".to_string(),
             ]);
