@@ -45,6 +45,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
             return Err(format!("size '{text}' is out of range"));
         }
+        if mult == 1 && v.fract() != 0.0 {
+            return Err(format!("size '{text}' is not a whole number of bytes"));
+        }
         Ok(bytes.round() as u64)
     } else {
         let v: u64 = num

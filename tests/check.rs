@@ -641,7 +641,7 @@ fn issue7_a_pytorch_snapshot_is_checked_against_a_budget() {
         assert!(o.stdout.contains("snapshot_mlp_adam"), "{}", o.stdout);
         // a budget from the command line, with no entry at all
         let flag = format!("peak_allocated={budget}");
-        let empty = s.write("empty.json", "{\"gpumem_baseline\": 1}");
+        let empty = s.write("empty.json", "{\"gpumem_baseline\": 1, \"entries\": {}}");
         let o = check(&[
             snap,
             "--baseline",

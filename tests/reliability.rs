@@ -172,7 +172,7 @@ fn shared_objects_in_a_pickle_are_refused_before_they_are_copied() {
     );
     refused(
         &["summary", "fixtures/bad/shared_block_200k.pickle"],
-        "segments[0].blocks[1] (address 0x7f0000000000, 1048576 bytes) overlaps the block before it",
+        "segments[0].blocks[1] (address 0x7f0000000000, 1048576 bytes) starts before the end of the block before it",
     );
 }
 

@@ -117,7 +117,6 @@ impl Entry {
 #[serde(deny_unknown_fields)]
 pub struct Baseline {
     pub gpumem_baseline: u64,
-    #[serde(default)]
     pub entries: BTreeMap<String, Entry>,
 }
 

@@ -361,7 +361,7 @@ pub struct CheckArgs {
 
     /// A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%).
     /// Repeatable; beats the workload's [check] table and the baseline's settings.
-    #[arg(long, value_name = "[METRIC=]PERCENT")]
+    #[arg(long, value_name = "[METRIC=]PERCENT", allow_hyphen_values = true)]
     pub tolerance: Vec<String>,
 
     /// A budget: METRIC=SIZE (e.g. peak_reserved=20GiB or peak_allocated=1073741824). At the

@@ -355,20 +355,23 @@ pub fn convert<'a, D: Doc<'a>>(
     let segs_v = segs_v
         .filter(|s| d.is_list(*s))
         .ok_or("no 'segments' list: not a PyTorch memory snapshot")?;
-    let traces: Vec<D::V> = traces_v
-        .filter(|t| d.is_list(*t))
-        .map(|t| d.list(t).collect())
-        .unwrap_or_default();
+    if traces_v.is_some_and(|t| !d.is_list(t)) {
+        return Err("'device_traces' is not a list (one list of trace entries per device)".into());
+    }
+    let traces: Vec<D::V> = traces_v.map(|t| d.list(t).collect()).unwrap_or_default();
     let trace_lens: Vec<usize> = traces
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             if d.is_list(*t) {
-                d.list(*t).count() + d.projected_rows(*t)
+                Ok(d.list(*t).count() + d.projected_rows(*t))
+            } else if d.is_dict(*t) || d.text(*t).is_some() || d.int(*t).is_some() {
+                Err(format!("device_traces[{i}] is not a list of trace entries"))
             } else {
-                0
+                Ok(0)
             }
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     let mut devices: Vec<u32> = Vec::new();
     for (i, n) in trace_lens.iter().enumerate() {
         if *n > 0 {
@@ -477,7 +480,11 @@ fn device_snapshot<'a, D: Doc<'a>>(
         };
         let mut blocks = Vec::new();
         let mut offset = address;
-        if let Some(bl) = d.get(*s, "blocks").filter(|b| d.is_list(*b)) {
+        let blocks_v = d.get(*s, "blocks");
+        if blocks_v.is_some_and(|b| !d.is_list(b)) {
+            return Err(format!("{} is not a list of blocks", at("blocks")));
+        }
+        if let Some(bl) = blocks_v {
             for (j, b) in d.list(bl).enumerate() {
                 let size = d
                     .get(b, "size")
@@ -502,14 +509,34 @@ fn device_snapshot<'a, D: Doc<'a>>(
                     Some(r) => r as u64,
                     None => size,
                 };
-                // blocks tile their segment in address order
+                // (an inactive block keeps the request of its last use, which PyTorch does
+                // not clear when the block is split: only a block in use is held to it)
+                if requested > size && state != BlockState::Inactive {
+                    return Err(format!(
+                        "segments[{i}].blocks[{j}]: requested_size {requested} is more than the \
+                         block's size {size}"
+                    ));
+                }
+                // blocks tile their segment in address order, with no gap
                 match baddr.checked_add(size) {
-                    Some(end) if baddr >= offset && end <= seg_end => {}
+                    Some(end) if baddr == offset && end <= seg_end => {}
+                    Some(end) if baddr > offset && end <= seg_end => {
+                        return Err(format!(
+                            "segments[{i}].blocks[{j}] (address {baddr:#x}) leaves {} bytes \
+                             after the block before it: blocks tile their segment",
+                            baddr - offset
+                        ))
+                    }
                     _ => {
                         return Err(format!(
                             "segments[{i}].blocks[{j}] (address {baddr:#x}, {size} bytes) {} its segment (address {address:#x}, {total_size} bytes)",
-                            if baddr < offset && j > 0 { "overlaps the block before it in" } else { "lies outside" }
+                            if baddr < offset && j > 0 { "starts before the end of the block before it in" } else { "lies outside" }
                         ))
+                    }
+                }
+                if let Some(fr) = d.get(b, "frames") {
+                    if !d.is_list(fr) {
+                        return Err(format!("{} is not a list of frames", at("frames")));
                     }
                 }
                 blocks.push(BlockInfo {
@@ -521,6 +548,13 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 });
                 offset = baddr + size;
             }
+        }
+        if !blocks.is_empty() && offset != seg_end {
+            return Err(format!(
+                "segments[{i}]: its blocks end {} bytes before the segment does (blocks tile \
+                 their segment)",
+                seg_end - offset
+            ));
         }
         let sum = |f: &dyn Fn(&BlockInfo) -> bool, v: &dyn Fn(&BlockInfo) -> u64| {
             blocks.iter().filter(|b| f(b)).map(v).sum::<u64>()
@@ -663,6 +697,31 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 time_us: d.get(x, "time_us").and_then(|v| d.int(v)).unwrap_or(0) as u64,
             });
         }
+    }
+    // (before lone completions become frees: a completion is the block's free here). A trace
+    // that contradicts itself is still read, as PyTorch's viewer reads it (snapshots grown by
+    // repeating a trace do), but not without a word: its state figures come from the segments,
+    // which are sound, and what it says of the history may be wrong
+    if let Err(why) = super::history::check(
+        &events,
+        |i| {
+            let mut e = i as u64;
+            for &s in &skipped_at {
+                if s <= e {
+                    e += 1;
+                } else {
+                    break;
+                }
+            }
+            e
+        },
+        device,
+    ) {
+        tracing::warn!(
+            "{}: {why} (the trace contradicts itself: what it says of allocations over time may \
+             be wrong)",
+            f.name
+        );
     }
     lone_completions_free(&mut events);
     let mut snap = Snapshot {

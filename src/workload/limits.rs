@@ -25,6 +25,11 @@ pub const LIMITS: &[Limit] = &[
         why: "the script holds each micro-batch",
     },
     Limit {
+        key: "new_tokens",
+        max: 1_000_000,
+        why: "each token is a step of the generation loop",
+    },
+    Limit {
         key: "layers",
         max: 10_000,
         why: "the script holds each layer",
