@@ -140,8 +140,13 @@ pub fn load_workload(
     }
     // (a bare config's flags can make a parameter: --mode generate gives new_tokens)
     let plain = match crate::workload::load(path) {
-        Ok(w) if !(o.hf_train.is_empty() && o.hf_model.is_empty()) => {
-            crate::workload::load_with(path, o).unwrap_or(w)
+        Ok(_) if !(o.hf_train.is_empty() && o.hf_model.is_empty()) => {
+            // the flags' workload without the parameters being checked: its error (a mode
+            // the model has not, say) is the one to show
+            let mut flags_only = o.clone();
+            // (--new-tokens is a flag's parameter: generation needs it)
+            flags_only.params.retain(|(k, _)| k == "new_tokens");
+            crate::workload::load_with(path, &flags_only)?
         }
         r => r?,
     };

@@ -23,13 +23,34 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     };
     super::check_iterations(args.iterations)?;
     let mut params = args.params.clone();
-    for (k, v) in [
-        ("batch", args.batch),
-        ("seq", args.seq),
-        ("new_tokens", args.new_tokens),
+    for (k, flag, v) in [
+        ("batch", "--batch", args.batch),
+        ("seq", "--seq", args.seq),
+        ("new_tokens", "--new-tokens", args.new_tokens),
     ] {
         if let Some(v) = v {
+            // checked here so that the message names the flag typed, not `--param`
+            if v == 0 {
+                return Err(Error::usage(flag, "must be at least 1"));
+            }
+            if let Some(why) = crate::workload::limits::exceeded(k, v) {
+                return Err(Error::usage(flag, format!("must be at most {why}")));
+            }
+            if i64::try_from(v).is_err() {
+                return Err(Error::usage(flag, format!("must be at most {}", i64::MAX)));
+            }
             params.push(format!("{k}={v}"));
+        }
+    }
+    if args.lora_r == Some(0) {
+        return Err(Error::usage("--lora-r", "the LoRA rank must be at least 1"));
+    }
+    if let Some(p) = args.lora_dropout {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::usage(
+                "--lora-dropout",
+                format!("must be at least 0 and below 1, found {p}"),
+            ));
         }
     }
     if crate::workload::is_config(&args.workload) {

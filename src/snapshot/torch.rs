@@ -951,13 +951,27 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
             })
         })
         .collect();
-    let stack_of = |i: Option<u64>| -> StackId {
-        i.and_then(|i| ids.get(usize::try_from(i).ok()?))
-            .copied()
-            .unwrap_or(StackId::ROOT)
+    let stack_of = |i: Option<u64>, at: &dyn Fn() -> String| -> Result<StackId, String> {
+        match i {
+            None => Ok(StackId::ROOT),
+            Some(i) => usize::try_from(i)
+                .ok()
+                .and_then(|i| ids.get(i))
+                .copied()
+                .ok_or_else(|| {
+                    format!(
+                        "{}.stack {i} is not in 'stacks' ({} stacks)",
+                        at(),
+                        ids.len()
+                    )
+                }),
+        }
     };
     let mut segments = Vec::new();
-    for (i, s) in v["segments"].as_array().into_iter().flatten().enumerate() {
+    let seg_list = v["segments"]
+        .as_array()
+        .ok_or("'segments' is missing or not a list")?;
+    for (i, s) in seg_list.iter().enumerate() {
         let n = |k: &str| {
             s[k].as_u64()
                 .ok_or_else(|| format!("segments[{i}].{k} is missing or not a byte count"))
@@ -976,7 +990,9 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
                 state: state(st).ok_or_else(|| {
                     format!("segments[{i}].blocks[{j}].state '{st}' is not a block state")
                 })?,
-                stack: stack_of(b["stack"].as_u64()),
+                stack: stack_of(b["stack"].as_u64(), &|| {
+                    format!("segments[{i}].blocks[{j}]")
+                })?,
             });
         }
         segments.push(SegmentInfo {
@@ -993,7 +1009,10 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
                 PoolKind::Large
             },
             is_expandable: s["is_expandable"].as_bool().unwrap_or(false),
-            stack: s["stack"].as_u64().map(|x| stack_of(Some(x))),
+            stack: match s["stack"].as_u64() {
+                Some(x) => Some(stack_of(Some(x), &|| format!("segments[{i}]"))?),
+                None => None,
+            },
             blocks,
         });
     }

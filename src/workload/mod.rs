@@ -96,6 +96,14 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
     if let Some(text) = config_workload(path, overrides) {
         return parse_with(&text, path, overrides);
     }
+    if path.is_dir() {
+        return Err(Error::input(
+            path,
+            "folder",
+            "holds no config.json: give a workload file (.toml), a Hugging Face config.json, or \
+             a folder holding one",
+        ));
+    }
     let bytes =
         crate::input::read(path, crate::input::Kind::Text).map_err(|source| Error::Read {
             path: path.to_path_buf(),
