@@ -213,20 +213,25 @@ pub fn load_one(path: &Path, device: Option<u32>) -> Result<Snapshot, Error> {
     }
 }
 
+/// [`Snapshot::entry`] from the ascending trace indexes of the skipped entries.
+fn entry_of(skipped_at: &[u64], event: u64) -> u64 {
+    let mut e = event;
+    for &s in skipped_at {
+        if s <= e {
+            e += 1;
+        } else {
+            break;
+        }
+    }
+    e
+}
+
 impl Snapshot {
     /// The index in the file's trace (`device_traces[device]`, as PyTorch's viewer numbers it)
     /// of event `event`: events leave out the entries gpumem does not model (`snapshot`
     /// markers, ...), so later events sit that many entries further on.
     pub fn entry(&self, event: u64) -> u64 {
-        let mut e = event;
-        for &s in &self.skipped_at {
-            if s <= e {
-                e += 1;
-            } else {
-                break;
-            }
-        }
-        e
+        entry_of(&self.skipped_at, event)
     }
 
     /// For a file of several devices, which one is shown: "cuda:1 of cuda:0, cuda:1 (--device N

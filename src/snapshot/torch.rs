@@ -702,21 +702,9 @@ fn device_snapshot<'a, D: Doc<'a>>(
     // that contradicts itself is still read, as PyTorch's viewer reads it (snapshots grown by
     // repeating a trace do), but not without a word: its state figures come from the segments,
     // which are sound, and what it says of the history may be wrong
-    if let Err(why) = super::history::check(
-        &events,
-        |i| {
-            let mut e = i as u64;
-            for &s in &skipped_at {
-                if s <= e {
-                    e += 1;
-                } else {
-                    break;
-                }
-            }
-            e
-        },
-        device,
-    ) {
+    if let Err(why) =
+        super::history::check(&events, |i| super::entry_of(&skipped_at, i as u64), device)
+    {
         tracing::warn!(
             "{}: {why} (the trace contradicts itself: what it says of allocations over time may \
              be wrong)",
