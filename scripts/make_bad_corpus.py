@@ -87,12 +87,7 @@ REWORDED = {
 }
 
 # Cases gpumem does not yet handle as the manifest says (the test skips and lists them).
-PENDING = {
-    "s_pickle_bad_utf8": "strings that are not UTF-8 are replaced, where Python refuses them",
-    "s_trace_entry_missing_addr": "a missing addr reads as 0 (the parallel reader's columns cannot tell)",
-    "s_trace_size_string": "a size that is not an integer reads as 0",
-    "t_not_object": "a bare list is read as a snapshot's segment list",
-}
+PENDING: dict = {}
 
 
 def case(name, args, contains, why, exit=2, env=None):

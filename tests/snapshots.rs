@@ -535,3 +535,148 @@ fn issue16_a_memo_fetch_never_stored_is_refused_by_both_readers() {
     assert!(one.contains("memo"), "{one}");
     assert_eq!(one, par);
 }
+
+/// A protocol 4 pickle as CPython frames it: `body` cut into FRAMEs of about 64 KiB at the
+/// opcode boundaries given (`cuts`, offsets into `body`).
+fn framed(body: &[u8], cuts: &[usize]) -> Vec<u8> {
+    let mut out = vec![0x80, 4];
+    let mut start = 0;
+    for &c in cuts.iter().chain([&body.len()]) {
+        if c - start >= 64 << 10 || c == body.len() {
+            out.push(0x95);
+            out.extend_from_slice(&((c - start) as u64).to_le_bytes());
+            out.extend_from_slice(&body[start..c]);
+            start = c;
+        }
+    }
+    out
+}
+
+/// A snapshot whose trace (6,000 entries, about 500 KB in FRAMEs) gives each entry a string of
+/// its own in `user_metadata`, written as CPython writes it (every container and new str
+/// memoized, a str seen before fetched from the memo); entry `bad` gets bytes that are not
+/// UTF-8 there, and entry 10 an encoded lone surrogate, which CPython writes and reads back
+/// ("surrogatepass").
+fn snapshot_with_strings(bad: Option<usize>) -> Vec<u8> {
+    struct P {
+        b: Vec<u8>,
+        memo: std::collections::HashMap<Vec<u8>, u32>,
+        n: u32,
+    }
+    impl P {
+        fn memoize(&mut self) {
+            self.b.push(0x94);
+            self.n += 1;
+        }
+        fn op(&mut self, op: u8) {
+            self.b.push(op);
+            if op == b'}' || op == b']' {
+                self.memoize();
+            }
+        }
+        fn s(&mut self, t: &[u8]) {
+            if let Some(&i) = self.memo.get(t) {
+                self.b.push(b'j');
+                self.b.extend_from_slice(&i.to_le_bytes());
+                return;
+            }
+            self.b.push(0x8c);
+            self.b.push(t.len() as u8);
+            self.b.extend_from_slice(t);
+            self.memo.insert(t.to_vec(), self.n);
+            self.memoize();
+        }
+    }
+    let mut p = P {
+        b: Vec::new(),
+        memo: Default::default(),
+        n: 0,
+    };
+    p.op(b'}');
+    p.op(b'(');
+    p.s(b"segments");
+    p.op(b']');
+    p.s(b"device_traces");
+    p.op(b']');
+    p.op(b']');
+    let mut cuts = Vec::new();
+    for i in 0..6000usize {
+        cuts.push(p.b.len());
+        // APPENDS in batches of 1,000, as CPython writes them
+        if i % 1000 == 0 {
+            if i > 0 {
+                p.op(b'e');
+            }
+            p.op(b'(');
+        }
+        p.op(b'}');
+        p.op(b'(');
+        p.s(b"action");
+        p.s(if i % 2 == 0 {
+            b"alloc"
+        } else {
+            b"free_completed"
+        });
+        p.s(b"addr");
+        p.op(b'J');
+        p.b.extend_from_slice(&(0x1000_0000 + 512 * (i as i32 / 2)).to_le_bytes());
+        p.s(b"size");
+        p.b.extend_from_slice(b"M\x00\x02");
+        p.s(b"stream");
+        p.b.extend_from_slice(b"K\x00");
+        p.s(b"frames");
+        // one (empty) stack, shared by every entry, as in a snapshot of one call site
+        match p.memo.get(&b"[]"[..]) {
+            Some(&at) => {
+                p.b.push(b'j');
+                p.b.extend_from_slice(&at.to_le_bytes());
+            }
+            None => {
+                let at = p.n;
+                p.memo.insert(b"[]".to_vec(), at);
+                p.op(b']');
+            }
+        }
+        p.s(b"user_metadata");
+        let mut text = format!("entry {i:05}").into_bytes();
+        if i == 10 {
+            text.extend_from_slice(b"\xed\xa0\x80");
+        }
+        if Some(i) == bad {
+            text[0] = 0xff;
+        }
+        p.s(&text);
+        p.op(b'u');
+    }
+    cuts.push(p.b.len());
+    p.b.extend_from_slice(b"eau.");
+    framed(&p.b, &cuts)
+}
+
+/// Python's unpickler refuses a str that is not UTF-8 (UnicodeDecodeError) but reads back the
+/// lone surrogates it writes itself: so do both of gpumem's readers, with the same result.
+#[test]
+fn issue16_a_string_that_is_not_utf8_is_refused_by_both_readers() {
+    let tmp = Scratch::new("par-utf8");
+    let good = tmp.path("good.pickle");
+    std::fs::write(&good, snapshot_with_strings(None)).unwrap();
+    let one = gpumem::snapshot::load_with(&good, 1, None).expect("read on one core");
+    let par = gpumem::snapshot::load_with(&good, 4, Some(4 << 10)).expect("read on four");
+    assert_eq!(one.events.len(), 6000);
+    assert_eq!(format!("{one:?}"), format!("{par:?}"));
+    // in a worker's chunk, and in the driver's first frame
+    for bad in [4500, 3] {
+        let p = tmp.path(&format!("bad{bad}.pickle"));
+        std::fs::write(&p, snapshot_with_strings(Some(bad))).unwrap();
+        let one = gpumem::snapshot::load_with(&p, 1, None)
+            .err()
+            .expect("refused on one core")
+            .to_string();
+        let par = gpumem::snapshot::load_with(&p, 4, Some(4 << 10))
+            .err()
+            .expect("refused on four cores")
+            .to_string();
+        assert!(one.contains("not UTF-8"), "{one}");
+        assert_eq!(one, par);
+    }
+}

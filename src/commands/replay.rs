@@ -21,10 +21,14 @@ fn is_allocator_trace(path: &std::path::Path) -> bool {
     let n = std::fs::File::open(path)
         .and_then(|mut f| f.read(&mut head))
         .unwrap_or(0);
-    if !String::from_utf8_lossy(&head[..n])
-        .trim_start()
-        .starts_with('{')
-    {
+    let head = String::from_utf8_lossy(&head[..n]);
+    let head = head.trim_start();
+    // a list of lists is a trace's `ops` without the object holding them (a list of segments,
+    // `torch.cuda.memory_snapshot()`, holds objects): the trace reader says what is missing
+    if let Some(rest) = head.strip_prefix('[') {
+        return rest.trim_start().starts_with('[');
+    }
+    if !head.starts_with('{') {
         return false; // a pickle, or not JSON: the snapshot reader says what it is
     }
     // JSON: an allocator trace has a top-level "ops"; anything unreadable goes to the trace

@@ -626,9 +626,9 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 break;
             }
             let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
-                ("", 0u64, 0u64, 0u64, 0u64, 0u64);
+                ("", None, None, None, None, None);
             let mut frames_v = None;
-            let n = |v: Option<D::V>| v.and_then(|v| d.int(v)).unwrap_or(0).max(0) as u64;
+            let n = |v: Option<D::V>| v.and_then(|v| d.int(v));
             match &mut items {
                 None => {
                     let col = |k: usize| cols[k].as_ref().and_then(|c| c(i));
@@ -662,15 +662,12 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 skipped_at.push(entry as u64);
                 continue;
             };
-            if size >= 1 << 60 {
-                return Err(format!(
-                    "device_traces[{device}][{entry}].size {size} is out of range"
-                ));
-            }
-            let addr = if kind == EventKind::Oom { free } else { addr };
+            let (addr, size) = entry_fields(kind, addr, size, free)
+                .map_err(|why| format!("device_traces[{device}][{entry}]{why}"))?;
             let stack = frames.stack(d, frames_v);
-            events.push(Event::new(kind, addr, size, stack, stream as u32));
-            times.push(time);
+            let opt = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
+            events.push(Event::new(kind, addr, size, stack, opt(stream) as u32));
+            times.push(opt(time));
         }
     }
     let mut annotations = Vec::new();
@@ -865,7 +862,7 @@ fn projected_events<'a, D: Doc<'a>>(
             .copied()
             .unwrap_or(StackId::ROOT)
     };
-    let u = |r: usize, k: usize| rows.int(r, k).max(0) as u64;
+    let u = |r: usize, k: usize| rows.int(r, k).unwrap_or(0).max(0) as u64;
     let all_kept = (0..n).into_par_iter().all(|r| kind(r).is_some());
     // entries of actions gpumem does not model: counted, in the order they first appear
     if !all_kept {
@@ -877,24 +874,28 @@ fn projected_events<'a, D: Doc<'a>>(
         }
     }
     let kept = |r: &usize| all_kept || kind(*r).is_some();
-    if (0..n).into_par_iter().any(|r| u(r, SIZE) >= 1 << 60) {
-        if let Some(r) = (0..n).filter(kept).find(|&r| u(r, SIZE) >= 1 << 60) {
-            return Err(format!(
-                "device_traces[{device}][{}].size {} is out of range",
-                first + r,
-                u(r, SIZE)
-            ));
+    let fields = |r: usize| {
+        let k = kind(r).unwrap_or(EventKind::Alloc);
+        entry_fields(k, rows.int(r, ADDR), rows.int(r, SIZE), rows.int(r, FREE))
+    };
+    // checked on all cores; the first bad entry found again in order, for its message
+    if (0..n)
+        .into_par_iter()
+        .filter(kept)
+        .any(|r| fields(r).is_err())
+    {
+        if let Some((r, Err(why))) = (0..n)
+            .filter(kept)
+            .map(|r| (r, fields(r)))
+            .find(|x| x.1.is_err())
+        {
+            return Err(format!("device_traces[{device}][{}]{why}", first + r));
         }
     }
     let event = |r: usize| {
         let k = kind(r).unwrap_or(EventKind::Alloc);
-        let addr = if k == EventKind::Oom {
-            u(r, FREE)
-        } else {
-            u(r, ADDR)
-        };
-        let stack = stack_of(r);
-        Event::new(k, addr, u(r, SIZE), stack, u(r, STREAM) as u32)
+        let (addr, size) = fields(r).unwrap_or_default();
+        Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
     };
     if all_kept {
         // straight into the vectors, each core writing its part
@@ -905,6 +906,35 @@ fn projected_events<'a, D: Doc<'a>>(
         times.par_extend((0..n).into_par_iter().filter(kept).map(|r| u(r, TIME)));
     }
     Ok(())
+}
+
+/// The address and size of a trace entry of a kind gpumem models, from its `addr`, `size` and
+/// `device_free` (`None`: absent or not an int), or what is wrong with them, as a suffix for
+/// the entry's name (`.size -5 is negative`). PyTorch writes `addr` and `size` in every entry,
+/// and an OOM's free device memory in `device_free` (its `addr`, here): older files may lack it.
+fn entry_fields(
+    kind: EventKind,
+    addr: Option<i64>,
+    size: Option<i64>,
+    free: Option<i64>,
+) -> Result<(u64, u64), String> {
+    let need = |key: &str, v: Option<i64>| match v {
+        None => Err(format!(
+            ": `{key}` is missing or not an integer (PyTorch writes one in every entry)"
+        )),
+        Some(x) if x < 0 => Err(format!(".{key} {x} is negative")),
+        Some(x) => Ok(x as u64),
+    };
+    let size = need("size", size)?;
+    if size >= 1 << 60 {
+        return Err(format!(".size {size} is out of range"));
+    }
+    let addr = if kind == EventKind::Oom {
+        free.unwrap_or(0).max(0) as u64
+    } else {
+        need("addr", addr)?
+    };
+    Ok((addr, size))
 }
 
 /// A gpumem snapshot's JSON: its trace (through `analysis::snapshot_file`) and its segments.

@@ -61,6 +61,32 @@ pub use super::pickle_write::{write, W};
 pub use access::Column;
 pub use par::{read_file, Projected, Projection};
 
+/// A pickled str's bytes as text, the way CPython's unpickler decodes them (UTF-8 with
+/// "surrogatepass"): encoded lone surrogates (`ED A0..BF 80..BF`, which CPython writes for
+/// them) are accepted and shown as U+FFFD; any other byte sequence that is not UTF-8 is `None`,
+/// where Python raises UnicodeDecodeError.
+pub(crate) fn py_str(b: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
+    let first = match std::str::from_utf8(b) {
+        Ok(s) => return Some(std::borrow::Cow::Borrowed(s)),
+        Err(e) => e,
+    };
+    let mut rest = &b[first.valid_up_to()..];
+    loop {
+        match rest {
+            [0xED, 0xA0..=0xBF, 0x80..=0xBF, tail @ ..] => rest = tail,
+            _ => return None,
+        }
+        match std::str::from_utf8(rest) {
+            Ok(_) => return Some(String::from_utf8_lossy(b)),
+            Err(e) => rest = &rest[e.valid_up_to()..],
+        }
+    }
+}
+
+/// The message for a str that [`py_str`] refuses.
+pub(crate) const NOT_UTF8: &str =
+    "a string that is not UTF-8 (Python's unpickler refuses it: UnicodeDecodeError)";
+
 use input::Input;
 use parse::Parser;
 use store::{Col, Data, Node, Strings};

@@ -146,15 +146,22 @@ pub struct Projected {
 
 /// No value (the key is absent, or its value is not a str / not an object).
 const NONE: u32 = u32::MAX;
+/// No int (the key is absent, or its value is not an int). An int of this value (-2^63) reads
+/// as absent too: no key a trace projects has a use for it.
+const NO_INT: i64 = i64::MIN;
 
 impl Projected {
     pub fn rows(&self) -> usize {
         self.rows as usize
     }
-    /// Int key `k` of row `r`: its value, or 0 when absent or not an int (bools are 0 and 1).
+    /// Int key `k` of row `r`: its value (bools are 0 and 1), or `None` when the key is absent
+    /// or its value is not an int.
     #[inline]
-    pub fn int(&self, r: usize, k: usize) -> i64 {
-        self.ints[r * self.ni + k]
+    pub fn int(&self, r: usize, k: usize) -> Option<i64> {
+        match self.ints[r * self.ni + k] {
+            NO_INT => None,
+            i => Some(i),
+        }
     }
     /// Str key `k` of row `r`, when it is a str.
     #[inline]
@@ -195,7 +202,7 @@ impl Projected {
             self.ints[r * self.ni + slot] = match v {
                 Value::Int(i) => i,
                 Value::Bool(b) => i64::from(b),
-                _ => 0,
+                _ => NO_INT,
             };
         } else if slot < self.ni + self.ns {
             self.strs[r * self.ns + slot - self.ni] = match v {
@@ -553,7 +560,7 @@ impl Ctx<'_> {
         let row = c.rows.rows as usize;
         let p = &mut c.rows;
         let (ni, ns, no) = (p.ints.len(), p.strs.len(), p.objs.len());
-        p.ints.extend(std::iter::repeat_n(0, self.ni));
+        p.ints.extend(std::iter::repeat_n(NO_INT, self.ni));
         p.strs.extend(std::iter::repeat_n(NONE, self.ns));
         p.objs.extend(std::iter::repeat_n(NONE, self.no));
         let fetch = |x: usize| -> Option<Value> {
@@ -759,8 +766,9 @@ impl Ctx<'_> {
                     u32::from_le_bytes(cur.le().ok_or(Stop::Short)?) as usize
                 };
                 let b = cur.take(n).ok_or(Stop::Short)?;
-                // as the driver: lone surrogates (not UTF-8) replaced
-                let s = String::from_utf8_lossy(b).into_owned();
+                // as the driver: lone surrogates replaced; other bytes that are not UTF-8
+                // are left to the driver, which refuses them where they are
+                let s = super::py_str(b).ok_or(Stop::Decline)?.into_owned();
                 c.strs.push(s);
                 LVal::S(c.strs.len() as u32 - 1)
             }
@@ -801,7 +809,7 @@ impl Ctx<'_> {
         let row = c.rows.rows;
         c.rows.rows += 1;
         let p = &mut c.rows;
-        p.ints.extend(std::iter::repeat_n(0, self.ni));
+        p.ints.extend(std::iter::repeat_n(NO_INT, self.ni));
         p.strs.extend(std::iter::repeat_n(NONE, self.ns));
         p.objs.extend(std::iter::repeat_n(NONE, self.no));
         // the slots of the keys, as for the last entry when its keys were the same

@@ -498,9 +498,9 @@ impl Parser {
         let n = len(inp)?;
         let b = inp.bytes(n)?;
         // CPython writes lone surrogates ("surrogatepass"), which are not UTF-8: replaced.
-        let id = match std::str::from_utf8(b) {
-            Ok(s) => self.strs.intern(s)?,
-            Err(_) => self.strs.intern(&String::from_utf8_lossy(b))?,
+        let id = match super::py_str(b) {
+            Some(s) => self.strs.intern(&s)?,
+            None => return msg(super::NOT_UTF8),
         };
         Ok(Value::Str(StrId(id)))
     }

@@ -654,3 +654,25 @@ fn bench() {
         hwm() as f64 / size as f64
     );
 }
+
+/// CPython's unpickler decodes strs as UTF-8 with "surrogatepass": the lone surrogates its
+/// pickler writes come back, any other byte that is not UTF-8 is a UnicodeDecodeError.
+#[test]
+fn strings_that_are_not_utf8_are_refused_as_python_refuses_them() {
+    // 'a\ud800b', as pickle.dumps writes it
+    let p = from_slice(b"\x80\x04\x8c\x05a\xed\xa0\x80b\x94.").expect("a lone surrogate");
+    assert_eq!(p.str(p.root()), Some("a\u{fffd}\u{fffd}\u{fffd}b"));
+    for bad in [
+        &b"\x80\x04\x8c\x02\xff\xfe."[..],
+        b"\x80\x04X\x03\x00\x00\x00ab\xc3.",
+        b"\x80\x04\x8c\x03\xed\x9f\x00.",
+        b"\x80\x04\x8c\x04\xed\xa0\x80\xc0.",
+    ] {
+        assert!(err(bad).message.contains("not UTF-8"), "{}", hex(bad));
+    }
+    assert_eq!(super::py_str(b"\xed\xbf\xbf").map(|s| s.len()), Some(9));
+    assert_eq!(
+        super::py_str(b"ok\xf0\x9f\x98\x80").as_deref(),
+        Some("ok\u{1f600}")
+    );
+}
