@@ -669,12 +669,10 @@ fn issue16_a_string_that_is_not_utf8_is_refused_by_both_readers() {
         let p = tmp.path(&format!("bad{bad}.pickle"));
         std::fs::write(&p, snapshot_with_strings(Some(bad))).unwrap();
         let one = gpumem::snapshot::load_with(&p, 1, None)
-            .err()
-            .expect("refused on one core")
+            .expect_err("refused on one core")
             .to_string();
         let par = gpumem::snapshot::load_with(&p, 4, Some(4 << 10))
-            .err()
-            .expect("refused on four cores")
+            .expect_err("refused on four cores")
             .to_string();
         assert!(one.contains("not UTF-8"), "{one}");
         assert_eq!(one, par);
