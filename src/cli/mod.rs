@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 const EXIT_CODES: &str = "\
 Exit codes:
   0  done
-  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)";
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was";
 
 /// GPU-memory profiler and out-of-memory diagnoser, with PyTorch's CUDA caching allocator
 /// reproduced byte for byte.
@@ -31,7 +32,8 @@ a snapshot.",
 Exit codes:
   0  everything asked for holds
   1  a finding you asked to fail on (--fail-on, a check that regressed, a replay mismatch)
-  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)"
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
 )]
 pub struct Cli {
     /// Log what the reader, the runner and the allocator do on stderr: -v for each file,
@@ -260,7 +262,8 @@ const RUN_EXIT_CODES: &str = "\
 Exit codes:
   0  the run finished, or stopped on an out-of-memory or leaked without --fail-on asking to fail
   1  a finding named in --fail-on: an out-of-memory (oom) or a leak across iterations (leak)
-  2  usage, input or I/O error (a bad flag, an unreadable or malformed workload)";
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed workload)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ReportKind {
@@ -336,7 +339,8 @@ Exit codes:
   0  every metric of every input holds (or --update wrote the baseline)
   1  a metric regressed, a budget is exceeded, or an input is not in the baseline
   2  usage, input or I/O error (a bad flag, tolerance or size; a missing or malformed
-     baseline; an unreadable workload or snapshot)"
+     baseline; an unreadable workload or snapshot)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
 )]
 pub struct CheckArgs {
     /// Workloads (.toml) and snapshots (gpumem JSON, PyTorch pickle or JSON) to check.
@@ -431,7 +435,8 @@ pub struct CheckArgs {
 Exit codes:
   0  the snapshot was read (findings are reported, not failed on, without --fail-on)
   1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak), on any device of any file
-  2  usage, input or I/O error (an unreadable, malformed or unsafe file)")]
+  2  usage, input or I/O error (an unreadable, malformed or unsafe file)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
 pub struct SummaryArgs {
     /// The snapshot file, or several (one per rank).
     #[arg(required = true, num_args = 1.., value_name = "SNAPSHOT")]
@@ -564,7 +569,8 @@ pub struct DiffArgs {
 #[command(after_long_help = "\
 Exit codes:
   0  the search finished (even when nothing fits)
-  2  usage, input or I/O error")]
+  2  usage, input or I/O error
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
 pub struct FitArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,
@@ -665,7 +671,8 @@ Exit codes:
   0  a trace: every step matches PyTorch's recording; a what-if: the replay does not run out
      of memory
   1  a trace: a step differs from the recording; a what-if: the replay runs out of memory
-  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)")]
+  2  usage, input or I/O error (a bad flag, an unreadable or malformed file)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
 pub struct ReplayArgs {
     /// The allocator trace (JSON), or a snapshot (gpumem JSON, PyTorch pickle or JSON).
     pub trace: PathBuf,
@@ -838,7 +845,8 @@ pub fn man_pages() -> Vec<(String, Vec<u8>)> {
 Exit codes:
   0  every case passes
   1  a case is off or not modelled
-  2  usage, input or I/O error (an unreadable or malformed file)")]
+  2  usage, input or I/O error (an unreadable or malformed file)
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
 pub struct CompareTorchArgs {
     /// Result files of reference_models.py (JSON with a "cases" list); several are compared as
     /// one list, e.g. fixtures/models/models.json fixtures/models/extra/case_*.json.
