@@ -230,6 +230,36 @@ def workloads():
     run("w_check_unknown_key", OK_TOML + '[check]\ntolerence = "2%"\n', "tolerence",
         "a misspelt [check] key")
 
+    # found by scripts/stress_workloads.py (issue 16): each was a panic, a hang or an abort
+    run("w_reduce_dim_past_i8", script("x = randn(2, 3)\ny = x.sum(dim=128)"),
+        "Dimension out of range", "a reduction dim of 128 (stored as i8: a panic)")
+    run("w_argmax_dim_very_negative", script("x = randn(2, 3)\ny = x.argmax(dim=-129)"),
+        "Dimension out of range", "argmax over dim -129")
+    run("w_squeeze_dim_out_of_range", script("x = randn(2, 3)\ny = x.squeeze(dim=128)"),
+        "Dimension out of range", "squeeze(dim=128) on a 2-d tensor (was read as dim 0)")
+    run("w_flatten_dim_out_of_range", script("x = randn(2, 3)\ny = x.flatten(128, 0)"),
+        "Dimension out of range", "flatten(128, 0) on a 2-d tensor (was read as dims 0, 0)")
+    run("w_split_of_huge_view", script("e = randn(1).expand(2**40)\ny = e.split(1)"),
+        "at most 100000", "a trillion pieces of an expanded view (4 GB before the abort)")
+    run("w_chunk_of_huge_view", script("e = randn(1).expand(2**40)\ny = e.chunk(2**40)"),
+        "at most 100000", "a trillion chunks")
+    run("w_nested_loops_bounded",
+        script("x = randn(4)\nfor i in range(1000000) {\n  for j in range(1000000) {\n  }\n}"),
+        "100,000,000 statements", "10^12 loop passes: days of work")
+    run("w_graph_grows_bounded",
+        script("x = randn(4, requires_grad=true)\nfor i in range(1000000) {\n"
+               "  for j in range(1000000) {\n    x = x * 1.0001\n  }\n}"),
+        "tensors and autograd nodes", "an autograd graph growing without end (an abort at 4 GB)")
+    run("w_expandable_huge_segment",
+        script("x = randn(2, 2)\ny = x @ x",
+               extra='alloc_conf = "expandable_segments:True,large_segment_size_mb:17592186044415"\n'),
+        "large_segment_size_mb", "a segment size whose bytes overflow u64 (the run never ended)")
+    run("w_cpu_sum_of_huge_view",
+        script("e = randn(1).expand(2**31)\ny = e.sum()", extra='device = "cpu"\n'),
+        "float64 copies", "a 16 GiB working copy of a view of one element (an abort)")
+    run("w_nan_is_a_number_ok", script("x = full([], fill_value=nan)\ny = x + 1"), "",
+        "nan is a number, as inf is", exit=0)
+
     # presets
     run("w_preset_unknown_kind", MLP_PRESET.replace('"mlp"', '"transformer"'), "transformer",
         "an unknown model kind")
@@ -403,6 +433,14 @@ def hf():
     run("hf_layers_float", llama(num_hidden_layers=2.5), "num_hidden_layers", "fractional layers")
     run("hf_layers_huge", llama(num_hidden_layers=100_000_000), "num_hidden_layers",
         "a hundred million layers")
+    run("hf_layers_past_bound", llama(num_hidden_layers=1001), "at most 1,000",
+        "1,001 layers: 380 KB of host memory each")
+    located = json.dumps(llama(vocab_size=-1), indent=2)
+    at = line_of(located, '"vocab_size"')
+    run("hf_vocab_negative_located", located,
+        f"hf_vocab_negative_located.config.json: {at}: 'vocab_size'",
+        "a bad key of a bare config is located at its line in the config, not in the generated "
+        "workload")
     run("hf_heads_not_dividing", llama(num_attention_heads=5, num_key_value_heads=5),
         "num_attention_heads", "hidden_size 64 is not a multiple of 5 heads")
     run("hf_kv_heads_not_dividing", llama(num_key_value_heads=3), "num_key_value_heads",
@@ -815,6 +853,12 @@ def flags(ok_toml):
     def f(name, args, contains, why, exit=2, env=None):
         case(name, args, contains, why, exit, env)
 
+    f("f_bench_repeat_huge", ["bench", "--repeat", "100000000"], "--repeat",
+      "a hundred million repetitions")
+    f("f_bench_warmup_huge", ["bench", "--warmup-ms", "99999999999"], "--warmup-ms",
+      "three years of warm-up")
+    f("f_bench_pairs_reps_huge", ["bench", "--pairs-reps", "100000000"], "--pairs-reps",
+      "a hundred million passes")
     # sizes
     for n, v, why in [("f_capacity_negative", "-5GiB", "a negative size"),
                       ("f_capacity_word", "lots", "not a size"),

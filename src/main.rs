@@ -88,7 +88,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(gpumem::error::Error::Interrupted) => {
-            eprintln!("gpumem: interrupted");
+            gpumem::interrupt::say_interrupted();
             ExitCode::from(130)
         }
         Err(e) => {

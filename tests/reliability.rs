@@ -226,7 +226,7 @@ fn counts_that_size_the_script_are_bounded_by_name() {
     );
     refused(
         &["run", MLP, "--param", "layers=100000000"],
-        "'layers' must be at most 10,000",
+        "'layers' must be at most 1,000",
     );
     refused(
         &["run", MLP, "--iterations", "4294967295"],
@@ -252,7 +252,7 @@ fn counts_that_size_the_script_are_bounded_by_name() {
     );
     refused(
         &["run", w.to_str().unwrap()],
-        "line 7 column 10: 'layers' in [model] must be at most 10,000",
+        "line 7 column 10: 'layers' in [model] must be at most 1,000",
     );
     let c = d.write(
         "config.json",
@@ -262,7 +262,7 @@ fn counts_that_size_the_script_are_bounded_by_name() {
     );
     refused(
         &["run", c.to_str().unwrap(), "--batch", "1", "--seq", "8"],
-        "'num_hidden_layers' must be at most 10,000",
+        "'num_hidden_layers' must be at most 1,000",
     );
 }
 
@@ -385,6 +385,55 @@ fn ctrl_c_stops_a_run_with_130_and_leaves_the_old_output() {
         .filter(|n| n.to_string_lossy().starts_with(".gpumem-"))
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+/// Work that never polls for a stop (the allocator benchmark's timed loops, a read blocked on
+/// a FIFO nobody writes) still ends within a second of Ctrl-C or SIGTERM, with 130: the
+/// handler ends it after its grace.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_work_that_does_not_poll_within_a_second() {
+    let d = Scratch::new("interrupt-nopoll");
+    let fifo = d.0.join("never_written.pickle");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for (args, signal) in [
+        (vec!["bench", "--repeat", "100", "--warmup-ms", "0"], "-INT"),
+        (vec!["summary", fifo.to_str().unwrap()], "-TERM"),
+    ] {
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin!("gpumem"))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // time for main to install the handler and start the work
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let sent = std::time::Instant::now();
+        let kill = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("gpumem: interrupted").count(),
+            1,
+            "{args:?}: {err}"
+        );
+        // half a second of grace; the rest is slack for a loaded machine
+        assert!(
+            sent.elapsed() < std::time::Duration::from_secs(5),
+            "{args:?}: {:?}",
+            sent.elapsed()
+        );
+    }
 }
 
 #[test]

@@ -163,10 +163,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l torch-style -d 
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l no-trace-addresses -d 'Use the simulator\'s own segment addresses (its model of the CUDA driver\'s address space) instead of the trace\'s; the event trace is then compared without addresses'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l repeat -d 'Repetitions of each pattern (each is timed; the median is reported)' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pairs-reps -d 'Passes over the size list per `pairs` repetition' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l batch-reps -d 'Passes over the size list per `batch` repetition' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l warmup-ms -d 'Milliseconds of untimed work first, so the CPU is at speed when timing starts' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l repeat -d 'Repetitions of each pattern (each is timed; the median is reported), 1 to 100' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pairs-reps -d 'Passes over the size list per `pairs` repetition (at most 100,000)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l batch-reps -d 'Passes over the size list per `batch` repetition (at most 100,000)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l warmup-ms -d 'Milliseconds of untimed work first, so the CPU is at speed when timing starts (at most 60000)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pytorch -d 'PyTorch\'s results (JSON, as above) to compare against; its size lists are used' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l workload -d 'Time running this workload instead (ms per iteration and allocator events per iteration, over --repeat runs of its setup and iterations)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''

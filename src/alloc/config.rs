@@ -276,6 +276,16 @@ impl AllocConf {
                     if v <= MIN_LARGE_ALLOC / MIB {
                         return Err(t.err(i, "large_segment_size_mb must be > 10"));
                     }
+                    // a segment past any device gpumem simulates (and past u64 in bytes)
+                    if v > (64u64 << 40) / MIB {
+                        return Err(t.err(
+                            i,
+                            format!(
+                                "large_segment_size_mb must be at most {} (64 TiB), found {v}",
+                                (64u64 << 40) / MIB
+                            ),
+                        ));
+                    }
                     c.large_segment_size = v.saturating_mul(MIB);
                 }
                 "per_process_memory_fraction" => {

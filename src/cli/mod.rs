@@ -253,7 +253,7 @@ fn run_after_help() -> String {
   gpumem run fixtures/workloads/presets/mlp_adam.toml --param batch=16 --plot timeline.svg
   gpumem run fixtures/workloads/presets/mlp_leak.toml --fail-on oom,leak   # exit 1, for CI
 
-Script functions and methods (from the engine's op table; -inf and inf are numbers):\n{}\n{RUN_EXIT_CODES}",
+Script functions and methods (from the engine's op table; -inf, inf and nan are numbers):\n{}\n{RUN_EXIT_CODES}",
         crate::runner::script_reference()
     )
 }
@@ -737,7 +737,7 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
-    /// Repetitions of each pattern (each is timed; the median is reported).
+    /// Repetitions of each pattern (each is timed; the median is reported), 1 to 100.
     #[arg(
         long,
         default_value_t = 5,
@@ -746,7 +746,7 @@ pub struct BenchArgs {
     )]
     pub repeat: usize,
 
-    /// Passes over the size list per `pairs` repetition.
+    /// Passes over the size list per `pairs` repetition (at most 100,000).
     #[arg(
         long,
         default_value_t = 2000,
@@ -755,7 +755,7 @@ pub struct BenchArgs {
     )]
     pub pairs_reps: usize,
 
-    /// Passes over the size list per `batch` repetition.
+    /// Passes over the size list per `batch` repetition (at most 100,000).
     #[arg(
         long,
         default_value_t = 500,
@@ -764,8 +764,14 @@ pub struct BenchArgs {
     )]
     pub batch_reps: usize,
 
-    /// Milliseconds of untimed work first, so the CPU is at speed when timing starts.
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    /// Milliseconds of untimed work first, so the CPU is at speed when timing starts (at most
+    /// 60000).
+    #[arg(
+        long,
+        default_value_t = 1000,
+        value_name = "MS",
+        allow_hyphen_values = true
+    )]
     pub warmup_ms: u64,
 
     /// PyTorch's results (JSON, as above) to compare against; its size lists are used.

@@ -136,10 +136,23 @@ fn bench_workload(
 }
 
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
-    if args.repeat == 0 || args.pairs_reps == 0 || args.batch_reps == 0 {
+    // bounded, so that a slip of the keyboard is an error rather than a run of days
+    for (flag, n, max) in [
+        ("--repeat", args.repeat, 100),
+        ("--pairs-reps", args.pairs_reps, 100_000),
+        ("--batch-reps", args.batch_reps, 100_000),
+    ] {
+        if !(1..=max).contains(&n) {
+            return Err(Error::usage(
+                flag,
+                format!("must be from 1 to {max}, found {n}"),
+            ));
+        }
+    }
+    if args.warmup_ms > 60_000 {
         return Err(Error::usage(
-            "--repeat/--pairs-reps/--batch-reps",
-            "must be at least 1",
+            "--warmup-ms",
+            format!("must be at most 60000 (a minute), found {}", args.warmup_ms),
         ));
     }
     if let Some(w) = &args.workload {

@@ -283,9 +283,16 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
         return row;
     }
     let config = case.get("config").cloned().unwrap_or(Value::Null);
-    // a Hugging Face case's config goes in a folder of its own, removed after the run
-    let scratch =
-        std::env::temp_dir().join(format!("gpumem-compare-{}-{name}", std::process::id()));
+    // a Hugging Face case's config goes in a folder of its own, removed after the run: made
+    // with a random name and private, never from the case's name (a file's data)
+    let scratch_dir = match tempfile::Builder::new().prefix("gpumem-compare-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            row.not_modelled = Some(format!("cannot make a temporary folder: {e}"));
+            return row;
+        }
+    };
+    let scratch = scratch_dir.path().to_path_buf();
     let hf = config.get("family").is_some();
     let made = if hf {
         hf_workload(&config, theirs.len(), &scratch)
@@ -304,7 +311,17 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
         }
     };
     let wpath = if hf {
-        scratch.join(format!("{name}.toml"))
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        scratch.join(format!("{safe}.toml"))
     } else {
         Path::new(&format!("{name} (preset)")).to_path_buf()
     };

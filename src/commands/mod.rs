@@ -49,6 +49,7 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     #[cfg(unix)]
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
     let mut tmp = builder.tempfile_in(dir).map_err(err)?;
+    let _known = crate::interrupt::TempFile::register(tmp.path());
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
     // stopped while writing: the temporary file goes (dropped) and the target stays as it was

@@ -383,7 +383,8 @@ impl Layout {
         Ok(l)
     }
 
-    /// `split(split_size, dim)`: pieces of `split_size` (the last may be smaller).
+    /// `split(split_size, dim)`: pieces of `split_size` (the last may be smaller), at most
+    /// [`MAX_PIECES`].
     pub fn split(&self, split_size: usize, dim: i64) -> Result<Vec<Layout>, LayoutError> {
         if self.ndim() == 0 {
             return err("split expects at least a 1-dimensional tensor");
@@ -395,10 +396,22 @@ impl Layout {
                 "split_size can only be 0 if dimension size is 0, but got dimension size of {size}"
             ));
         }
+        // one tensor per piece: bounded, as the script's other counts are
+        let pieces = if split_size == 0 {
+            1
+        } else {
+            size.div_ceil(split_size)
+        };
+        if pieces > MAX_PIECES {
+            return err(format!(
+                "split into {pieces} pieces: gpumem makes at most {MAX_PIECES} (a larger \
+                 split_size, or fewer chunks)"
+            ));
+        }
         let mut out = Vec::new();
-        let mut start = 0;
+        let mut start: usize = 0;
         loop {
-            let end = (start + split_size).min(size);
+            let end = start.saturating_add(split_size).min(size);
             out.push(self.slice(d as i64, Some(start as i64), Some(end as i64), 1)?);
             start = end;
             if start >= size {
@@ -417,6 +430,9 @@ impl Layout {
         self.split(self.shape[d].div_ceil(chunks), d as i64)
     }
 }
+
+/// The most pieces a `split` or `chunk` makes (each is a tensor gpumem keeps).
+pub const MAX_PIECES: usize = 100_000;
 
 /// TensorIterator's dimension order: fastest first, starting from the last logical dimension
 /// and insertion-sorted by `should_swap(d0, d1)` (positive: `d0` goes after `d1`; negative:

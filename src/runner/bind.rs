@@ -302,6 +302,18 @@ impl Runner {
                 dim,
             } => {
                 let x = tid(x);
+                if size < 0 {
+                    return script(
+                        span,
+                        if chunk {
+                            format!("chunk expects `chunks` to be greater than 0, got: {size}")
+                        } else {
+                            format!(
+                                "split expects split_size be non-negative, but got split_size={size}"
+                            )
+                        },
+                    );
+                }
                 let layout = self.dev.info(x).layout.clone();
                 let parts = if chunk {
                     layout.chunk(size as usize, dim)
@@ -459,7 +471,8 @@ impl Runner {
             }
             ViewKind::Unsqueeze => (layout.unsqueeze(s[0]).map_err(err)?, none),
             ViewKind::Flatten => {
-                let (a, b) = (wrap(s[0], nd.max(1)), wrap(s[1], nd.max(1)));
+                let checked = |d: i64| crate::engine::layout::wrap_dim(d, nd.max(1)).map_err(err);
+                let (a, b) = (checked(s[0])?, checked(s[1])?);
                 if nd == 0 || a > b {
                     return script(
                         span,
@@ -474,6 +487,9 @@ impl Runner {
                     .map(Value::Tensor);
             }
             ViewKind::Squeeze => {
+                if let Some(&k) = s.first() {
+                    crate::engine::layout::wrap_dim(k, nd.max(1)).map_err(err)?;
+                }
                 let keep: Vec<usize> = (0..nd)
                     .filter(|&d| {
                         layout.shape[d] != 1 || s.first().is_some_and(|&k| wrap(k, nd) != d)

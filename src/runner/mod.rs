@@ -101,7 +101,20 @@ struct Runner {
     /// syntax tree, which outlives the runner (`run_on` borrows the workload): a module path
     /// is hashed once per run, not once per visit.
     scope_tags: rustc_hash::FxHashMap<(usize, usize), crate::trace::TagId>,
+    /// Statements run so far, against [`MAX_STATEMENTS`].
+    statements: u64,
 }
+
+/// The most statements one run executes (setup, every iteration and every loop pass together,
+/// each pass of a loop counting as one more):
+/// each count is bounded alone, but loops nest and multiply with iterations, and a run of a
+/// billion statements is a typo, not a workload. A Llama-3-8B-sized model generating 64k
+/// tokens runs about 90 million.
+pub const MAX_STATEMENTS: u64 = 100_000_000;
+
+/// The most tensors and autograd nodes alive at once (about 1 GB of the host's memory; a
+/// Llama-3-8B training step keeps under 10,000).
+pub const MAX_LIVE_OBJECTS: usize = 2_000_000;
 
 fn script<T>(span: Span, msg: impl Into<String>) -> Flow<T> {
     Err(Stop::Script(span, msg.into()))
@@ -192,6 +205,7 @@ pub fn run_on(
         iter_stack: StackId::ROOT,
         calling: "",
         scope_tags: Default::default(),
+        statements: 0,
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
@@ -414,10 +428,42 @@ impl Runner {
         Ok(())
     }
 
-    fn stmt(&mut self, s: &Stmt) -> Flow<()> {
+    /// Before each statement and each pass of a loop: a stop asked for (Ctrl-C), and the
+    /// run's bound on statements ([`MAX_STATEMENTS`]; a loop pass counts as one).
+    #[inline]
+    fn tick(&mut self, span: Span) -> Flow<()> {
         if crate::interrupt::requested() {
             return Err(Stop::Interrupted);
         }
+        self.statements += 1;
+        if self.statements > MAX_STATEMENTS {
+            return script(
+                span,
+                format!(
+                    "the run has executed {} statements, the most gpumem runs: lower \
+                     `iterations`, a loop's range or `new_tokens` (loops within loops multiply)",
+                    crate::units::group_digits(MAX_STATEMENTS)
+                ),
+            );
+        }
+        // a graph or a set of tensors that grows without end (`x = x * 2` in a loop, with
+        // grad) would take the host's memory before the device's: checked now and then
+        if self.statements.is_multiple_of(1024) && self.dev.live_objects() > MAX_LIVE_OBJECTS {
+            return script(
+                span,
+                format!(
+                    "the run holds {} tensors and autograd nodes at once, the most gpumem \
+                     keeps: a graph that grows in a loop (free it with backward(), or run \
+                     under no_grad) or fewer iterations",
+                    crate::units::group_digits(self.dev.live_objects() as u64)
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Flow<()> {
+        self.tick(s.span)?;
         tracing::trace!(
             line = s.span.line,
             allocated = self.dev.alloc.stats().allocated_bytes.all().current,
@@ -522,6 +568,7 @@ impl Runner {
                         }
                     };
                     for i in 0..n {
+                        self.tick(count.span)?;
                         self.assign(var, Value::Int(i));
                         self.block(body)?;
                     }
@@ -644,8 +691,9 @@ impl Runner {
                 }
                 None => match DType::parse(n) {
                     Some(d) => Ok(Value::DType(d)),
-                    // `float("inf")`, spelled as a name (`-inf` for attention masks)
+                    // `float("inf")` and `float("nan")`, spelled as names (`-inf` for attention masks)
                     None if n == "inf" => Ok(Value::Float(f64::INFINITY)),
+                    None if n == "nan" => Ok(Value::Float(f64::NAN)),
                     None => script(e.span, format!("name '{n}' is not defined")),
                 },
             },

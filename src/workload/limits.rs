@@ -31,18 +31,18 @@ pub const LIMITS: &[Limit] = &[
     },
     Limit {
         key: "layers",
-        max: 10_000,
-        why: "the script holds each layer",
+        max: 1_000,
+        why: "the script and its records hold each layer; the largest published models have under 200",
     },
     Limit {
         key: "num_hidden_layers",
-        max: 10_000,
-        why: "the script holds each layer",
+        max: 1_000,
+        why: "the script and its records hold each layer; the largest published models have under 200",
     },
     Limit {
         key: "n_layer",
-        max: 10_000,
-        why: "the script holds each layer",
+        max: 1_000,
+        why: "the script and its records hold each layer; the largest published models have under 200",
     },
 ];
 

@@ -94,7 +94,7 @@ pub fn load(path: &Path) -> Result<Workload> {
 /// allocator settings, remedies).
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
     if let Some(text) = config_workload(path, overrides) {
-        return parse_with(&text, path, overrides);
+        return parse_with(&text, path, overrides).map_err(config_error);
     }
     if path.is_dir() {
         return Err(Error::input(
@@ -110,6 +110,38 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
             source,
         })?;
     parse_bytes(&bytes, path, overrides)
+}
+
+/// An error of a bare config's generated workload as the user should see it: a message about
+/// the config (`CONFIG: 'key' ...`) located at the key's line in the config, not at a position
+/// in the generated workload, which the user never wrote.
+fn config_error(e: Error) -> Error {
+    let Error::Input { message, .. } = &e else {
+        return e;
+    };
+    let Some((file, rest)) = message.split_once(": ") else {
+        return e;
+    };
+    // (a folder's config is its config.json)
+    let file = match Path::new(file) {
+        d if d.is_dir() => d.join("config.json"),
+        f => f.to_path_buf(),
+    };
+    let Ok(text) = crate::input::read(&file, crate::input::Kind::Text) else {
+        return e;
+    };
+    let text = String::from_utf8_lossy(&text);
+    // the key the message names first ('vocab_size'), found as a JSON key
+    let key = rest.split('\'').nth(1).filter(|k| !k.is_empty());
+    let line = key.and_then(|k| {
+        let quoted = format!("\"{k}\"");
+        text.lines().position(|l| l.contains(&quoted))
+    });
+    let location = match line {
+        Some(l) => format!("line {}", l + 1),
+        None => "config".to_string(),
+    };
+    Error::input(file, location, rest)
 }
 
 /// Whether `path` names a Hugging Face config (a `.json` file, or a folder holding a

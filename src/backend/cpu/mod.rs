@@ -106,9 +106,10 @@ pub struct CpuDevice {
     failed: Option<u64>,
 }
 
-/// The host memory available now (Linux's `MemAvailable`), or no limit where it is unknown.
+/// The host memory available now (Linux's `MemAvailable`), or no limit where it is unknown;
+/// no more than the process's address-space limit (`ulimit -v`) where one is set.
 fn host_available() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
+    let available = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -116,7 +117,18 @@ fn host_available() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
-        .map_or(u64::MAX, |kb| kb * 1024)
+        .map_or(u64::MAX, |kb| kb.saturating_mul(1024));
+    // "Max address space   4294967296   4294967296   bytes" (or "unlimited")
+    let rlimit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("Max address space"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(u64::MAX);
+    available.min(rlimit)
 }
 
 impl CpuDevice {
@@ -306,6 +318,20 @@ impl CpuDevice {
     /// A tensor's elements, row-major, as float64 (exact for every dtype gpumem has but the
     /// largest int64 values).
     pub(crate) fn load(&self, b: &Buffer) -> Result<Scratch, String> {
+        // a view may show one element many times (`expand`): its working copy is sized by the
+        // view, so it is checked against the host before it is made
+        let copy = (b.layout.numel() as u64).saturating_mul(8);
+        if copy > self.limit.saturating_sub(self.held) {
+            return Err(format!(
+                "the cpu device computes on float64 copies of its inputs, and a copy of this \
+                 {}-element tensor needs {}, more than the host has left for gpumem ({} of {}): \
+                 run this workload on the simulated device",
+                crate::units::group_digits(b.layout.numel() as u64),
+                crate::units::format_bytes(copy),
+                crate::units::format_bytes(self.limit.saturating_sub(self.held)),
+                crate::units::format_bytes(self.limit)
+            ));
+        }
         let es = b.dtype.size() as usize;
         let (first, span) = extent(b.layout);
         let start = b.addr + (first * es) as u64;

@@ -14,10 +14,16 @@ use crate::trace::Category;
 
 /// The dimensions a `sum`/`mean` reduces: one (`dim=1`), several (`dim=[0, 2]`), or every one
 /// (none given). Small and `Copy`: ops are built on every script call.
+/// A dimension past what `i16` holds is kept as the nearest it holds: out of range either way,
+/// and the error says so when the op meets its input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DimList {
     len: u8,
-    dims: [i8; 8],
+    dims: [i16; 8],
+}
+
+fn saturate(d: i64) -> i16 {
+    d.clamp(i64::from(i16::MIN), i64::from(i16::MAX)) as i16
 }
 
 impl DimList {
@@ -30,7 +36,10 @@ impl DimList {
     /// One dimension, or every one for `None`.
     pub fn from_dim(dim: Option<i64>) -> DimList {
         match dim {
-            Some(d) => DimList::from_slice(&[d]).expect("one dimension fits"),
+            Some(d) => DimList {
+                len: 1,
+                dims: [saturate(d), 0, 0, 0, 0, 0, 0, 0],
+            },
             None => DimList::ALL,
         }
     }
@@ -42,7 +51,7 @@ impl DimList {
         }
         let mut out = DimList::ALL;
         for (k, &d) in dims.iter().enumerate() {
-            out.dims[k] = i8::try_from(d).map_err(|_| format!("dim {d} is out of range"))?;
+            out.dims[k] = saturate(d);
         }
         out.len = dims.len() as u8;
         Ok(out)
