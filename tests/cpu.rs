@@ -243,6 +243,9 @@ fn agree(paths: &[PathBuf]) {
                 compared += 1;
             }
             (Err(a), Err(b)) => assert_eq!(a, b, "{}: both refuse it, alike", p.display()),
+            // the one difference by design: the cpu device holds real values in host memory
+            // (fixtures/bad/corpus/w_cpu_sum_of_huge_view.toml)
+            (Ok(_), Err(b)) if b.contains("more than the host has left") => {}
             (a, b) => panic!("{}: sim {:?} but cpu {:?}", p.display(), a.err(), b.err()),
         }
     }
