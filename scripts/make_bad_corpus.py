@@ -257,6 +257,9 @@ def workloads():
     run("w_cpu_sum_of_huge_view",
         script("e = randn(1).expand(2**31)\ny = e.sum()", extra='device = "cpu"\n'),
         "float64 copies", "a 16 GiB working copy of a view of one element (an abort)")
+    run("w_preset_micro_batches_multiply",
+        MLP_PRESET.replace("[train]\n", "[train]\niterations = 10000\ngrad_accum = 1024\n", 1),
+        "micro-batches", "10,000 iterations of 1,024 micro-batches: each bounded, the product not")
     run("w_nan_is_a_number_ok", script("x = full([], fill_value=nan)\ny = x + 1"), "",
         "nan is a number, as inf is", exit=0)
 

@@ -76,6 +76,9 @@ pub struct PresetInfo {
 }
 
 /// The integer keys of `[train]`.
+/// The most micro-batches (iterations x grad_accum) a preset runs.
+const MAX_MICRO_BATCHES: u64 = 100_000;
+
 pub const TRAIN_INTS: &[&str] = &["batch", "iterations", "grad_accum"];
 
 fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
@@ -662,13 +665,26 @@ fn read_train(t: &Reader<'_>) -> PResult<Train> {
             "retain_graph applies to backward, which only mode = \"train\" runs",
         ));
     }
+    let grad_accum = t.int("grad_accum", Some(1), "")?;
+    // each bounded alone, but they multiply: a micro-batch is a whole forward and backward
+    let micro = (iterations as u64).saturating_mul(grad_accum);
+    if micro > MAX_MICRO_BATCHES {
+        return Err(SyntaxError::new(
+            train_value(t, "grad_accum"),
+            format!(
+                "iterations x grad_accum is {micro} micro-batches, more than the {} gpumem runs: \
+                 a few iterations show the memory of every one",
+                crate::units::group_digits(MAX_MICRO_BATCHES)
+            ),
+        ));
+    }
     Ok(Train {
         batch,
         iterations,
         optimizer,
         bf16: precision == "bf16-autocast",
         checkpointing: t.flag("checkpointing")?,
-        grad_accum: t.int("grad_accum", Some(1), "")?,
+        grad_accum,
         mode,
         keep_tensor,
         retain_graph,
