@@ -10,6 +10,9 @@ use gpumem::cli::Cli;
 use gpumem::commands::{self, Outcome};
 use gpumem::report::style;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Log lines go to stderr: `RUST_LOG` when set (`gpumem=debug`, `debug`, `gpumem::alloc=trace`,
 /// ...), else warnings, debug with -v, trace with -vv.
 fn init_logging(verbose: u8, color: bool) -> anyhow::Result<()> {

@@ -38,7 +38,7 @@ impl Runner {
             tensors: Vec::new(),
         };
         for (k, _) in &a.kw {
-            if k != "from" && !e.params.iter().any(|p| p.name() == k) {
+            if *k != "from" && !e.params.iter().any(|p| p.name() == *k) {
                 return script(
                     span,
                     format!(

@@ -8,10 +8,11 @@
 use super::{engine_err, script, Flow, Mark, Runner, Value};
 use crate::engine::layout::Layout;
 use crate::engine::op::script as script_table;
+use crate::engine::op::script::Entry;
 use crate::engine::op::{Hyper, ViewKind};
 use crate::engine::optim::{OptimKind, Optimizer};
 use crate::engine::TensorId;
-use crate::workload::ast::{Expr, IndexItem, Span};
+use crate::workload::ast::{Expr, Ident, IndexItem, Span};
 
 /// A runtime function or method: its signature (`f(...)`, `x.f(...)` on a tensor, `opt.f(...)`
 /// on an optimizer), what it does, and what runs it (with the receiver, or `none`).
@@ -324,16 +325,55 @@ fn rt_requires_grad(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow
     Ok(Value::Tensor(me.dev.retain(t)))
 }
 
-/// Evaluated arguments: positional values and keyword values.
-#[derive(Default)]
-pub(super) struct Args {
-    pub pos: Vec<Value>,
-    pub kw: Vec<(String, Value)>,
+/// What a called name reaches: a function of the runner or an op's entry.
+#[derive(Clone, Copy)]
+enum Callee {
+    Runtime(&'static Runtime),
+    Entry(&'static Entry),
 }
 
-impl Args {
+/// Every callee in one table, so that a call's [`Ident`] keeps the one it reached as an index
+/// (the same index for every run: the table is fixed).
+struct Callees(std::sync::OnceLock<Vec<Callee>>);
+
+static CALLEES: Callees = Callees(std::sync::OnceLock::new());
+
+impl Callees {
+    fn get(&self) -> &[Callee] {
+        self.0.get_or_init(|| {
+            RUNTIME_FUNCTIONS
+                .iter()
+                .chain(RUNTIME_METHODS)
+                .map(Callee::Runtime)
+                .chain(script_table::all_entries().map(Callee::Entry))
+                .collect()
+        })
+    }
+
+    fn index(&self, c: Callee) -> u32 {
+        let same = |x: &Callee| match (x, c) {
+            (Callee::Runtime(a), Callee::Runtime(b)) => std::ptr::eq(*a, b),
+            (Callee::Entry(a), Callee::Entry(b)) => std::ptr::eq(*a, b),
+            _ => false,
+        };
+        self.get()
+            .iter()
+            .position(same)
+            .expect("every callee is in the table") as u32
+    }
+}
+
+/// Evaluated arguments: positional values and keyword values.
+#[derive(Default)]
+pub(super) struct Args<'a> {
+    pub pos: Vec<Value>,
+    /// Keyword arguments by their name in the script.
+    pub kw: Vec<(&'a str, Value)>,
+}
+
+impl Args<'_> {
     pub fn kw(&self, name: &str) -> Option<&Value> {
-        self.kw.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+        self.kw.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
     }
 }
 
@@ -356,7 +396,7 @@ pub fn method_names() -> Vec<&'static str> {
 }
 
 impl Runner {
-    fn args(&mut self, args: &[Expr], kwargs: &[(String, Expr)]) -> Flow<Args> {
+    fn args<'a>(&mut self, args: &[Expr], kwargs: &'a [(String, Expr)]) -> Flow<Args<'a>> {
         let mut out = Args::default();
         for a in args {
             match self.eval(a) {
@@ -369,7 +409,7 @@ impl Runner {
         }
         for (k, a) in kwargs {
             match self.eval(a) {
-                Ok(v) => out.kw.push((k.clone(), v)),
+                Ok(v) => out.kw.push((k.as_str(), v)),
                 Err(e) => {
                     self.drop_args(out);
                     return Err(e);
@@ -410,7 +450,7 @@ impl Runner {
     pub(super) fn call(
         &mut self,
         span: Span,
-        func: &str,
+        func: &Ident,
         args: &[Expr],
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
@@ -420,24 +460,41 @@ impl Runner {
         r
     }
 
-    fn call_with(&mut self, span: Span, func: &str, a: &Args) -> Flow<Value> {
-        if let Some(f) = runtime(RUNTIME_FUNCTIONS, "", func).map(|r| r.call) {
-            self.calling = match func {
-                "sgd" => "sgd",
-                "adam" => "adam",
-                _ => "adamw",
-            };
-            return f(self, span, &Value::None, a);
-        }
-        match script_table::lookup(func, false) {
-            Some(e) => self.call_entry(span, e, None, a),
-            None => script(
-                span,
-                format!(
-                    "unknown function '{func}'; known: {}",
-                    function_names().join(", ")
-                ),
-            ),
+    fn call_with(&mut self, span: Span, func: &Ident, a: &Args) -> Flow<Value> {
+        let callee = match func.resolved() {
+            Some(i) => CALLEES.get()[i as usize],
+            None => {
+                let found = match runtime(RUNTIME_FUNCTIONS, "", func) {
+                    Some(r) => Some(Callee::Runtime(r)),
+                    None => script_table::lookup(func, false).map(Callee::Entry),
+                };
+                match found {
+                    Some(c) => {
+                        func.set_resolved(CALLEES.index(c));
+                        c
+                    }
+                    None => {
+                        return script(
+                            span,
+                            format!(
+                                "unknown function '{func}'; known: {}",
+                                function_names().join(", ")
+                            ),
+                        )
+                    }
+                }
+            }
+        };
+        match callee {
+            Callee::Runtime(r) => {
+                self.calling = match func.as_str() {
+                    "sgd" => "sgd",
+                    "adam" => "adam",
+                    _ => "adamw",
+                };
+                (r.call)(self, span, &Value::None, a)
+            }
+            Callee::Entry(e) => self.call_entry(span, e, None, a),
         }
     }
 
@@ -474,8 +531,7 @@ impl Runner {
             }
         }
         for (k, _) in &a.kw {
-            if !["lr", "momentum", "weight_decay", "betas", "eps", "foreach"].contains(&k.as_str())
-            {
+            if !["lr", "momentum", "weight_decay", "betas", "eps", "foreach"].contains(k) {
                 return script(
                     span,
                     format!("{func} got an unexpected keyword argument '{k}'"),
@@ -521,7 +577,7 @@ impl Runner {
         &mut self,
         span: Span,
         recv: &Value,
-        name: &str,
+        name: &Ident,
         args: &[Expr],
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
@@ -573,19 +629,34 @@ impl Runner {
         Ok(())
     }
 
-    fn tensor_method(&mut self, span: Span, t: TensorId, name: &str, a: &Args) -> Flow<Value> {
-        if let Some(f) = runtime(RUNTIME_METHODS, "x.", name).map(|r| r.call) {
-            return f(self, span, &Value::Tensor(t), a);
-        }
-        match script_table::lookup(name, true) {
-            Some(e) => self.call_entry(span, e, Some(t), a),
-            None => script(
-                span,
-                format!(
-                    "tensors have no method '{name}' in gpumem's engine; known: {}",
-                    method_names().join(", ")
-                ),
-            ),
+    fn tensor_method(&mut self, span: Span, t: TensorId, name: &Ident, a: &Args) -> Flow<Value> {
+        let callee = match name.resolved() {
+            Some(i) => CALLEES.get()[i as usize],
+            None => {
+                let found = match runtime(RUNTIME_METHODS, "x.", name) {
+                    Some(r) => Some(Callee::Runtime(r)),
+                    None => script_table::lookup(name, true).map(Callee::Entry),
+                };
+                match found {
+                    Some(c) => {
+                        name.set_resolved(CALLEES.index(c));
+                        c
+                    }
+                    None => {
+                        return script(
+                            span,
+                            format!(
+                                "tensors have no method '{name}' in gpumem's engine; known: {}",
+                                method_names().join(", ")
+                            ),
+                        )
+                    }
+                }
+            }
+        };
+        match callee {
+            Callee::Runtime(r) => (r.call)(self, span, &Value::Tensor(t), a),
+            Callee::Entry(e) => self.call_entry(span, e, Some(t), a),
         }
     }
 

@@ -10,6 +10,7 @@
 //! block), after backward, and at the end, with the peaks since the iteration's start: it
 //! resets the peak counters at each iteration start, as ../shared/tools/reference_models.py does.
 
+mod names;
 mod value;
 
 use std::collections::HashMap;
@@ -22,7 +23,9 @@ use crate::engine::{Category, DType, EngineError, TensorId, Tensors};
 use crate::error::Error;
 use crate::trace::StackId;
 use crate::units::GIB;
-use crate::workload::ast::{BinOp, BlockKind, Expr, ExprKind, Span, Stmt, StmtKind, Workload};
+use crate::workload::ast::{
+    BinOp, BlockKind, Expr, ExprKind, Ident, Span, Stmt, StmtKind, Workload,
+};
 
 pub use crate::analysis::record::{
     IterationStats, Mark, NamedValues, PeakBreakdown, RunOom, RunOutcome,
@@ -82,8 +85,10 @@ struct Runner {
     /// With `capture_grads`: the named parameters (handles held), and what was captured.
     named: Option<Vec<(String, TensorId)>>,
     grads: Option<Vec<NamedValues>>,
-    // (FxHash: names are hashed on every statement; no stranger chooses them)
-    vars: rustc_hash::FxHashMap<String, Value>,
+    /// Variables by slot ([`names`]): `None` where the name is unbound.
+    vars: Vec<Option<Value>>,
+    /// Each variable name's slot.
+    slots: rustc_hash::FxHashMap<String, u32>,
     kept: Vec<TensorId>,
     marks: Vec<Mark>,
     iteration: Option<u32>,
@@ -194,7 +199,8 @@ pub fn run_on(
         data,
         named: capture.then(Vec::new),
         grads: None,
-        vars: rustc_hash::FxHashMap::default(),
+        vars: Vec::new(),
+        slots: names::resolve(workload),
         kept: Vec::new(),
         marks: Vec::new(),
         iteration: None,
@@ -214,8 +220,12 @@ pub fn run_on(
     let to_error =
         |path: &PathBuf, span: Span, msg: String| Error::input(path.clone(), span.location(), msg);
     let path = path.to_path_buf();
+    r.vars.resize_with(r.slots.len(), || None);
     for (k, v) in &workload.params {
-        r.vars.insert(k.clone(), Value::Int(*v));
+        let slot = r.slots[k.as_str()] as usize;
+        if let Some(old) = r.vars[slot].replace(Value::Int(*v)) {
+            r.drop_value(old);
+        }
     }
     r.iter_stack = r.dev.alloc.recorder_mut().push_tag("setup");
     let setup = r.block(&workload.setup);
@@ -535,7 +545,8 @@ impl Runner {
             }
             StmtKind::Del(names) => {
                 for n in names {
-                    match self.vars.remove(n) {
+                    let slot = self.slot(n);
+                    match self.vars[slot].take() {
                         Some(v) => self.drop_value(v),
                         None => return script(s.span, format!("name '{n}' is not defined")),
                     }
@@ -622,7 +633,7 @@ impl Runner {
                 BlockKind::Checkpoint { hold } => {
                     let mut held = Vec::new();
                     for n in hold {
-                        match self.vars.get(n) {
+                        match &self.vars[self.slot(n)] {
                             Some(Value::Tensor(t)) => held.push(*t),
                             Some(_) => {
                                 return script(
@@ -658,13 +669,18 @@ impl Runner {
         saved
     }
 
-    fn assign(&mut self, name: &str, v: Value) {
-        // a rebound name keeps its key (no new String)
-        let old = match self.vars.get_mut(name) {
-            Some(slot) => Some(std::mem::replace(slot, v)),
-            None => self.vars.insert(name.to_string(), v),
-        };
-        if let Some(old) = old {
+    /// The variable slot of a name ([`names::resolve`] gave every name of the script one).
+    #[inline]
+    fn slot(&self, name: &Ident) -> usize {
+        match name.resolved() {
+            Some(s) => s as usize,
+            None => self.slots[name.as_str()] as usize,
+        }
+    }
+
+    fn assign(&mut self, name: &Ident, v: Value) {
+        let slot = self.slot(name);
+        if let Some(old) = self.vars[slot].replace(v) {
             self.drop_value(old);
         }
     }
@@ -684,7 +700,7 @@ impl Runner {
     /// A value that the caller will drop: for a name, another handle on its tensor.
     fn eval(&mut self, e: &Expr) -> Flow<Value> {
         match &e.kind {
-            ExprKind::Name(n) => match self.vars.get(n) {
+            ExprKind::Name(n) => match &self.vars[self.slot(n)] {
                 Some(v) => {
                     let v = v.clone();
                     Ok(self.share(v))

@@ -12,7 +12,7 @@ pub struct Ring<T> {
 }
 
 impl<T: Copy> Ring<T> {
-    /// Default capacity: 4 Mi entries (128 MiB of events at most, allocated as they come).
+    /// Default capacity: 4 Mi entries (96 MiB of events at most).
     pub const DEFAULT_CAPACITY: usize = 4 << 20;
 
     /// A ring of at most `cap` entries (at least 1).
@@ -29,6 +29,12 @@ impl<T: Copy> Ring<T> {
     pub fn push(&mut self, v: T) {
         self.total += 1;
         if self.buf.len() < self.cap {
+            if self.buf.len() == self.buf.capacity() {
+                // the whole capacity at once, as address space: pages are touched as events
+                // come, and no growth copies what was recorded (a doubling vector copied
+                // about as many bytes as it kept, and faulted in each new copy)
+                self.buf.reserve_exact(self.cap - self.buf.len());
+            }
             self.buf.push(v);
         } else {
             self.buf[self.head] = v;

@@ -4,6 +4,7 @@
 //! line and character column), not in the `setup`/`body` string.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::alloc::AllocConf;
 
@@ -113,6 +114,105 @@ impl fmt::Display for Span {
     }
 }
 
+/// A name in a script: a variable (assigned, deleted, read, a loop's counter) or a function
+/// or method called. It reads, compares and prints as its text; beside the text it keeps what
+/// the runner resolved it to (a variable's slot, a call's entry), so that a statement run a
+/// million times looks its names up once. Resolutions depend on the script alone, never on a
+/// run's state, so runs sharing a script (in parallel too) store the same values.
+pub struct Ident {
+    text: String,
+    resolved: AtomicU32,
+}
+
+impl Ident {
+    const UNRESOLVED: u32 = u32::MAX;
+
+    pub fn new(text: impl Into<String>) -> Self {
+        Ident {
+            text: text.into(),
+            resolved: AtomicU32::new(Self::UNRESOLVED),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// What the runner stored with [`Ident::set_resolved`], if anything.
+    #[inline]
+    pub fn resolved(&self) -> Option<u32> {
+        match self.resolved.load(Ordering::Relaxed) {
+            Self::UNRESOLVED => None,
+            v => Some(v),
+        }
+    }
+
+    /// Stores a resolution (`u32::MAX` is not one).
+    pub fn set_resolved(&self, v: u32) {
+        debug_assert!(v != Self::UNRESOLVED);
+        self.resolved.store(v, Ordering::Relaxed);
+    }
+}
+
+impl Clone for Ident {
+    fn clone(&self) -> Self {
+        Ident {
+            text: self.text.clone(),
+            resolved: AtomicU32::new(self.resolved.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl std::ops::Deref for Ident {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.text, f)
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Names compare by their text (a resolved name equals the same name unresolved).
+impl PartialEq for Ident {
+    fn eq(&self, other: &Ident) -> bool {
+        self.text == other.text
+    }
+}
+
+impl PartialEq<str> for Ident {
+    fn eq(&self, other: &str) -> bool {
+        self.text == other
+    }
+}
+
+impl PartialEq<&str> for Ident {
+    fn eq(&self, other: &&str) -> bool {
+        self.text == *other
+    }
+}
+
+impl From<String> for Ident {
+    fn from(s: String) -> Self {
+        Ident::new(s)
+    }
+}
+
+impl From<&str> for Ident {
+    fn from(s: &str) -> Self {
+        Ident::new(s)
+    }
+}
+
 /// One statement (one logical line, or a block with its lines).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stmt {
@@ -124,11 +224,11 @@ pub struct Stmt {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StmtKind {
     /// `x = EXPR` (one target) or `a, b = EXPR` (several: the value is unpacked).
-    Assign { targets: Vec<String>, value: Expr },
+    Assign { targets: Vec<Ident>, value: Expr },
     /// `x[items] = EXPR`: the value copied into the indexed view of `x`, in place.
     SetItem { target: Expr, value: Expr },
     /// `del x` or `del x, y`.
-    Del(Vec<String>),
+    Del(Vec<Ident>),
     /// A bare expression, e.g. `loss.backward()` or `mark("after forward")`.
     Expr(Expr),
     /// `no_grad {` ... `}` and the other blocks.
@@ -145,13 +245,13 @@ pub enum BlockKind {
     /// `checkpoint {`: activation checkpointing of the statements inside; `checkpoint(a, b) {`
     /// also holds tensors the region's function was called with (as
     /// `torch.utils.checkpoint(fn, *args)` does) until its backward is done.
-    Checkpoint { hold: Vec<String> },
+    Checkpoint { hold: Vec<Ident> },
     /// `scope "encoder.layer3" {`: a module-path tag for what is allocated inside.
     Scope(String),
     /// `phase "forward" {`: a phase tag for what is allocated inside.
     Phase(String),
     /// `for i in range(N) {`: the statements inside N times, `i` bound to 0, 1, ... N - 1.
-    For { var: String, count: Expr },
+    For { var: Ident, count: Expr },
 }
 
 impl fmt::Display for BlockKind {
@@ -162,7 +262,10 @@ impl fmt::Display for BlockKind {
             BlockKind::Autocast { dtype: None } => f.write_str("autocast"),
             BlockKind::Autocast { dtype: Some(d) } => write!(f, "autocast({d})"),
             BlockKind::Checkpoint { hold } if hold.is_empty() => f.write_str("checkpoint"),
-            BlockKind::Checkpoint { hold } => write!(f, "checkpoint({})", hold.join(", ")),
+            BlockKind::Checkpoint { hold } => {
+                let names: Vec<&str> = hold.iter().map(Ident::as_str).collect();
+                write!(f, "checkpoint({})", names.join(", "))
+            }
             BlockKind::Scope(s) => write!(f, "scope {}", quoted(s)),
             BlockKind::Phase(s) => write!(f, "phase {}", quoted(s)),
             BlockKind::For { var, count } => write!(f, "for {var} in range({count})"),
@@ -180,7 +283,7 @@ pub struct Expr {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExprKind {
-    Name(String),
+    Name(Ident),
     Int(i64),
     Float(f64),
     Str(String),
@@ -198,14 +301,14 @@ pub enum ExprKind {
     },
     /// `f(args, k=v)`: a call of a plain name.
     Call {
-        func: String,
+        func: Ident,
         args: Vec<Expr>,
         kwargs: Vec<(String, Expr)>,
     },
     /// `recv.name(args, k=v)`
     Method {
         recv: Box<Expr>,
-        name: String,
+        name: Ident,
         args: Vec<Expr>,
         kwargs: Vec<(String, Expr)>,
     },

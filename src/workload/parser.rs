@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::ast::{BinOp, BlockKind, Expr, ExprKind, IndexItem, Span, Stmt, StmtKind};
+use super::ast::{BinOp, BlockKind, Expr, ExprKind, Ident, IndexItem, Span, Stmt, StmtKind};
 use super::error::{PResult, SyntaxError};
 use super::lexer::{lex, Tok, Token};
 use super::source::Text;
@@ -205,7 +205,7 @@ impl Parser<'_> {
                 }
             }
             self.end_of_line("the del statement")?;
-            let names = names.into_iter().map(|(n, _)| n).collect();
+            let names = names.into_iter().map(|(n, _)| n.into()).collect();
             return Ok(Stmt {
                 kind: StmtKind::Del(names),
                 span,
@@ -236,7 +236,7 @@ impl Parser<'_> {
                     span,
                 });
             }
-            let mut names: Vec<(String, Span)> = Vec::new();
+            let mut names: Vec<(Ident, Span)> = Vec::new();
             for t in targets {
                 let ExprKind::Name(name) = t.kind else {
                     return Err(SyntaxError::new(
@@ -308,7 +308,7 @@ impl Parser<'_> {
         let kind = match keyword.as_str() {
             "no_grad" => BlockKind::NoGrad,
             "checkpoint" => BlockKind::Checkpoint {
-                hold: self.held_names()?,
+                hold: self.held_names()?.into_iter().map(Ident::from).collect(),
             },
             "autocast" => BlockKind::Autocast {
                 dtype: self.autocast_dtype()?,
@@ -398,7 +398,10 @@ impl Parser<'_> {
         }
         self.leave();
         self.bump();
-        Ok(BlockKind::For { var, count })
+        Ok(BlockKind::For {
+            var: var.into(),
+            count,
+        })
     }
 
     /// The optional `(bf16)` or `(dtype=bf16)` after `autocast`.
@@ -540,7 +543,7 @@ impl Parser<'_> {
                         e = Expr::new(
                             ExprKind::Method {
                                 recv,
-                                name,
+                                name: name.into(),
                                 args,
                                 kwargs,
                             },
@@ -580,7 +583,7 @@ impl Parser<'_> {
                 "del" => {
                     return self.error("'del' is a statement (del x), not a value");
                 }
-                _ => ExprKind::Name(n),
+                _ => ExprKind::Name(n.into()),
             },
             Tok::LParen => {
                 self.enter(span)?;

@@ -336,9 +336,23 @@ fn full_example_body_ast_and_spans() {
         .iter()
         .map(|s| {
             let text = match &s.kind {
-                StmtKind::Assign { targets, value } => format!("{} = {value}", targets.join(", ")),
+                StmtKind::Assign { targets, value } => format!(
+                    "{} = {value}",
+                    targets
+                        .iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 StmtKind::SetItem { target, value } => format!("{target} = {value}"),
-                StmtKind::Del(names) => format!("del {}", names.join(", ")),
+                StmtKind::Del(names) => format!(
+                    "del {}",
+                    names
+                        .iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 StmtKind::Expr(e) => e.to_string(),
                 StmtKind::Block { .. } => panic!("{s:?}"),
             };
