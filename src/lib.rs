@@ -24,6 +24,7 @@ pub mod cli;
 pub mod commands;
 pub mod engine;
 pub mod error;
+pub mod hostalloc;
 pub mod input;
 pub mod interrupt;
 pub mod report;

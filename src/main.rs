@@ -11,7 +11,7 @@ use gpumem::commands::{self, Outcome};
 use gpumem::report::style;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: gpumem::hostalloc::HostAlloc = gpumem::hostalloc::HostAlloc;
 
 /// Log lines go to stderr: `RUST_LOG` when set (`gpumem=debug`, `debug`, `gpumem::alloc=trace`,
 /// ...), else warnings, debug with -v, trace with -vv.
