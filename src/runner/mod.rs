@@ -106,16 +106,31 @@ struct Runner {
     /// syntax tree, which outlives the runner (`run_on` borrows the workload): a module path
     /// is hashed once per run, not once per visit.
     scope_tags: rustc_hash::FxHashMap<(usize, usize), crate::trace::TagId>,
-    /// Statements run so far, against [`MAX_STATEMENTS`].
+    /// Statements run so far, against `max_statements`.
     statements: u64,
+    /// [`statement_bound`] of the workload.
+    max_statements: u64,
 }
 
-/// The most statements one run executes (setup, every iteration and every loop pass together,
-/// each pass of a loop counting as one more):
-/// each count is bounded alone, but loops nest and multiply with iterations, and a run of a
-/// billion statements is a typo, not a workload. A Llama-3-8B-sized model generating 64k
-/// tokens runs about 90 million.
+/// The most statements a script runs (setup, every iteration and every loop pass together,
+/// each pass of a loop counting as one more): each count is bounded alone, but loops nest and
+/// multiply with iterations, and a hand-written script of a hundred million statements (about
+/// 15 s of simulation) is a typo, not a workload.
 pub const MAX_STATEMENTS: u64 = 100_000_000;
+
+/// The statement bound of a run of `w`: [`MAX_STATEMENTS`] for a script; none for a model
+/// gpumem writes the script of (a `[model]` preset, a Hugging Face config, a torchvision
+/// model), whose counts are bounded by name instead ([`crate::workload::limits`]) and whose
+/// length is the work asked for. A Llama-3-8B-sized model generating at batch 8 runs about
+/// 3.9 million statements per 1,024 tokens, so a bound of statements would refuse 32k tokens
+/// that fit in memory, and `fit` on `new_tokens` would stop at it.
+pub fn statement_bound(w: &Workload) -> u64 {
+    if w.preset.is_some() {
+        u64::MAX
+    } else {
+        MAX_STATEMENTS
+    }
+}
 
 /// The most tensors and autograd nodes alive at once (about 1 GB of the host's memory; a
 /// Llama-3-8B training step keeps under 10,000).
@@ -212,6 +227,7 @@ pub fn run_on(
         calling: "",
         scope_tags: Default::default(),
         statements: 0,
+        max_statements: statement_bound(workload),
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
@@ -439,14 +455,14 @@ impl Runner {
     }
 
     /// Before each statement and each pass of a loop: a stop asked for (Ctrl-C), and the
-    /// run's bound on statements ([`MAX_STATEMENTS`]; a loop pass counts as one).
+    /// run's bound on statements ([`statement_bound`]; a loop pass counts as one).
     #[inline]
     fn tick(&mut self, span: Span) -> Flow<()> {
         if crate::interrupt::requested() {
             return Err(Stop::Interrupted);
         }
         self.statements += 1;
-        if self.statements > MAX_STATEMENTS {
+        if self.statements > self.max_statements {
             return script(
                 span,
                 format!(
@@ -940,3 +956,25 @@ mod bind;
 mod builtins;
 mod files;
 pub mod remedies;
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    /// Scripts are bounded in statements; models gpumem writes the script of are not (their
+    /// counts are bounded by name), so a long generation runs to the end.
+    #[test]
+    fn only_scripts_are_bounded_in_statements() {
+        let p = Path::new("w.toml");
+        let script =
+            crate::workload::parse("[workload]\nname = \"s\"\nbody = \"x = randn(4)\"\n", p)
+                .unwrap();
+        assert_eq!(statement_bound(&script), MAX_STATEMENTS);
+        let preset = crate::workload::parse(
+            "[workload]\nname = \"m\"\n[model]\nkind = \"mlp\"\nd_in = 8\nhidden = 8\nlayers = 1\nd_out = 2\n[train]\nbatch = 2\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(statement_bound(&preset), u64::MAX);
+    }
+}
