@@ -28,6 +28,9 @@ _gpumem() {
             gpumem,completions)
                 cmd="gpumem__subcmd__completions"
                 ;;
+            gpumem,devices)
+                cmd="gpumem__subcmd__devices"
+                ;;
             gpumem,diff)
                 cmd="gpumem__subcmd__diff"
                 ;;
@@ -64,6 +67,9 @@ _gpumem() {
             gpumem__subcmd__help,completions)
                 cmd="gpumem__subcmd__help__subcmd__completions"
                 ;;
+            gpumem__subcmd__help,devices)
+                cmd="gpumem__subcmd__help__subcmd__devices"
+                ;;
             gpumem__subcmd__help,diff)
                 cmd="gpumem__subcmd__help__subcmd__diff"
                 ;;
@@ -95,7 +101,7 @@ _gpumem() {
 
     case "${cmd}" in
         gpumem)
-            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch completions help"
+            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch devices completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -240,6 +246,24 @@ _gpumem() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpumem__subcmd__devices)
+            opts="-v -h --json --verbose --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpumem__subcmd__diff)
             opts="-v -h --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -331,7 +355,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__help)
-            opts="run summary check export diff fit plot replay bench compare-torch completions help"
+            opts="run summary check export diff fit plot replay bench compare-torch devices completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -387,6 +411,20 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__help__subcmd__completions)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpumem__subcmd__help__subcmd__devices)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

@@ -74,6 +74,16 @@ impl SimSource {
         self
     }
 
+    /// The address the next `malloc` (or, with `reserve`, the next `reserve`) is to return: a
+    /// device whose driver chose the address keeps its record here.
+    pub fn hint_next(&mut self, addr: u64, reserve: bool) {
+        if reserve {
+            self.reserve_hints.push_front(addr);
+        } else {
+            self.malloc_hints.push_front(addr);
+        }
+    }
+
     /// Bytes of device memory the allocator holds through this source.
     pub fn used(&self) -> u64 {
         self.used

@@ -10,11 +10,13 @@
 //! - [`sim`]: the simulated device. Addresses and sizes only; computes nothing.
 //! - [`cpu`]: real numbers in host memory held at the allocator's addresses; its kernels are the
 //!   reference the CUDA kernels will be checked against.
+//! - [`cuda`]: segments and pages from the NVIDIA driver at its addresses; no kernels yet.
 //!
 //! Nothing outside this module knows which device runs: the runner opens one by name with
 //! [`open`] and gets an [`AnyDevice`].
 
 pub mod cpu;
+pub mod cuda;
 pub mod sim;
 
 use std::fmt::Debug;
@@ -84,21 +86,28 @@ pub enum AnyDevice {
     /// The simulated device is the address model itself.
     Sim(SimSource),
     Cpu(cpu::CpuDevice),
+    Cuda(Box<cuda::CudaDevice>),
 }
 
 /// The device names `--device` and `device = "..."` accept, and whether this build has each.
-pub const DEVICES: &[(&str, bool)] = &[("sim", true), ("cpu", true), ("cuda", false)];
+pub const DEVICES: &[(&str, bool)] = &[("sim", true), ("cpu", true), ("cuda", true)];
 
 /// Opens device `name` with `total` bytes of memory, `overhead` of which the CUDA context holds.
-pub fn open(name: &str, total: u64, overhead: u64) -> Result<AnyDevice, String> {
+/// The CUDA device has its own memory: `given` is the capacity the user asked for, if any (at
+/// most that much is taken there).
+pub fn open(
+    name: &str,
+    total: u64,
+    overhead: u64,
+    given: Option<u64>,
+) -> Result<AnyDevice, String> {
     let src = SimSource::new(total, overhead);
     match name {
         "sim" => Ok(AnyDevice::Sim(src)),
         "cpu" => Ok(AnyDevice::Cpu(cpu::CpuDevice::new(src))),
-        "cuda" => Err(
-            "the cuda backend is not built yet in this version of gpumem; use --device sim or cpu"
-                .into(),
-        ),
+        // the allocator may take what the context leaves of a capacity given, as simulated
+        "cuda" => cuda::open(given.map(|g| g.saturating_sub(overhead)))
+            .map(|d| AnyDevice::Cuda(Box::new(d))),
         other => Err(format!(
             "unknown device '{other}': expected sim, cpu or cuda"
         )),
@@ -112,6 +121,7 @@ impl AnyDevice {
         match self {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d.into_source(),
+            AnyDevice::Cuda(d) => (*d).into_addresses(),
         }
     }
 
@@ -119,6 +129,7 @@ impl AnyDevice {
         match self {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d,
+            AnyDevice::Cuda(d) => &**d,
         }
     }
 
@@ -126,6 +137,7 @@ impl AnyDevice {
         match self {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d,
+            AnyDevice::Cuda(d) => &mut **d,
         }
     }
 }

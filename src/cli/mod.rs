@@ -68,7 +68,30 @@ pub enum Command {
     Replay(ReplayArgs),
     Bench(BenchArgs),
     CompareTorch(CompareTorchArgs),
+    Devices(DevicesArgs),
     Completions(CompletionsArgs),
+}
+
+/// List the NVIDIA GPUs of this machine: name, memory total, used and free, the driver and
+/// CUDA versions, and the processes holding memory on each (pid and bytes).
+///
+/// The figures are NVML's, the driver's management library (what nvidia-smi shows): "used"
+/// counts every process's memory, its CUDA context and libraries included, not only what
+/// PyTorch's allocator reserved. `--device cuda` runs a workload on the first of these (the
+/// first of CUDA_VISIBLE_DEVICES).
+///
+/// Examples:
+///   gpumem devices
+///   gpumem devices --json
+///
+/// Without an NVIDIA driver it says so and exits 2; gpumem's simulated device (the default of
+/// every other command) needs no GPU.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
+pub struct DevicesArgs {
+    /// Print JSON (driver_version, cuda_version, gpus with memory and processes).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Print a shell completion script for gpumem: every command, flag and value.

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod check;
 pub mod compare_torch;
 pub mod completions;
+pub mod devices;
 pub mod diff;
 pub mod export;
 pub mod fit;
@@ -190,6 +191,7 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
         Command::Replay(a) => replay::run(a, out),
         Command::Bench(a) => bench::run(a, out),
         Command::CompareTorch(a) => compare_torch::run_cmd(a, out),
+        Command::Devices(a) => devices::run(a, out),
         Command::Completions(a) => completions::run(a, out),
     }
 }

@@ -74,19 +74,14 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     config_flags(args, &mut overrides)?;
     let w = load_workload(&args.workload, &overrides)?;
     let device = match args.device.as_deref() {
-        Some(d) => {
-            crate::backend::open(d, 1 << 30, 0).map_err(|m| Error::usage("--device", m))?;
-            Some(d.to_string())
+        // an unknown name is refused before the workload runs (the device opens with the run)
+        Some(d) if !crate::backend::DEVICES.iter().any(|(n, _)| *n == d) => {
+            return Err(Error::usage(
+                "--device",
+                format!("unknown device '{d}': expected sim, cpu or cuda"),
+            ));
         }
-        None if w.device == crate::workload::Device::Cuda => {
-            // the workload asks for a device this build does not have: say so, run simulated
-            eprintln!(
-                "gpumem: note: {} asks for device \"cuda\", which this build does not have yet; \
-                 running it on the simulated device",
-                args.workload.display()
-            );
-            None
-        }
+        Some(d) => Some(d.to_string()),
         None => None,
     };
     let tty = std::io::stderr().is_terminal();

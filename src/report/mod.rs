@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod check;
 pub mod compare_torch;
+pub mod devices;
 pub mod diff;
 pub mod escape;
 pub mod export;

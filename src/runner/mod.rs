@@ -186,14 +186,13 @@ pub fn run_on(
     );
     // `capacity` is the card's total memory; the CUDA context takes its share of it
     let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
-    // a workload that asks for a device this build lacks runs simulated (`run` says so)
-    let wanted = match workload.device {
-        crate::workload::Device::Cuda => "sim",
-        d => d.as_str(),
+    let given = opts.capacity.or(workload.capacity);
+    let device = match target.device.as_deref() {
+        Some(d) => crate::backend::open(d, capacity, overhead, given)
+            .map_err(|m| Error::usage("--device", m))?,
+        None => crate::backend::open(workload.device.as_str(), capacity, overhead, given)
+            .map_err(|m| Error::input(path.to_path_buf(), "device", m))?,
     };
-    let device_name = target.device.as_deref().unwrap_or(wanted);
-    let device = crate::backend::open(device_name, capacity, overhead)
-        .map_err(|m| Error::usage("--device", m))?;
     let alloc = crate::alloc::CachingAllocator::new(conf, device);
     let dev = Tensors::new(alloc);
     // weights and batches matter only where values are computed
