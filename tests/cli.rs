@@ -847,6 +847,11 @@ fn issue17_device_cuda_runs_or_names_the_missing_driver() {
         Some(0) => {
             let cuda: Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(cuda["device"], "cuda");
+            assert_eq!(cuda["driver"]["measured"], true);
+            assert!(
+                cuda["driver"]["process_used"].as_u64().unwrap()
+                    > cuda["driver"]["reserved"].as_u64().unwrap()
+            );
             let sim: Value = serde_json::from_slice(
                 &gpumem()
                     .arg("run")
@@ -881,4 +886,27 @@ fn issue17_devices_lists_gpus_or_names_nvml() {
         }
         other => panic!("exit {other:?}: {stderr}"),
     }
+}
+
+/// Issue 17: a run reports the driver's view of the process. On the simulated device it is
+/// the model (reserved plus the 518 MiB an H200's CUDA context takes), not a measurement.
+#[test]
+fn issue17_the_simulated_device_models_what_nvidia_smi_shows() {
+    let w = fixture("fixtures/workloads/presets/mlp_adam.toml");
+    let out = gpumem().arg("run").arg(&w).arg("--json").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &v["driver"];
+    assert_eq!(d["measured"], false);
+    let reserved = v["memory_stats"]["reserved_bytes.all.current"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(d["reserved"].as_u64().unwrap(), reserved);
+    assert_eq!(d["process_used"].as_u64().unwrap(), reserved + (518 << 20));
+    let text = gpumem().arg("run").arg(&w).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("expected in nvidia-smi for this process"),
+        "{text}"
+    );
 }

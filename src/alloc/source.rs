@@ -32,6 +32,9 @@ pub trait SegmentSource {
 
 /// Memory the CUDA context and libraries hold outside PyTorch's allocator on an H200 with
 /// PyTorch 2.11 (from the OOM message's "this process has ... in use" with nothing reserved).
+/// It is the bare context of driver 580: NVML showed a `--device cuda` gpumem process (no
+/// kernels loaded) using exactly reserved + 518 MiB at the end of 8 runs
+/// (`scripts/gpu-cuda-driver-view.sh`, 2026-12-02).
 pub const DEFAULT_CONTEXT_OVERHEAD: u64 = 518 * MIB;
 
 /// A simulated device: a capacity, virtual addresses, refusal past the capacity. Deterministic.

@@ -82,6 +82,20 @@ pub struct RunOutcome {
     /// With `Target::capture_grads` (`crate::runner::Target`) on a data device: each named parameter's gradient
     /// before the first optimizer step, in the order the parameters were made.
     pub grads: Vec<NamedValues>,
+    /// What the driver's view (nvidia-smi, NVML) of the process was at the end of the run.
+    pub driver: Option<DriverView>,
+}
+
+/// The process's device memory as nvidia-smi shows it, against what the allocator reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DriverView {
+    /// NVML's figure for this process (`cuda`), or the simulated device's model of it:
+    /// reserved plus PyTorch's context on an H200 (`sim`, `cpu`).
+    pub process_used: u64,
+    /// `memory_reserved()` at the same moment.
+    pub reserved: u64,
+    /// Whether `process_used` was measured (NVML) rather than modelled.
+    pub measured: bool,
 }
 
 /// A named tensor's values: (name, shape, values).

@@ -204,9 +204,10 @@ pub struct RunArgs {
     pub lora_targets: Option<String>,
 
     /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
-    /// default; sizes and addresses only, no GPU needed), or `cpu` (real numbers in host memory
-    /// at the same addresses: the same allocator figures, plus each iteration's loss). `cuda`
-    /// is not built yet.
+    /// default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory
+    /// at the same addresses: the same allocator figures, plus each iteration's loss), or
+    /// `cuda` (segments from the NVIDIA driver of the first GPU, at its addresses, with NVML's
+    /// view of the process; no kernels yet, so nothing is computed).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 

@@ -21,6 +21,7 @@ pub fn write_text(
     let device = match r.device {
         "sim" => "the simulated device",
         "cpu" => "the cpu device (real numbers in host memory)",
+        "cuda" => "the NVIDIA GPU (segments from its driver; no kernels yet)",
         other => other,
     };
     writeln!(
@@ -156,6 +157,28 @@ pub fn write_text(
             o.error
         )?;
     }
+    if let Some(d) = &r.driver {
+        let outside = d.process_used.saturating_sub(d.reserved);
+        let line = if d.measured {
+            format!(
+                "the driver's view at the end (NVML, as nvidia-smi shows it): this process uses {}: \
+                 {} reserved by the caching allocator + {} outside it (the CUDA context, loaded \
+                 kernels, libraries' handles)",
+                format_bytes(d.process_used),
+                format_bytes(d.reserved),
+                format_bytes(outside)
+            )
+        } else {
+            format!(
+                "expected in nvidia-smi for this process at the end: {} = {} reserved + {} for \
+                 PyTorch's CUDA context and libraries (measured with PyTorch 2.11 on an H200)",
+                format_bytes(d.process_used),
+                format_bytes(d.reserved),
+                format_bytes(outside)
+            )
+        };
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    }
     writeln!(out)?;
     if torch_style {
         torch_summary::write(out, &r.stats, 0)
@@ -194,5 +217,6 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
             "reserved": o.error.reserved,
         })),
         "memory_stats": r.stats.to_flat(),
+        "driver": r.driver,
     })
 }

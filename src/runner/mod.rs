@@ -340,7 +340,16 @@ pub fn run_on(
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
     peak.by_category
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let driver = crate::alloc::SegmentSource::process_used(r.dev.alloc.source()).map(|used| {
+        let reserved = r.dev.alloc.stats().reserved_bytes.all().current as u64;
+        crate::analysis::record::DriverView {
+            process_used: used,
+            reserved,
+            measured: crate::backend::Device::name(r.dev.alloc.source()) == "cuda",
+        }
+    });
     Ok(RunOutcome {
+        driver,
         name: workload.name.clone(),
         capacity,
         alloc_conf: (
