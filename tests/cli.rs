@@ -910,3 +910,54 @@ fn issue17_the_simulated_device_models_what_nvidia_smi_shows() {
         "{text}"
     );
 }
+
+/// Issue 17: fit, check and bench take `--device` as run does: a device gpumem does not know
+/// is exit 2 naming the flag; `cuda` without a driver says what is missing; `sim` runs.
+#[test]
+fn issue17_fit_check_and_bench_take_the_device() {
+    let w = fixture("fixtures/workloads/presets/mlp_adam.toml");
+    let w = w.to_str().unwrap();
+    let runs: [Vec<&str>; 3] = [
+        vec!["fit", w, "--no-remedies", "--capacity", "8GiB"],
+        vec!["check", w, "--budget", "peak_reserved=100GiB"],
+        vec!["bench", "--workload", w, "--repeat", "1"],
+    ];
+    for args in &runs {
+        let out = gpumem()
+            .args(args)
+            .args(["--device", "gpu"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--device") && err.contains("'gpu'"),
+            "{args:?}: {err}"
+        );
+        let out = gpumem()
+            .args(args)
+            .args(["--device", "sim"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let out = gpumem()
+            .args(args)
+            .args(["--device", "cuda"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(2) => assert!(
+                err.contains("libcuda.so.1") || err.contains("no GPU"),
+                "{err}"
+            ),
+            Some(0) => {}
+            other => panic!("{args:?}: exit {other:?}: {err}"),
+        }
+    }
+    let out = gpumem()
+        .args(["bench", "--device", "cuda"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

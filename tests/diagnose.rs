@@ -402,7 +402,7 @@ fn replaying_a_run_trace_rebuilds_its_allocator_state() {
             &path,
             &RunOptions {
                 capacity,
-                iterations: None,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -119,12 +119,16 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__bench)
-            opts="-v -h --repeat --pairs-reps --batch-reps --warmup-ms --pytorch --json --workload --verbose --color --help"
+            opts="-v -h --device --repeat --pairs-reps --batch-reps --warmup-ms --pytorch --json --workload --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --repeat)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -161,12 +165,16 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-v -h --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-v -h --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --baseline)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -321,12 +329,16 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-v -h --capacity --param --max --iterations --no-remedies --json --verbose --color --help"
+            opts="-v -h --device --capacity --param --max --iterations --no-remedies --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --capacity)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -98,6 +98,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l stacks -d 'Sho
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l json -d 'Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l tolerance -d 'A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%). Repeatable; beats the workload\'s [check] table and the baseline\'s settings' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l budget -d 'A budget: METRIC=SIZE (e.g. peak_reserved=20GiB or peak_allocated=1073741824). At the budget passes, one byte over fails. Repeatable' -r
@@ -131,6 +132,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l max -d 'The largest value to try' -r
@@ -164,6 +166,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l torch-style -d 
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l no-trace-addresses -d 'Use the simulator\'s own segment addresses (its model of the CUDA driver\'s address space) instead of the trace\'s; the event trace is then compared without addresses'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l device -d 'With --workload: run it on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l repeat -d 'Repetitions of each pattern (each is timed; the median is reported), 1 to 100' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pairs-reps -d 'Passes over the size list per `pairs` repetition (at most 100,000)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l batch-reps -d 'Passes over the size list per `batch` repetition (at most 100,000)' -r

@@ -371,6 +371,11 @@ pub struct CheckArgs {
     #[arg(required = true, value_name = "INPUT")]
     pub inputs: Vec<PathBuf>,
 
+    /// Run workloads on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
+    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+
     /// The baseline file (JSON). Without --update (or --allow-new) it must exist. Without
     /// --baseline only budgets are checked (--budget, or the workload's [check] table).
     #[arg(long, value_name = "FILE")]
@@ -599,6 +604,11 @@ pub struct FitArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,
 
+    /// Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda`
+    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+
     /// The device's memory (e.g. 24GiB); default: the workload's capacity, or 80 GiB.
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
@@ -761,6 +771,11 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
+    /// With --workload: run it on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
+    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+
     /// Repetitions of each pattern (each is timed; the median is reported), 1 to 100.
     #[arg(
         long,

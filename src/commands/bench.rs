@@ -100,6 +100,7 @@ fn bench_workload(
     let opts = |n: u32| RunOptions {
         capacity: None,
         iterations: Some(n),
+        device: args.device.clone(),
     };
     let mut per_iter_ms = Vec::new();
     let mut events = 0u64;
@@ -157,6 +158,12 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     if let Some(w) = &args.workload {
         return bench_workload(w, args, out);
+    }
+    if args.device.is_some() {
+        return Err(Error::usage(
+            "--device",
+            "applies to --workload runs; the allocator patterns run on the simulated device",
+        ));
     }
     let (torch, source): (TorchBench, String) = match &args.pytorch {
         Some(path) => {

@@ -157,10 +157,18 @@ fn entry_table(path: &Path, name: &str, e: &Entry) -> Result<CheckTable> {
 }
 
 /// Runs a workload, or reads a snapshot, and measures it.
-fn measure(path: &Path, overrides: &crate::workload::Overrides) -> Result<Input> {
+fn measure(
+    path: &Path,
+    overrides: &crate::workload::Overrides,
+    device: Option<&str>,
+) -> Result<Input> {
     if path.extension().is_some_and(|e| e == "toml") {
         let w = load_workload(path, overrides)?;
-        let r = crate::runner::run(&w, path, &Default::default())?;
+        let opts = crate::runner::RunOptions {
+            device: device.map(str::to_string),
+            ..Default::default()
+        };
+        let r = crate::runner::run(&w, path, &opts)?;
         let found = findings::analyze(
             &RunRecord {
                 allocator: &r.allocator,
@@ -293,7 +301,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
     let mut inputs: Vec<Input> = Vec::new();
     for p in &args.inputs {
         bar.set_message(p.display().to_string());
-        let input = measure(p, &overrides);
+        let input = measure(p, &overrides, args.device.as_deref());
         bar.inc(1);
         if input.is_err() {
             bar.finish_and_clear();

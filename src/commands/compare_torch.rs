@@ -337,6 +337,7 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
     let opts = RunOptions {
         capacity,
         iterations: None,
+        device: None,
     };
     let outcome = match run(&w, path, &opts) {
         Ok(o) => o,

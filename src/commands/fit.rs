@@ -77,6 +77,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let opts = RunOptions {
         capacity,
         iterations: args.iterations,
+        device: args.device.clone(),
     };
     let mut candidates: Vec<(String, String, Overrides)> = vec![(
         "as written".into(),

@@ -99,6 +99,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     let opts = RunOptions {
         capacity,
         iterations: args.iterations,
+        device: None,
     };
     let target = Target {
         device,

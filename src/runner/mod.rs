@@ -43,6 +43,9 @@ pub struct RunOptions {
     pub capacity: Option<u64>,
     /// Overrides the workload's iteration count.
     pub iterations: Option<u32>,
+    /// Overrides the workload's device (`--device` of fit, check and bench; `run` gives it in
+    /// its [`Target`], which wins). Out-of-memory remedies run on it too, else simulated.
+    pub device: Option<String>,
 }
 
 /// Where a run goes and what it keeps beyond memory.
@@ -187,7 +190,7 @@ pub fn run_on(
     // `capacity` is the card's total memory; the CUDA context takes its share of it
     let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
     let given = opts.capacity.or(workload.capacity);
-    let device = match target.device.as_deref() {
+    let device = match target.device.as_deref().or(opts.device.as_deref()) {
         Some(d) => crate::backend::open(d, capacity, overhead, given)
             .map_err(|m| Error::usage("--device", m))?,
         None => crate::backend::open(workload.device.as_str(), capacity, overhead, given)

@@ -162,8 +162,13 @@ pub fn run_with(
     opts: &RunOptions,
 ) -> Result<RunOutcome, Error> {
     let w = workload::load_with(path, overrides)?;
-    // remedies run on the simulated device: the same allocator figures, no arithmetic
-    super::run_on(&w, path, opts, &super::Target::sim(), &mut |_, _| {})
+    // remedies run on the simulated device (the same allocator figures, no arithmetic), or
+    // on the device `fit --device` names
+    let target = super::Target {
+        device: Some(opts.device.clone().unwrap_or_else(|| "sim".into())),
+        capture_grads: false,
+    };
+    super::run_on(&w, path, opts, &target, &mut |_, _| {})
 }
 
 /// Tries one remedy. A workload error in the changed workload is reported, not returned.
