@@ -961,3 +961,32 @@ fn issue17_fit_check_and_bench_take_the_device() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Issue 17: `gpumem selftest --device cuda` checks the CUDA kernels against the CPU twins on a
+/// GPU; without one it says what is missing (exit 2), and other devices are refused.
+#[test]
+fn issue17_selftest_runs_or_names_what_is_missing() {
+    let out = gpumem()
+        .args(["selftest", "--device", "cuda", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(2) => assert!(
+            err.contains("libcuda.so.1") || err.contains("NVRTC"),
+            "{err}"
+        ),
+        Some(0) => {
+            let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let checks = r["checks"].as_array().unwrap();
+            assert!(checks.len() >= 38);
+            assert!(checks.iter().all(|c| c["ok"] == true));
+        }
+        other => panic!("exit {other:?}: {err}"),
+    }
+    let out = gpumem()
+        .args(["selftest", "--device", "cpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

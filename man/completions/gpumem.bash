@@ -52,6 +52,9 @@ _gpumem() {
             gpumem,run)
                 cmd="gpumem__subcmd__run"
                 ;;
+            gpumem,selftest)
+                cmd="gpumem__subcmd__selftest"
+                ;;
             gpumem,summary)
                 cmd="gpumem__subcmd__summary"
                 ;;
@@ -91,6 +94,9 @@ _gpumem() {
             gpumem__subcmd__help,run)
                 cmd="gpumem__subcmd__help__subcmd__run"
                 ;;
+            gpumem__subcmd__help,selftest)
+                cmd="gpumem__subcmd__help__subcmd__selftest"
+                ;;
             gpumem__subcmd__help,summary)
                 cmd="gpumem__subcmd__help__subcmd__summary"
                 ;;
@@ -101,7 +107,7 @@ _gpumem() {
 
     case "${cmd}" in
         gpumem)
-            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch devices completions help"
+            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch devices selftest completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -367,7 +373,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__help)
-            opts="run summary check export diff fit plot replay bench compare-torch devices completions help"
+            opts="run summary check export diff fit plot replay bench compare-torch devices selftest completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -535,6 +541,20 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__help__subcmd__run)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpumem__subcmd__help__subcmd__selftest)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -727,6 +747,28 @@ _gpumem() {
                     ;;
                 --fail-on)
                     COMPREPLY=($(compgen -W "oom leak" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpumem__subcmd__selftest)
+            opts="-v -h --device --json --verbose --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --device)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --color)

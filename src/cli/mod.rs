@@ -69,7 +69,40 @@ pub enum Command {
     Bench(BenchArgs),
     CompareTorch(CompareTorchArgs),
     Devices(DevicesArgs),
+    Selftest(SelftestArgs),
     Completions(CompletionsArgs),
+}
+
+/// Check the CUDA kernels (kernels/*.cu, compiled by NVRTC at first use and cached) against
+/// their CPU twins: each kernel, forward and backward, on fresh random float32 inputs (a
+/// transposed view and a broadcast operand among them), with the largest relative error.
+///
+/// The CPU side is what `--device cpu` computes for the same op, through the same engine. So
+/// far the elementwise family: fill, the pointwise unary ops and their gradients, add, sub,
+/// mul and div.
+///
+/// Examples:
+///   gpumem selftest --device cuda
+///   gpumem selftest --device cuda --json
+#[derive(Debug, Args)]
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
+Exit codes:
+  0  every kernel within its tolerance
+  1  a kernel off its tolerance
+  2  usage error, or no NVIDIA driver, GPU or NVRTC here
+  130 interrupted (Ctrl-C or SIGTERM)"
+)]
+pub struct SelftestArgs {
+    /// The device whose kernels to check: `cuda`.
+    #[arg(long, value_name = "DEVICE", default_value = "cuda")]
+    pub device: String,
+
+    /// Print JSON (the GPU, and each check's kernel, case, elements, max_rel_error,
+    /// tolerance and ok).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// List the NVIDIA GPUs of this machine: name, memory total, used and free, the driver and

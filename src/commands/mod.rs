@@ -12,6 +12,7 @@ pub mod fit;
 pub mod plot;
 pub mod replay;
 pub mod run;
+pub mod selftest;
 pub mod summary;
 
 use std::io::Write;
@@ -192,6 +193,7 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
         Command::Bench(a) => bench::run(a, out),
         Command::CompareTorch(a) => compare_torch::run_cmd(a, out),
         Command::Devices(a) => devices::run(a, out),
+        Command::Selftest(a) => selftest::run(a, out),
         Command::Completions(a) => completions::run(a, out),
     }
 }

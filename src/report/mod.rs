@@ -25,6 +25,7 @@ pub mod export;
 pub mod findings;
 pub mod replay;
 pub mod run;
+pub mod selftest;
 pub mod snapshot;
 pub mod stats_table;
 pub mod style;

@@ -17,7 +17,9 @@
 use std::collections::HashMap;
 use std::fmt;
 
+pub mod kernels;
 pub mod nvml;
+pub mod selftest;
 
 use cudarc::driver::{result, sys};
 
@@ -25,7 +27,7 @@ use super::{Buffer, Device, Launch};
 use crate::alloc::{SegmentSource, SimSource};
 
 /// Why `--device cuda` cannot run here, when no driver library is found.
-const NO_DRIVER: &str =
+pub(crate) const NO_DRIVER: &str =
     "the cuda device needs the NVIDIA driver: its library (libcuda.so.1) was not \
 found (install the driver, or put its folder on LD_LIBRARY_PATH); --device sim needs no GPU";
 
