@@ -107,3 +107,29 @@ extern "C" __global__ void binary(int code, const float* a, Strided as, const fl
         out[i] = r;
     }
 }
+
+// x op value (value op x when `reversed`), `code` as for `binary`.
+extern "C" __global__ void scalar(int code, int reversed, float value, const float* x,
+                                  Strided xs, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float a = x[gm_at(xs, i)], b = value;
+        if (reversed) { float t = a; a = b; b = t; }
+        float r;
+        switch (code) {
+            case 0: r = a + b; break;
+            case 1: r = a - b; break;
+            case 2: r = a * b; break;
+            default: r = a / b; break;
+        }
+        out[i] = r;
+    }
+}
+
+// A view copied into contiguous memory (clone, contiguous(), a copy between layouts).
+extern "C" __global__ void copy(const float* x, Strided xs, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = x[gm_at(xs, i)];
+    }
+}

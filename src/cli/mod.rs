@@ -78,8 +78,9 @@ pub enum Command {
 /// transposed view and a broadcast operand among them), with the largest relative error.
 ///
 /// The CPU side is what `--device cpu` computes for the same op, through the same engine. So
-/// far the elementwise family: fill, the pointwise unary ops and their gradients, add, sub,
-/// mul and div.
+/// far: fill, the pointwise unary ops and their gradients, add, sub, mul and div (with
+/// broadcasting), a tensor with a number, strided copies, and softmax and log_softmax with
+/// their gradients.
 ///
 /// Examples:
 ///   gpumem selftest --device cuda

@@ -13,10 +13,13 @@ use cudarc::driver::{CudaContext, CudaModule};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// Every kernel source: (file name in `kernels/`, its text).
-pub const SOURCES: &[(&str, &str)] = &[(
-    "elementwise.cu",
-    include_str!("../../../kernels/elementwise.cu"),
-)];
+pub const SOURCES: &[(&str, &str)] = &[
+    (
+        "elementwise.cu",
+        include_str!("../../../kernels/elementwise.cu"),
+    ),
+    ("softmax.cu", include_str!("../../../kernels/softmax.cu")),
+];
 
 /// The names of the kernels a source defines (`extern "C" __global__ void NAME(`).
 pub fn defined(src: &str) -> Vec<&str> {
@@ -149,6 +152,22 @@ mod tests {
         }
         names.extend(Op::Binary(Binary::Add).kernel());
         names.extend(
+            Op::Scalar {
+                op: Binary::Add,
+                value: 1.0,
+                reversed: false,
+            }
+            .kernel(),
+        );
+        names.extend(Op::Clone.kernel());
+        let sm = Op::Softmax {
+            dim: -1,
+            log: false,
+            safe: false,
+        };
+        names.extend(sm.kernel());
+        names.extend(sm.backward_kernel());
+        names.extend(
             Op::Fill {
                 fill: crate::engine::op::Fill::Zeros,
                 seed: 0,
@@ -162,7 +181,10 @@ mod tests {
                 found += 1;
             }
         }
-        assert_eq!(found, 4, "fill, unary, unary_backward, binary");
+        assert_eq!(
+            found, 8,
+            "fill, unary, unary_backward, binary, scalar, copy, softmax, softmax_backward"
+        );
     }
 
     #[test]

@@ -130,6 +130,7 @@ fn rel_error(gpu: &[f32], cpu: &[f64]) -> f64 {
 struct Gpu {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
+    softmax: Arc<CudaModule>,
 }
 
 impl Gpu {
@@ -152,9 +153,22 @@ impl Gpu {
     }
 
     fn function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, String> {
-        self.module
-            .load_function(name)
+        let m = if name.starts_with("softmax") {
+            &self.softmax
+        } else {
+            &self.module
+        };
+        m.load_function(name)
             .map_err(|e| format!("kernel {name}: {e:?}"))
+    }
+
+    /// One block of 256 threads per row (softmax.cu's kernels).
+    fn rows_cfg(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 }
 
@@ -184,9 +198,11 @@ fn run_checked() -> Result<Report, String> {
     let ctx = CudaContext::new(0).map_err(|e| format!("opening GPU 0: {e:?}"))?;
     let name = cudarc::driver::result::device::get_name(ctx.cu_device()).unwrap_or_default();
     let (module, origin) = kernels::load(&ctx, "elementwise.cu")?;
+    let (softmax, _) = kernels::load(&ctx, "softmax.cu")?;
     let g = Gpu {
         stream: ctx.default_stream(),
         module,
+        softmax,
     };
     let mut checks = Vec::new();
     let (rows, cols) = (96usize, 257usize);
@@ -346,6 +362,142 @@ fn run_checked() -> Result<Report, String> {
         checks.push(check(
             "binary",
             format!("{} with a broadcast row", b.name()),
+            &g.down(&out)?,
+            &want,
+        ));
+    }
+    // a tensor with a scalar, both ways round
+    for (code, b) in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div]
+        .into_iter()
+        .enumerate()
+    {
+        for reversed in [false, true] {
+            let xv = random(n, 401 + code as u64, 0.25, 3.0);
+            let mut d = cpu();
+            let x = tensor(&mut d, &[rows, cols], &xv, false)?;
+            let y = d.scalar(b, x, 0.75, reversed).map_err(|e| e.to_string())?;
+            let want = read(&d, y)?;
+            let xs = g.up(&xv)?;
+            let mut out = g.out(n)?;
+            let f = g.function("scalar")?;
+            let (c, rv, v, st, nn) = (
+                code as i32,
+                reversed as i32,
+                0.75f32,
+                Strided::of(&Layout::contiguous(&[rows, cols])),
+                n as i64,
+            );
+            // SAFETY: `xs` and `out` hold n floats
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&c)
+                    .arg(&rv)
+                    .arg(&v)
+                    .arg(&xs)
+                    .arg(&st)
+                    .arg(&mut out)
+                    .arg(&nn)
+                    .launch(Gpu::cfg(n))
+            }
+            .map_err(|e| format!("{e:?}"))?;
+            let case = if reversed {
+                format!("0.75 {} x", b.name())
+            } else {
+                format!("x {} 0.75", b.name())
+            };
+            checks.push(check("scalar", case, &g.down(&out)?, &want));
+        }
+    }
+
+    // a transposed view copied contiguous (clone)
+    {
+        let xv = random(n, 501, -5.0, 5.0);
+        let mut d = cpu();
+        let x = tensor(&mut d, &[rows, cols], &xv, false)?;
+        let l = d.info(x).layout.t().map_err(|e| e.0)?;
+        let v = d.view_with(x, l.clone());
+        let y = d.clone_op(v).map_err(|e| e.to_string())?;
+        let want = read(&d, y)?;
+        let xs = g.up(&xv)?;
+        let mut out = g.out(n)?;
+        let f = g.function("copy")?;
+        let (st, nn) = (Strided::of(&l), n as i64);
+        // SAFETY: `xs` holds the view's storage, `out` n floats
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&xs)
+                .arg(&st)
+                .arg(&mut out)
+                .arg(&nn)
+                .launch(Gpu::cfg(n))
+        }
+        .map_err(|e| format!("{e:?}"))?;
+        checks.push(check(
+            "copy",
+            "a transposed view".into(),
+            &g.down(&out)?,
+            &want,
+        ));
+    }
+
+    // softmax and log_softmax over the last dimension, forward and backward
+    for log in [false, true] {
+        let xv = random(n, 601 + log as u64, -6.0, 6.0);
+        let rv = random(n, 701 + log as u64, -1.0, 1.0);
+        let mut d = cpu();
+        let x = tensor(&mut d, &[rows, cols], &xv, true)?;
+        let y = d.softmax(log, x, -1).map_err(|e| e.to_string())?;
+        let want = read(&d, y)?;
+        let xs = g.up(&xv)?;
+        let mut ys = g.out(n)?;
+        let f = g.function("softmax")?;
+        let (lg, rr, cc) = (log as i32, rows as i64, cols as i64);
+        // SAFETY: `xs` and `ys` hold rows x cols floats
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&lg)
+                .arg(&xs)
+                .arg(&mut ys)
+                .arg(&rr)
+                .arg(&cc)
+                .launch(Gpu::rows_cfg(rows))
+        }
+        .map_err(|e| format!("{e:?}"))?;
+        let name = if log { "log_softmax" } else { "softmax" };
+        checks.push(check(
+            "softmax",
+            format!("{name} over {cols}"),
+            &g.down(&ys)?,
+            &want,
+        ));
+        let r = tensor(&mut d, &[rows, cols], &rv, false)?;
+        let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
+        let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
+        d.backward(loss, false).map_err(|e| e.to_string())?;
+        let gx = d.grad(x).ok_or("no gradient on the cpu device")?;
+        let want = read(&d, gx)?;
+        let rs = g.up(&rv)?;
+        let mut out = g.out(n)?;
+        let f = g.function("softmax_backward")?;
+        // SAFETY: every buffer holds rows x cols floats
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&lg)
+                .arg(&rs)
+                .arg(&ys)
+                .arg(&mut out)
+                .arg(&rr)
+                .arg(&cc)
+                .launch(Gpu::rows_cfg(rows))
+        }
+        .map_err(|e| format!("{e:?}"))?;
+        checks.push(check(
+            "softmax_backward",
+            name.to_string(),
             &g.down(&out)?,
             &want,
         ));
