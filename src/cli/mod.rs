@@ -79,8 +79,8 @@ pub enum Command {
 ///
 /// The CPU side is what `--device cpu` computes for the same op, through the same engine. So
 /// far: fill, the pointwise unary ops and their gradients, add, sub, mul and div (with
-/// broadcasting), a tensor with a number, strided copies, and softmax and log_softmax with
-/// their gradients.
+/// broadcasting), a tensor with a number, strided copies, softmax and log_softmax, and
+/// layer_norm and rms_norm, with their gradients.
 ///
 /// Examples:
 ///   gpumem selftest --device cuda

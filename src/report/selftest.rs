@@ -32,7 +32,7 @@ pub fn write_text(r: &Report, out: &mut dyn Write) -> io::Result<()> {
             c.case.clone(),
             c.elements.to_string(),
             format!("{:.2e}", c.max_rel_error),
-            format!("{:.0e}", c.tolerance),
+            format!("{:.1e}", c.tolerance),
             if c.ok {
                 "ok".to_string()
             } else {

@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("../../../kernels/elementwise.cu"),
     ),
     ("softmax.cu", include_str!("../../../kernels/softmax.cu")),
+    ("norm.cu", include_str!("../../../kernels/norm.cu")),
 ];
 
 /// The names of the kernels a source defines (`extern "C" __global__ void NAME(`).
@@ -167,6 +168,10 @@ mod tests {
         };
         names.extend(sm.kernel());
         names.extend(sm.backward_kernel());
+        for n in crate::engine::op::norm::EXAMPLES {
+            names.extend(Op::Norm(*n).kernel());
+            names.extend(Op::Norm(*n).backward_kernel());
+        }
         names.extend(
             Op::Fill {
                 fill: crate::engine::op::Fill::Zeros,
@@ -181,10 +186,9 @@ mod tests {
                 found += 1;
             }
         }
-        assert_eq!(
-            found, 8,
-            "fill, unary, unary_backward, binary, scalar, copy, softmax, softmax_backward"
-        );
+        // fill, unary, unary_backward, binary, scalar, copy, softmax, softmax_backward,
+        // layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+        assert_eq!(found, 12);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::kernels::{self, Origin};
 use crate::alloc::{AllocConf, CachingAllocator, SimSource};
 use crate::backend::cpu::CpuDevice;
 use crate::engine::layout::Layout;
+use crate::engine::op::norm::Norm;
 use crate::engine::op::{Binary, Fill, Unary};
 use crate::engine::{Category, DType, TensorId, Tensors};
 
@@ -131,6 +132,7 @@ struct Gpu {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     softmax: Arc<CudaModule>,
+    norm: Arc<CudaModule>,
 }
 
 impl Gpu {
@@ -155,6 +157,8 @@ impl Gpu {
     fn function(&self, name: &str) -> Result<cudarc::driver::CudaFunction, String> {
         let m = if name.starts_with("softmax") {
             &self.softmax
+        } else if name.contains("_norm") {
+            &self.norm
         } else {
             &self.module
         };
@@ -173,14 +177,21 @@ impl Gpu {
 }
 
 fn check(kernel: &'static str, case: String, gpu: &[f32], cpu: &[f64]) -> Check {
+    check_tol(kernel, case, gpu, cpu, TOL)
+}
+
+/// float32's rounding unit: a sum of k terms in float32 may be off by about k of them.
+const F32_UNIT: f64 = 5.96e-8;
+
+fn check_tol(kernel: &'static str, case: String, gpu: &[f32], cpu: &[f64], tol: f64) -> Check {
     let e = rel_error(gpu, cpu);
     Check {
         kernel,
         case,
         elements: cpu.len(),
         max_rel_error: e,
-        tolerance: TOL,
-        ok: e <= TOL && gpu.len() == cpu.len(),
+        tolerance: tol,
+        ok: e <= tol && gpu.len() == cpu.len(),
     }
 }
 
@@ -199,10 +210,12 @@ fn run_checked() -> Result<Report, String> {
     let name = cudarc::driver::result::device::get_name(ctx.cu_device()).unwrap_or_default();
     let (module, origin) = kernels::load(&ctx, "elementwise.cu")?;
     let (softmax, _) = kernels::load(&ctx, "softmax.cu")?;
+    let (norm, _) = kernels::load(&ctx, "norm.cu")?;
     let g = Gpu {
         stream: ctx.default_stream(),
         module,
         softmax,
+        norm,
     };
     let mut checks = Vec::new();
     let (rows, cols) = (96usize, 257usize);
@@ -501,6 +514,103 @@ fn run_checked() -> Result<Report, String> {
             &g.down(&out)?,
             &want,
         ));
+    }
+    // layer_norm and rms_norm with a weight (and layer_norm's bias), forward and every
+    // input's gradient
+    for layer in [true, false] {
+        let eps = if layer { 1e-5 } else { 1e-6 };
+        let xv = random(n, 801 + layer as u64, -2.0, 2.0);
+        let wv = random(cols, 811 + layer as u64, 0.5, 1.5);
+        let bv = random(cols, 821 + layer as u64, -0.5, 0.5);
+        let rv = random(n, 831 + layer as u64, -1.0, 1.0);
+        let mut d = cpu();
+        let x = tensor(&mut d, &[rows, cols], &xv, true)?;
+        let w = tensor(&mut d, &[cols], &wv, true)?;
+        let b = tensor(&mut d, &[cols], &bv, true)?;
+        let (op, ins): (Norm, Vec<TensorId>) = if layer {
+            (Norm::Layer { eps }, vec![x, w, b])
+        } else {
+            (Norm::Rms { eps }, vec![x, w])
+        };
+        let y = d
+            .simple(crate::engine::op::Op::Norm(op), &ins)
+            .map_err(|e| e.to_string())?;
+        let want = read(&d, y)?;
+        let (xs, ws, bs) = (g.up(&xv)?, g.up(&wv)?, g.up(&bv)?);
+        let mut ys = g.out(n)?;
+        let mut mean = g.out(rows)?;
+        let mut rstd = g.out(rows)?;
+        let (rr, cc, e, one) = (rows as i64, cols as i64, eps as f32, 1i32);
+        let kname = op.name();
+        let f = g.function(kname)?;
+        // SAFETY: x and y hold rows x cols floats, w and b cols, mean and rstd rows
+        unsafe {
+            let mut lb = g.stream.launch_builder(&f);
+            lb.arg(&xs).arg(&ws);
+            if layer {
+                lb.arg(&bs).arg(&one).arg(&one).arg(&mut ys).arg(&mut mean);
+            } else {
+                lb.arg(&one).arg(&mut ys);
+            }
+            lb.arg(&mut rstd).arg(&rr).arg(&cc).arg(&e);
+            lb.launch(Gpu::rows_cfg(rows))
+        }
+        .map_err(|e| format!("{e:?}"))?;
+        let kernel: &'static str = if layer { "layer_norm" } else { "rms_norm" };
+        let back: &'static str = if layer {
+            "layer_norm_backward"
+        } else {
+            "rms_norm_backward"
+        };
+        checks.push(check(
+            kernel,
+            format!("{kname} over {cols}"),
+            &g.down(&ys)?,
+            &want,
+        ));
+        let r = tensor(&mut d, &[rows, cols], &rv, false)?;
+        let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
+        let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
+        d.backward(loss, false).map_err(|e| e.to_string())?;
+        let rs = g.up(&rv)?;
+        let f = g.function(back)?;
+        for (input, t) in ins.iter().enumerate() {
+            let gt = d.grad(*t).ok_or("no gradient on the cpu device")?;
+            let want = read(&d, gt)?;
+            let len = if input == 0 { n } else { cols };
+            let mut out = g.out(len)?;
+            let inp = input as i32;
+            let cfg = if input == 0 {
+                Gpu::rows_cfg(rows)
+            } else {
+                Gpu::cfg(cols)
+            };
+            // SAFETY: as in the forward; `out` holds the input's elements
+            unsafe {
+                let mut lb = g.stream.launch_builder(&f);
+                lb.arg(&inp).arg(&rs).arg(&xs).arg(&ws).arg(&one);
+                if layer {
+                    lb.arg(&mean);
+                }
+                lb.arg(&rstd).arg(&mut out).arg(&rr).arg(&cc);
+                lb.launch(cfg)
+            }
+            .map_err(|e| format!("{e:?}"))?;
+            let what = ["input", "weight", "bias"][input];
+            // a weight's or bias's gradient sums a column over every row, one by one
+            let tol = if input == 0 {
+                TOL
+            } else {
+                (rows as f64 * F32_UNIT).max(TOL)
+            };
+            checks.push(check_tol(
+                back,
+                format!("{kname}, the {what}'s gradient"),
+                &g.down(&out)?,
+                &want,
+                tol,
+            ));
+        }
     }
     Ok(Report {
         gpu: name,
