@@ -7,8 +7,10 @@
 //! does. So the device memory a run holds is real, the addresses are the driver's, and the
 //! driver's own refusal is the out-of-memory.
 //!
-//! Kernels are not built yet: this device computes nothing (like the simulated one), so a run
-//! on it has the simulation's allocator statistics with real device memory behind them.
+//! The engine does not launch kernels here yet: the device computes nothing (like the
+//! simulated one), so a run on it has the simulation's allocator statistics with real device
+//! memory behind them. The kernels written so far ([`kernels`], `kernels/*.cu`) are checked
+//! against their CPU twins by [`selftest`] (`gpumem selftest --device cuda`).
 //!
 //! The driver library is loaded at run time (cudarc's dynamic loading): one binary serves
 //! machines with and without a GPU. cudarc panics when the library is missing, so [`open`]
@@ -107,11 +109,17 @@ fn open_checked(capacity: Option<u64>) -> Result<CudaDevice, String> {
     // SAFETY: `dev` came from cuDeviceGet
     let ctx = unsafe { result::primary_ctx::retain(dev) }
         .map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
+    let release = |e: String| {
+        // SAFETY: the context retained above, given back on the way out
+        let _ = unsafe { result::primary_ctx::release(dev) };
+        e
+    };
     // SAFETY: a context just retained
-    unsafe { result::ctx::set_current(ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))?;
+    unsafe { result::ctx::set_current(ctx) }
+        .map_err(|e| release(driver_err("cuCtxSetCurrent", e)))?;
     // SAFETY: `dev` came from cuDeviceGet
     let total = unsafe { result::device::total_mem(dev) }
-        .map_err(|e| driver_err("cuDeviceTotalMem", e))? as u64;
+        .map_err(|e| release(driver_err("cuDeviceTotalMem", e)))? as u64;
     let name = result::device::get_name(dev).unwrap_or_else(|_| "an NVIDIA GPU".into());
     let uuid = result::device::get_uuid(dev)
         .map(|u| uuid_text(&u.bytes.map(|b| b as u8)))
