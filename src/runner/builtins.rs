@@ -350,6 +350,25 @@ impl Callees {
         })
     }
 
+    /// What the function (or, with `method`, the tensor method) `name` calls: looked up by
+    /// its text the first time, then by the index its [`Ident`] keeps.
+    fn of(&self, name: &Ident, method: bool) -> Option<Callee> {
+        if let Some(i) = name.resolved() {
+            return Some(self.get()[i as usize]);
+        }
+        let (table, recv) = if method {
+            (RUNTIME_METHODS, "x.")
+        } else {
+            (RUNTIME_FUNCTIONS, "")
+        };
+        let c = match runtime(table, recv, name) {
+            Some(r) => Callee::Runtime(r),
+            None => Callee::Entry(script_table::lookup(name, method)?),
+        };
+        name.set_resolved(self.index(c));
+        Some(c)
+    }
+
     fn index(&self, c: Callee) -> u32 {
         let same = |x: &Callee| match (x, c) {
             (Callee::Runtime(a), Callee::Runtime(b)) => std::ptr::eq(*a, b),
@@ -461,29 +480,14 @@ impl Runner {
     }
 
     fn call_with(&mut self, span: Span, func: &Ident, a: &Args) -> Flow<Value> {
-        let callee = match func.resolved() {
-            Some(i) => CALLEES.get()[i as usize],
-            None => {
-                let found = match runtime(RUNTIME_FUNCTIONS, "", func) {
-                    Some(r) => Some(Callee::Runtime(r)),
-                    None => script_table::lookup(func, false).map(Callee::Entry),
-                };
-                match found {
-                    Some(c) => {
-                        func.set_resolved(CALLEES.index(c));
-                        c
-                    }
-                    None => {
-                        return script(
-                            span,
-                            format!(
-                                "unknown function '{func}'; known: {}",
-                                function_names().join(", ")
-                            ),
-                        )
-                    }
-                }
-            }
+        let Some(callee) = CALLEES.of(func, false) else {
+            return script(
+                span,
+                format!(
+                    "unknown function '{func}'; known: {}",
+                    function_names().join(", ")
+                ),
+            );
         };
         match callee {
             Callee::Runtime(r) => {
@@ -630,29 +634,14 @@ impl Runner {
     }
 
     fn tensor_method(&mut self, span: Span, t: TensorId, name: &Ident, a: &Args) -> Flow<Value> {
-        let callee = match name.resolved() {
-            Some(i) => CALLEES.get()[i as usize],
-            None => {
-                let found = match runtime(RUNTIME_METHODS, "x.", name) {
-                    Some(r) => Some(Callee::Runtime(r)),
-                    None => script_table::lookup(name, true).map(Callee::Entry),
-                };
-                match found {
-                    Some(c) => {
-                        name.set_resolved(CALLEES.index(c));
-                        c
-                    }
-                    None => {
-                        return script(
-                            span,
-                            format!(
-                                "tensors have no method '{name}' in gpumem's engine; known: {}",
-                                method_names().join(", ")
-                            ),
-                        )
-                    }
-                }
-            }
+        let Some(callee) = CALLEES.of(name, true) else {
+            return script(
+                span,
+                format!(
+                    "tensors have no method '{name}' in gpumem's engine; known: {}",
+                    method_names().join(", ")
+                ),
+            );
         };
         match callee {
             Callee::Runtime(r) => (r.call)(self, span, &Value::Tensor(t), a),

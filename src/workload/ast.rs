@@ -213,6 +213,80 @@ impl From<&str> for Ident {
     }
 }
 
+/// A node of a script, as [`visit`] hands it out.
+#[derive(Debug, Clone, Copy)]
+pub enum Node<'a> {
+    Stmt(&'a Stmt),
+    Expr(&'a Expr),
+}
+
+/// Calls `f` on every statement and every expression of `stmts`, in source order, each node
+/// before what it holds (a block's header expressions, such as a loop's count, before its
+/// body).
+pub fn visit<'a>(stmts: &'a [Stmt], f: &mut dyn FnMut(Node<'a>)) {
+    fn expr<'a>(e: &'a Expr, f: &mut dyn FnMut(Node<'a>)) {
+        f(Node::Expr(e));
+        match &e.kind {
+            ExprKind::List(items) => items.iter().for_each(|i| expr(i, f)),
+            ExprKind::Neg(x) => expr(x, f),
+            ExprKind::Binary { lhs, rhs, .. } => {
+                expr(lhs, f);
+                expr(rhs, f);
+            }
+            ExprKind::Call { args, kwargs, .. } => {
+                args.iter().for_each(|a| expr(a, f));
+                kwargs.iter().for_each(|(_, a)| expr(a, f));
+            }
+            ExprKind::Method {
+                recv, args, kwargs, ..
+            } => {
+                expr(recv, f);
+                args.iter().for_each(|a| expr(a, f));
+                kwargs.iter().for_each(|(_, a)| expr(a, f));
+            }
+            ExprKind::Attr { recv, .. } => expr(recv, f),
+            ExprKind::Index { recv, items } => {
+                expr(recv, f);
+                for i in items {
+                    match i {
+                        IndexItem::Expr(x) => expr(x, f),
+                        IndexItem::Slice { start, stop, step } => {
+                            for x in [start, stop, step].into_iter().flatten() {
+                                expr(x, f);
+                            }
+                        }
+                        IndexItem::Ellipsis | IndexItem::NewAxis => {}
+                    }
+                }
+            }
+            ExprKind::Name(_)
+            | ExprKind::Int(_)
+            | ExprKind::Float(_)
+            | ExprKind::Str(_)
+            | ExprKind::Bool(_)
+            | ExprKind::None => {}
+        }
+    }
+    for s in stmts {
+        f(Node::Stmt(s));
+        match &s.kind {
+            StmtKind::Assign { value, .. } => expr(value, f),
+            StmtKind::SetItem { target, value } => {
+                expr(target, f);
+                expr(value, f);
+            }
+            StmtKind::Expr(e) => expr(e, f),
+            StmtKind::Del(_) => {}
+            StmtKind::Block { kind, body } => {
+                if let BlockKind::For { count, .. } = kind {
+                    expr(count, f);
+                }
+                visit(body, f);
+            }
+        }
+    }
+}
+
 /// One statement (one logical line, or a block with its lines).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stmt {

@@ -7,7 +7,7 @@
 //! remedy is exactly the preset a user would write. A script is changed statement by
 //! statement: the result is the script a user would write by hand with the same change.
 
-use super::ast::{BlockKind, Expr, ExprKind, IndexItem, Stmt, StmtKind};
+use super::ast::{BlockKind, Expr, ExprKind, Stmt, StmtKind};
 
 /// Changes applied while loading a workload (see [`super::load_with`]).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -62,56 +62,11 @@ impl Overrides {
 
 /// Calls `f` on every expression, outermost first.
 fn walk_exprs(stmts: &[Stmt], f: &mut dyn FnMut(&Expr)) {
-    fn expr(e: &Expr, f: &mut dyn FnMut(&Expr)) {
-        f(e);
-        match &e.kind {
-            ExprKind::List(items) => items.iter().for_each(|i| expr(i, f)),
-            ExprKind::Neg(x) => expr(x, f),
-            ExprKind::Binary { lhs, rhs, .. } => {
-                expr(lhs, f);
-                expr(rhs, f);
-            }
-            ExprKind::Call { args, kwargs, .. } => {
-                args.iter().for_each(|a| expr(a, f));
-                kwargs.iter().for_each(|(_, a)| expr(a, f));
-            }
-            ExprKind::Method {
-                recv, args, kwargs, ..
-            } => {
-                expr(recv, f);
-                args.iter().for_each(|a| expr(a, f));
-                kwargs.iter().for_each(|(_, a)| expr(a, f));
-            }
-            ExprKind::Attr { recv, .. } => expr(recv, f),
-            ExprKind::Index { recv, items } => {
-                expr(recv, f);
-                for i in items {
-                    match i {
-                        IndexItem::Expr(x) => expr(x, f),
-                        IndexItem::Slice { start, stop, step } => {
-                            for x in [start, stop, step].into_iter().flatten() {
-                                expr(x, f);
-                            }
-                        }
-                        IndexItem::Ellipsis | IndexItem::NewAxis => {}
-                    }
-                }
-            }
-            _ => {}
+    super::ast::visit(stmts, &mut |n| {
+        if let super::ast::Node::Expr(e) = n {
+            f(e)
         }
-    }
-    for s in stmts {
-        match &s.kind {
-            StmtKind::Assign { value, .. } => expr(value, f),
-            StmtKind::SetItem { target, value } => {
-                expr(target, f);
-                expr(value, f);
-            }
-            StmtKind::Expr(e) => expr(e, f),
-            StmtKind::Del(_) => {}
-            StmtKind::Block { body, .. } => walk_exprs(body, f),
-        }
-    }
+    });
 }
 
 /// Whether any statement calls the plain function `name`.

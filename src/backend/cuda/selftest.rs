@@ -115,6 +115,16 @@ fn tensor(d: &mut Cpu, shape: &[usize], v: &[f32], rg: bool) -> Result<TensorId,
     Ok(t)
 }
 
+/// Backward of `sum(y * r)` on the cpu device: every input's gradient is then its
+/// `r`-weighted one, the CPU twin of a backward kernel given the incoming gradient `r`.
+fn backprop(d: &mut Cpu, y: TensorId, r: &[f32]) -> Result<(), String> {
+    let shape = d.shape(y).to_vec();
+    let r = tensor(d, &shape, r, false)?;
+    let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
+    let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
+    d.backward(loss, false).map_err(|e| e.to_string())
+}
+
 fn read(d: &Cpu, t: TensorId) -> Result<Vec<f64>, String> {
     d.read(t)
         .map_err(|e| e.to_string())?
@@ -306,10 +316,7 @@ fn run_checked() -> Result<Report, String> {
                 continue;
             }
             // backward: d(sum(y * r))/dx = r * f'(x), the CPU twin through autograd
-            let r = tensor(&mut d, &[rows, cols], &rv, false)?;
-            let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
-            let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
-            d.backward(loss, false).map_err(|e| e.to_string())?;
+            backprop(&mut d, y, &rv)?;
             let gx = d.grad(x).ok_or("no gradient on the cpu device")?;
             let want = read(&d, gx)?;
             let (rs, ys) = (g.up(&rv)?, g.up(&got)?);
@@ -486,10 +493,7 @@ fn run_checked() -> Result<Report, String> {
             &g.down(&ys)?,
             &want,
         ));
-        let r = tensor(&mut d, &[rows, cols], &rv, false)?;
-        let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
-        let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
-        d.backward(loss, false).map_err(|e| e.to_string())?;
+        backprop(&mut d, y, &rv)?;
         let gx = d.grad(x).ok_or("no gradient on the cpu device")?;
         let want = read(&d, gx)?;
         let rs = g.up(&rv)?;
@@ -568,10 +572,7 @@ fn run_checked() -> Result<Report, String> {
             &g.down(&ys)?,
             &want,
         ));
-        let r = tensor(&mut d, &[rows, cols], &rv, false)?;
-        let p = d.binary(Binary::Mul, y, r).map_err(|e| e.to_string())?;
-        let loss = d.reduce(false, p, None, false).map_err(|e| e.to_string())?;
-        d.backward(loss, false).map_err(|e| e.to_string())?;
+        backprop(&mut d, y, &rv)?;
         let rs = g.up(&rv)?;
         let f = g.function(back)?;
         for (input, t) in ins.iter().enumerate() {
