@@ -92,7 +92,7 @@ impl<S: Device> Tensors<S> {
         let mut input_meta = Vec::with_capacity(inputs.len());
         for &t in inputs {
             let info = self.info(t);
-            input_meta.push((info.layout.shape.clone(), info.dtype));
+            input_meta.push((info.layout.shape.to_vec(), info.dtype));
             let edge = match (info.grad_fn, info.requires_grad) {
                 (Some(n), _) => {
                     let slot = info.output_nr;

@@ -390,7 +390,7 @@ impl<S: Device> Tensors<S> {
         x: TensorId,
         parts: Vec<Layout>,
     ) -> Vec<TensorId> {
-        let shapes: Vec<Vec<usize>> = parts.iter().map(|l| l.shape.clone()).collect();
+        let shapes: Vec<Vec<usize>> = parts.iter().map(|l| l.shape.to_vec()).collect();
         let outs: Vec<TensorId> = parts.into_iter().map(|l| self.view_with(x, l)).collect();
         self.record(&Op::Split { chunk, dim }, &[x], &outs, &[]);
         if let Some(n) = outs.first().and_then(|&o| self.info(o).grad_fn) {

@@ -14,16 +14,21 @@ fn err<T>(msg: impl Into<String>) -> Result<T, LayoutError> {
     Err(LayoutError(msg.into()))
 }
 
+/// A shape's or strides' numbers: inline up to 6 dimensions (every tensor has both, and
+/// simulating makes and drops several tensors per allocator event).
+pub type DimVec = smallvec::SmallVec<[usize; 4]>;
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
-    pub shape: Vec<usize>,
-    pub strides: Vec<usize>,
+    pub shape: DimVec,
+    pub strides: DimVec,
     pub offset: usize,
 }
 
 /// Row-major strides for `shape`.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+#[inline]
+pub fn contiguous_strides(shape: &[usize]) -> DimVec {
+    let mut strides = smallvec::smallvec![0; shape.len()];
     let mut acc = 1usize;
     for d in (0..shape.len()).rev() {
         strides[d] = acc;
@@ -78,7 +83,7 @@ pub fn wrap_dim(dim: i64, ndim: usize) -> Result<usize, LayoutError> {
 }
 
 /// `infer_size`: resolves one `-1` and checks the element count.
-pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, LayoutError> {
+pub fn infer_size(shape: &[i64], numel: usize) -> Result<DimVec, LayoutError> {
     let mut infer = None;
     let mut known: usize = 1;
     for (i, &s) in shape.iter().enumerate() {
@@ -103,7 +108,7 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, LayoutError
                 .join(", ")
         )
     };
-    let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
+    let mut out: DimVec = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
         Some(i) => {
             if known == 0 || !numel.is_multiple_of(known) {
@@ -127,9 +132,26 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, LayoutError
 }
 
 impl Layout {
+    /// Makes this the contiguous layout of `shape`, in place.
+    #[inline]
+    pub fn set_contiguous(&mut self, shape: &[usize]) {
+        let n = shape.len();
+        self.shape.clear();
+        self.shape.extend_from_slice(shape);
+        self.strides.clear();
+        self.strides.resize(n, 0);
+        let mut acc = 1usize;
+        for d in (0..n).rev() {
+            self.strides[d] = acc;
+            acc = acc.saturating_mul(shape[d].max(1));
+        }
+        self.offset = 0;
+    }
+
+    #[inline]
     pub fn contiguous(shape: &[usize]) -> Layout {
         Layout {
-            shape: shape.to_vec(),
+            shape: DimVec::from_slice(shape),
             strides: contiguous_strides(shape),
             offset: 0,
         }
@@ -212,7 +234,7 @@ impl Layout {
 
     /// `reshape(shape)`: `Ok(Some(view))` when a view will do, `Ok(None)` when PyTorch copies
     /// (the caller then makes a contiguous copy of the new shape).
-    pub fn reshape(&self, shape: &[i64]) -> Result<(Vec<usize>, Option<Layout>), LayoutError> {
+    pub fn reshape(&self, shape: &[i64]) -> Result<(DimVec, Option<Layout>), LayoutError> {
         let new_shape = infer_size(shape, self.numel())?;
         let view = compute_stride(&self.shape, &self.strides, &new_shape).map(|strides| Layout {
             shape: new_shape.clone(),
@@ -308,8 +330,8 @@ impl Layout {
         }
         let mut seen = vec![false; self.ndim()];
         let mut l = Layout {
-            shape: Vec::new(),
-            strides: Vec::new(),
+            shape: DimVec::new(),
+            strides: DimVec::new(),
             offset: self.offset,
         };
         for &d in dims {
@@ -336,8 +358,8 @@ impl Layout {
         }
         let lead = sizes.len() - self.ndim();
         let mut l = Layout {
-            shape: vec![0; sizes.len()],
-            strides: vec![0; sizes.len()],
+            shape: smallvec::smallvec![0; sizes.len()],
+            strides: smallvec::smallvec![0; sizes.len()],
             offset: self.offset,
         };
         for (i, &target) in sizes.iter().enumerate() {
@@ -463,7 +485,7 @@ pub fn reorder_dims(n: usize, should_swap: impl Fn(usize, usize) -> i32) -> Vec<
 pub fn elementwise_layout(shape: &[usize], inputs: &[&Layout]) -> Layout {
     let n = shape.len();
     // each input's strides on the output's dimensions (0 where broadcast or missing)
-    let strides: Vec<Vec<usize>> = inputs
+    let strides: Vec<DimVec> = inputs
         .iter()
         .map(|l| {
             (0..n)
@@ -502,14 +524,14 @@ pub fn elementwise_layout(shape: &[usize], inputs: &[&Layout]) -> Layout {
         0
     };
     let perm = reorder_dims(n, should_swap);
-    let mut out = vec![0; n];
+    let mut out: DimVec = smallvec::smallvec![0; n];
     let mut acc = 1usize;
     for &d in &perm {
         out[d] = acc;
         acc = acc.saturating_mul(shape[d].max(1));
     }
     Layout {
-        shape: shape.to_vec(),
+        shape: DimVec::from_slice(shape),
         strides: out,
         offset: 0,
     }
@@ -521,15 +543,15 @@ pub fn compute_stride(
     old_shape: &[usize],
     old_strides: &[usize],
     new_shape: &[usize],
-) -> Option<Vec<usize>> {
+) -> Option<DimVec> {
     if old_shape.is_empty() {
-        return Some(vec![1; new_shape.len()]);
+        return Some(smallvec::smallvec![1; new_shape.len()]);
     }
     let numel: usize = old_shape.iter().product();
     if numel == 0 && old_shape == new_shape {
-        return Some(old_strides.to_vec());
+        return Some(DimVec::from_slice(old_strides));
     }
-    let mut new_strides = vec![0usize; new_shape.len()];
+    let mut new_strides: DimVec = smallvec::smallvec![0usize; new_shape.len()];
     if numel == 0 {
         for d in (0..new_shape.len()).rev() {
             new_strides[d] = if d + 1 == new_shape.len() {
@@ -575,6 +597,13 @@ pub fn compute_stride(
 mod tests {
     use super::*;
 
+    /// A `DimVec` literal (typed: `smallvec!` leaves comparisons ambiguous).
+    macro_rules! dims {
+        ($($x:expr),* $(,)?) => {
+            DimVec::from_slice(&[$($x),*])
+        };
+    }
+
     fn c(shape: &[usize]) -> Layout {
         Layout::contiguous(shape)
     }
@@ -604,19 +633,19 @@ mod tests {
         assert!(elementwise_layout(&rh.shape, &[&rh, &cos]).is_contiguous());
         // a transposed matrix alone stays transposed (empty_like keeps its strides)
         let t = c(&[5, 7]).t().unwrap();
-        assert_eq!(elementwise_layout(&t.shape, &[&t]).strides, vec![1, 7]);
+        assert_eq!(elementwise_layout(&t.shape, &[&t]).strides, dims![1, 7]);
     }
 
     #[test]
     fn the_seeds_transpose_example() {
         // a = torch.arange(6).reshape(2, 3): stride (3, 1); b = a.t(): stride (1, 3), not contiguous
         let a = c(&[2, 3]);
-        assert_eq!(a.strides, vec![3, 1]);
+        assert_eq!(a.strides, dims![3, 1]);
         assert!(a.is_contiguous());
         let b = a.t().unwrap();
         assert_eq!(
             (b.shape.clone(), b.strides.clone()),
-            (vec![3, 2], vec![1, 3])
+            (dims![3, 2], dims![1, 3])
         );
         assert!(!b.is_contiguous());
         // b.view(6) fails with PyTorch's reason; reshape must copy
@@ -625,21 +654,21 @@ mod tests {
             e.0.starts_with("view size is not compatible with input tensor's size and stride"),
             "{e}"
         );
-        assert_eq!(b.reshape(&[6]).unwrap(), (vec![6], None));
+        assert_eq!(b.reshape(&[6]).unwrap(), (dims![6], None));
         // a contiguous copy of b has stride (2, 1)
-        assert_eq!(c(&b.shape).strides, vec![2, 1]);
+        assert_eq!(c(&b.shape).strides, dims![2, 1]);
     }
 
     #[test]
     fn views_that_pytorch_allows() {
         let a = c(&[4, 6, 8]);
-        assert_eq!(a.view(&[24, 8]).unwrap().strides, vec![8, 1]);
-        assert_eq!(a.view(&[-1]).unwrap().shape, vec![192]);
-        assert_eq!(a.view(&[4, 2, 3, 8]).unwrap().strides, vec![48, 24, 8, 1]);
+        assert_eq!(a.view(&[24, 8]).unwrap().strides, dims![8, 1]);
+        assert_eq!(a.view(&[-1]).unwrap().shape, dims![192]);
+        assert_eq!(a.view(&[4, 2, 3, 8]).unwrap().strides, dims![48, 24, 8, 1]);
         // a transposed view can still merge the untouched trailing dims
         let t = a.transpose(0, 1).unwrap(); // [6, 4, 8] strides [8, 48, 1]
         assert!(t.view(&[6, 32]).unwrap_err().0.contains("view size"));
-        assert_eq!(t.view(&[6, 4, 2, 4]).unwrap().strides, vec![8, 48, 4, 1]);
+        assert_eq!(t.view(&[6, 4, 2, 4]).unwrap().strides, dims![8, 48, 4, 1]);
         // size-1 dims are free
         assert_eq!(
             c(&[1, 5])
@@ -648,13 +677,13 @@ mod tests {
                 .view(&[5])
                 .unwrap()
                 .strides,
-            vec![1]
+            dims![1]
         );
         // slicing a row keeps it contiguous
         let s = a.slice(0, Some(1), Some(3), 1).unwrap();
         assert!(s.is_contiguous());
         assert_eq!(s.offset, 48);
-        assert_eq!(s.view(&[-1]).unwrap().shape, vec![96]);
+        assert_eq!(s.view(&[-1]).unwrap().shape, dims![96]);
         // slicing columns does not
         let s = a.slice(2, Some(0), Some(4), 1).unwrap();
         assert!(!s.is_contiguous());
@@ -664,7 +693,7 @@ mod tests {
 
     #[test]
     fn infer_size_errors() {
-        assert_eq!(infer_size(&[-1, 3], 6).unwrap(), vec![2, 3]);
+        assert_eq!(infer_size(&[-1, 3], 6).unwrap(), dims![2, 3]);
         assert_eq!(
             infer_size(&[-1, -1], 6).unwrap_err().0,
             "only one dimension can be inferred"
@@ -690,7 +719,7 @@ mod tests {
         let r = a.select(1, -1).unwrap();
         assert_eq!(
             (r.shape.clone(), r.strides.clone(), r.offset),
-            (vec![10], vec![4], 3)
+            (dims![10], dims![4], 3)
         );
         assert_eq!(
             a.select(0, 10).unwrap_err().0,
@@ -699,7 +728,7 @@ mod tests {
         let e = c(&[1, 4]).expand(&[3, 5, -1]).unwrap();
         assert_eq!(
             (e.shape.clone(), e.strides.clone()),
-            (vec![3, 5, 4], vec![0, 0, 1])
+            (dims![3, 5, 4], dims![0, 0, 1])
         );
         assert!(c(&[2, 4])
             .expand(&[3, 4])
@@ -708,22 +737,22 @@ mod tests {
             .contains("must match the existing size (2)"));
         let parts = a.split(4, 0).unwrap();
         assert_eq!(
-            parts.iter().map(|p| p.shape[0]).collect::<Vec<_>>(),
-            vec![4, 4, 2]
+            parts.iter().map(|p| p.shape[0]).collect::<DimVec>(),
+            dims![4, 4, 2]
         );
         assert_eq!(parts[2].offset, 32);
         let parts = a.chunk(3, 0).unwrap();
         assert_eq!(
-            parts.iter().map(|p| p.shape[0]).collect::<Vec<_>>(),
-            vec![4, 4, 2]
+            parts.iter().map(|p| p.shape[0]).collect::<DimVec>(),
+            dims![4, 4, 2]
         );
         let p = c(&[2, 3, 4]).permute(&[2, 0, 1]).unwrap();
         assert_eq!(
             (p.shape.clone(), p.strides.clone()),
-            (vec![4, 2, 3], vec![1, 12, 4])
+            (dims![4, 2, 3], dims![1, 12, 4])
         );
         assert!(c(&[2, 3]).permute(&[0, 0]).is_err());
-        assert_eq!(c(&[2, 3]).unsqueeze(1).unwrap().strides, vec![3, 3, 1]);
+        assert_eq!(c(&[2, 3]).unsqueeze(1).unwrap().strides, dims![3, 3, 1]);
         assert_eq!(c(&[2, 3]).storage_extent(), 6);
         assert_eq!(
             a.slice(0, Some(2), Some(4), 1).unwrap().storage_extent(),
@@ -734,7 +763,7 @@ mod tests {
 
     #[test]
     fn compute_stride_handles_empty_and_scalars() {
-        assert_eq!(compute_stride(&[], &[], &[1, 1]), Some(vec![1, 1]));
-        assert_eq!(compute_stride(&[0, 3], &[3, 1], &[3, 0]), Some(vec![1, 1]));
+        assert_eq!(compute_stride(&[], &[], &[1, 1]), Some(dims![1, 1]));
+        assert_eq!(compute_stride(&[0, 3], &[3, 1], &[3, 0]), Some(dims![1, 1]));
     }
 }

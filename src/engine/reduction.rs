@@ -208,7 +208,7 @@ fn presented(
 
 /// Contiguous strides of `shape`, in elements.
 fn contiguous(shape: &[usize]) -> Vec<usize> {
-    crate::engine::layout::contiguous_strides(shape)
+    crate::engine::layout::contiguous_strides(shape).to_vec()
 }
 
 /// [`reduce_scratch`] of a contiguous tensor summed over `dims` (a float32 or 16-bit sum).

@@ -200,7 +200,6 @@ impl<S: Device> Tensors<S> {
         category: Category,
     ) -> Result<TensorId, EngineError> {
         let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
-        let layout = Layout::contiguous(shape);
         let rec = self.alloc.recorder_mut();
         rec.push_static(category.tag());
         let before = self.alloc.stats().allocated_bytes.all().current;
@@ -245,39 +244,44 @@ impl<S: Device> Tensors<S> {
                 (self.storages.len() - 1) as u32
             }
         };
-        Ok(self.new_tensor(sid, layout, dtype, false))
+        let t = self.new_tensor(sid, dtype, false);
+        self.tensors[t.0 as usize].layout.set_contiguous(shape);
+        Ok(t)
     }
 
-    fn new_tensor(
-        &mut self,
-        storage: u32,
-        layout: Layout,
-        dtype: DType,
-        requires_grad: bool,
-    ) -> TensorId {
+    /// A new tensor over `storage`, its layout left to the caller to set. The slot's record
+    /// is written in place (a freed tensor's layout keeps its inline room), not built and
+    /// moved: tensors are made several times per allocator event.
+    fn new_tensor(&mut self, storage: u32, dtype: DType, requires_grad: bool) -> TensorId {
         self.storages[storage as usize].refs += 1;
-        let info = TensorInfo {
-            storage,
-            layout,
-            dtype,
-            requires_grad,
-            grad_fn: None,
-            grad: None,
-            output_nr: 0,
-            base: None,
-            refs: 1,
-            live: true,
-        };
         let id = match self.free_tensors.pop() {
-            Some(i) => {
-                self.tensors[i as usize] = info;
-                i
-            }
+            Some(i) => i,
             None => {
-                self.tensors.push(info);
+                self.tensors.push(TensorInfo {
+                    storage,
+                    layout: Layout::contiguous(&[]),
+                    dtype,
+                    requires_grad,
+                    grad_fn: None,
+                    grad: None,
+                    output_nr: 0,
+                    base: None,
+                    refs: 1,
+                    live: true,
+                });
                 (self.tensors.len() - 1) as u32
             }
         };
+        let info = &mut self.tensors[id as usize];
+        info.storage = storage;
+        info.dtype = dtype;
+        info.requires_grad = requires_grad;
+        info.grad_fn = None;
+        info.grad = None;
+        info.output_nr = 0;
+        info.base = None;
+        info.refs = 1;
+        info.live = true;
         TensorId(id)
     }
 
@@ -287,7 +291,9 @@ impl<S: Device> Tensors<S> {
             let i = self.info(t);
             (i.storage, i.dtype, i.requires_grad)
         };
-        self.new_tensor(storage, layout, dtype, rg)
+        let v = self.new_tensor(storage, dtype, rg);
+        self.tensors[v.0 as usize].layout = layout;
+        v
     }
 
     pub fn set_requires_grad(&mut self, t: TensorId, on: bool) {

@@ -10,14 +10,16 @@ use crate::engine::{Category, DType, TensorId};
 use crate::workload::ast::Span;
 
 impl Runner {
-    /// Binds `a` (and the receiver of a method) to `e`'s parameters.
+    /// Binds `a` (and the receiver of a method) to `e`'s parameters, into `bound` (the
+    /// caller's, fresh: it is not moved around).
     pub(super) fn bind(
         &mut self,
+        bound: &mut Bound<TensorId>,
         span: Span,
         e: &Entry,
         recv: Option<TensorId>,
         a: &Args,
-    ) -> Flow<Bound<u32>> {
+    ) -> Flow<()> {
         // the receiver of a method is its first positional argument
         let recv_value = recv.map(Value::Tensor);
         // positional arguments, the receiver first (no list made: this runs for every call)
@@ -30,13 +32,6 @@ impl Runner {
             }
         };
         let mut next = 0usize;
-        let mut bound = Bound {
-            args: Vec::with_capacity(e.params.len()),
-            list: Vec::new(),
-            list_ints: true,
-            list_given: false,
-            tensors: Vec::new(),
-        };
         for (k, _) in &a.kw {
             if *k != "from" && !e.params.iter().any(|p| p.name() == *k) {
                 return script(
@@ -65,7 +60,7 @@ impl Runner {
                 (
                     Param::Tensor(_) | Param::OptTensor(_) | Param::Operand(_),
                     Some(Value::Tensor(t)),
-                ) => Arg::Tensor(t.0),
+                ) => Arg::Tensor(*t),
                 (Param::Operand(_), Some(v)) if v.as_f64().is_some() => {
                     Arg::Float(v.as_f64().expect("checked"))
                 }
@@ -142,7 +137,7 @@ impl Runner {
                 (Param::Tensors(_), Some(Value::List(items))) => {
                     for v in items {
                         match v {
-                            Value::Tensor(t) => bound.tensors.push(t.0),
+                            Value::Tensor(t) => bound.tensors.push(*t),
                             other => {
                                 return script(
                                     span,
@@ -244,7 +239,7 @@ impl Runner {
                 ),
             );
         }
-        Ok(bound)
+        Ok(())
     }
 
     /// Runs a call of entry `e`.
@@ -255,18 +250,16 @@ impl Runner {
         recv: Option<TensorId>,
         a: &Args,
     ) -> Flow<Value> {
-        let b = self.bind(span, e, recv, a)?;
+        let mut b = Bound::default();
+        self.bind(&mut b, span, e, recv, a)?;
         let made = (e.make)(e.name, &b).or_else(|m| script(span, m))?;
-        let tid = TensorId;
         match made {
-            Made::Op { op, inputs } => {
-                let inputs: Vec<TensorId> = inputs.into_iter().map(tid).collect();
-                self.op(span, e.name, |d| match op.autocast() {
+            Made::Op { op, inputs } => self
+                .op(span, e.name, |d| match op.autocast() {
                     Some(p) => d.autocast_op(p, &inputs, |d, i| d.apply(&op, i)),
                     None => d.apply(&op, &inputs),
                 })
-                .map(Value::Tensor)
-            }
+                .map(Value::Tensor),
             Made::Factory {
                 fill,
                 shape,
@@ -294,14 +287,13 @@ impl Runner {
                 }
                 Ok(Value::Tensor(t))
             }
-            Made::View { kind, x, args } => self.view_call(span, kind, tid(x), &args),
+            Made::View { kind, x, args } => self.view_call(span, kind, x, &args),
             Made::Split {
                 chunk,
                 x,
                 size,
                 dim,
             } => {
-                let x = tid(x);
                 if size < 0 {
                     return script(
                         span,
@@ -331,16 +323,15 @@ impl Runner {
                 ))
             }
             Made::Contiguous(x) => self
-                .op(span, "contiguous", |d| d.contiguous_op(tid(x)))
+                .op(span, "contiguous", |d| d.contiguous_op(x))
                 .map(Value::Tensor),
             Made::CrossEntropy { logits, target } => {
-                let ins = [tid(logits), tid(target)];
+                let ins = [logits, target];
                 // (autocast applies inside: to nll_loss, not to log_softmax)
                 self.op(span, e.name, |d| d.cross_entropy(ins[0], ins[1]))
                     .map(Value::Tensor)
             }
             Made::To { x, dtype } => {
-                let x = tid(x);
                 let dtype = dtype.unwrap_or(self.dev.dtype(x));
                 if dtype == self.dev.dtype(x) {
                     return Ok(Value::Tensor(self.dev.retain(x)));
@@ -349,7 +340,6 @@ impl Runner {
                     .map(Value::Tensor)
             }
             Made::InPlace { name, x, operand } => {
-                let x = tid(x);
                 let binary = |n: &str| match n {
                     "add_" => Binary::Add,
                     "sub_" => Binary::Sub,
@@ -357,7 +347,7 @@ impl Runner {
                     _ => Binary::Div,
                 };
                 let (op, other) = match (name, operand) {
-                    ("copy_", Some(Arg::Tensor(o))) => (InPlace::Copy, Some(tid(o))),
+                    ("copy_", Some(Arg::Tensor(o))) => (InPlace::Copy, Some(o)),
                     ("copy_", Some(Arg::Float(v))) => (InPlace::Fill(v), None),
                     ("zero_", _) => (InPlace::Fill(0.0), None),
                     ("fill_", Some(Arg::Float(v))) => (InPlace::Fill(v), None),
@@ -365,7 +355,7 @@ impl Runner {
                         let u = Unary::parse(name.trim_end_matches('_')).expect("a unary op");
                         (InPlace::Unary(u), None)
                     }
-                    (n, Some(Arg::Tensor(o))) => (InPlace::Tensor(binary(n)), Some(tid(o))),
+                    (n, Some(Arg::Tensor(o))) => (InPlace::Tensor(binary(n)), Some(o)),
                     (n, Some(Arg::Float(v))) => (InPlace::Scalar(binary(n), v), None),
                     (n, _) => return script(span, format!("{n} expects a tensor or a number")),
                 };
@@ -374,14 +364,14 @@ impl Runner {
                     .map_err(|e| engine_err(span, e))?;
                 Ok(Value::Tensor(self.dev.retain(x)))
             }
-            Made::Same(x) => Ok(Value::Tensor(self.dev.retain(tid(x)))),
+            Made::Same(x) => Ok(Value::Tensor(self.dev.retain(x))),
             Made::Stack { xs, dim } => {
-                let nd = self.dev.info(tid(xs[0])).layout.ndim() + 1;
+                let nd = self.dev.info(xs[0]).layout.ndim() + 1;
                 let d = crate::engine::layout::wrap_dim(dim, nd)
                     .map_err(|e| super::Stop::Script(span, e.0))? as i64;
                 let mut views = Vec::with_capacity(xs.len());
                 for &x in &xs {
-                    match self.view_call(span, ViewKind::Unsqueeze, tid(x), &[d]) {
+                    match self.view_call(span, ViewKind::Unsqueeze, x, &[d]) {
                         Ok(Value::Tensor(v)) => views.push(v),
                         Ok(other) => {
                             self.drop_value(other);
@@ -402,7 +392,6 @@ impl Runner {
                 r.map(Value::Tensor)
             }
             Made::RepeatInterleave { x, repeats, dim } => {
-                let x = tid(x);
                 let shape = self.dev.info(x).layout.shape.clone();
                 let d = crate::engine::layout::wrap_dim(dim, shape.len())
                     .map_err(|e| super::Stop::Script(span, e.0))?;

@@ -385,9 +385,14 @@ impl Callees {
 /// Evaluated arguments: positional values and keyword values.
 #[derive(Default)]
 pub(super) struct Args<'a> {
-    pub pos: Vec<Value>,
+    /// (inline: a call's arguments are made and dropped for every call of a script)
+    pub pos: smallvec::SmallVec<[Value; 4]>,
     /// Keyword arguments by their name in the script.
-    pub kw: Vec<(&'a str, Value)>,
+    pub kw: smallvec::SmallVec<[(&'a str, Value); 2]>,
+    /// Which arguments are a variable's tensor lent without a handle of their own (bit `i`
+    /// for `pos[i]`, bit `32 + j` for `kw[j]`; see [`Runner::lent`]): not released with the
+    /// arguments.
+    lent: u64,
 }
 
 impl Args<'_> {
@@ -415,9 +420,25 @@ pub fn method_names() -> Vec<&'static str> {
 }
 
 impl Runner {
-    fn args<'a>(&mut self, args: &[Expr], kwargs: &'a [(String, Expr)]) -> Flow<Args<'a>> {
-        let mut out = Args::default();
-        for a in args {
+    /// Evaluates a call's arguments. With `lend` (the callee is an op's entry, which reads
+    /// its tensors and keeps its own handles on what it saves), a variable's tensor is lent
+    /// rather than given another handle: no expression can unbind a variable while the call
+    /// runs, and taking and dropping a handle per argument is a good part of a script's time.
+    /// They are written into `out`, an empty [`Args`] of the caller's (no copy of it is
+    /// moved around); on an error, what was evaluated is dropped.
+    fn args<'a>(
+        &mut self,
+        out: &mut Args<'a>,
+        args: &[Expr],
+        kwargs: &'a [(String, Expr)],
+        lend: bool,
+    ) -> Flow<()> {
+        for (i, a) in args.iter().enumerate() {
+            if let Some(t) = self.lent(a).filter(|_| lend && i < 32) {
+                out.pos.push(Value::Tensor(t));
+                out.lent |= 1 << i;
+                continue;
+            }
             match self.eval(a) {
                 Ok(v) => out.pos.push(v),
                 Err(e) => {
@@ -426,7 +447,12 @@ impl Runner {
                 }
             }
         }
-        for (k, a) in kwargs {
+        for (j, (k, a)) in kwargs.iter().enumerate() {
+            if let Some(t) = self.lent(a).filter(|_| lend && j < 32) {
+                out.kw.push((k.as_str(), Value::Tensor(t)));
+                out.lent |= 1 << (32 + j);
+                continue;
+            }
             match self.eval(a) {
                 Ok(v) => out.kw.push((k.as_str(), v)),
                 Err(e) => {
@@ -435,16 +461,28 @@ impl Runner {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
-    fn drop_args(&mut self, a: Args) {
-        for v in a.pos {
-            self.drop_value(v);
+    /// Drops the arguments' handles (not lent ones), leaving `a` empty.
+    fn drop_args(&mut self, a: &mut Args) {
+        for (i, v) in a.pos.drain(..).enumerate() {
+            if a.lent & (1 << i) == 0 {
+                self.drop_value(v);
+            }
         }
-        for (_, v) in a.kw {
-            self.drop_value(v);
+        for (j, (_, v)) in a.kw.drain(..).enumerate() {
+            if a.lent & (1 << (32 + j)) == 0 {
+                self.drop_value(v);
+            }
         }
+        a.lent = 0;
+    }
+
+    /// Whether calling `name` (a function, or with `method` a tensor's method) reaches an
+    /// op's entry, whose arguments may be lent ([`Runner::args`]).
+    pub(super) fn reaches_entry(name: &Ident, method: bool) -> bool {
+        matches!(CALLEES.of(name, method), Some(Callee::Entry(_)))
     }
 
     fn bool_kw(span: Span, a: &Args, name: &str, default: bool) -> Flow<bool> {
@@ -473,9 +511,10 @@ impl Runner {
         args: &[Expr],
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
-        let a = self.args(args, kwargs)?;
+        let mut a = Args::default();
+        self.args(&mut a, args, kwargs, Self::reaches_entry(func, false))?;
         let r = self.call_with(span, func, &a);
-        self.drop_args(a);
+        self.drop_args(&mut a);
         r
     }
 
@@ -586,17 +625,19 @@ impl Runner {
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
         if let Value::Optimizer(i) = recv {
-            let a = self.args(args, kwargs)?;
+            let mut a = Args::default();
+            self.args(&mut a, args, kwargs, false)?;
             let r = self.optimizer_method(span, *i, name, &a);
-            self.drop_args(a);
+            self.drop_args(&mut a);
             return r;
         }
         let Value::Tensor(t) = recv else {
             return script(span, format!("{} has no method '{name}'", recv.kind()));
         };
-        let a = self.args(args, kwargs)?;
+        let mut a = Args::default();
+        self.args(&mut a, args, kwargs, Self::reaches_entry(name, true))?;
         let r = self.tensor_method(span, *t, name, &a);
-        self.drop_args(a);
+        self.drop_args(&mut a);
         r
     }
 

@@ -105,10 +105,10 @@ struct Runner {
     iter_stack: StackId,
     /// The runtime function being called (the optimizer constructors share one).
     calling: &'static str,
-    /// Each `scope "..."` block's tag by the address and length of its name in the script's
-    /// syntax tree, which outlives the runner (`run_on` borrows the workload): a module path
-    /// is hashed once per run, not once per visit.
-    scope_tags: rustc_hash::FxHashMap<(usize, usize), crate::trace::TagId>,
+    /// Each scope name's tag by its slot ([`names`]), with the stack it last entered from
+    /// and the stack that made: a module's ops run under the same parent stack every time
+    /// (a layer in each decode step), so entering is a comparison, not two hash lookups.
+    scope_tags: Vec<Option<(crate::trace::TagId, StackId, StackId)>>,
     /// Statements run so far, against `max_statements`.
     statements: u64,
     /// [`statement_bound`] of the workload.
@@ -210,6 +210,7 @@ pub fn run_on(
     let weights = open(&workload.weights, "[model] weights")?;
     let data = open(&workload.data, "[data] file")?;
     let capture = target.capture_grads && dev.computes();
+    let names = names::resolve(workload);
     let mut r = Runner {
         dev,
         weights,
@@ -217,7 +218,7 @@ pub fn run_on(
         named: capture.then(Vec::new),
         grads: None,
         vars: Vec::new(),
-        slots: names::resolve(workload),
+        slots: names.vars,
         kept: Vec::new(),
         marks: Vec::new(),
         iteration: None,
@@ -227,7 +228,7 @@ pub fn run_on(
         optimizers: Vec::new(),
         iter_stack: StackId::ROOT,
         calling: "",
-        scope_tags: Default::default(),
+        scope_tags: vec![None; names.scopes],
         statements: 0,
         max_statements: statement_bound(workload),
     };
@@ -612,12 +613,7 @@ impl Runner {
                     }
                 }
                 BlockKind::Scope(name) => {
-                    let rec = self.dev.alloc.recorder_mut();
-                    let t = *self
-                        .scope_tags
-                        .entry((name.as_ptr() as usize, name.len()))
-                        .or_insert_with(|| rec.tags.intern(name));
-                    rec.push_tag_id(t);
+                    self.enter_scope(name);
                     let r = self.block(body);
                     self.dev.alloc.recorder_mut().pop_tag();
                     r?;
@@ -696,6 +692,33 @@ impl Runner {
         saved
     }
 
+    /// Pushes the tag of a `scope` block.
+    #[inline]
+    fn enter_scope(&mut self, name: &Ident) {
+        let rec = self.dev.alloc.recorder_mut();
+        let parent = rec.current();
+        let Some(memo) = name
+            .resolved()
+            .and_then(|s| self.scope_tags.get_mut(s as usize))
+        else {
+            // (every scope of the script has its slot; a name without one is interned)
+            rec.push_tag(name);
+            return;
+        };
+        match *memo {
+            Some((_, from, to)) if from == parent => rec.set_current(to),
+            Some((tag, ..)) => {
+                let to = rec.push_tag_id(tag);
+                *memo = Some((tag, parent, to));
+            }
+            None => {
+                let tag = rec.tags.intern(name);
+                let to = rec.push_tag_id(tag);
+                *memo = Some((tag, parent, to));
+            }
+        }
+    }
+
     /// The variable slot of a name ([`names::resolve`] gave every name of the script one).
     #[inline]
     fn slot(&self, name: &Ident) -> usize {
@@ -771,6 +794,12 @@ impl Runner {
                 }
             }
             ExprKind::Binary { op, lhs, rhs } => {
+                // two variables' tensors are lent to the op (see `Runner::args`)
+                if *op != BinOp::Pow {
+                    if let (Some(x), Some(y)) = (self.lent(lhs), self.lent(rhs)) {
+                        return self.binary_tensors(e.span, *op, x, y);
+                    }
+                }
                 let a = self.eval(lhs)?;
                 let b = match self.eval(rhs) {
                     Ok(b) => b,
@@ -788,23 +817,47 @@ impl Runner {
                 args,
                 kwargs,
             } => {
+                // a variable's tensor is lent to an op's method, as its arguments are
+                if let Some(t) = self.lent(recv).filter(|_| Self::reaches_entry(name, true)) {
+                    return self.method(e.span, &Value::Tensor(t), name, args, kwargs);
+                }
                 let r = self.eval(recv)?;
                 let res = self.method(e.span, &r, name, args, kwargs);
                 self.drop_value(r);
                 res
             }
             ExprKind::Attr { recv, name } => {
+                // (they take their receiver by reference: a variable's tensor is lent)
+                if let Some(t) = self.lent(recv) {
+                    return self.attr(e.span, &Value::Tensor(t), name);
+                }
                 let r = self.eval(recv)?;
                 let res = self.attr(e.span, &r, name);
                 self.drop_value(r);
                 res
             }
             ExprKind::Index { recv, items } => {
+                if let Some(t) = self.lent(recv) {
+                    return self.index(e.span, &Value::Tensor(t), items);
+                }
                 let r = self.eval(recv)?;
                 let res = self.index(e.span, &r, items);
                 self.drop_value(r);
                 res
             }
+        }
+    }
+
+    /// The tensor a variable holds when `e` is just that variable's name: for a callee that
+    /// only reads it while the variable keeps it alive ([`Runner::args`]).
+    #[inline]
+    fn lent(&self, e: &Expr) -> Option<TensorId> {
+        match &e.kind {
+            ExprKind::Name(n) => match &self.vars[self.slot(n)] {
+                Some(Value::Tensor(t)) => Some(*t),
+                _ => None,
+            },
+            _ => None,
         }
     }
 
@@ -841,22 +894,10 @@ impl Runner {
         }
         match (a, b) {
             (Value::Tensor(x), Value::Tensor(y)) => {
-                let r = match op {
-                    BinOp::MatMul => self.op(span, "matmul", |d| {
-                        d.autocast_op(
-                            crate::engine::autocast::CastPolicy::Lower,
-                            &[x, y],
-                            |d, i| d.matmul(i[0], i[1]),
-                        )
-                    }),
-                    _ => {
-                        let bop = binop(op);
-                        self.op(span, bop_name(op), |d| d.binary(bop, x, y))
-                    }
-                };
+                let r = self.binary_tensors(span, op, x, y);
                 self.dev.release(x);
                 self.dev.release(y);
-                r.map(Value::Tensor)
+                r
             }
             (a, b) if matches!((&a, &b), (Value::Tensor(_), s) | (s, Value::Tensor(_)) if s.as_f64().is_some()) =>
             {
@@ -903,6 +944,24 @@ impl Runner {
 }
 
 impl Runner {
+    /// `x op y` for two tensors (not `**`), which stay the caller's.
+    fn binary_tensors(&mut self, span: Span, op: BinOp, x: TensorId, y: TensorId) -> Flow<Value> {
+        match op {
+            BinOp::MatMul => self.op(span, "matmul", |d| {
+                d.autocast_op(
+                    crate::engine::autocast::CastPolicy::Lower,
+                    &[x, y],
+                    |d, i| d.matmul(i[0], i[1]),
+                )
+            }),
+            _ => {
+                let bop = binop(op);
+                self.op(span, bop_name(op), |d| d.binary(bop, x, y))
+            }
+        }
+        .map(Value::Tensor)
+    }
+
     /// `a ** b`: `torch.pow(tensor, exponent)` for a tensor and a number (the `pow` op,
     /// with autocast's policy), the number for two numbers.
     fn power(&mut self, span: Span, a: Value, b: Value) -> Flow<Value> {
@@ -987,5 +1046,34 @@ mod bound_tests {
         )
         .unwrap();
         assert_eq!(statement_bound(&preset), u64::MAX);
+    }
+
+    /// A scope's tag goes under whatever stack it is entered from: the runner remembers the
+    /// last (parent, child) pair per scope, and must not reuse it under another parent.
+    #[test]
+    fn a_scope_entered_from_two_stacks_tags_each() {
+        let text = "[workload]\nname = \"s\"\niterations = 1\nbody = '''\n\
+            phase \"forward\" {\n  scope \"m\" {\n    x = randn(4)\n  }\n}\n\
+            phase \"backward\" {\n  scope \"m\" {\n    y = randn(4)\n  }\n}\n\
+            scope \"outer\" {\n  scope \"m\" {\n    z = randn(4)\n  }\n}\n'''\n";
+        let w = crate::workload::parse(text, Path::new("w.toml")).unwrap();
+        let r = run(&w, Path::new("w.toml"), &RunOptions::default()).unwrap();
+        let rec = r.allocator.recorder();
+        let stacks: Vec<String> = rec
+            .ring
+            .iter()
+            .filter(|e| e.kind() == crate::trace::EventKind::Alloc)
+            .map(|e| rec.tags.resolve(e.stack).join("/"))
+            .collect();
+        let under = |parent: &str| {
+            stacks
+                .iter()
+                .filter(|s| s.ends_with(&format!("{parent}m/randn/category:input")))
+                .count()
+        };
+        assert_eq!(under("phase:forward/"), 1, "{stacks:?}");
+        assert_eq!(under("phase:backward/"), 1, "{stacks:?}");
+        assert_eq!(under("phase:forward/outer/"), 1, "{stacks:?}");
+        assert_eq!(stacks.len(), 3, "{stacks:?}");
     }
 }

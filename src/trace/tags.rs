@@ -23,8 +23,17 @@ pub struct Tags {
     by_name: FxHashMap<String, TagId>,
     /// Stack nodes: (parent, tag); index 0 is the root (its entry is unused).
     nodes: Vec<(StackId, TagId)>,
+    /// Each node's first [`KIDS`] children as (tag, child), empty slots with the tag
+    /// `u32::MAX`: most nodes have few (an op's stack has a child per memory category it
+    /// allocates in), and a scan of one slot array is cheaper than a hash lookup.
+    kids: Vec<[(TagId, StackId); KIDS]>,
+    /// The children beyond a node's first [`KIDS`].
     by_node: FxHashMap<(StackId, TagId), StackId>,
 }
+
+/// Children kept inline per stack node.
+const KIDS: usize = 3;
+const NO_KIDS: [(TagId, StackId); KIDS] = [(TagId(u32::MAX), StackId::ROOT); KIDS];
 
 impl Default for Tags {
     fn default() -> Self {
@@ -32,6 +41,7 @@ impl Default for Tags {
             names: Vec::new(),
             by_name: FxHashMap::default(),
             nodes: vec![(StackId::ROOT, TagId(u32::MAX))],
+            kids: vec![NO_KIDS],
             by_node: FxHashMap::default(),
         }
     }
@@ -52,13 +62,36 @@ impl Tags {
         &self.names[t.0 as usize]
     }
 
+    #[inline]
     pub fn child(&mut self, parent: StackId, tag: TagId) -> StackId {
-        if let Some(&s) = self.by_node.get(&(parent, tag)) {
-            return s;
+        let kids = &self.kids[parent.0 as usize];
+        for &(t, s) in kids {
+            if t == tag {
+                return s;
+            }
         }
+        if kids[KIDS - 1].0 .0 != u32::MAX {
+            if let Some(&s) = self.by_node.get(&(parent, tag)) {
+                return s;
+            }
+        }
+        self.new_child(parent, tag)
+    }
+
+    #[cold]
+    fn new_child(&mut self, parent: StackId, tag: TagId) -> StackId {
         let s = StackId(self.nodes.len() as u32);
         self.nodes.push((parent, tag));
-        self.by_node.insert((parent, tag), s);
+        self.kids.push(NO_KIDS);
+        match self.kids[parent.0 as usize]
+            .iter_mut()
+            .find(|(t, _)| t.0 == u32::MAX)
+        {
+            Some(slot) => *slot = (tag, s),
+            None => {
+                self.by_node.insert((parent, tag), s);
+            }
+        }
         s
     }
 
@@ -99,5 +132,27 @@ mod tests {
         assert_eq!(t.parent(s2), s1);
         assert_eq!(t.parent(StackId::ROOT), StackId::ROOT);
         assert_eq!(t.intern("encoder"), a);
+    }
+
+    /// A node's first children are kept inline, the rest in the map: both give the same
+    /// stack for the same (parent, tag), and distinct ones for distinct tags.
+    #[test]
+    fn many_children_of_one_stack() {
+        let mut t = Tags::default();
+        let p = t.intern("layer");
+        let parent = t.child(StackId::ROOT, p);
+        let tags: Vec<TagId> = (0..10).map(|i| t.intern(&format!("op{i}"))).collect();
+        let first: Vec<StackId> = tags.iter().map(|&g| t.child(parent, g)).collect();
+        for (i, &g) in tags.iter().enumerate().rev() {
+            assert_eq!(t.child(parent, g), first[i]);
+            assert_eq!(t.resolve(first[i]), vec!["layer", &format!("op{i}")]);
+        }
+        let mut distinct = first.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 10);
+        // the same tags under another parent are other stacks
+        let other = t.child(StackId::ROOT, tags[0]);
+        assert_ne!(t.child(other, tags[1]), first[1]);
     }
 }

@@ -321,7 +321,8 @@ pub enum BlockKind {
     /// `torch.utils.checkpoint(fn, *args)` does) until its backward is done.
     Checkpoint { hold: Vec<Ident> },
     /// `scope "encoder.layer3" {`: a module-path tag for what is allocated inside.
-    Scope(String),
+    /// (its [`Ident`] resolves to the scope's slot: `runner::names`)
+    Scope(Ident),
     /// `phase "forward" {`: a phase tag for what is allocated inside.
     Phase(String),
     /// `for i in range(N) {`: the statements inside N times, `i` bound to 0, 1, ... N - 1.

@@ -34,6 +34,37 @@ pub(crate) fn parse_stmts(text: &Text, what: &str) -> PResult<Vec<Stmt>> {
     p.block(None, 0)
 }
 
+/// Appends `st`, or, when it is a `scope` block of the same name as the statement before it,
+/// appends its statements to that block instead: `scope "m" { a }` then `scope "m" { b }` is
+/// `scope "m" { a; b }` (a scope only names the tag its statements run under), and generated
+/// models, which put each statement in its module's scope, run one block per module.
+fn push_merging_scopes(out: &mut Vec<Stmt>, st: Stmt) {
+    if let StmtKind::Block {
+        kind: BlockKind::Scope(name),
+        ..
+    } = &st.kind
+    {
+        if let Some(Stmt {
+            kind:
+                StmtKind::Block {
+                    kind: BlockKind::Scope(prev),
+                    body,
+                },
+            ..
+        }) = out.last_mut()
+        {
+            if prev == name {
+                let StmtKind::Block { body: more, .. } = st.kind else {
+                    unreachable!("matched a block above")
+                };
+                body.extend(more);
+                return;
+            }
+        }
+    }
+    out.push(st);
+}
+
 struct Parser<'a> {
     /// Always ends with `Newline`, `Eof`.
     toks: Vec<Token>,
@@ -171,7 +202,10 @@ impl Parser<'_> {
                     self.end_of_line("'}' (a block's '}' stands on a line of its own)")?;
                     return Ok(out);
                 }
-                _ => out.push(self.statement(depth)?),
+                _ => {
+                    let st = self.statement(depth)?;
+                    push_merging_scopes(&mut out, st);
+                }
             }
         }
     }
@@ -328,7 +362,7 @@ impl Parser<'_> {
                 };
                 self.bump();
                 if keyword == "scope" {
-                    BlockKind::Scope(name)
+                    BlockKind::Scope(Ident::from(name))
                 } else {
                     BlockKind::Phase(name)
                 }
@@ -943,6 +977,30 @@ mod tests {
         assert_eq!(s[1].kind, StmtKind::Del(vec!["a".into(), "b".into()]));
         assert_eq!(s[2].span, sp(3, 1));
         assert!(matches!(&s[3].kind, StmtKind::Expr(e) if e.to_string() == "keep(loss)"));
+    }
+
+    /// Adjacent scopes of one name are one block; others stay apart.
+    #[test]
+    fn adjacent_scopes_of_one_name_merge() {
+        let stmts = parse(
+            "scope \"a\" {\n  x = f()\n}\nscope \"a\" {\n  y = f()\n}\nscope \"b\" {\n  z = f()\n}\ndel z\nscope \"b\" {\n  w = f()\n}",
+        );
+        let shape: Vec<(String, usize)> = stmts
+            .iter()
+            .map(|s| match &s.kind {
+                StmtKind::Block {
+                    kind: BlockKind::Scope(n),
+                    body,
+                } => (n.to_string(), body.len()),
+                _ => ("-".to_string(), 0),
+            })
+            .collect();
+        let want = [("a", 2), ("b", 1), ("-", 0), ("b", 1)];
+        assert_eq!(
+            shape,
+            want.map(|(n, k)| (n.to_string(), k)).to_vec(),
+            "{stmts:?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::engine::op::{Binary, Fill, InPlace, Op, Role, Unary};
 
 /// `b`'s values broadcast to `shape` (row-major).
 pub(super) fn load_as(d: &CpuDevice, b: &Buffer, shape: &[usize]) -> Result<Scratch, String> {
-    if b.layout.shape == shape {
+    if b.layout.shape.as_slice() == shape {
         return d.load(b);
     }
     let sizes: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
@@ -43,8 +43,8 @@ pub(super) fn sum_to(full: &[f64], shape: &[usize], target: &[usize]) -> Scratch
         s *= target[d];
     }
     let full_layout = Layout {
-        shape: shape.to_vec(),
-        strides: tstride,
+        shape: shape.into(),
+        strides: tstride.into(),
         offset: 0,
     };
     let mut i = 0;

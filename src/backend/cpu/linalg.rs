@@ -284,10 +284,10 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
 /// written says: the output buffer of the gradient of input `i`).
 fn saved_shape(l: &Launch, i: usize) -> Result<Vec<usize>, String> {
     if let Ok(b) = saved(l, Role::Input(i)) {
-        return Ok(b.layout.shape.clone());
+        return Ok(b.layout.shape.to_vec());
     }
     match l.pass {
-        Pass::Grad { input } if input == i => Ok(l.outputs[0].layout.shape.clone()),
+        Pass::Grad { input } if input == i => Ok(l.outputs[0].layout.shape.to_vec()),
         _ => Err(format!("matmul's backward: input {i} was not saved")),
     }
 }

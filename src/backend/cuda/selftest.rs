@@ -359,8 +359,8 @@ fn run_checked() -> Result<Report, String> {
         let want = read(&d, y)?;
         let al = Layout::contiguous(&[rows, cols]);
         let mut bl = Layout::contiguous(&[1, cols]);
-        bl.shape = vec![rows, cols];
-        bl.strides = vec![0, 1];
+        bl.shape = smallvec::smallvec![rows, cols];
+        bl.strides = smallvec::smallvec![0, 1];
         let (asl, bsl) = (g.up(&av)?, g.up(&bv)?);
         let mut out = g.out(n)?;
         let f = g.function("binary")?;

@@ -9,9 +9,10 @@ use super::grad::{GradPlan, Step};
 use super::script::{tensors, Bound, Entry, Form, Made, Param};
 use super::{MetaRef, Op};
 use crate::engine::dtype::DType;
+use crate::engine::TensorId;
 use crate::trace::Category;
 
-fn make(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let inputs = tensors(b);
     if !(3..=4).contains(&inputs.len()) {
         return Err("scaled_dot_product_attention expects q, k and v (and an attn_mask)".into());

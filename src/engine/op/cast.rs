@@ -4,8 +4,9 @@
 
 use super::script::{entries, Bound, Entry, Form, Made, Param as P, UNARY, X};
 use crate::engine::dtype::DType;
+use crate::engine::TensorId;
 
-fn cast(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn cast(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let dtype = match name {
         "float" => Some(DType::F32),
         "half" => Some(DType::F16),

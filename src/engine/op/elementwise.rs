@@ -6,6 +6,7 @@
 use super::script::{entries, Arg, Bound, Entry, Form, Made, Param as P, UNARY, X};
 use super::{Op, Save};
 use crate::engine::dtype::DType;
+use crate::engine::TensorId;
 
 /// Elementwise unary functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,15 +213,15 @@ impl InPlace {
 
 // The family's script functions and methods.
 
-fn unary(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn unary(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let u = Unary::parse(name).ok_or("not a unary op")?;
     Ok(Made::Op {
         op: Op::Unary(u),
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
-fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn factory(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     // `torch.randn()` is a TypeError; `torch.randn([])` a 0-dim tensor
     if !b.list_given && name != "arange" {
         return Err(format!(
@@ -267,7 +268,7 @@ fn factory(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn binary_fn(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let op = match name {
         "add" => Binary::Add,
         "sub" => Binary::Sub,
@@ -276,40 +277,40 @@ fn binary_fn(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     };
     Ok(Made::Op {
         op: Op::Binary(op),
-        inputs: vec![
+        inputs: smallvec::smallvec![
             b.tensor(0).ok_or("expects a tensor")?,
             b.tensor(1).ok_or("expects two tensors")?,
         ],
     })
 }
 
-fn bitwise(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn bitwise(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     Ok(Made::Op {
         op: Op::Bitwise {
             or: name == "bitwise_or",
         },
-        inputs: vec![
+        inputs: smallvec::smallvec![
             b.tensor(0).ok_or("expects a tensor")?,
             b.tensor(1).ok_or("expects two tensors")?,
         ],
     })
 }
 
-fn pow(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn pow(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     Ok(Made::Op {
         op: Op::Pow {
             exponent: b
                 .float(1)
                 .ok_or("pow expects (input, exponent), the exponent a number")?,
         },
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
-fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn where_fn(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     Ok(Made::Op {
         op: Op::Where,
-        inputs: vec![
+        inputs: smallvec::smallvec![
             b.tensor(0).ok_or("where expects a condition tensor")?,
             b.tensor(1).ok_or(
                 "where expects tensors (make a number a 0-dim tensor: full([], fill_value=v))",
@@ -321,13 +322,13 @@ fn where_fn(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-fn compare(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn compare(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let cmp = super::Cmp::parse(name).ok_or("not a comparison")?;
     let x = b.tensor(0).ok_or("expects a tensor")?;
     match b.args.get(1) {
         Some(Arg::Tensor(y)) => Ok(Made::Op {
             op: Op::Compare { cmp, scalar: None },
-            inputs: vec![x, *y],
+            inputs: smallvec::smallvec![x, *y],
         }),
         _ => Ok(Made::Op {
             op: Op::Compare {
@@ -337,31 +338,31 @@ fn compare(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
                         .ok_or("expects a tensor or a number to compare with")?,
                 ),
             },
-            inputs: vec![x],
+            inputs: smallvec::smallvec![x],
         }),
     }
 }
 
-fn cumsum(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn cumsum(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     Ok(Made::Op {
         op: Op::Cumsum {
             dim: b.int(1).ok_or("cumsum expects a dim")?,
         },
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
-fn logical(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn logical(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     Ok(Made::Op {
         op: Op::Logical {
             any: name == "any",
             dim: b.int(1),
         },
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
-fn inplace(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn inplace(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let name = InPlace::parse(name).ok_or("not in-place")?;
     Ok(Made::InPlace {
         name,

@@ -4,8 +4,9 @@
 
 use super::script::{tensors, Bound, Entry, Form, Made, Param, X};
 use super::Op;
+use crate::engine::TensorId;
 
-fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let inputs = tensors(b);
     let op = match name {
         "embedding" => Op::Embedding { strided: false },

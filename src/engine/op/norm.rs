@@ -6,6 +6,7 @@ use super::script::{Bound, Entry, Form, Made, Param};
 use super::{CastPolicy, Extras, Meta, MetaRef, Op, Save};
 use crate::engine::dtype::DType;
 use crate::engine::layout::LayoutError;
+use crate::engine::TensorId;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Norm {
@@ -69,7 +70,7 @@ impl Norm {
     }
 }
 
-fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
     let norm = match name {
         "layer_norm" => {
@@ -87,7 +88,7 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             eps: b.float(2).unwrap_or(1e-6),
         },
     };
-    let mut inputs = vec![x];
+    let mut inputs: smallvec::SmallVec<[TensorId; 4]> = smallvec::smallvec![x];
     inputs.extend(b.tensor(1));
     inputs.extend(b.tensor(2).filter(|_| name == "layer_norm"));
     Ok(Made::Op {

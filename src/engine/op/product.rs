@@ -6,8 +6,9 @@
 use super::grad::GradPlan;
 use super::script::{tensors, Bound, Entry, Form, Made, Param, X};
 use super::{Meta, MetaRef, Op};
+use crate::engine::TensorId;
 
-fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let inputs = tensors(b);
     if inputs.len() < 2 {
         return Err(format!("{name} expects two tensors"));
@@ -21,7 +22,7 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             };
             return Ok(Made::Op {
                 op: Op::Addmm,
-                inputs: vec![x, w, b],
+                inputs: smallvec::smallvec![x, w, b],
             });
         }
         _ => Op::Matmul,

@@ -10,6 +10,7 @@ use super::script::{entries, Bound, Entry, Form, Made, Param as P, UNARY, X};
 use super::{Extras, Meta, MetaRef, Op};
 use crate::engine::dtype::DType;
 use crate::engine::layout::{contiguous_strides, wrap_dim, LayoutError};
+use crate::engine::TensorId;
 use crate::trace::Category;
 
 /// The dimensions a `sum`/`mean` reduces: one (`dim=1`), several (`dim=[0, 2]`), or every one
@@ -76,7 +77,7 @@ impl DimList {
     }
 }
 
-fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn reduce(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
     let op = match name {
         "argmax" => Op::Argmax {
@@ -87,7 +88,7 @@ fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         "isin" => {
             return Ok(Made::Op {
                 op: Op::Isin,
-                inputs: vec![
+                inputs: smallvec::smallvec![
                     x,
                     b.tensor(1)
                         .ok_or("isin expects (elements, test_elements)")?,
@@ -109,7 +110,7 @@ fn reduce(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     };
     Ok(Made::Op {
         op,
-        inputs: vec![x],
+        inputs: smallvec::smallvec![x],
     })
 }
 

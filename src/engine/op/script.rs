@@ -6,6 +6,7 @@
 
 use super::{Fill, Op, ViewKind};
 use crate::engine::dtype::DType;
+use crate::engine::TensorId;
 
 /// How a script reaches an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +94,8 @@ pub enum Arg<T> {
 /// sizes or numbers of a variadic parameter.
 #[derive(Debug, Clone)]
 pub struct Bound<T> {
-    pub args: Vec<Arg<T>>,
+    /// (inline: bound for every call of a script)
+    pub args: smallvec::SmallVec<[Arg<T>; 6]>,
     pub list: Vec<f64>,
     /// Whether every number of `list` was written as an integer.
     pub list_ints: bool,
@@ -101,6 +103,18 @@ pub struct Bound<T> {
     pub list_given: bool,
     /// The tensors of a list parameter.
     pub tensors: Vec<T>,
+}
+
+impl<T> Default for Bound<T> {
+    fn default() -> Self {
+        Bound {
+            args: smallvec::SmallVec::new(),
+            list: Vec::new(),
+            list_ints: true,
+            list_given: false,
+            tensors: Vec::new(),
+        }
+    }
 }
 
 impl<T: Copy> Bound<T> {
@@ -152,7 +166,10 @@ impl<T: Copy> Bound<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Made<T> {
     /// An op over tensor inputs (autocast applies by the op's policy).
-    Op { op: Op, inputs: Vec<T> },
+    Op {
+        op: Op,
+        inputs: smallvec::SmallVec<[T; 4]>,
+    },
     /// A factory.
     Factory {
         fill: Fill,
@@ -200,7 +217,7 @@ pub struct Entry {
     pub form: Form,
     pub params: &'static [Param],
     pub doc: &'static str,
-    pub make: fn(&'static str, &Bound<u32>) -> Result<Made<u32>, String>,
+    pub make: fn(&'static str, &Bound<TensorId>) -> Result<Made<TensorId>, String>,
 }
 
 impl Entry {
@@ -234,7 +251,7 @@ macro_rules! entries {
 }
 pub(super) use entries;
 
-pub(super) fn tensors(b: &Bound<u32>) -> Vec<u32> {
+pub(super) fn tensors(b: &Bound<TensorId>) -> smallvec::SmallVec<[TensorId; 4]> {
     b.args
         .iter()
         .filter_map(|a| match a {

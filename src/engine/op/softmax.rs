@@ -6,9 +6,10 @@
 use super::grad::{GradPlan, Step};
 use super::script::{Bound, Entry, Form, Made, Param, X};
 use super::{MetaRef, Op};
+use crate::engine::TensorId;
 use crate::trace::Category;
 
-fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     if name == "cross_entropy" {
         return Ok(Made::CrossEntropy {
             logits: b.tensor(0).ok_or("expects logits")?,
@@ -21,7 +22,7 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             log: name == "log_softmax",
             safe: name == "safe_softmax",
         },
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 

@@ -5,6 +5,7 @@
 
 use super::script::{Bound, Entry, Form, Made, Param, UNARY, X};
 use super::{Back, Op};
+use crate::engine::TensorId;
 
 /// The view ops, by PyTorch's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +58,7 @@ impl ViewKind {
 }
 
 /// `cat(tensors, dim)` and `pad(input, pad, value)`: new tensors of a joined or padded shape.
-fn join(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn join(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     match name {
         "stack" => {
             if b.tensors.is_empty() {
@@ -91,7 +92,7 @@ fn join(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
                 op: Op::Cat {
                     dim: b.int(1).unwrap_or(0),
                 },
-                inputs: b.tensors.clone(),
+                inputs: b.tensors.iter().copied().collect(),
             })
         }
         _ => Ok(Made::Op {
@@ -99,12 +100,12 @@ fn join(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
                 pads: b.sizes()?,
                 value: b.float(2).unwrap_or(0.0),
             },
-            inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+            inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
         }),
     }
 }
 
-fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let x = b.tensor(0).ok_or("expects a tensor")?;
     let kind = match name {
         "view" => ViewKind::View,
@@ -132,7 +133,7 @@ fn make(name: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
         "clone" => {
             return Ok(Made::Op {
                 op: Op::Clone,
-                inputs: vec![x],
+                inputs: smallvec::smallvec![x],
             })
         }
         "split" | "chunk" => {

@@ -10,6 +10,7 @@ use super::script::{Bound, Entry, Form, Made, Param};
 use super::{Extras, Meta, MetaRef, Op, Save};
 use crate::engine::dtype::DType;
 use crate::engine::layout::{Dims, LayoutError};
+use crate::engine::TensorId;
 
 /// `F.conv2d(x, weight, bias, stride, padding, dilation, groups)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,7 +284,7 @@ pub(super) fn grad_plan(op: &Op, inputs: &[Meta]) -> GradPlan {
     }
 }
 
-fn conv(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn conv(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let pos = |i: usize, name: &str, min: i64| -> Result<usize, String> {
         let v = b.int(i).unwrap_or(0);
         if v < min {
@@ -302,11 +303,11 @@ fn conv(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     inputs.extend(b.tensor(2));
     Ok(Made::Op {
         op: Op::Conv2d(c),
-        inputs,
+        inputs: inputs.into(),
     })
 }
 
-fn batch_norm(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn batch_norm(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let t = |i: usize, what: &str| b.tensor(i).ok_or(format!("batch_norm needs {what}"));
     let training = b.flag(5);
     let momentum = b.float(6).unwrap_or(0.1);
@@ -321,7 +322,7 @@ fn batch_norm(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             momentum,
             eps,
         }),
-        inputs: vec![
+        inputs: smallvec::smallvec![
             t(0, "an input")?,
             t(3, "a weight (affine batch norm)")?,
             t(4, "a bias (affine batch norm)")?,
@@ -331,7 +332,7 @@ fn batch_norm(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
     })
 }
 
-fn max_pool(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn max_pool(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let kernel = b.int(1).unwrap_or(0);
     let stride = b.int(2).unwrap_or(kernel);
     let padding = b.int(3).unwrap_or(0);
@@ -346,11 +347,11 @@ fn max_pool(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
             stride: stride as usize,
             padding: padding as usize,
         }),
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
-fn adaptive_avg_pool(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, String> {
+fn adaptive_avg_pool(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String> {
     let sizes = b.sizes()?;
     let out = match sizes[..] {
         [s] => [s, s],
@@ -364,7 +365,7 @@ fn adaptive_avg_pool(_: &'static str, b: &Bound<u32>) -> Result<Made<u32>, Strin
         op: Op::AdaptiveAvgPool2d {
             out: [out[0] as usize, out[1] as usize],
         },
-        inputs: vec![b.tensor(0).ok_or("expects a tensor")?],
+        inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
 }
 
