@@ -16,6 +16,9 @@ pub use event::{Event, EventKind};
 pub use ring::Ring;
 pub use tags::{StackId, TagId, Tags};
 
+/// Buckets of [`Recorder::push_static`]'s memo.
+const STATIC_MEMO: usize = 256;
+
 /// The allocator's recorder: the ring of events plus the tag stack current right now.
 #[derive(Debug, Clone)]
 pub struct Recorder {
@@ -26,6 +29,8 @@ pub struct Recorder {
     /// Tags of `&'static str` names (op names, categories) by the string's address and
     /// length: a static string never moves, so its tag is found without hashing its text.
     statics: rustc_hash::FxHashMap<(usize, usize), TagId>,
+    /// The last static tag seen per address bucket ([`Recorder::push_static`]).
+    statics_memo: Box<[((usize, usize), TagId); STATIC_MEMO]>,
 }
 
 impl Default for Recorder {
@@ -43,6 +48,7 @@ impl Recorder {
             tags: Tags::default(),
             current: StackId::ROOT,
             statics: rustc_hash::FxHashMap::default(),
+            statics_memo: Box::new([((0, 0), TagId(0)); STATIC_MEMO]),
         }
     }
 
@@ -55,15 +61,25 @@ impl Recorder {
 
     /// [`Recorder::push_tag`] for a name that lives as long as the program (an op's name, a
     /// category's tag): the same stacks, found faster.
+    #[inline]
     pub fn push_static(&mut self, tag: &'static str) -> StackId {
         let key = (tag.as_ptr() as usize, tag.len());
-        let t = match self.statics.get(&key) {
-            Some(&t) => t,
-            None => {
-                let t = self.tags.intern(tag);
-                self.statics.insert(key, t);
-                t
-            }
+        // a direct-mapped memo by address before the map (a program has a few hundred
+        // static tags, and each op and each allocation pushes one)
+        let slot = &mut self.statics_memo[(key.0 >> 3) % STATIC_MEMO];
+        let t = if slot.0 == key {
+            slot.1
+        } else {
+            let t = match self.statics.get(&key) {
+                Some(&t) => t,
+                None => {
+                    let t = self.tags.intern(tag);
+                    self.statics.insert(key, t);
+                    t
+                }
+            };
+            self.statics_memo[(key.0 >> 3) % STATIC_MEMO] = (key, t);
+            t
         };
         self.current = self.tags.child(self.current, t);
         self.current
