@@ -133,3 +133,13 @@ extern "C" __global__ void copy(const float* x, Strided xs, float* out, long lon
         out[i] = x[gm_at(xs, i)];
     }
 }
+
+// `x.masked_fill(mask, value)`: value where the (bool, possibly broadcast) mask is set, else x.
+// Its backward is the same kernel on the incoming gradient with value 0.
+extern "C" __global__ void masked_fill(const float* x, Strided xs, const unsigned char* mask,
+                                       Strided ms, float value, float* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = mask[gm_at(ms, i)] ? value : x[gm_at(xs, i)];
+    }
+}

@@ -20,6 +20,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("softmax.cu", include_str!("../../../kernels/softmax.cu")),
     ("norm.cu", include_str!("../../../kernels/norm.cu")),
+    ("nn.cu", include_str!("../../../kernels/nn.cu")),
+    ("reduce.cu", include_str!("../../../kernels/reduce.cu")),
+    ("optim.cu", include_str!("../../../kernels/optim.cu")),
 ];
 
 /// The names of the kernels a source defines (`extern "C" __global__ void NAME(`).
@@ -141,7 +144,7 @@ fn write_cache(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::op::{Binary, Op, Unary};
+    use crate::engine::op::{Binary, Op, OptimKind, Unary};
 
     /// Every kernel of `kernels/` is one an op runs (forward or backward), by its name.
     #[test]
@@ -179,6 +182,22 @@ mod tests {
             }
             .kernel(),
         );
+        for op in [
+            Op::MaskedFill { value: 0.0 },
+            Op::Embedding { strided: false },
+            Op::NllLoss,
+            Op::Reduce {
+                mean: false,
+                dims: crate::engine::op::reduce::DimList::from_dim(None),
+                keepdim: false,
+            },
+        ] {
+            names.extend(op.kernel());
+            names.extend(op.backward_kernel());
+        }
+        for kind in [OptimKind::Sgd, OptimKind::AdamW] {
+            names.push(kind.kernel());
+        }
         let mut found = 0;
         for (file, src) in SOURCES {
             for k in defined(src) {
@@ -186,9 +205,11 @@ mod tests {
                 found += 1;
             }
         }
-        // fill, unary, unary_backward, binary, scalar, copy, softmax, softmax_backward,
-        // layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
-        assert_eq!(found, 12);
+        // fill, unary, unary_backward, binary, scalar, copy, masked_fill, softmax,
+        // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
+        // embedding, embedding_backward, nll_loss, nll_loss_backward, reduce, adam_step,
+        // sgd_step
+        assert_eq!(found, 20);
     }
 
     #[test]

@@ -14,6 +14,8 @@ use cudarc::driver::{
 use serde::Serialize;
 
 use super::kernels::{self, Origin};
+
+mod nn;
 use crate::alloc::{AllocConf, CachingAllocator, SimSource};
 use crate::backend::cpu::CpuDevice;
 use crate::engine::layout::Layout;
@@ -143,6 +145,9 @@ struct Gpu {
     module: Arc<CudaModule>,
     softmax: Arc<CudaModule>,
     norm: Arc<CudaModule>,
+    nn: Arc<CudaModule>,
+    reduce: Arc<CudaModule>,
+    optim: Arc<CudaModule>,
 }
 
 impl Gpu {
@@ -169,6 +174,12 @@ impl Gpu {
             &self.softmax
         } else if name.contains("_norm") {
             &self.norm
+        } else if name.starts_with("embedding") || name.starts_with("nll_loss") {
+            &self.nn
+        } else if name == "reduce" {
+            &self.reduce
+        } else if name.ends_with("_step") {
+            &self.optim
         } else {
             &self.module
         };
@@ -221,11 +232,17 @@ fn run_checked() -> Result<Report, String> {
     let (module, origin) = kernels::load(&ctx, "elementwise.cu")?;
     let (softmax, _) = kernels::load(&ctx, "softmax.cu")?;
     let (norm, _) = kernels::load(&ctx, "norm.cu")?;
+    let (nn, _) = kernels::load(&ctx, "nn.cu")?;
+    let (reduce, _) = kernels::load(&ctx, "reduce.cu")?;
+    let (optim, _) = kernels::load(&ctx, "optim.cu")?;
     let g = Gpu {
         stream: ctx.default_stream(),
         module,
         softmax,
         norm,
+        nn,
+        reduce,
+        optim,
     };
     let mut checks = Vec::new();
     let (rows, cols) = (96usize, 257usize);
@@ -613,6 +630,7 @@ fn run_checked() -> Result<Report, String> {
             ));
         }
     }
+    nn::checks(&g, &mut checks)?;
     Ok(Report {
         gpu: name,
         compiled: origin == Origin::Compiled,

@@ -1,0 +1,75 @@
+// gpumem's embedding and loss kernels: float32 values, int64 indices, compiled at run time by
+// NVRTC.
+//
+// Each carries the name the engine's ops give it (`Op::kernel`, `Op::backward_kernel` in
+// src/engine/op/mod.rs) and computes what its CPU twin in src/backend/cpu/nn.rs computes.
+// Inputs are contiguous (the engine copies a strided index tensor before the lookup).
+
+// `F.embedding`: row idx[r] of the [V, dim] table for each of the n indices.
+extern "C" __global__ void embedding(const long long* idx, long long n, const float* table,
+                                     long long dim, float* out) {
+    long long total = n * dim;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / dim, c = i % dim;
+        out[i] = table[idx[r] * dim + c];
+    }
+}
+
+// The table's gradient: each index's row of `grad` added into its row of `out` (zeroed by the
+// caller); an index that repeats adds once per use.
+extern "C" __global__ void embedding_backward(const long long* idx, long long n,
+                                              const float* grad, long long dim, float* out) {
+    long long total = n * dim;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / dim, c = i % dim;
+        atomicAdd(&out[idx[r] * dim + c], grad[i]);
+    }
+}
+
+#define GM_IGNORE (-100LL)
+
+// `F.nll_loss(logp [rows, cols], target [rows])`, mean over the targets that are not
+// ignore_index (-100): the loss into out[0], the count (PyTorch's total_weight) into
+// weight[0]. One block; its threads sum rows in strides, then pairwise.
+extern "C" __global__ void nll_loss(const float* logp, const long long* target, long long rows,
+                                    long long cols, float* out, float* weight) {
+    __shared__ float sum[256];
+    __shared__ float cnt[256];
+    float s = 0.0f, k = 0.0f;
+    for (long long r = threadIdx.x; r < rows; r += blockDim.x) {
+        long long t = target[r];
+        if (t != GM_IGNORE) {
+            s -= logp[r * cols + t];
+            k += 1.0f;
+        }
+    }
+    sum[threadIdx.x] = s;
+    cnt[threadIdx.x] = k;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) {
+            sum[threadIdx.x] += sum[threadIdx.x + h];
+            cnt[threadIdx.x] += cnt[threadIdx.x + h];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[0] = sum[0] / cnt[0];
+        weight[0] = cnt[0];
+    }
+}
+
+// The log-probabilities' gradient: -grad / total_weight at each row's target, 0 elsewhere.
+extern "C" __global__ void nll_loss_backward(const float* grad, const long long* target,
+                                             const float* weight, long long rows,
+                                             long long cols, float* out) {
+    long long total = rows * cols;
+    float g = -grad[0] / weight[0];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / cols, c = i % cols;
+        out[i] = target[r] == c ? g : 0.0f;
+    }
+}
