@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+pub mod blas;
 pub mod kernels;
 pub mod nvml;
 pub mod selftest;

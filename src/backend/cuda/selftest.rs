@@ -1,5 +1,6 @@
-//! `gpumem selftest --device cuda`: every CUDA kernel against its CPU twin on fresh random
-//! inputs (never zeros), forward and backward, with the largest relative error of each.
+//! `gpumem selftest --device cuda`: every CUDA kernel, and cuBLAS's matrix products, against
+//! its CPU twin on fresh random inputs (never zeros), forward and backward, with the largest
+//! relative error of each.
 //!
 //! The CPU side runs through the engine on the cpu device, as a workload would run the op
 //! (so the twin is exactly what `--device cpu` computes); the GPU side launches the kernel of
@@ -15,6 +16,7 @@ use serde::Serialize;
 
 use super::kernels::{self, Origin};
 
+mod gemm;
 mod nn;
 use crate::alloc::{AllocConf, CachingAllocator, SimSource};
 use crate::backend::cpu::CpuDevice;
@@ -631,6 +633,7 @@ fn run_checked() -> Result<Report, String> {
         }
     }
     nn::checks(&g, &mut checks)?;
+    gemm::checks(&g, &mut checks)?;
     Ok(Report {
         gpu: name,
         compiled: origin == Origin::Compiled,
