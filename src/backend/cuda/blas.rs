@@ -39,6 +39,11 @@ pub struct Product {
 }
 
 impl Product {
+    /// The row-major operands `(a, b)` in the order the column-major call takes them.
+    pub fn operands<'x, T: ?Sized>(a: &'x T, b: &'x T) -> (&'x T, &'x T) {
+        (b, a)
+    }
+
     /// The column-major call that computes it (with `C = alpha * product + beta * C`).
     pub fn config(&self, alpha: f32, beta: f32) -> Result<GemmConfig<f32>, String> {
         let int = |v: usize| {
@@ -89,9 +94,10 @@ pub fn gemm(
         }
     }
     let cfg = p.config(1.0, 0.0)?;
+    let (first, second) = Product::operands(a, b);
     // SAFETY: each buffer holds at least the elements its matrix spans (checked above), and
     // the leading dimensions are those of contiguous row-major storage
-    unsafe { blas.gemm(cfg, a, b, c) }.map_err(|e| format!("cuBLAS sgemm: {e:?}"))
+    unsafe { blas.gemm(cfg, first, second, c) }.map_err(|e| format!("cuBLAS sgemm: {e:?}"))
 }
 
 #[cfg(test)]
@@ -150,8 +156,9 @@ mod tests {
             };
             let p = Product { m, k, n, ta, tb };
             let cfg = p.config(1.0, 0.0).unwrap();
-            // the operands swap places
-            assert_eq!(colmajor(&cfg, &b, &a), want, "ta {ta} tb {tb}");
+            // the operands in the order `gemm` passes them
+            let (first, second) = Product::operands(&a[..], &b[..]);
+            assert_eq!(colmajor(&cfg, first, second), want, "ta {ta} tb {tb}");
         }
     }
 }
