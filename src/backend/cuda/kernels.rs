@@ -186,6 +186,7 @@ mod tests {
             Op::MaskedFill { value: 0.0 },
             Op::Embedding { strided: false },
             Op::NllLoss,
+            Op::Dropout { p: 0.1, seed: 0 },
             Op::Reduce {
                 mean: false,
                 dims: crate::engine::op::reduce::DimList::from_dim(None),
@@ -207,9 +208,9 @@ mod tests {
         }
         // fill, unary, unary_backward, binary, scalar, copy, masked_fill, softmax,
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
-        // embedding, embedding_backward, nll_loss, nll_loss_backward, reduce, adam_step,
-        // sgd_step
-        assert_eq!(found, 20);
+        // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
+        // dropout_backward, reduce, adam_step, sgd_step
+        assert_eq!(found, 22);
     }
 
     #[test]

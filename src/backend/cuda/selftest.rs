@@ -176,7 +176,10 @@ impl Gpu {
             &self.softmax
         } else if name.contains("_norm") {
             &self.norm
-        } else if name.starts_with("embedding") || name.starts_with("nll_loss") {
+        } else if name.starts_with("embedding")
+            || name.starts_with("nll_loss")
+            || name.starts_with("dropout")
+        {
             &self.nn
         } else if name == "reduce" {
             &self.reduce

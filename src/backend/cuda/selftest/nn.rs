@@ -60,6 +60,7 @@ pub(super) fn checks(g: &Gpu, out: &mut Vec<Check>) -> Result<(), String> {
     embedding(g, out)?;
     nll_loss(g, out)?;
     masked_fill(g, out)?;
+    dropout(g, out)?;
     reduce(g, out)?;
     optimizers(g, out)
 }
@@ -235,6 +236,69 @@ fn masked_fill(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
         "masked_fill",
         format!("{case}, backward (the gradient filled with 0)"),
         &run(&rs, 0.0)?,
+        &want,
+    ));
+    Ok(())
+}
+
+fn dropout(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
+    let (rows, cols) = (96usize, 257usize);
+    let n = rows * cols;
+    let p = 0.3;
+    let xv = random(n, 851, -3.0, 3.0);
+    let rv = random(n, 852, -1.0, 1.0);
+    let mut d = cpu();
+    let x = tensor(&mut d, &[rows, cols], &xv, true)?;
+    // the seed the engine gives this draw (draws are numbered in the run)
+    let seed = d.draws + 1;
+    let y = d.dropout(x, p).map_err(e)?;
+    let want = read(&d, y)?;
+    let xs = g.up(&xv)?;
+    let mut o = g.out(n)?;
+    let mut mask: CudaSlice<u8> = g.stream.alloc_zeros(n).map_err(cuda)?;
+    let f = g.function("dropout")?;
+    let keep_from = (p * (1u64 << 24) as f64).ceil() as u64;
+    let (nn, scale) = (n as i64, (1.0 / (1.0 - p)) as f32);
+    // SAFETY: `xs` and `o` hold n floats, `mask` n bytes
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&xs)
+            .arg(&mut o)
+            .arg(&mut mask)
+            .arg(&nn)
+            .arg(&seed)
+            .arg(&keep_from)
+            .arg(&scale)
+            .launch(Gpu::cfg(n))
+    }
+    .map_err(cuda)?;
+    let got = g.down(&o)?;
+    let kept = got.iter().filter(|&&v| v != 0.0).count();
+    let case = format!("p = {p} over {n} (kept {kept}, the same elements as the CPU's stream)");
+    checks.push(check("dropout", case, &got, &want));
+    backprop(&mut d, y, &rv)?;
+    let gx = d.grad(x).ok_or("no gradient on the cpu device")?;
+    let want = read(&d, gx)?;
+    let rs = g.up(&rv)?;
+    let mut o = g.out(n)?;
+    let f = g.function("dropout_backward")?;
+    // SAFETY: `rs` and `o` hold n floats, `mask` n bytes
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&rs)
+            .arg(&mask)
+            .arg(&mut o)
+            .arg(&nn)
+            .arg(&scale)
+            .launch(Gpu::cfg(n))
+    }
+    .map_err(cuda)?;
+    checks.push(check(
+        "dropout_backward",
+        format!("p = {p}, through the kept mask"),
+        &g.down(&o)?,
         &want,
     ));
     Ok(())
