@@ -23,6 +23,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("nn.cu", include_str!("../../../kernels/nn.cu")),
     ("reduce.cu", include_str!("../../../kernels/reduce.cu")),
     ("optim.cu", include_str!("../../../kernels/optim.cu")),
+    (
+        "attention.cu",
+        include_str!("../../../kernels/attention.cu"),
+    ),
 ];
 
 /// The names of the kernels a source defines (`extern "C" __global__ void NAME(`).
@@ -187,6 +191,13 @@ mod tests {
             Op::Embedding { strided: false },
             Op::NllLoss,
             Op::Dropout { p: 0.1, seed: 0 },
+            Op::Sdpa {
+                cudnn: false,
+                gqa: false,
+                dropout: 0.0,
+                seed: 0,
+                causal: true,
+            },
             Op::Reduce {
                 mean: false,
                 dims: crate::engine::op::reduce::DimList::from_dim(None),
@@ -209,8 +220,8 @@ mod tests {
         // fill, unary, unary_backward, binary, scalar, copy, masked_fill, softmax,
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
-        // dropout_backward, reduce, adam_step, sgd_step
-        assert_eq!(found, 22);
+        // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward
+        assert_eq!(found, 24);
     }
 
     #[test]

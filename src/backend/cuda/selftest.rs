@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use super::kernels::{self, Origin};
 
+mod attention;
 mod gemm;
 mod nn;
 use crate::alloc::{AllocConf, CachingAllocator, SimSource};
@@ -150,6 +151,7 @@ struct Gpu {
     nn: Arc<CudaModule>,
     reduce: Arc<CudaModule>,
     optim: Arc<CudaModule>,
+    attention: Arc<CudaModule>,
 }
 
 impl Gpu {
@@ -185,6 +187,8 @@ impl Gpu {
             &self.reduce
         } else if name.ends_with("_step") {
             &self.optim
+        } else if name.starts_with("attention") {
+            &self.attention
         } else {
             &self.module
         };
@@ -240,6 +244,7 @@ fn run_checked() -> Result<Report, String> {
     let (nn, _) = kernels::load(&ctx, "nn.cu")?;
     let (reduce, _) = kernels::load(&ctx, "reduce.cu")?;
     let (optim, _) = kernels::load(&ctx, "optim.cu")?;
+    let (attention, _) = kernels::load(&ctx, "attention.cu")?;
     let g = Gpu {
         stream: ctx.default_stream(),
         module,
@@ -248,6 +253,7 @@ fn run_checked() -> Result<Report, String> {
         nn,
         reduce,
         optim,
+        attention,
     };
     let mut checks = Vec::new();
     let (rows, cols) = (96usize, 257usize);
@@ -637,6 +643,7 @@ fn run_checked() -> Result<Report, String> {
     }
     nn::checks(&g, &mut checks)?;
     gemm::checks(&g, &mut checks)?;
+    attention::checks(&g, &mut checks)?;
     Ok(Report {
         gpu: name,
         compiled: origin == Origin::Compiled,
