@@ -13,7 +13,8 @@ usual (target/release/gpumem). --old-bin / --new-bin take prebuilt binaries inst
 Figures, each the median over the rounds:
 - the allocator: `gpumem bench` (ns per alloc+free pair, patterns pairs and batch, recording
   off and on);
-- simulation: `gpumem bench --workload` on GPT-2 small and the tiny Llama (ms per iteration);
+- simulation: `gpumem bench --workload` on GPT-2 small, the tiny Llama, and issue 14's
+  Llama-3-8B LoRA step and 1,024-token generation (ms per iteration);
 - snapshot reading: `gpumem summary` on the grown fixture snapshot, on all cores and on one
   (wall seconds of the process).
 """
@@ -29,6 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = [
     ("gpt2_small", "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"),
     ("llama_t", "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml"),
+    # issue 14's two targets: a Llama-3-8B LoRA step, and generating 1,024 tokens on it
+    ("llama3_8b_lora", "fixtures/hf/bench/llama3_8b_lora_bf16.toml"),
+    ("llama3_8b_generate", "fixtures/hf/bench/llama3_8b_generate_bf16.toml"),
 ]
 SNAPSHOT = "fixtures/snapshots/snapshot_gpt2s_b8_sdpa_adamw_bf16.pickle"
 
