@@ -143,3 +143,20 @@ extern "C" __global__ void masked_fill(const float* x, Strided xs, const unsigne
         out[i] = mask[gm_at(ms, i)] ? value : x[gm_at(xs, i)];
     }
 }
+
+// One part of `torch.cat`: the part (any view) written into its slice of the output, a view
+// `os` of the output's storage (the output's strides, its offset where the part starts).
+extern "C" __global__ void cat(const float* x, Strided xs, float* out, Strided os, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[gm_at(os, i)] = x[gm_at(xs, i)];
+    }
+}
+
+// Its backward, and `split`'s forward copy: the slice `xs` of the gradient into a part `os`.
+extern "C" __global__ void split(const float* x, Strided xs, float* out, Strided os, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[gm_at(os, i)] = x[gm_at(xs, i)];
+    }
+}

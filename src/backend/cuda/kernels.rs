@@ -191,6 +191,7 @@ mod tests {
             Op::Embedding { strided: false },
             Op::NllLoss,
             Op::Dropout { p: 0.1, seed: 0 },
+            Op::Cat { dim: 0 },
             Op::Sdpa {
                 cudnn: false,
                 gqa: false,
@@ -220,8 +221,9 @@ mod tests {
         // fill, unary, unary_backward, binary, scalar, copy, masked_fill, softmax,
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
-        // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward
-        assert_eq!(found, 24);
+        // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward, cat,
+        // split
+        assert_eq!(found, 26);
     }
 
     #[test]

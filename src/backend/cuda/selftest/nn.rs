@@ -61,6 +61,7 @@ pub(super) fn checks(g: &Gpu, out: &mut Vec<Check>) -> Result<(), String> {
     nll_loss(g, out)?;
     masked_fill(g, out)?;
     dropout(g, out)?;
+    cat(g, out)?;
     reduce(g, out)?;
     optimizers(g, out)
 }
@@ -301,6 +302,84 @@ fn dropout(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
         &g.down(&o)?,
         &want,
     ));
+    Ok(())
+}
+
+fn cat(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
+    let rows = 96usize;
+    let widths = [50usize, 100, 107];
+    let cols: usize = widths.iter().sum();
+    let n = rows * cols;
+    let mut d = cpu();
+    let mut parts = Vec::new();
+    let mut values = Vec::new();
+    for (k, &w) in widths.iter().enumerate() {
+        let v = random(rows * w, 1401 + k as u64, -2.0, 2.0);
+        parts.push(tensor(&mut d, &[rows, w], &v, true)?);
+        values.push(v);
+    }
+    let y = d.apply(&Op::Cat { dim: 1 }, &parts).map_err(e)?;
+    let want = read(&d, y)?;
+    let rv = random(n, 1404, -1.0, 1.0);
+    backprop(&mut d, y, &rv)?;
+    // each part's slice of the [rows, cols] output: the output's strides, offset by its start
+    let slice = |start: usize, w: usize| Layout {
+        shape: smallvec::smallvec![rows, w],
+        strides: smallvec::smallvec![cols, 1],
+        offset: start,
+    };
+    let mut o = g.out(n)?;
+    let f = g.function("cat")?;
+    let back = g.function("split")?;
+    let rs = g.up(&rv)?;
+    let mut start = 0;
+    let mut grads = Vec::new();
+    for (k, &w) in widths.iter().enumerate() {
+        let xs = g.up(&values[k])?;
+        let (sx, so, m) = (
+            Strided::of(&Layout::contiguous(&[rows, w])),
+            Strided::of(&slice(start, w)),
+            (rows * w) as i64,
+        );
+        // SAFETY: `xs` holds the part's rows x w floats; its slice lies inside `o`'s n
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&xs)
+                .arg(&sx)
+                .arg(&mut o)
+                .arg(&so)
+                .arg(&m)
+                .launch(Gpu::cfg(rows * w))
+        }
+        .map_err(cuda)?;
+        // backward: the gradient's slice into the part
+        let mut gp = g.out(rows * w)?;
+        // SAFETY: the slice lies inside `rs`'s n floats; `gp` holds rows x w
+        unsafe {
+            g.stream
+                .launch_builder(&back)
+                .arg(&rs)
+                .arg(&so)
+                .arg(&mut gp)
+                .arg(&sx)
+                .arg(&m)
+                .launch(Gpu::cfg(rows * w))
+        }
+        .map_err(cuda)?;
+        grads.push(gp);
+        start += w;
+    }
+    let case = format!("3 parts of {widths:?} columns along dim 1");
+    checks.push(check("cat", case.clone(), &g.down(&o)?, &want));
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for (k, gp) in grads.iter().enumerate() {
+        got.extend(g.down(gp)?);
+        let gt = d.grad(parts[k]).ok_or("no gradient on the cpu device")?;
+        want.extend(read(&d, gt)?);
+    }
+    checks.push(check("split", format!("{case}, backward"), &got, &want));
     Ok(())
 }
 
