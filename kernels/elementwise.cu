@@ -160,3 +160,43 @@ extern "C" __global__ void split(const float* x, Strided xs, float* out, Strided
         out[gm_at(os, i)] = x[gm_at(xs, i)];
     }
 }
+
+// A comparison (code: the index of `Cmp`'s variants: le, lt, ge, gt, eq, ne) of two views
+// broadcast to the output (a number is a one-element view with stride 0): a bool result.
+extern "C" __global__ void compare(int code, const float* a, Strided as, const float* b,
+                                   Strided bs, unsigned char* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float x = a[gm_at(as, i)], y = b[gm_at(bs, i)];
+        bool r;
+        switch (code) {
+            case 0: r = x <= y; break;
+            case 1: r = x < y; break;
+            case 2: r = x >= y; break;
+            case 3: r = x > y; break;
+            case 4: r = x == y; break;
+            default: r = x != y; break;
+        }
+        out[i] = r;
+    }
+}
+
+// `torch.where(c, a, b)` over views broadcast to the output.
+extern "C" __global__ void where(const unsigned char* c, Strided cs, const float* a, Strided as,
+                                 const float* b, Strided bs, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = c[gm_at(cs, i)] ? a[gm_at(as, i)] : b[gm_at(bs, i)];
+    }
+}
+
+// Its gradient for `input` 1 (a: where c holds) or 2 (b: where it does not), in the output's
+// shape (an operand that was broadcast then sums it back with `reduce`).
+extern "C" __global__ void where_backward(int input, const unsigned char* c, Strided cs,
+                                          const float* g, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        bool pick = c[gm_at(cs, i)] != 0;
+        out[i] = pick == (input == 1) ? g[i] : 0.0f;
+    }
+}

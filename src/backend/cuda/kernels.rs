@@ -192,6 +192,11 @@ mod tests {
             Op::NllLoss,
             Op::Dropout { p: 0.1, seed: 0 },
             Op::Cat { dim: 0 },
+            Op::Where,
+            Op::Compare {
+                cmp: crate::engine::op::Cmp::Lt,
+                scalar: None,
+            },
             Op::Sdpa {
                 cudnn: false,
                 gqa: false,
@@ -222,8 +227,8 @@ mod tests {
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
         // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward, cat,
-        // split
-        assert_eq!(found, 26);
+        // split, compare, where, where_backward
+        assert_eq!(found, 29);
     }
 
     #[test]

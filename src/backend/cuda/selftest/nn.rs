@@ -8,7 +8,7 @@ use super::{
     backprop, check, check_tol, cpu, random, read, tensor, Check, Cpu, Gpu, Strided, F32_UNIT, TOL,
 };
 use crate::engine::layout::Layout;
-use crate::engine::op::{Fill, Hyper, Op, OptimKind};
+use crate::engine::op::{Cmp, Fill, Hyper, Op, OptimKind};
 use crate::engine::optim::Optimizer;
 use crate::engine::{Category, DType, TensorId};
 
@@ -62,6 +62,7 @@ pub(super) fn checks(g: &Gpu, out: &mut Vec<Check>) -> Result<(), String> {
     masked_fill(g, out)?;
     dropout(g, out)?;
     cat(g, out)?;
+    compare_where(g, out)?;
     reduce(g, out)?;
     optimizers(g, out)
 }
@@ -380,6 +381,130 @@ fn cat(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
         want.extend(read(&d, gt)?);
     }
     checks.push(check("split", format!("{case}, backward"), &got, &want));
+    Ok(())
+}
+
+fn compare_where(g: &Gpu, checks: &mut Vec<Check>) -> Result<(), String> {
+    let (rows, cols) = (96usize, 257usize);
+    let n = rows * cols;
+    // halves, so that equal pairs occur
+    let half = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|x| (x * 2.0).round() / 2.0).collect() };
+    let av = half(random(n, 1501, -2.0, 2.0));
+    let bv = half(random(cols, 1502, -2.0, 2.0));
+    let full = Strided::of(&Layout::contiguous(&[rows, cols]));
+    let mut row = Layout::contiguous(&[1, cols]);
+    row.shape = smallvec::smallvec![rows, cols];
+    row.strides = smallvec::smallvec![0, 1];
+    let row = Strided::of(&row);
+    let (asl, bsl) = (g.up(&av)?, g.up(&bv)?);
+    let f = g.function("compare")?;
+    let nn = n as i64;
+    for (code, cmp) in [Cmp::Le, Cmp::Lt, Cmp::Ge, Cmp::Gt, Cmp::Eq, Cmp::Ne]
+        .into_iter()
+        .enumerate()
+    {
+        let mut d = cpu();
+        let a = tensor(&mut d, &[rows, cols], &av, false)?;
+        let b = tensor(&mut d, &[1, cols], &bv, false)?;
+        let y = d
+            .apply(&Op::Compare { cmp, scalar: None }, &[a, b])
+            .map_err(e)?;
+        let want = read(&d, y)?;
+        let mut o: CudaSlice<u8> = g.stream.alloc_zeros(n).map_err(cuda)?;
+        let c = code as i32;
+        // SAFETY: `asl` holds n floats, `bsl` cols (read through stride-0 rows), `o` n bytes
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&c)
+                .arg(&asl)
+                .arg(&full)
+                .arg(&bsl)
+                .arg(&row)
+                .arg(&mut o)
+                .arg(&nn)
+                .launch(Gpu::cfg(n))
+        }
+        .map_err(cuda)?;
+        let got: Vec<f32> = g
+            .stream
+            .clone_dtoh(&o)
+            .map_err(cuda)?
+            .into_iter()
+            .map(f32::from)
+            .collect();
+        let held = got.iter().filter(|&&v| v != 0.0).count();
+        checks.push(check(
+            "compare",
+            format!("{} with a broadcast row ({held} of {n} hold)", cmp.name()),
+            &got,
+            &want,
+        ));
+    }
+    // where(c, x, y) and the gradients of x and y
+    let cv: Vec<i64> = indices(n, 1503, 2);
+    let xv = random(n, 1504, -3.0, 3.0);
+    let yv = random(n, 1505, -3.0, 3.0);
+    let rv = random(n, 1506, -1.0, 1.0);
+    let mut d = cpu();
+    let c = ints(&mut d, &[rows, cols], DType::Bool, &cv)?;
+    let x = tensor(&mut d, &[rows, cols], &xv, true)?;
+    let y = tensor(&mut d, &[rows, cols], &yv, true)?;
+    let w = d.apply(&Op::Where, &[c, x, y]).map_err(e)?;
+    let want = read(&d, w)?;
+    let bytes: Vec<u8> = cv.iter().map(|&v| v as u8).collect();
+    let (cs, xs, ys) = (g.up_u8(&bytes)?, g.up(&xv)?, g.up(&yv)?);
+    let mut o = g.out(n)?;
+    let f = g.function("where")?;
+    // SAFETY: every buffer holds n elements
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&cs)
+            .arg(&full)
+            .arg(&xs)
+            .arg(&full)
+            .arg(&ys)
+            .arg(&full)
+            .arg(&mut o)
+            .arg(&nn)
+            .launch(Gpu::cfg(n))
+    }
+    .map_err(cuda)?;
+    checks.push(check(
+        "where",
+        "a random condition".into(),
+        &g.down(&o)?,
+        &want,
+    ));
+    backprop(&mut d, w, &rv)?;
+    let rs = g.up(&rv)?;
+    let f = g.function("where_backward")?;
+    for (input, leaf) in [(1i32, x), (2, y)] {
+        let gt = d.grad(leaf).ok_or("no gradient on the cpu device")?;
+        let want = read(&d, gt)?;
+        let mut o = g.out(n)?;
+        // SAFETY: every buffer holds n elements
+        unsafe {
+            g.stream
+                .launch_builder(&f)
+                .arg(&input)
+                .arg(&cs)
+                .arg(&full)
+                .arg(&rs)
+                .arg(&mut o)
+                .arg(&nn)
+                .launch(Gpu::cfg(n))
+        }
+        .map_err(cuda)?;
+        let which = if input == 1 { "x" } else { "y" };
+        checks.push(check(
+            "where_backward",
+            format!("the gradient of {which}"),
+            &g.down(&o)?,
+            &want,
+        ));
+    }
     Ok(())
 }
 
