@@ -144,21 +144,24 @@ extern "C" __global__ void masked_fill(const float* x, Strided xs, const unsigne
     }
 }
 
-// One part of `torch.cat`: the part (any view) written into its slice of the output, a view
-// `os` of the output's storage (the output's strides, its offset where the part starts).
-extern "C" __global__ void cat(const float* x, Strided xs, float* out, Strided os, long long n) {
+// n elements of the view `xs` into the view `os`, in row-major index order.
+__device__ __forceinline__ void gm_copy_views(const float* x, const Strided& xs, float* out,
+                                              const Strided& os, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         out[gm_at(os, i)] = x[gm_at(xs, i)];
     }
 }
 
+// One part of `torch.cat`: the part (any view) written into its slice of the output, a view
+// `os` of the output's storage (the output's strides, its offset where the part starts).
+extern "C" __global__ void cat(const float* x, Strided xs, float* out, Strided os, long long n) {
+    gm_copy_views(x, xs, out, os, n);
+}
+
 // Its backward, and `split`'s forward copy: the slice `xs` of the gradient into a part `os`.
 extern "C" __global__ void split(const float* x, Strided xs, float* out, Strided os, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[gm_at(os, i)] = x[gm_at(xs, i)];
-    }
+    gm_copy_views(x, xs, out, os, n);
 }
 
 // A comparison (code: the index of `Cmp`'s variants: le, lt, ge, gt, eq, ne) of two views

@@ -511,15 +511,28 @@ impl Runner {
         args: &[Expr],
         kwargs: &[(String, Expr)],
     ) -> Flow<Value> {
+        // resolved once: whether the arguments may be lent, and what is called
+        let callee = CALLEES.of(func, false);
         let mut a = Args::default();
-        self.args(&mut a, args, kwargs, Self::reaches_entry(func, false))?;
-        let r = self.call_with(span, func, &a);
+        self.args(
+            &mut a,
+            args,
+            kwargs,
+            matches!(callee, Some(Callee::Entry(_))),
+        )?;
+        let r = self.call_with(span, func, callee, &a);
         self.drop_args(&mut a);
         r
     }
 
-    fn call_with(&mut self, span: Span, func: &Ident, a: &Args) -> Flow<Value> {
-        let Some(callee) = CALLEES.of(func, false) else {
+    fn call_with(
+        &mut self,
+        span: Span,
+        func: &Ident,
+        callee: Option<Callee>,
+        a: &Args,
+    ) -> Flow<Value> {
+        let Some(callee) = callee else {
             return script(
                 span,
                 format!(
