@@ -324,9 +324,21 @@ fn issue15_each_help_is_its_own() {
     assert_eq!(ex.len(), 3, "{run}");
     assert!(ex.iter().all(|l| l.starts_with("  gpumem run ")), "{ex:?}");
     for cmd in [
-        "export", "diff", "plot", "bench", "fit", "summary", "check", "run",
+        "export", "diff", "plot", "bench", "fit", "summary", "check", "run", "replay",
+        "compare-torch", "devices", "selftest", "completions",
     ] {
         let h = help(cmd);
+        // examples one to a line, under their heading, never run together into a paragraph
+        for (i, l) in h.lines().enumerate() {
+            if l.starts_with("Example:") || l.starts_with("Examples:") {
+                assert!(l.ends_with(':'), "{cmd} --help: examples run together: {l}");
+                let next = h.lines().nth(i + 1).unwrap_or("");
+                assert!(next.starts_with("  gpumem "), "{cmd} --help: {next}");
+                for e in h.lines().skip(i + 1).take_while(|x| !x.is_empty()) {
+                    assert!(e.starts_with("  gpumem "), "{cmd} --help: {e}");
+                }
+            }
+        }
         assert!(
             !h.contains("for replay"),
             "{cmd} --help shows replay's exit codes"

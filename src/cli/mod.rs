@@ -472,10 +472,15 @@ pub struct CheckArgs {
 /// content. Prints the allocator's state (reserved, allocated, active, requested,
 /// inactive_split, by pool), what is live by allocation site (Python frames, innermost first;
 /// C++ frames folded unless --stacks), fragmentation per segment, and from the trace: the peak
-/// and who held memory then, leaks across iterations (iterations from --iteration-marker, the
-/// Optimizer.step annotations, or the trace repeating itself as a whole) and each
-/// out-of-memory. The reader never
+/// and who held memory then, leaks across iterations and each out-of-memory. The reader never
 /// runs code from a pickle: anything that would import or call Python is refused.
+///
+/// Iterations come from --iteration-marker, else the Optimizer.step/zero_grad annotations,
+/// else the trace repeating itself as a whole: a pass begins where the Python frames show the
+/// loop going back to its top, and the warm-up pass joins the setup as the first iteration.
+/// Repeats that free more than they make (a backward's layers), that all run inside one call
+/// of a module (a forward's layers) or that each move a module onto the device (a
+/// layer-by-layer loop) are not iterations; the report then says why.
 ///
 /// A snapshot of several GPUs (one process driving cuda:0, cuda:1, ...) is reported device by
 /// device, with a table of all of them first; `--device N` shows one. Out-of-memory errors and
@@ -494,7 +499,7 @@ pub struct CheckArgs {
 ///   gpumem summary snapshot.pickle --device 1
 ///   gpumem summary rank*.pickle --fail-on oom
 #[derive(Debug, Args)]
-#[command(after_long_help = "\
+#[command(verbatim_doc_comment, after_long_help = "\
 Exit codes:
   0  the snapshot was read (findings are reported, not failed on, without --fail-on)
   1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak), on any device of any file
@@ -554,7 +559,7 @@ pub struct SummaryArgs {
 ///   gpumem run w.toml --snapshot run.json && gpumem export run.json --to memory-viz -o snap.pickle
 ///   gpumem export snapshot.pickle --to torch-json -o snapshot.json
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct ExportArgs {
     /// The snapshot (gpumem JSON, or PyTorch pickle or JSON).
     pub snapshot: PathBuf,
@@ -587,7 +592,7 @@ pub enum ExportFormat {
 /// Example:
 ///   gpumem diff before.pickle after.pickle --markdown
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct DiffArgs {
     /// The first snapshot or workload (before).
     pub a: PathBuf,
@@ -629,7 +634,7 @@ pub struct DiffArgs {
 /// Example:
 ///   gpumem fit fixtures/workloads/gpt2_small_adamw.toml --capacity 24GiB
 #[derive(Debug, Args)]
-#[command(after_long_help = "\
+#[command(verbatim_doc_comment, after_long_help = "\
 Exit codes:
   0  the search finished (even when nothing fits)
   2  usage, input or I/O error
@@ -680,7 +685,7 @@ pub struct FitArgs {
 /// Example:
 ///   gpumem run w.toml --snapshot snap.json && gpumem plot snap.json -o timeline.svg
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct PlotArgs {
     /// The snapshot (gpumem JSON, or PyTorch pickle or JSON).
     pub snapshot: PathBuf,
@@ -803,7 +808,7 @@ pub struct ReplayArgs {
 ///   gpumem bench
 ///   gpumem bench --workload fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml
 #[derive(Debug, Args)]
-#[command(after_long_help = EXIT_CODES)]
+#[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
     /// With --workload: run it on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
     /// (segments from the NVIDIA driver; see `gpumem run --help`).

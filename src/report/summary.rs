@@ -37,11 +37,13 @@ fn iterations_text(s: &Snapshot, n: u32) -> String {
             "{}, from --iteration-marker",
             count(n.into(), "iteration", "iterations")
         ),
-        IterationSource::None => "iterations not found (no Optimizer.step/zero_grad \
-            annotations, and the trace does not repeat as a whole: repeats within a step, such as \
-            a model's layers, are not iterations); name a function that runs once per \
-            iteration with --iteration-marker, e.g. --iteration-marker train_step"
-            .into(),
+        IterationSource::None => format!(
+            "iterations not found ({}",
+            s.iterations_why
+                .as_ref()
+                .unwrap_or(&crate::snapshot::NoRepetition::NoRepeat)
+                .explain()
+        ),
     }
 }
 
@@ -218,6 +220,7 @@ fn to_json_events(path: &str, s: &Snapshot, m: &Summary) -> Value {
         "peak_allocated_bytes": m.trace.as_ref().map(|t| t.peak_allocated_bytes),
         "trace": m.trace,
         "iterations_from": s.iterations,
+        "iterations_not_found": s.iterations_why.as_ref().map(|w| w.explain()),
         "live_by_site": m.live_by_site,
         "fragmentation": m.fragmentation,
         "leaks": m.leaks.leaks,

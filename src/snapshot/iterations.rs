@@ -1,12 +1,14 @@
 //! Iterations of a PyTorch snapshot, put in front of each event's stack as an `iter:N` tag:
 //! from the `Optimizer.step`/`zero_grad` annotations, from the trace repeating itself as a whole
-//! (not the layers within one step), or from the calls of a function the user names
-//! (`--iteration-marker`).
+//! (not the layers within one step: the allocation sizes find a period, the balance of bytes and
+//! the Python frames refute layers, and the frames place each pass at its loop's top), or from
+//! the calls of a function the user names (`--iteration-marker`). Where repetition gives none,
+//! [`NoRepetition`] says why.
 
 use rustc_hash::FxHashMap;
 
 use super::{Annotation, IterationSource, Snapshot};
-use crate::trace::{Event, EventKind, StackId};
+use crate::trace::{Event, EventKind, StackId, Tags};
 
 /// The end of each iteration as a time: after each `Optimizer.zero_grad` (or, without those,
 /// each `Optimizer.step`) annotation ends.
@@ -37,15 +39,18 @@ pub(super) fn tag_iterations(s: &mut Snapshot) {
             .map(|t| bounds.partition_point(|b| b < t) as u32)
             .collect()
     } else {
-        match iterations_from_repetition(&s.events) {
-            Some(starts) => {
+        match iterations_from_repetition(&s.events, &s.tags) {
+            Ok(starts) => {
                 s.iterations = IterationSource::Repetition;
                 (0..s.events.len())
                     .into_par_iter()
                     .map(|i| (starts.partition_point(|&x| x <= i) as u32).saturating_sub(1))
                     .collect()
             }
-            None => return,
+            Err(why) => {
+                s.iterations_why = Some(why);
+                return;
+            }
         }
     };
     apply_iterations(s, &iter_of);
@@ -153,22 +158,261 @@ pub fn iterations_from_marker(s: &mut Snapshot, marker: &str) -> Result<u32, Str
     }
     apply_iterations(s, &iter_of);
     s.iterations = IterationSource::Marker;
+    s.iterations_why = None;
     Ok(n)
+}
+
+/// Why the trace's repetition gave no iterations (said in the report, with how to give them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoRepetition {
+    /// Too few allocations, or no period repeats over most of the trace.
+    NoRepeat,
+    /// The search gave up: too many candidate periods to try.
+    TooManyCandidates,
+    /// A period repeats, but each repeat frees more than it allocates: the layers of a backward
+    /// pass.
+    Frees { period: usize },
+    /// A period repeats, but every repeat is inside one call of a module (`within`, the
+    /// innermost caller frame the repeats share): the layers of one forward.
+    Layers { period: usize, within: String },
+    /// A period repeats, but each repeat moves a module onto the device (`Module._apply`, from
+    /// `.to()`/`.cuda()`, called at `at`): a layer-by-layer loop, not steps of one model.
+    Offload { period: usize, at: String },
+}
+
+impl NoRepetition {
+    /// What the report says, after "iterations not found".
+    pub fn explain(&self) -> String {
+        let how = "name a function that runs once per iteration with --iteration-marker, e.g. \
+                   --iteration-marker train_step";
+        match self {
+            NoRepetition::NoRepeat => format!(
+                "no Optimizer.step/zero_grad annotations, and the trace does not repeat as a \
+                 whole); {how}"
+            ),
+            NoRepetition::TooManyCandidates => format!(
+                "no Optimizer.step/zero_grad annotations, and too many candidate periods to \
+                 try); {how}"
+            ),
+            NoRepetition::Frees { period } => format!(
+                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
+                 allocations, but each repeat frees more than it allocates, as a backward pass's \
+                 layers do: repeats within a step are not iterations); {how}"
+            ),
+            NoRepetition::Layers { period, within } => format!(
+                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
+                 allocations, but every repeat is inside one call of {within}, a module's \
+                 forward: its layers, not iterations); {how}"
+            ),
+            NoRepetition::Offload { period, at } => format!(
+                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
+                 allocations, and each repeat moves a module onto the device (Module._apply, \
+                 from .to()/.cuda() at {at}), as a layer-by-layer loop does: layers, not steps \
+                 of one model); to count those passes anyway, --iteration-marker {}",
+                at.rsplit_once(':').map_or(at.as_str(), |x| x.0)
+            ),
+        }
+    }
+}
+
+/// What the Python frames of a trace's allocations say of its repeats.
+///
+/// Backward passes allocate on autograd's own thread, without Python frames; those allocations
+/// are left out. A frame is a `file.py:LINE:function` tag.
+struct FrameEvidence<'t> {
+    /// Per allocation, its Python frames (outermost first) as an index into `lists`; `None`
+    /// without Python frames.
+    of: Vec<Option<u32>>,
+    lists: Vec<Vec<&'t str>>,
+    /// The frames of the last allocation that has any: the reference the common prefixes are
+    /// taken of.
+    last: Option<u32>,
+    /// `common[f]`: how many outermost frames all framed allocations from `f` to the end share
+    /// (`usize::MAX` where none from `f` on has frames).
+    common: Vec<usize>,
+    /// Allocations before each one (and the total, last) made inside `Module._apply`.
+    applies_before: Vec<u32>,
+}
+
+fn frame_parts(tag: &str) -> Option<(&str, u32, &str)> {
+    let mut it = tag.splitn(3, ':');
+    let (file, line, name) = (it.next()?, it.next()?, it.next()?);
+    file.ends_with(".py").then_some(())?;
+    Some((file, line.parse().ok()?, name))
+}
+
+/// A frame of `torch.nn.Module.__call__`'s machinery.
+fn is_module_call(tag: &str) -> bool {
+    matches!(frame_parts(tag), Some(("module.py", _, "_call_impl" | "_wrapped_call_impl")))
+}
+
+fn is_module_apply(tag: &str) -> bool {
+    matches!(frame_parts(tag), Some(("module.py", _, "_apply")))
+}
+
+impl<'t> FrameEvidence<'t> {
+    fn new(events: &[Event], allocs: &[(usize, u64)], tags: &'t Tags) -> Self {
+        let mut by_stack: FxHashMap<StackId, Option<u32>> = FxHashMap::default();
+        let mut lists: Vec<Vec<&'t str>> = Vec::new();
+        let of: Vec<Option<u32>> = allocs
+            .iter()
+            .map(|&(i, _)| {
+                *by_stack.entry(events[i].stack).or_insert_with(|| {
+                    let py: Vec<&str> = tags
+                        .resolve(events[i].stack)
+                        .into_iter()
+                        .filter(|t| frame_parts(t).is_some())
+                        .collect();
+                    (!py.is_empty()).then(|| {
+                        lists.push(py);
+                        (lists.len() - 1) as u32
+                    })
+                })
+            })
+            .collect();
+        let last = of.iter().rev().find_map(|x| *x);
+        let mut common = vec![usize::MAX; of.len() + 1];
+        if let Some(r) = last {
+            let reference = &lists[r as usize];
+            let mut k = usize::MAX;
+            for f in (0..of.len()).rev() {
+                if let Some(l) = of[f] {
+                    let l = &lists[l as usize];
+                    let bound = k.min(l.len()).min(reference.len());
+                    k = (0..bound).find(|&j| l[j] != reference[j]).unwrap_or(bound);
+                }
+                common[f] = k;
+            }
+        }
+        let mut applies_before = Vec::with_capacity(of.len() + 1);
+        let mut n = 0u32;
+        let apply: Vec<bool> = lists
+            .iter()
+            .map(|l| l.iter().any(|t| is_module_apply(t)))
+            .collect();
+        for x in &of {
+            applies_before.push(n);
+            n += x.is_some_and(|l| apply[l as usize]) as u32;
+        }
+        applies_before.push(n);
+        FrameEvidence {
+            of,
+            lists,
+            last,
+            common,
+            applies_before,
+        }
+    }
+
+    fn reference(&self) -> &[&'t str] {
+        self.last.map_or(&[], |r| &self.lists[r as usize])
+    }
+
+    /// The frames shared by every framed allocation from `from` on (`None` without any).
+    fn shared(&self, from: usize) -> Option<&[&'t str]> {
+        let k = self.common[from];
+        (k != usize::MAX).then(|| &self.reference()[..k])
+    }
+
+    /// Why the repeats from `from` on (whole periods of `p` from `whole`) are not iterations,
+    /// if the frames say: all inside one module call, or each moving a module to the device.
+    fn refutes(&self, p: usize, from: usize, whole: usize) -> Option<NoRepetition> {
+        let shared = self.shared(from)?;
+        if shared.iter().any(|t| is_module_call(t)) {
+            let within = shared
+                .iter()
+                .rev()
+                .find(|t| !matches!(frame_parts(t), Some(("module.py", _, _))))
+                .or(shared.last())
+                .map_or_else(String::new, |t| t.to_string());
+            return Some(NoRepetition::Layers { period: p, within });
+        }
+        let n = self.of.len();
+        let every = (whole..n)
+            .step_by(p)
+            .all(|s| self.applies_before[(s + p).min(n)] > self.applies_before[s]);
+        if every && whole + p <= n {
+            // the caller of the first _apply of the last period
+            let at = (whole..n)
+                .rev()
+                .filter_map(|a| self.of[a])
+                .map(|l| &self.lists[l as usize])
+                .find_map(|l| {
+                    let k = l.iter().position(|t| is_module_apply(t))?;
+                    l[..k]
+                        .iter()
+                        .rev()
+                        .find(|t| !matches!(frame_parts(t), Some(("module.py", _, _))))
+                })
+                .map_or_else(String::new, |t| t.to_string());
+            return Some(NoRepetition::Offload { period: p, at });
+        }
+        None
+    }
+
+    /// The loop frame of allocation `a`: its frame at depth `depth` (just below the frames the
+    /// repeating part shares), as (file, function, line), when it has one.
+    fn loop_frame(&self, a: usize, depth: usize) -> Option<(&'t str, &'t str, u32)> {
+        let l = &self.lists[self.of[a]? as usize];
+        let (file, line, name) = frame_parts(l.get(depth)?)?;
+        (l[..depth] == self.reference()[..depth]).then_some((file, name, line))
+    }
+
+    /// Where allocation `a` is made, seen from depth `depth`: its frame there, or `""` where
+    /// its stack ends at the shared frames (the shared frame's own line made it); `None`
+    /// without Python frames or below other frames.
+    fn sig(&self, a: usize, depth: usize) -> Option<&'t str> {
+        let l = &self.lists[self.of.get(a).copied().flatten()? as usize];
+        let r = self.reference();
+        (l.len() >= depth && r.len() >= depth && l[..depth] == r[..depth])
+            .then(|| l.get(depth).copied().unwrap_or(""))
+    }
+}
+
+/// Where a loop's pass begins, from the frames: the loop body's first line (the lowest line of
+/// the loop frame in the last whole period) where it follows a later line of the same function
+/// (the loop went back to its top). Returns the allocation index and that line.
+fn loop_phase(fe: &FrameEvidence, n: usize, p: usize, depth: usize) -> Option<(usize, u32)> {
+    let func = fe.loop_frame(fe.of.iter().rposition(|x| x.is_some())?, depth)?;
+    let in_loop = |a: usize| fe.loop_frame(a, depth).filter(|f| f.0 == func.0 && f.1 == func.1);
+    // (position, line, previous line)
+    let mut best: Option<(usize, u32, u32)> = None;
+    let mut prev: Option<u32> = (0..n - p).rev().find_map(&in_loop).map(|f| f.2);
+    for a in n - p..n {
+        let Some(f) = in_loop(a) else { continue };
+        if let Some(before) = prev.filter(|&b| b > f.2) {
+            if best.is_none_or(|(_, l, b)| f.2 < l || (f.2 == l && before > b)) {
+                best = Some((a, f.2, before));
+            }
+        }
+        prev = Some(f.2);
+    }
+    best.map(|(a, l, _)| (a, l))
 }
 
 /// Iteration starts found from the trace repeating itself (no annotations). A period `p` (in
 /// allocations, at least [`MIN_PERIOD`]; the smallest that passes) is taken when:
 /// - the allocation sizes repeat with period `p` (98% of them at least) over a suffix of the
-///   trace that ends at its end and holds at least three periods and half its allocations (what
-///   comes before is setup and a warm-up iteration);
+///   trace that ends at its end and holds at least three periods (two, when the Python frames
+///   show a loop going back to its top at each) and half its allocations (what comes before is
+///   setup and a warm-up iteration);
 /// - whole periods do not free, on balance, more than they allocate (5% of slack for what a
 ///   trace's first period frees of the one before): a training or evaluation step keeps its
 ///   level (or grows, when it leaks), while the layers of a backward pass, which repeat too,
-///   each free what their forward made.
+///   each free what their forward made;
+/// - where allocations have Python frames: the repeats are not all inside one call of a module
+///   (the layers of one forward), and they do not each move a module onto the device (a
+///   layer-by-layer loop).
 ///
-/// Starts are every `p` allocations, at the phase where the last period's allocated level is
-/// lowest (where a step begins); the first iteration takes whatever came before.
-pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
+/// Starts are every `p` allocations, at the phase where the loop frame (the first frame below
+/// those the repeats share) returns to its body's first line; without frames, where the last
+/// period's allocated level is lowest (where a step begins). Going back from the end, a period
+/// that does not repeat the next one is the warm-up: it and what came before make the first
+/// iteration.
+pub fn iterations_from_repetition(
+    events: &[Event],
+    tags: &Tags,
+) -> Result<Vec<usize>, NoRepetition> {
     // each allocation: its event, its size, and the bytes made and freed before it
     let mut allocs: Vec<(usize, u64)> = Vec::new();
     let (mut made, mut freed) = (0u64, 0u64);
@@ -187,19 +431,21 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
     }
     let n = allocs.len();
     if n < 3 * MIN_PERIOD {
-        return None;
+        return Err(NoRepetition::NoRepeat);
     }
+    let fe = FrameEvidence::new(events, &allocs, tags);
     let sizes: Vec<u64> = allocs.iter().map(|a| a.1).collect();
+    let level = |i: usize| made_before[i] as i64 - freed_before[i] as i64;
     // a candidate period must at least repeat the trace's last allocations
     let w = 32.min(n / 3);
     let tail = &sizes[n - w..];
-    let mut period = None;
+    let mut refused = None;
     // candidates cost a pass each: past WORK passes' worth the search gives up (iterations not
     // found, the report says how to give them), so no trace makes it quadratic
     const WORK: usize = 64;
     let mut work = 0usize;
-    for p in MIN_PERIOD..=n / 3 {
-        if &sizes[n - w - p..n - p] != tail {
+    for p in MIN_PERIOD..=n / 2 {
+        if n < w + p || sizes[n - w - p..n - p] != *tail {
             continue;
         }
         // the longest suffix that repeats with period p, 98% of it at least (past 2% of the
@@ -220,10 +466,15 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
         }
         if work > WORK * n {
             tracing::debug!(p, "repetition search stopped: too many candidate periods");
-            return None;
+            return Err(refused.unwrap_or(NoRepetition::TooManyCandidates));
         }
         let Some(from) = from else { continue };
-        if n - from < (3 * p).max(n / 2) {
+        // the repeating part must hold half the allocations and three periods past its first;
+        // where there are frames, it may be two periods (`from` and the one before, whose sizes
+        // it repeats), each then checked to begin at the loop's top
+        let framed = fe.shared(from - p).is_some();
+        let region = n - from + p;
+        if region < n / 2 || region < if framed { 2 * p } else { 3 * p } {
             continue;
         }
         // the balance of the repeating part, over whole periods counted back from the end
@@ -231,22 +482,83 @@ pub fn iterations_from_repetition(events: &[Event]) -> Option<Vec<usize>> {
         let (m, f) = (made - made_before[whole], freed - freed_before[whole]);
         tracing::trace!(p, from, made = m, freed = f, "repetition candidate");
         if f > m + m / 20 {
+            refused.get_or_insert(NoRepetition::Frees { period: p });
             continue;
         }
-        period = Some(p);
-        break;
+        if let Some(why) = fe.refutes(p, from - p, whole) {
+            tracing::debug!(p, ?why, "repetition refuted by the frames");
+            refused.get_or_insert(why);
+            continue;
+        }
+        // the phase: from the loop frame, or the lowest level of the last whole period
+        let depth = fe.shared(from - p).map(<[_]>::len);
+        let phase = depth.and_then(|d| loop_phase(&fe, n, p, d)).map(|x| x.0);
+        let last = phase.unwrap_or_else(|| {
+            (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p)
+        });
+        let by_frames = depth.and_then(|d| starts_with_frames(&fe, &sizes, p, last, d));
+        let starts = match by_frames.clone() {
+            Some(v) => v,
+            None if region >= 3 * p => {
+                let mut v: Vec<usize> = (0..=last / p).rev().map(|m| last - m * p).collect();
+                v[0] = 0;
+                v
+            }
+            None => Vec::new(),
+        };
+        tracing::debug!(p, ?depth, ?phase, framed = by_frames.is_some(), ?starts, "repetition phase");
+        if starts.len() < 3 {
+            continue;
+        }
+        return Ok(starts.into_iter().map(|a| allocs[a].0).collect());
     }
-    let p = period?;
-    // the phase: a step starts where its period's allocated level is lowest (the previous
-    // step's temporaries freed), found in the last whole period
-    let level = |i: usize| made_before[i] as i64 - freed_before[i] as i64;
-    let last = (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p);
-    let mut starts: Vec<usize> = (0..=last / p).map(|m| allocs[last - m * p].0).collect();
-    starts.reverse();
-    if starts.len() < 3 {
+    Err(refused.unwrap_or(NoRepetition::NoRepeat))
+}
+
+/// Iteration starts (allocation indices, the first 0) at `last` and every `p` before it, as long
+/// as a period repeats the next one (90% of sizes equal) and begins where the one at `last`
+/// does: where the frames below those the repeats share change to the ones `last` is made
+/// under (the loop went back to its top). What comes before the earliest is the first
+/// iteration (setup, and the warm-up pass where the loop was entered before it). `None` where
+/// `last` is not such a place: the frames do not show the loop.
+fn starts_with_frames(
+    fe: &FrameEvidence,
+    sizes: &[u64],
+    p: usize,
+    last: usize,
+    depth: usize,
+) -> Option<Vec<usize>> {
+    let sig = |b: usize| fe.sig(b, depth);
+    // the allocation, or where it has no frames the next one that has
+    let first = |a: usize| (a..(a + p).min(sizes.len())).find(|&b| sig(b).is_some());
+    // a pass begins at b: the allocation with frames before it is made elsewhere
+    let begins = |b: usize| (b.saturating_sub(p)..b).rev().find_map(sig) != sig(b);
+    let b0 = first(last)?;
+    let top = sig(b0)?;
+    if !begins(b0) {
         return None;
     }
-    starts[0] = 0;
+    let at_top = |a: usize| first(a).is_some_and(|b| sig(b) == Some(top) && begins(b));
+    let mut starts = vec![last];
+    let mut s = last;
+    while s >= p {
+        let t = s - p;
+        let avail = p.min(sizes.len() - s);
+        let same = (0..avail).filter(|&k| sizes[t + k] == sizes[s + k]).count();
+        if same * 10 < avail * 9 || !at_top(t) {
+            break;
+        }
+        starts.push(t);
+        s = t;
+    }
+    starts.reverse();
+    // was the loop entered before the earliest start (a warm-up pass)?
+    let entered = (0..starts[0]).any(|a| sig(a) == Some(top) && begins(a));
+    if entered {
+        starts.insert(0, 0);
+    } else {
+        starts[0] = 0;
+    }
     Some(starts)
 }
 
@@ -273,7 +585,146 @@ mod tests {
             events.push(ev(EventKind::Alloc, i << 12, 512));
             events.push(ev(EventKind::FreeRequested, (n + i) << 12, 1024));
         }
-        assert_eq!(iterations_from_repetition(&events), None);
+        assert!(iterations_from_repetition(&events, &Tags::default()).is_err());
+    }
+
+    /// A stack of Python frames (outermost first), as the snapshot reader makes them.
+    fn stack(tags: &mut Tags, frames: &[&str]) -> StackId {
+        frames.iter().fold(StackId::ROOT, |s, f| {
+            let t = tags.intern(f);
+            tags.child(s, t)
+        })
+    }
+
+    fn evs(kind: EventKind, addr: u64, size: u64, s: StackId) -> Event {
+        Event::new(kind, addr, size, s, 0)
+    }
+
+    const CALL: [&str; 2] = ["module.py:1779:_wrapped_call_impl", "module.py:1790:_call_impl"];
+
+    /// One forward of 12 blocks, each freeing what the one before made: the blocks repeat in
+    /// balance, but all inside one call of the model, so they are not iterations. The same
+    /// sizes from a loop of the script (its last allocation made by the loop itself) are.
+    #[test]
+    fn layers_inside_one_module_call_are_not_iterations() {
+        for inside in [true, false] {
+            let mut tags = Tags::default();
+            let under = |tags: &mut Tags, line: u32, inner: &[&str]| {
+                let mut f: Vec<String> = vec![format!("infer.py:{line}:<module>")];
+                if inside {
+                    f.extend(CALL.map(String::from));
+                    f.push("container.py:250:forward".into());
+                }
+                f.extend(inner.iter().map(|x| x.to_string()));
+                let f: Vec<&str> = f.iter().map(String::as_str).collect();
+                stack(tags, &f)
+            };
+            let lin = under(&mut tags, 31, &[CALL[0], CALL[1], "linear.py:125:forward"]);
+            let gelu = under(&mut tags, 31, &[CALL[0], CALL[1], "activation.py:734:forward"]);
+            let last = if inside {
+                lin
+            } else {
+                under(&mut tags, 32, &[])
+            };
+            let stacks = [lin, gelu, last];
+            let s = lin;
+            let mut events = vec![evs(EventKind::Alloc, 1 << 40, 2 << 20, s)];
+            let mut prev = 1u64 << 40;
+            for b in 0..12u64 {
+                let base = b << 30;
+                events.push(evs(EventKind::Alloc, base, 8 << 20, stacks[0]));
+                events.push(evs(EventKind::Alloc, base + (8 << 20), 8 << 20, stacks[1]));
+                events.push(evs(EventKind::FreeRequested, base, 8 << 20, s));
+                events.push(evs(EventKind::Alloc, base + (16 << 20), 2 << 20, stacks[2]));
+                events.push(evs(EventKind::FreeRequested, base + (8 << 20), 8 << 20, s));
+                events.push(evs(EventKind::FreeRequested, prev, 2 << 20, s));
+                prev = base + (16 << 20);
+            }
+            let got = iterations_from_repetition(&events, &tags);
+            if inside {
+                let Err(NoRepetition::Layers { within, .. }) = &got else {
+                    panic!("{got:?}")
+                };
+                assert_eq!(within, "container.py:250:forward");
+                assert!(got.unwrap_err().explain().contains("container.py:250:forward"));
+            } else {
+                assert!(got.is_ok(), "{got:?}");
+            }
+        }
+    }
+
+    /// A layer-by-layer loop: each pass moves a block onto the device (`.cuda()`), runs it and
+    /// frees it all. The passes are layers, and the report names the line to mark to count
+    /// them anyway.
+    #[test]
+    fn passes_that_move_a_module_onto_the_device_are_layers() {
+        let mut tags = Tags::default();
+        let load = stack(
+            &mut tags,
+            &[
+                "calib.py:70:<module>",
+                "calib.py:20:run",
+                "module.py:1050:cuda",
+                "module.py:900:_apply",
+            ],
+        );
+        let run = stack(
+            &mut tags,
+            &["calib.py:70:<module>", "calib.py:21:run", CALL[0], CALL[1]],
+        );
+        let mut events = Vec::new();
+        for pass in 0..10u64 {
+            let base = pass << 32;
+            let sizes = [(load, 16u64 << 20), (load, 16 << 10), (run, 8 << 20), (run, 2 << 20)];
+            for (k, (s, size)) in sizes.iter().enumerate() {
+                events.push(evs(EventKind::Alloc, base + ((k as u64) << 24), *size, *s));
+            }
+            for (k, (s, size)) in sizes.iter().enumerate() {
+                events.push(evs(EventKind::FreeRequested, base + ((k as u64) << 24), *size, *s));
+            }
+        }
+        let got = iterations_from_repetition(&events, &tags);
+        let Err(why @ NoRepetition::Offload { .. }) = &got else {
+            panic!("{got:?}")
+        };
+        assert!(why.explain().contains("--iteration-marker calib.py:20"), "{}", why.explain());
+    }
+
+    /// An evaluation loop that keeps what it makes (a leak), after a setup, whose first pass
+    /// makes two more allocations (a workspace): the passes begin at the loop's first line, the
+    /// warm-up pass and the setup make the first iteration, and three passes are enough.
+    #[test]
+    fn a_growing_loop_is_cut_at_its_top() {
+        let mut tags = Tags::default();
+        let setup = stack(&mut tags, &["eval.py:50:<module>", "eval.py:10:build"]);
+        let fwd = stack(&mut tags, &["eval.py:52:<module>", CALL[0], CALL[1]]);
+        let loss = stack(&mut tags, &["eval.py:53:<module>"]);
+        let mut events = Vec::new();
+        let mut addr = 0u64;
+        let mut alloc = |events: &mut Vec<Event>, size: u64, s: StackId| {
+            addr += 1 << 24;
+            events.push(evs(EventKind::Alloc, addr, size, s));
+            addr
+        };
+        for _ in 0..5 {
+            alloc(&mut events, 4 << 20, setup);
+        }
+        let mut firsts = Vec::new();
+        for pass in 0..4 {
+            firsts.push(events.len());
+            let mut sizes = vec![8u64 << 20, 8 << 20, 2 << 20, 8 << 20, 8 << 20, 2 << 20];
+            if pass == 0 {
+                sizes.splice(1..1, [32 << 20, 1 << 20]);
+            }
+            for size in sizes {
+                alloc(&mut events, size, fwd);
+            }
+            let t = alloc(&mut events, 2 << 20, loss);
+            alloc(&mut events, 512, loss);
+            events.push(evs(EventKind::FreeRequested, t, 2 << 20, loss));
+        }
+        let starts = iterations_from_repetition(&events, &tags).expect("found");
+        assert_eq!(starts, vec![0, firsts[1], firsts[2], firsts[3]]);
     }
 
     /// A loop of 6 allocations per step, freed within it, after a setup: the step is found.
@@ -292,7 +743,7 @@ mod tests {
                 events.push(ev(EventKind::FreeRequested, start + ((k as u64) << 20), *s));
             }
         }
-        let starts = iterations_from_repetition(&events).expect("found");
+        let starts = iterations_from_repetition(&events, &Tags::default()).expect("found");
         assert_eq!(starts.len(), 8, "{starts:?}");
     }
 }

@@ -22,7 +22,7 @@ use crate::alloc::{AllocConf, SegmentInfo};
 use crate::error::Error;
 use crate::trace::{Event, Tags};
 
-pub use iterations::{iterations_from_marker, iterations_from_repetition};
+pub use iterations::{iterations_from_marker, iterations_from_repetition, NoRepetition};
 pub use torch::{convert_gpumem, Doc, Which, TRACE};
 
 /// Where a snapshot came from.
@@ -91,6 +91,8 @@ pub struct Snapshot {
     pub context_overhead: Option<u64>,
     pub annotations: Vec<Annotation>,
     pub iterations: IterationSource,
+    /// Why the trace's repetition gave no iterations, where it was searched and gave none.
+    pub iterations_why: Option<NoRepetition>,
     /// Events the recording lost (a gpumem ring's bound; PyTorch's `max_entries` is not
     /// recorded in the file).
     pub dropped: u64,
