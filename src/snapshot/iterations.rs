@@ -215,6 +215,20 @@ impl NoRepetition {
     }
 }
 
+/// A frame tag, compared by identity: tags are interned, so equal frames are one string (no
+/// byte comparison in the searches below).
+#[derive(Debug, Clone, Copy)]
+struct Frame<'t>(&'t str);
+
+impl PartialEq for Frame<'_> {
+    fn eq(&self, o: &Self) -> bool {
+        std::ptr::eq(self.0, o.0)
+    }
+}
+
+/// Where an allocation's stack ends at the shared frames (see [`FrameEvidence::sig`]).
+const HERE: Frame<'static> = Frame("(here)");
+
 /// What the Python frames of a trace's allocations say of its repeats.
 ///
 /// Backward passes allocate on autograd's own thread, without Python frames; those allocations
@@ -223,7 +237,7 @@ struct FrameEvidence<'t> {
     /// Per allocation, its Python frames (outermost first) as an index into `lists`; `None`
     /// without Python frames.
     of: Vec<Option<u32>>,
-    lists: Vec<Vec<&'t str>>,
+    lists: Vec<Vec<Frame<'t>>>,
     /// The frames of the last allocation that has any: the reference the common prefixes are
     /// taken of.
     last: Option<u32>,
@@ -253,15 +267,16 @@ fn is_module_apply(tag: &str) -> bool {
 impl<'t> FrameEvidence<'t> {
     fn new(events: &[Event], allocs: &[(usize, u64)], tags: &'t Tags) -> Self {
         let mut by_stack: FxHashMap<StackId, Option<u32>> = FxHashMap::default();
-        let mut lists: Vec<Vec<&'t str>> = Vec::new();
+        let mut lists: Vec<Vec<Frame<'t>>> = Vec::new();
         let of: Vec<Option<u32>> = allocs
             .iter()
             .map(|&(i, _)| {
                 *by_stack.entry(events[i].stack).or_insert_with(|| {
-                    let py: Vec<&str> = tags
+                    let py: Vec<Frame> = tags
                         .resolve(events[i].stack)
                         .into_iter()
                         .filter(|t| frame_parts(t).is_some())
+                        .map(Frame)
                         .collect();
                     (!py.is_empty()).then(|| {
                         lists.push(py);
@@ -288,7 +303,7 @@ impl<'t> FrameEvidence<'t> {
         let mut n = 0u32;
         let apply: Vec<bool> = lists
             .iter()
-            .map(|l| l.iter().any(|t| is_module_apply(t)))
+            .map(|l| l.iter().any(|t| is_module_apply(t.0)))
             .collect();
         for x in &of {
             applies_before.push(n);
@@ -304,12 +319,12 @@ impl<'t> FrameEvidence<'t> {
         }
     }
 
-    fn reference(&self) -> &[&'t str] {
+    fn reference(&self) -> &[Frame<'t>] {
         self.last.map_or(&[], |r| &self.lists[r as usize])
     }
 
     /// The frames shared by every framed allocation from `from` on (`None` without any).
-    fn shared(&self, from: usize) -> Option<&[&'t str]> {
+    fn shared(&self, from: usize) -> Option<&[Frame<'t>]> {
         let k = self.common[from];
         (k != usize::MAX).then(|| &self.reference()[..k])
     }
@@ -318,13 +333,13 @@ impl<'t> FrameEvidence<'t> {
     /// if the frames say: all inside one module call, or each moving a module to the device.
     fn refutes(&self, p: usize, from: usize, whole: usize) -> Option<NoRepetition> {
         let shared = self.shared(from)?;
-        if shared.iter().any(|t| is_module_call(t)) {
+        if shared.iter().any(|t| is_module_call(t.0)) {
             let within = shared
                 .iter()
                 .rev()
-                .find(|t| !matches!(frame_parts(t), Some(("module.py", _, _))))
+                .find(|t| !matches!(frame_parts(t.0), Some(("module.py", _, _))))
                 .or(shared.last())
-                .map_or_else(String::new, |t| t.to_string());
+                .map_or_else(String::new, |t| t.0.to_string());
             return Some(NoRepetition::Layers { period: p, within });
         }
         let n = self.of.len();
@@ -338,13 +353,13 @@ impl<'t> FrameEvidence<'t> {
                 .filter_map(|a| self.of[a])
                 .map(|l| &self.lists[l as usize])
                 .find_map(|l| {
-                    let k = l.iter().position(|t| is_module_apply(t))?;
+                    let k = l.iter().position(|t| is_module_apply(t.0))?;
                     l[..k]
                         .iter()
                         .rev()
-                        .find(|t| !matches!(frame_parts(t), Some(("module.py", _, _))))
+                        .find(|t| !matches!(frame_parts(t.0), Some(("module.py", _, _))))
                 })
-                .map_or_else(String::new, |t| t.to_string());
+                .map_or_else(String::new, |t| t.0.to_string());
             return Some(NoRepetition::Offload { period: p, at });
         }
         None
@@ -354,18 +369,18 @@ impl<'t> FrameEvidence<'t> {
     /// repeating part shares), as (file, function, line), when it has one.
     fn loop_frame(&self, a: usize, depth: usize) -> Option<(&'t str, &'t str, u32)> {
         let l = &self.lists[self.of[a]? as usize];
-        let (file, line, name) = frame_parts(l.get(depth)?)?;
+        let (file, line, name) = frame_parts(l.get(depth)?.0)?;
         (l[..depth] == self.reference()[..depth]).then_some((file, name, line))
     }
 
-    /// Where allocation `a` is made, seen from depth `depth`: its frame there, or `""` where
-    /// its stack ends at the shared frames (the shared frame's own line made it); `None`
+    /// Where allocation `a` is made, seen from depth `depth`: its frame there, or [`HERE`]
+    /// where its stack ends at the shared frames (the shared frame's own line made it); `None`
     /// without Python frames or below other frames.
-    fn sig(&self, a: usize, depth: usize) -> Option<&'t str> {
+    fn sig(&self, a: usize, depth: usize) -> Option<Frame<'t>> {
         let l = &self.lists[self.of.get(a).copied().flatten()? as usize];
         let r = self.reference();
         (l.len() >= depth && r.len() >= depth && l[..depth] == r[..depth])
-            .then(|| l.get(depth).copied().unwrap_or(""))
+            .then(|| l.get(depth).copied().unwrap_or(HERE))
     }
 }
 
@@ -553,7 +568,16 @@ fn starts_with_frames(
     }
     starts.reverse();
     // was the loop entered before the earliest start (a warm-up pass)?
-    let entered = (0..starts[0]).any(|a| sig(a) == Some(top) && begins(a));
+    // (one pass, carrying the last framed allocation's place)
+    let mut before = None;
+    let mut entered = false;
+    for a in 0..starts[0] {
+        let here = sig(a);
+        if here.is_some() {
+            entered |= here == Some(top) && before != here;
+            before = here;
+        }
+    }
     if entered {
         starts.insert(0, 0);
     } else {
