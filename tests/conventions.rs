@@ -324,8 +324,19 @@ fn issue15_each_help_is_its_own() {
     assert_eq!(ex.len(), 3, "{run}");
     assert!(ex.iter().all(|l| l.starts_with("  gpumem run ")), "{ex:?}");
     for cmd in [
-        "export", "diff", "plot", "bench", "fit", "summary", "check", "run", "replay",
-        "compare-torch", "devices", "selftest", "completions",
+        "export",
+        "diff",
+        "plot",
+        "bench",
+        "fit",
+        "summary",
+        "check",
+        "run",
+        "replay",
+        "compare-torch",
+        "devices",
+        "selftest",
+        "completions",
     ] {
         let h = help(cmd);
         // examples one to a line, under their heading, never run together into a paragraph

@@ -178,7 +178,13 @@ fn issue15_three_steps_without_annotations_are_found_from_their_frames() {
         assert_eq!(without["iterations_from"], "repetition", "{name}");
         assert_eq!(u(&without["trace"]["iterations"]), 3, "{name}");
         for v in [&mut with, &mut without] {
-            for k in ["file", "format", "name", "iterations_from", "iterations_not_found"] {
+            for k in [
+                "file",
+                "format",
+                "name",
+                "iterations_from",
+                "iterations_not_found",
+            ] {
                 v.as_object_mut().unwrap().remove(k);
             }
         }

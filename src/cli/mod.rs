@@ -499,12 +499,15 @@ pub struct CheckArgs {
 ///   gpumem summary snapshot.pickle --device 1
 ///   gpumem summary rank*.pickle --fail-on oom
 #[derive(Debug, Args)]
-#[command(verbatim_doc_comment, after_long_help = "\
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
 Exit codes:
   0  the snapshot was read (findings are reported, not failed on, without --fail-on)
   1  a finding named in --fail-on: an out-of-memory in the trace (oom) or a leak (leak), on any device of any file
   2  usage, input or I/O error (an unreadable, malformed or unsafe file)
-  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
+)]
 pub struct SummaryArgs {
     /// The snapshot file, or several (one per rank).
     #[arg(required = true, num_args = 1.., value_name = "SNAPSHOT")]
@@ -634,11 +637,14 @@ pub struct DiffArgs {
 /// Example:
 ///   gpumem fit fixtures/workloads/gpt2_small_adamw.toml --capacity 24GiB
 #[derive(Debug, Args)]
-#[command(verbatim_doc_comment, after_long_help = "\
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
 Exit codes:
   0  the search finished (even when nothing fits)
   2  usage, input or I/O error
-  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was")]
+  130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
+)]
 pub struct FitArgs {
     /// The workload file (TOML).
     pub workload: PathBuf,

@@ -38,7 +38,7 @@ fn iterations_text(s: &Snapshot, n: u32) -> String {
             count(n.into(), "iteration", "iterations")
         ),
         IterationSource::None => format!(
-            "iterations not found ({}",
+            "iterations not found: {}",
             s.iterations_why
                 .as_ref()
                 .unwrap_or(&crate::snapshot::NoRepetition::NoRepeat)

@@ -48,7 +48,8 @@ pub(super) fn tag_iterations(s: &mut Snapshot) {
                     .collect()
             }
             Err(why) => {
-                s.iterations_why = Some(why);
+                // (a snapshot without a trace has nothing to repeat: the report says so)
+                s.iterations_why = (!s.events.is_empty()).then_some(why);
                 return;
             }
         }
@@ -172,8 +173,9 @@ pub enum NoRepetition {
     /// A period repeats, but each repeat frees more than it allocates: the layers of a backward
     /// pass.
     Frees { period: usize },
-    /// A period repeats, but every repeat is inside one call of a module (`within`, the
-    /// innermost caller frame the repeats share): the layers of one forward.
+    /// A period repeats, but every repeat is inside one call of a module (`within`: the
+    /// innermost frame outside PyTorch's module machinery that the repeat's allocations share,
+    /// the call's caller): the layers of one forward.
     Layers { period: usize, within: String },
     /// A period repeats, but each repeat moves a module onto the device (`Module._apply`, from
     /// `.to()`/`.cuda()`, called at `at`): a layer-by-layer loop, not steps of one model.
@@ -183,32 +185,32 @@ pub enum NoRepetition {
 impl NoRepetition {
     /// What the report says, after "iterations not found".
     pub fn explain(&self) -> String {
+        let none = "no Optimizer.step/zero_grad annotations";
         let how = "name a function that runs once per iteration with --iteration-marker, e.g. \
                    --iteration-marker train_step";
         match self {
             NoRepetition::NoRepeat => format!(
-                "no Optimizer.step/zero_grad annotations, and the trace does not repeat as a \
-                 whole); {how}"
+                "{none}, and the trace does not repeat as a whole (repeats within a step, such \
+                 as a model's layers, are not iterations); {how}"
             ),
-            NoRepetition::TooManyCandidates => format!(
-                "no Optimizer.step/zero_grad annotations, and too many candidate periods to \
-                 try); {how}"
-            ),
+            NoRepetition::TooManyCandidates => {
+                format!("{none}, and too many candidate periods to try; {how}")
+            }
             NoRepetition::Frees { period } => format!(
-                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
-                 allocations, but each repeat frees more than it allocates, as a backward pass's \
-                 layers do: repeats within a step are not iterations); {how}"
+                "{none}; the trace repeats every {period} allocations, but each repeat frees \
+                 more than it allocates, as a backward pass's layers do (repeats within a step \
+                 are not iterations); {how}"
             ),
             NoRepetition::Layers { period, within } => format!(
-                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
-                 allocations, but every repeat is inside one call of {within}, a module's \
-                 forward: its layers, not iterations); {how}"
+                "{none}; the trace repeats every {period} allocations, but each repeat runs \
+                 inside one call of a module, called from {within} (its layers or steps within \
+                 one forward, not iterations); {how}"
             ),
             NoRepetition::Offload { period, at } => format!(
-                "no Optimizer.step/zero_grad annotations; the trace repeats every {period} \
-                 allocations, and each repeat moves a module onto the device (Module._apply, \
-                 from .to()/.cuda() at {at}), as a layer-by-layer loop does: layers, not steps \
-                 of one model); to count those passes anyway, --iteration-marker {}",
+                "{none}; the trace repeats every {period} allocations, and each repeat moves a \
+                 module onto the device (Module._apply, from .to()/.cuda() at {at}), as a \
+                 layer-by-layer loop does (layers, not steps of one model); to count those \
+                 passes anyway, --iteration-marker {}",
                 at.rsplit_once(':').map_or(at.as_str(), |x| x.0)
             ),
         }
@@ -244,8 +246,8 @@ struct FrameEvidence<'t> {
     /// `common[f]`: how many outermost frames all framed allocations from `f` to the end share
     /// (`usize::MAX` where none from `f` on has frames).
     common: Vec<usize>,
-    /// Allocations before each one (and the total, last) made inside `Module._apply`.
-    applies_before: Vec<u32>,
+    /// Per allocation: made inside `Module._apply` (`.to()`, `.cuda()` of a module).
+    apply_at: Vec<bool>,
 }
 
 fn frame_parts(tag: &str) -> Option<(&str, u32, &str)> {
@@ -257,7 +259,10 @@ fn frame_parts(tag: &str) -> Option<(&str, u32, &str)> {
 
 /// A frame of `torch.nn.Module.__call__`'s machinery.
 fn is_module_call(tag: &str) -> bool {
-    matches!(frame_parts(tag), Some(("module.py", _, "_call_impl" | "_wrapped_call_impl")))
+    matches!(
+        frame_parts(tag),
+        Some(("module.py", _, "_call_impl" | "_wrapped_call_impl"))
+    )
 }
 
 fn is_module_apply(tag: &str) -> bool {
@@ -299,23 +304,20 @@ impl<'t> FrameEvidence<'t> {
                 common[f] = k;
             }
         }
-        let mut applies_before = Vec::with_capacity(of.len() + 1);
-        let mut n = 0u32;
         let apply: Vec<bool> = lists
             .iter()
             .map(|l| l.iter().any(|t| is_module_apply(t.0)))
             .collect();
-        for x in &of {
-            applies_before.push(n);
-            n += x.is_some_and(|l| apply[l as usize]) as u32;
-        }
-        applies_before.push(n);
+        let apply_at = of
+            .iter()
+            .map(|x| x.is_some_and(|l| apply[l as usize]))
+            .collect();
         FrameEvidence {
             of,
             lists,
             last,
             common,
-            applies_before,
+            apply_at,
         }
     }
 
@@ -332,37 +334,73 @@ impl<'t> FrameEvidence<'t> {
     /// Why the repeats from `from` on (whole periods of `p` from `whole`) are not iterations,
     /// if the frames say: all inside one module call, or each moving a module to the device.
     fn refutes(&self, p: usize, from: usize, whole: usize) -> Option<NoRepetition> {
-        let shared = self.shared(from)?;
-        if shared.iter().any(|t| is_module_call(t.0)) {
-            let within = shared
-                .iter()
-                .rev()
-                .find(|t| !matches!(frame_parts(t.0), Some(("module.py", _, _))))
-                .or(shared.last())
-                .map_or_else(String::new, |t| t.0.to_string());
-            return Some(NoRepetition::Layers { period: p, within });
-        }
+        self.shared(from)?;
         let n = self.of.len();
-        let every = (whole..n)
-            .step_by(p)
-            .all(|s| self.applies_before[(s + p).min(n)] > self.applies_before[s]);
-        if every && whole + p <= n {
-            // the caller of the first _apply of the last period
+        let periods = || (whole..n).step_by(p).filter(move |s| s + p <= n);
+        let not_module = |t: &&Frame| !matches!(frame_parts(t.0), Some(("module.py", _, _)));
+        // each repeat inside one call of a module: the frames its allocations share (its own,
+        // not the whole part's: the repeats may sit in several calls) hold a module's call. One
+        // in ten may not (where one call ends and the next begins within a period)
+        let (mut framed, mut inside, mut within) = (0usize, 0usize, None);
+        for f in periods().filter_map(|s| self.shared_in(s, s + p)) {
+            framed += 1;
+            if f.iter().any(|t| is_module_call(t.0)) {
+                inside += 1;
+                within = f.iter().rev().find(not_module).or(f.last()).copied();
+            }
+        }
+        if framed > 0 && inside * 10 >= framed * 9 {
+            if let Some(w) = within {
+                return Some(NoRepetition::Layers {
+                    period: p,
+                    within: w.0.to_string(),
+                });
+            }
+        }
+        // each repeat moves one module onto the device (one run of Module._apply's
+        // allocations): a layer-by-layer loop. A step that loads many (an offloaded model's
+        // layers, one after another) is a step.
+        // (runs counted round the period: one may wrap from its end to its start)
+        let runs = |s: usize| {
+            let before = |a: usize| if a == s { s + p - 1 } else { a - 1 };
+            let r = (s..s + p)
+                .filter(|&a| self.apply_at[a] && !self.apply_at[before(a)])
+                .count();
+            if r == 0 && self.apply_at[s] {
+                1
+            } else {
+                r
+            }
+        };
+        if periods().next().is_some() && periods().all(|s| runs(s) == 1) {
+            // the caller of the _apply of the last period
             let at = (whole..n)
                 .rev()
+                .filter(|&a| self.apply_at[a])
                 .filter_map(|a| self.of[a])
                 .map(|l| &self.lists[l as usize])
                 .find_map(|l| {
                     let k = l.iter().position(|t| is_module_apply(t.0))?;
-                    l[..k]
-                        .iter()
-                        .rev()
-                        .find(|t| !matches!(frame_parts(t.0), Some(("module.py", _, _))))
+                    l[..k].iter().rev().find(not_module)
                 })
                 .map_or_else(String::new, |t| t.0.to_string());
             return Some(NoRepetition::Offload { period: p, at });
         }
         None
+    }
+
+    /// The frames all framed allocations in `s..e` share (`None` without any).
+    fn shared_in(&self, s: usize, e: usize) -> Option<&[Frame<'t>]> {
+        let mut lists = self.of[s..e].iter().filter_map(|x| *x);
+        let first = &self.lists[lists.next()? as usize];
+        let mut k = first.len();
+        for l in lists {
+            let l = &self.lists[l as usize];
+            k = (0..k.min(l.len()))
+                .find(|&j| l[j] != first[j])
+                .unwrap_or(k.min(l.len()));
+        }
+        Some(&first[..k])
     }
 
     /// The loop frame of allocation `a`: its frame at depth `depth` (just below the frames the
@@ -389,7 +427,10 @@ impl<'t> FrameEvidence<'t> {
 /// (the loop went back to its top). Returns the allocation index and that line.
 fn loop_phase(fe: &FrameEvidence, n: usize, p: usize, depth: usize) -> Option<(usize, u32)> {
     let func = fe.loop_frame(fe.of.iter().rposition(|x| x.is_some())?, depth)?;
-    let in_loop = |a: usize| fe.loop_frame(a, depth).filter(|f| f.0 == func.0 && f.1 == func.1);
+    let in_loop = |a: usize| {
+        fe.loop_frame(a, depth)
+            .filter(|f| f.0 == func.0 && f.1 == func.1)
+    };
     // (position, line, previous line)
     let mut best: Option<(usize, u32, u32)> = None;
     let mut prev: Option<u32> = (0..n - p).rev().find_map(&in_loop).map(|f| f.2);
@@ -455,6 +496,7 @@ pub fn iterations_from_repetition(
     let w = 32.min(n / 3);
     let tail = &sizes[n - w..];
     let mut refused = None;
+    let mut refuted: Vec<usize> = Vec::new();
     // candidates cost a pass each: past WORK passes' worth the search gives up (iterations not
     // found, the report says how to give them), so no trace makes it quadratic
     const WORK: usize = 64;
@@ -500,17 +542,21 @@ pub fn iterations_from_repetition(
             refused.get_or_insert(NoRepetition::Frees { period: p });
             continue;
         }
+        // a multiple of a period the frames refuted repeats the same layers, several at a time
+        if refuted.iter().any(|q| p % q == 0) {
+            continue;
+        }
         if let Some(why) = fe.refutes(p, from - p, whole) {
             tracing::debug!(p, ?why, "repetition refuted by the frames");
             refused.get_or_insert(why);
+            refuted.push(p);
             continue;
         }
         // the phase: from the loop frame, or the lowest level of the last whole period
         let depth = fe.shared(from - p).map(<[_]>::len);
         let phase = depth.and_then(|d| loop_phase(&fe, n, p, d)).map(|x| x.0);
-        let last = phase.unwrap_or_else(|| {
-            (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p)
-        });
+        let last =
+            phase.unwrap_or_else(|| (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p));
         let by_frames = depth.and_then(|d| starts_with_frames(&fe, &sizes, p, last, d));
         let starts = match by_frames.clone() {
             Some(v) => v,
@@ -521,7 +567,14 @@ pub fn iterations_from_repetition(
             }
             None => Vec::new(),
         };
-        tracing::debug!(p, ?depth, ?phase, framed = by_frames.is_some(), ?starts, "repetition phase");
+        tracing::debug!(
+            p,
+            ?depth,
+            ?phase,
+            framed = by_frames.is_some(),
+            ?starts,
+            "repetition phase"
+        );
         if starts.len() < 3 {
             continue;
         }
@@ -624,7 +677,10 @@ mod tests {
         Event::new(kind, addr, size, s, 0)
     }
 
-    const CALL: [&str; 2] = ["module.py:1779:_wrapped_call_impl", "module.py:1790:_call_impl"];
+    const CALL: [&str; 2] = [
+        "module.py:1779:_wrapped_call_impl",
+        "module.py:1790:_call_impl",
+    ];
 
     /// One forward of 12 blocks, each freeing what the one before made: the blocks repeat in
     /// balance, but all inside one call of the model, so they are not iterations. The same
@@ -644,7 +700,11 @@ mod tests {
                 stack(tags, &f)
             };
             let lin = under(&mut tags, 31, &[CALL[0], CALL[1], "linear.py:125:forward"]);
-            let gelu = under(&mut tags, 31, &[CALL[0], CALL[1], "activation.py:734:forward"]);
+            let gelu = under(
+                &mut tags,
+                31,
+                &[CALL[0], CALL[1], "activation.py:734:forward"],
+            );
             let last = if inside {
                 lin
             } else {
@@ -670,7 +730,10 @@ mod tests {
                     panic!("{got:?}")
                 };
                 assert_eq!(within, "container.py:250:forward");
-                assert!(got.unwrap_err().explain().contains("container.py:250:forward"));
+                assert!(got
+                    .unwrap_err()
+                    .explain()
+                    .contains("container.py:250:forward"));
             } else {
                 assert!(got.is_ok(), "{got:?}");
             }
@@ -699,19 +762,122 @@ mod tests {
         let mut events = Vec::new();
         for pass in 0..10u64 {
             let base = pass << 32;
-            let sizes = [(load, 16u64 << 20), (load, 16 << 10), (run, 8 << 20), (run, 2 << 20)];
+            let sizes = [
+                (load, 16u64 << 20),
+                (load, 16 << 10),
+                (run, 8 << 20),
+                (run, 2 << 20),
+            ];
             for (k, (s, size)) in sizes.iter().enumerate() {
                 events.push(evs(EventKind::Alloc, base + ((k as u64) << 24), *size, *s));
             }
             for (k, (s, size)) in sizes.iter().enumerate() {
-                events.push(evs(EventKind::FreeRequested, base + ((k as u64) << 24), *size, *s));
+                events.push(evs(
+                    EventKind::FreeRequested,
+                    base + ((k as u64) << 24),
+                    *size,
+                    *s,
+                ));
             }
         }
         let got = iterations_from_repetition(&events, &tags);
         let Err(why @ NoRepetition::Offload { .. }) = &got else {
             panic!("{got:?}")
         };
-        assert!(why.explain().contains("--iteration-marker calib.py:20"), "{}", why.explain());
+        assert!(
+            why.explain().contains("--iteration-marker calib.py:20"),
+            "{}",
+            why.explain()
+        );
+    }
+
+    /// A model whose forward loops over steps (as a neural cellular automaton does), called
+    /// twice from two lines of the script: the repeats sit in two calls, but each repeat is
+    /// inside one, so they are not iterations.
+    #[test]
+    fn repeats_inside_two_calls_of_a_module_are_layers() {
+        let mut tags = Tags::default();
+        let mut events = Vec::new();
+        let mut addr = 0u64;
+        for (line, steps) in [(86, 40), (93, 20)] {
+            let caller = format!("infer.py:{line}:<module>");
+            let a = stack(
+                &mut tags,
+                &[&caller, CALL[0], CALL[1], "nca.py:104:forward"],
+            );
+            let b = stack(
+                &mut tags,
+                &[&caller, CALL[0], CALL[1], "nca.py:106:forward"],
+            );
+            for _ in 0..steps {
+                let sizes = [(a, 4u64 << 20), (a, 1 << 20), (b, 4 << 20), (b, 512)];
+                for (s, size) in sizes {
+                    addr += 1 << 24;
+                    events.push(evs(EventKind::Alloc, addr, size, s));
+                }
+                for (k, (s, size)) in sizes.iter().enumerate() {
+                    let at = addr - ((3 - k as u64) << 24);
+                    events.push(evs(EventKind::FreeRequested, at, *size, *s));
+                }
+            }
+        }
+        let got = iterations_from_repetition(&events, &tags);
+        assert!(matches!(got, Err(NoRepetition::Layers { .. })), "{got:?}");
+    }
+
+    /// An offloaded model's step loads each of its 3 layers onto the device in turn (3 runs
+    /// of `Module._apply` per repeat) and ends at the loop's own line: the repeats are steps,
+    /// not one layer each.
+    #[test]
+    fn a_step_that_loads_several_layers_is_a_step() {
+        let mut tags = Tags::default();
+        let load = stack(
+            &mut tags,
+            &[
+                "serve.py:40:<module>",
+                CALL[0],
+                CALL[1],
+                "hooks.py:9:pre_forward",
+                "module.py:1050:to",
+                "module.py:900:_apply",
+            ],
+        );
+        let run = stack(
+            &mut tags,
+            &[
+                "serve.py:40:<module>",
+                CALL[0],
+                CALL[1],
+                "linear.py:125:forward",
+            ],
+        );
+        let out = stack(&mut tags, &["serve.py:41:<module>"]);
+        let mut events = Vec::new();
+        let mut addr = 0u64;
+        let mut firsts = Vec::new();
+        for _ in 0..5 {
+            firsts.push(events.len());
+            let mut made = Vec::new();
+            for layer in 0..3u64 {
+                for (s, size) in [
+                    (load, 16u64 << 20),
+                    (load, 16 << 10),
+                    (run, (8 + layer) << 20),
+                ] {
+                    addr += 1 << 24;
+                    events.push(evs(EventKind::Alloc, addr, size, s));
+                    made.push((addr, size, s));
+                }
+            }
+            addr += 1 << 24;
+            events.push(evs(EventKind::Alloc, addr, 2048, out));
+            made.push((addr, 2048, out));
+            for (a, size, s) in made {
+                events.push(evs(EventKind::FreeRequested, a, size, s));
+            }
+        }
+        let starts = iterations_from_repetition(&events, &tags).expect("found");
+        assert_eq!(starts, firsts);
     }
 
     /// An evaluation loop that keeps what it makes (a leak), after a setup, whose first pass
