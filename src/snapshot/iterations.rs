@@ -424,8 +424,8 @@ impl<'t> FrameEvidence<'t> {
 
 /// Where a loop's pass begins, from the frames: the loop body's first line (the lowest line of
 /// the loop frame in the last whole period) where it follows a later line of the same function
-/// (the loop went back to its top). Returns the allocation index and that line.
-fn loop_phase(fe: &FrameEvidence, n: usize, p: usize, depth: usize) -> Option<(usize, u32)> {
+/// (the loop went back to its top). Returns that allocation's index.
+fn loop_phase(fe: &FrameEvidence, n: usize, p: usize, depth: usize) -> Option<usize> {
     let func = fe.loop_frame(fe.of.iter().rposition(|x| x.is_some())?, depth)?;
     let in_loop = |a: usize| {
         fe.loop_frame(a, depth)
@@ -443,7 +443,7 @@ fn loop_phase(fe: &FrameEvidence, n: usize, p: usize, depth: usize) -> Option<(u
         }
         prev = Some(f.2);
     }
-    best.map(|(a, l, _)| (a, l))
+    best.map(|(a, _, _)| a)
 }
 
 /// Iteration starts found from the trace repeating itself (no annotations). A period `p` (in
@@ -554,7 +554,7 @@ pub fn iterations_from_repetition(
         }
         // the phase: from the loop frame, or the lowest level of the last whole period
         let depth = fe.shared(from - p).map(<[_]>::len);
-        let phase = depth.and_then(|d| loop_phase(&fe, n, p, d)).map(|x| x.0);
+        let phase = depth.and_then(|d| loop_phase(&fe, n, p, d));
         let last =
             phase.unwrap_or_else(|| (n - p..n).min_by_key(|&i| (level(i), i)).unwrap_or(n - p));
         let by_frames = depth.and_then(|d| starts_with_frames(&fe, &sizes, p, last, d));
