@@ -82,6 +82,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l color -d 'Colour i
 always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s q -l quiet -d 'Print only the verdict line (fits, or does not and by how much) and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l json -d 'Print one JSON object (iterations, marks, peak breakdown, memory_stats, oom)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l torch-style -d 'With the text output: PyTorch\'s memory_summary() text instead of the table'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l no-remedies -d 'On an out-of-memory, diagnose it but do not run the remedies'
@@ -133,6 +134,27 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
+sgd_momentum\t''
+adam\t''
+adamw\t''
+none\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
+bf16-autocast\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l mode -d 'With a bare config: `train`, `inference` for a no-grad forward, or `generate` for `model.generate` of --new-tokens tokens after a --seq prompt (`[train] mode`)' -r -f -a "train\t''
+inference\t''
+generate\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l new-tokens -d 'Tokens `model.generate` makes after the prompt (a config\'s `[generate] new_tokens`): the same as `--param new_tokens=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l dtype -d 'With a bare config: the weights\' dtype, `fp32` or `bf16` (`[model] dtype`)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l attention -d 'With a bare config: `sdpa` or `eager` (`[model] attention`)' -r -f -a "sdpa\t''
+eager\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r
@@ -141,6 +163,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l iterations -d 'Ite
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s q -l quiet -d 'Print only the verdict line and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-remedies -d 'Only the workload as it is, no remedies'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l json -d 'Print JSON: `max_fitting` per remedy, with the peaks at that value'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'

@@ -16,6 +16,7 @@
 //! - [`walk`]: a trace walked (block sizes, allocated after each event), sharded on all cores.
 //! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
 //! - [`diff`]: two snapshots' summaries side by side.
+//! - [`verdict`]: the one-line answer: fits (with its headroom) or not (by how much, where).
 //! - [`check`]: a run's metrics against a baseline, tolerances and budgets (`gpumem check`).
 
 pub mod blocks;
@@ -33,5 +34,6 @@ pub mod stacks;
 pub mod state;
 pub mod summary;
 pub mod timeline;
+pub mod verdict;
 pub mod walk;
 pub mod whatif;

@@ -1,11 +1,15 @@
 //! What an out-of-memory was, from the allocator's state at the failure and the trace.
 //!
-//! Two verdicts. **Capacity**: the tensors alive at the failure plus the request are more
-//! than the device can give (its memory less the CUDA context, or the memory-fraction
-//! limit); no allocator setting helps, the workload must need less. **Fragmentation**: they
-//! would fit, but the memory not in use is in pieces: reserved-but-unallocated blocks too
-//! small for the request, or free device memory too little to add a segment beside them.
-//! Allocator settings (expandable segments, `max_split_size_mb`) can fix that.
+//! Two verdicts. **Fragmentation**: the run fits under an allocator setting (expandable
+//! segments, `max_split_size_mb`): the memory not in use was in pieces. **Capacity**: no
+//! allocator setting makes it fit; the workload must need less, and [`confirm`] says how much
+//! it needs (its peak reserved on an unbounded device).
+//!
+//! From the state at the failure alone ([`diagnose`]) the verdict is provisional: the
+//! tensors alive plus the request either exceed what the allocator may use (capacity for
+//! sure) or not (fragmentation at that moment, though the run may need more later). A
+//! workload's re-runs ([`confirm`]) settle it; a snapshot, which cannot be re-run, keeps the
+//! provisional verdict and says so.
 
 use std::collections::BTreeMap;
 
@@ -47,8 +51,17 @@ pub struct OomDiagnosis {
     /// The largest free block in the pool the request comes from.
     pub largest_free_block: u64,
     pub verdict: Verdict,
+    /// Whether re-runs settled the verdict ([`confirm`]); otherwise it is read from the state
+    /// at the failure alone.
+    pub confirmed: bool,
+    /// What the run needs: its peak reserved on an unbounded device, when it was re-run so.
+    pub needs_reserved: Option<u64>,
     /// The verdict in a sentence or two, with the figures.
     pub explanation: String,
+    /// Where the failing allocation was asked for: its tags (scopes and op) without the
+    /// iteration, category and phase, e.g. `model.layers.17.mlp.up_proj/linear` (empty if
+    /// untagged), and its phase (`forward`).
+    pub site: (String, Option<String>),
     /// Live bytes (requested) by category, largest first.
     pub live_by_category: Vec<(String, u64)>,
     /// Live bytes by site (tags without iteration and category), largest first, at most 10.
@@ -109,6 +122,52 @@ pub fn live_breakdown(events: &[Event], tags: &Tags) -> (ByName, ByName) {
     (sorted(by_cat), sites)
 }
 
+/// Where the last out-of-memory of `events` was asked for: its site (scopes and op, without
+/// the iteration, the category or the phase) and its phase (`forward`), if tagged.
+pub fn oom_site(events: &[Event], tags: &Tags) -> (String, Option<String>) {
+    let Some(e) = events.iter().rev().find(|e| e.kind() == EventKind::Oom) else {
+        return (String::new(), None);
+    };
+    let site = describe(&tags.resolve(e.stack)).site;
+    let mut phase = None;
+    let parts: Vec<&str> = site
+        .split('/')
+        .filter(|p| match p.strip_prefix("phase:") {
+            Some(ph) => {
+                phase = Some(ph.to_string());
+                false
+            }
+            None => !p.is_empty(),
+        })
+        .collect();
+    (parts.join("/"), phase)
+}
+
+/// Where a run ran out, as a user reads it: the op's tags, the iteration and phase, and a
+/// workload file's line when `with_line` (a bare config's generated lines mean nothing to
+/// its user). `iteration` is `None` in setup.
+pub fn oom_place(
+    site: &(String, Option<String>),
+    iteration: Option<u32>,
+    line: u32,
+    with_line: bool,
+) -> String {
+    let mut when = iteration
+        .map(|i| format!("iteration {i}"))
+        .unwrap_or_else(|| "setup".into());
+    if let Some(p) = &site.1 {
+        when.push_str(&format!(", {p}"));
+    }
+    if with_line {
+        when.push_str(&format!(", line {line}"));
+    }
+    if site.0.is_empty() {
+        when
+    } else {
+        format!("{} ({when})", site.0)
+    }
+}
+
 /// Diagnoses `oom` given the segments at the failure and the trace up to it.
 pub fn diagnose(
     oom: &OutOfMemory,
@@ -149,10 +208,11 @@ pub fn diagnose(
             b(usable)
         ),
         Verdict::Fragmentation => format!(
-            "fragmentation: tensors alive hold {} and the {} asked for would fit in the {} the \
-             allocator may use, but {} is reserved and unallocated in {} free blocks, the \
-             largest {}, and only {} of the device is free to add a segment. Allocator \
-             settings can fix this without changing the model.",
+            "fragmentation (from the state at the failure; not re-run): tensors alive hold {} \
+             and the {} asked for would fit in the {} the allocator may use, but {} is \
+             reserved and unallocated in {} free blocks, the largest {}, and only {} of the \
+             device is free to add a segment. An allocator setting may fix this; whether the \
+             rest of the run fits is not known.",
             b(oom.allocated),
             b(oom.rounded),
             b(usable),
@@ -163,7 +223,9 @@ pub fn diagnose(
         ),
     };
     let (live_by_category, top_tags) = live_breakdown(events, tags);
+    let site = oom_site(events, tags);
     OomDiagnosis {
+        site,
         requested: oom.requested,
         rounded: oom.rounded,
         capacity: oom.device_total,
@@ -173,8 +235,104 @@ pub fn diagnose(
         device_free: oom.device_free,
         largest_free_block: largest,
         verdict,
+        confirmed: false,
+        needs_reserved: None,
         explanation,
         live_by_category,
         top_tags,
     }
+}
+
+/// Settles a diagnosis with re-runs of the workload: `fitting_setting`, the allocator setting
+/// whose re-run fit (if any was tried: `settings_tried`), and `needs`, the run's peak reserved
+/// on an unbounded device. Fragmentation only when an allocator setting fit; otherwise
+/// capacity, with what the run needs.
+pub fn confirm(
+    d: &mut OomDiagnosis,
+    settings_tried: bool,
+    fitting_setting: Option<&str>,
+    needs: Option<u64>,
+) {
+    use crate::units::format_bytes as b;
+    if !settings_tried && needs.is_none() {
+        return;
+    }
+    d.confirmed = true;
+    d.needs_reserved = needs;
+    let needs_text = match needs {
+        Some(n) if n > d.usable => format!(
+            "The run needs {} reserved at its peak (run on an unbounded device), {} more than \
+             the {} the allocator may use",
+            b(n),
+            b(n - d.usable),
+            b(d.usable)
+        ),
+        Some(n) => format!(
+            "On an unbounded device its peak reserved is {}, within the {} the allocator may \
+             use",
+            b(n),
+            b(d.usable)
+        ),
+        None => String::new(),
+    };
+    let unallocated = d.reserved.saturating_sub(d.allocated);
+    // (a leak's warning, added by the findings, stays)
+    let tail = d
+        .explanation
+        .find(" But first:")
+        .map(|i| d.explanation[i..].to_string())
+        .unwrap_or_default();
+    match fitting_setting {
+        Some(setting) => {
+            d.verdict = Verdict::Fragmentation;
+            d.explanation = format!(
+                "fragmentation: re-run with {setting} the workload fits. At the failure, tensors \
+                 alive held {} and {} was reserved but unallocated, the largest free block {}, \
+                 too small for the {} asked for.{}",
+                b(d.allocated),
+                b(unallocated),
+                b(d.largest_free_block),
+                b(d.rounded),
+                match needs {
+                    Some(n) => format!(
+                        " (As set, the allocator reserves {} at the run's peak on an unbounded \
+                         device.)",
+                        b(n)
+                    ),
+                    None => String::new(),
+                }
+            );
+        }
+        None => {
+            d.verdict = Verdict::Capacity;
+            let moment = if d.allocated.saturating_add(d.rounded) <= d.usable {
+                format!(
+                    "At the failure the {} asked for would have fitted beside the {} alive \
+                     ({} reserved but unallocated, in pieces), but no allocator setting makes \
+                     the whole run fit (each was re-run).",
+                    b(d.rounded),
+                    b(d.allocated),
+                    b(unallocated)
+                )
+            } else {
+                format!(
+                    "Tensors alive at the failure hold {}, and with the {} asked for that is \
+                     more than the {} the allocator may use.",
+                    b(d.allocated),
+                    b(d.rounded),
+                    b(d.usable)
+                )
+            };
+            d.explanation = format!(
+                "out of capacity: {moment} {}The workload has to need less memory: see the \
+                 remedies.",
+                if needs_text.is_empty() {
+                    String::new()
+                } else {
+                    format!("{needs_text}. ")
+                }
+            );
+        }
+    }
+    d.explanation.push_str(&tail);
 }

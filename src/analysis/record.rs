@@ -101,6 +101,8 @@ pub struct DriverView {
 /// A named tensor's values: (name, shape, values).
 pub type NamedValues = (String, Vec<usize>, Vec<f64>);
 
+/// A kind of remedy, in the order they are ranked: by how little they change (see
+/// [`RemedyKind::tier`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RemedyKind {
@@ -108,10 +110,60 @@ pub enum RemedyKind {
     MaxSplitSize,
     KeepItem,
     NoGrad,
-    Bf16Autocast,
     Checkpointing,
+    /// A smaller batch with gradient accumulation to the same samples per optimizer step.
+    GradAccum,
+    Bf16Autocast,
+    /// The weights in bf16.
+    Bf16Weights,
+    /// LoRA adapters instead of training every weight.
+    Lora,
     Sgd,
+    ShorterSeq,
     SmallerBatch,
+}
+
+/// How much a remedy changes, least first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemedyTier {
+    /// `PYTORCH_CUDA_ALLOC_CONF` only: the program is unchanged.
+    AllocatorSetting,
+    /// The program changes, its results do not (a bug in the loop fixed, recomputation,
+    /// accumulation to the same batch).
+    MemoryOnly,
+    /// The numerics, the optimization or the data change.
+    Training,
+}
+
+impl RemedyKind {
+    pub fn tier(self) -> RemedyTier {
+        match self {
+            RemedyKind::ExpandableSegments | RemedyKind::MaxSplitSize => {
+                RemedyTier::AllocatorSetting
+            }
+            RemedyKind::KeepItem
+            | RemedyKind::NoGrad
+            | RemedyKind::Checkpointing
+            | RemedyKind::GradAccum => RemedyTier::MemoryOnly,
+            RemedyKind::Bf16Autocast
+            | RemedyKind::Bf16Weights
+            | RemedyKind::Lora
+            | RemedyKind::Sgd
+            | RemedyKind::ShorterSeq
+            | RemedyKind::SmallerBatch => RemedyTier::Training,
+        }
+    }
+}
+
+impl RemedyTier {
+    pub fn name(self) -> &'static str {
+        match self {
+            RemedyTier::AllocatorSetting => "allocator setting",
+            RemedyTier::MemoryOnly => "memory only",
+            RemedyTier::Training => "changes training",
+        }
+    }
 }
 
 /// What running a remedy gave.
@@ -120,6 +172,8 @@ pub struct Tried {
     pub name: String,
     pub change: String,
     pub kind: RemedyKind,
+    /// How much the remedy changes (`kind`'s tier).
+    pub tier: RemedyTier,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     pub fits: bool,

@@ -144,42 +144,10 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-/// Run a workload on the simulated device and show where the memory went.
-///
-/// A workload is a TOML file: a `[workload]` table (name, iterations, capacity such as "24GiB",
-/// alloc_conf in PYTORCH_CUDA_ALLOC_CONF syntax) and `setup`/`body` scripts of tensor ops in a
-/// small Python-like language (`x = randn(1024, 1024, requires_grad=true)`, `y = (x * x).sin()`,
-/// `loss = y.mean()`, `loss.backward()`, `del y`, `keep(loss)`, `empty_cache()`,
-/// `mark("label")`, blocks `no_grad { ... }`, `scope "encoder" { ... }`, `phase "forward" { ... }`).
-/// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out;
-/// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
-/// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
-/// retain_graph) build PyTorch's reference model and loop; `[model] hf_config = "config.json"`
-/// a Hugging Face model from its config (llama, mistral, qwen2, gpt2, bert), and
-/// `[model] torchvision = "resnet50"` a torchvision ResNet (image_size, num_classes).
-/// Script workloads may declare integer `[params]` (e.g. `batch = 32`) and use them as names.
-///
-/// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
-/// and the peaks; then what was live at the run's peak by category and by tag, leaks across
-/// iterations, and the allocator's final state.
-///
-/// An out-of-memory stops the run where PyTorch would raise it. gpumem then prints PyTorch's
-/// message, says whether it was capacity (the live tensors and the request do not fit) or
-/// fragmentation (they would, but free memory is in pieces), shows what was live, and runs the
-/// workload again under each remedy that applies (expandable_segments:True, max_split_size_mb,
-/// loss.item(), no_grad, bf16 autocast, checkpointing, SGD, the batch halved down to 1), with a
-/// table of their peaks and the smallest change that fits.
-///
-/// The allocator's settings come from --alloc-conf, else the workload's `alloc_conf`, else
-/// PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) in the environment, as PyTorch reads it;
-/// the report says which.
-#[derive(Debug, Args)]
-#[command(after_long_help = run_after_help())]
-pub struct RunArgs {
-    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
-    /// train as it is: `gpumem run config.json --batch 4 --seq 1024`.
-    pub workload: PathBuf,
-
+/// The flags that set a workload's size or a bare Hugging Face config's model and loop: the
+/// same for `run`, `fit`, `check` and `diff`, so each answers the same question.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ModelArgs {
     /// The batch size (a preset's or config's `batch`, a script's `batch` parameter): the same
     /// as `--param batch=N`.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
@@ -236,6 +204,50 @@ pub struct RunArgs {
     /// With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`).
     #[arg(long, value_name = "NAMES", requires = "lora_r")]
     pub lora_targets: Option<String>,
+}
+
+/// Run a workload on the simulated device and show where the memory went.
+///
+/// A workload is a TOML file: a `[workload]` table (name, iterations, capacity such as "24GiB",
+/// alloc_conf in PYTORCH_CUDA_ALLOC_CONF syntax) and `setup`/`body` scripts of tensor ops in a
+/// small Python-like language (`x = randn(1024, 1024, requires_grad=true)`, `y = (x * x).sin()`,
+/// `loss = y.mean()`, `loss.backward()`, `del y`, `keep(loss)`, `empty_cache()`,
+/// `mark("label")`, blocks `no_grad { ... }`, `scope "encoder" { ... }`, `phase "forward" { ... }`).
+/// A standard model needs no script: `[model]` (kind = "mlp": d_in, hidden, layers, d_out;
+/// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
+/// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
+/// retain_graph) build PyTorch's reference model and loop; `[model] hf_config = "config.json"`
+/// a Hugging Face model from its config (llama, mistral, qwen2, gpt2, bert), and
+/// `[model] torchvision = "resnet50"` a torchvision ResNet (image_size, num_classes).
+/// Script workloads may declare integer `[params]` (e.g. `batch = 32`) and use them as names.
+///
+/// Prints, per iteration, allocated memory at its start, after forward and backward, at its end,
+/// and the peaks; then what was live at the run's peak by category and by tag, leaks across
+/// iterations, and the allocator's final state.
+///
+/// An out-of-memory stops the run where PyTorch would raise it. gpumem then prints PyTorch's
+/// message, says whether it was capacity (the live tensors and the request do not fit) or
+/// fragmentation (they would, but free memory is in pieces), shows what was live, and runs the
+/// workload again under each remedy that applies (expandable_segments:True, max_split_size_mb,
+/// loss.item(), no_grad, bf16 autocast, checkpointing, SGD, the batch halved down to 1), with a
+/// table of their peaks and the smallest change that fits.
+///
+/// The allocator's settings come from --alloc-conf, else the workload's `alloc_conf`, else
+/// PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) in the environment, as PyTorch reads it;
+/// the report says which.
+#[derive(Debug, Args)]
+#[command(after_long_help = run_after_help())]
+pub struct RunArgs {
+    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
+    /// train as it is: `gpumem run config.json --batch 4 --seq 1024`.
+    pub workload: PathBuf,
+
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// Print only the verdict line (fits, or does not and by how much) and errors.
+    #[arg(short, long, conflicts_with = "json")]
+    pub quiet: bool,
 
     /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
     /// default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory
@@ -646,8 +658,16 @@ Exit codes:
   130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
 )]
 pub struct FitArgs {
-    /// The workload file (TOML).
+    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one):
+    /// `gpumem fit config.json --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB`.
     pub workload: PathBuf,
+
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// Print only the verdict line and errors.
+    #[arg(short, long, conflicts_with = "json")]
+    pub quiet: bool,
 
     /// Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda`
     /// (segments from the NVIDIA driver; see `gpumem run --help`).

@@ -11,10 +11,12 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::runner::remedies::{self, RemedyKind};
 use crate::runner::RunOptions;
+use crate::analysis::verdict::{self, FitVerdict, Inputs};
 use crate::units::{format_bytes, parse_capacity};
 use crate::workload::{self, Overrides};
 
 struct Row {
+    kind: Option<RemedyKind>,
     name: String,
     change: String,
     max_fitting: Option<i64>,
@@ -32,11 +34,16 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--max", "must be at least 1"));
     }
     super::check_iterations(args.iterations)?;
-    let base = Overrides {
-        env_alloc_conf: super::env_alloc_conf(&|k| std::env::var(k).ok())?,
-        ..Overrides::default()
-    };
-    let w = workload::load_with(&args.workload, &base)?;
+    let is_config = workload::is_config(&args.workload);
+    // a bare config needs its sequence length unless that is what is searched
+    let searched = args.param.as_deref().unwrap_or("batch");
+    let required: Vec<&str> = ["seq"].into_iter().filter(|k| *k != searched).collect();
+    let mut base = super::model_overrides(&args.workload, &args.model, &[], None, &required)?;
+    if is_config && base.param("batch").is_none() {
+        // the search starts from batch 1
+        base.params.push(("batch".into(), 1));
+    }
+    let w = super::load_workload(&args.workload, &base)?;
     let ints = w.integer_params();
     let (param, start) = match &args.param {
         Some(p) => match ints.iter().find(|(n, _)| n == p) {
@@ -79,14 +86,15 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         iterations: args.iterations,
         device: args.device.clone(),
     };
-    let mut candidates: Vec<(String, String, Overrides)> = vec![(
+    let mut candidates: Vec<(String, String, Overrides, Option<RemedyKind>)> = vec![(
         "as written".into(),
         "the workload unchanged".into(),
         base.clone(),
+        None,
     )];
     if !args.no_remedies {
         let mut seen_split = false;
-        for r in remedies::applicable(&w, &base) {
+        for r in remedies::applicable(Some(&args.workload), &w, &base) {
             // one max_split_size setting is enough for a search table
             if r.kind == RemedyKind::MaxSplitSize {
                 if seen_split {
@@ -94,7 +102,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 }
                 seen_split = true;
             }
-            candidates.push((r.name, r.change, r.overrides));
+            candidates.push((r.name, r.change, r.overrides, Some(r.kind)));
         }
     }
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -107,7 +115,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         b
     });
     let mut rows = Vec::new();
-    for (name, change, o) in candidates {
+    for (name, change, o, kind) in candidates {
         if let Some(b) = &bar {
             b.set_message(name.clone());
         }
@@ -129,6 +137,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             None => (None, None),
         };
         rows.push(Row {
+            kind,
             name,
             change,
             max_fitting: max,
@@ -147,6 +156,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         .capacity
         .or(w.capacity)
         .unwrap_or(crate::runner::DEFAULT_CAPACITY);
+    let verdict = fit_verdict(args, &base, &opts, &param, start, &rows, is_config)?;
+    if args.quiet {
+        writeln!(out, "{}", verdict.line)?;
+        return Ok(Outcome::Ok);
+    }
     if args.json {
         let v = json!({
             "workload": args.workload.display().to_string(),
@@ -154,6 +168,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             "value_in_workload": start,
             "capacity": cap,
             "max": args.max,
+            "verdict": verdict,
             "results": rows.iter().map(|r| json!({
                 "remedy": r.name,
                 "change": r.change,
@@ -167,6 +182,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         writeln!(out)?;
         return Ok(Outcome::Ok);
     }
+    writeln!(out, "{}", crate::report::verdict::line(&verdict))?;
     writeln!(
         out,
         "{}: the largest {param} that fits in {} (the workload has {param} = {start}; searched 1 \
@@ -209,4 +225,69 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     writeln!(out, "{t}")?;
     Ok(Outcome::Ok)
+}
+
+/// The verdict: whether the workload fits at its own value of the parameter (one run there,
+/// and one on an unbounded device when it does not), and the largest value that fits, or the
+/// smallest remedy (in rank order) under which the value fits.
+fn fit_verdict(
+    args: &FitArgs,
+    base: &Overrides,
+    opts: &RunOptions,
+    param: &str,
+    start: i64,
+    rows: &[Row],
+    is_config: bool,
+) -> Result<FitVerdict> {
+    let at = base.with_param(param, start);
+    let r = remedies::run_with(&args.workload, &at, opts)?;
+    let context = r
+        .driver
+        .map(|d| d.process_used.saturating_sub(d.reserved))
+        .unwrap_or(0);
+    let usable = r
+        .oom
+        .as_ref()
+        .and_then(|o| o.error.allowed)
+        .unwrap_or(r.capacity.saturating_sub(context));
+    let needs = match &r.oom {
+        Some(_) => remedies::needs(&args.workload, &at, opts),
+        None => None,
+    };
+    let oom_at = r.oom.as_ref().map(|o| {
+        let rec = r.allocator.recorder();
+        let events: Vec<_> = rec.ring.iter().copied().collect();
+        let site = crate::analysis::oom::oom_site(&events, &rec.tags);
+        crate::analysis::oom::oom_place(&site, o.iteration, o.line, !is_config)
+    });
+    let mut ranked: Vec<&Row> = rows.iter().filter(|r| r.kind.is_some()).collect();
+    ranked.sort_by_key(|r| r.kind);
+    let fix = ranked
+        .iter()
+        .find(|x| x.max_fitting.is_some_and(|m| m >= start));
+    let mut v = verdict::verdict(&Inputs {
+        capacity: r.capacity,
+        usable,
+        peak_reserved: r.peak.peak_reserved,
+        context,
+        oom: r.oom.is_some(),
+        needs_reserved: needs,
+        cause: None,
+        oom_at,
+        smallest_fix: fix.map(|f| {
+            format!(
+                "{} (up to {param} {})",
+                f.name,
+                f.max_fitting.unwrap_or(start)
+            )
+        }),
+    });
+    // the question asked: at which value, and up to which
+    let largest = rows.first().and_then(|r| r.max_fitting);
+    let (head, rest) = v.line.split_once(':').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_default();
+    v.line = match (v.fits, largest) {
+        (true, Some(m)) => format!("{head} at {param} {start}, up to {param} {m}:{rest}"),
+        _ => format!("{head} at {param} {start}:{rest}"),
+    };
+    Ok(v)
 }

@@ -132,6 +132,151 @@ pub fn env_alloc_conf(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<(St
     Ok(None)
 }
 
+/// The overrides of a command's flags: `--param NAME=VALUE`, `--alloc-conf`, and the
+/// [`ModelArgs`](crate::cli::ModelArgs) (`--batch`, `--seq`, `--new-tokens` as parameters; a bare
+/// config's `--dtype`, `--lora-r`, ... as its tables' keys). A bare config must be given each
+/// of `required` (`batch`, `seq`) that is not searched.
+pub fn model_overrides(
+    workload: &std::path::Path,
+    m: &crate::cli::ModelArgs,
+    extra_params: &[String],
+    alloc_conf: Option<&str>,
+    required: &[&str],
+) -> Result<crate::workload::Overrides> {
+    use crate::error::Error;
+    let mut params = extra_params.to_vec();
+    for (k, flag, v) in [
+        ("batch", "--batch", m.batch),
+        ("seq", "--seq", m.seq),
+        ("new_tokens", "--new-tokens", m.new_tokens),
+    ] {
+        if let Some(v) = v {
+            // checked here so that the message names the flag typed, not `--param`
+            if v == 0 {
+                return Err(Error::usage(flag, "must be at least 1"));
+            }
+            if let Some(why) = crate::workload::limits::exceeded(k, v) {
+                return Err(Error::usage(flag, format!("must be at most {why}")));
+            }
+            if i64::try_from(v).is_err() {
+                return Err(Error::usage(flag, format!("must be at most {}", i64::MAX)));
+            }
+            params.push(format!("{k}={v}"));
+        }
+    }
+    if m.lora_r == Some(0) {
+        return Err(Error::usage("--lora-r", "the LoRA rank must be at least 1"));
+    }
+    if let Some(p) = m.lora_dropout {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::usage(
+                "--lora-dropout",
+                format!("must be at least 0 and below 1, found {p}"),
+            ));
+        }
+    }
+    if let Some(a) = m.lora_alpha {
+        if !(a.is_finite() && a > 0.0) {
+            return Err(Error::usage(
+                "--lora-alpha",
+                format!("must be positive, found {a}"),
+            ));
+        }
+    }
+    if crate::workload::is_config(workload) {
+        let given = |k: &str| params.iter().any(|p| p.split('=').next() == Some(k));
+        for k in required {
+            if !given(k) {
+                return Err(Error::usage(
+                    &format!("--{k}"),
+                    format!(
+                        "{} is a Hugging Face config: give the batch size and the tokens per \
+                         sample, e.g. --batch 4 --seq 1024 (or write a workload with [model] \
+                         hf_config = ... and [train])",
+                        workload.display(),
+                    ),
+                ));
+            }
+        }
+    }
+    let mut overrides = parse_overrides(&params, alloc_conf)?;
+    config_flags(workload, m, &mut overrides)?;
+    Ok(overrides)
+}
+
+/// The flags that set a bare config's `[model]`, `[model.lora]` and `[train]` keys; with a
+/// workload file they are a usage error (its tables hold them).
+fn config_flags(
+    workload: &std::path::Path,
+    args: &crate::cli::ModelArgs,
+    o: &mut crate::workload::Overrides,
+) -> Result<()> {
+    use crate::error::Error;
+    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let mut model = Vec::new();
+    let mut train = Vec::new();
+    let mut lora = Vec::new();
+    let mut given: Vec<&str> = Vec::new();
+    for (flag, key, v, to) in [
+        ("--optimizer", "optimizer", &args.optimizer, 't'),
+        ("--precision", "precision", &args.precision, 't'),
+        ("--mode", "mode", &args.mode, 't'),
+        ("--dtype", "dtype", &args.dtype, 'm'),
+        ("--attention", "attention", &args.attention, 'm'),
+    ] {
+        if let Some(v) = v {
+            given.push(flag);
+            let line = (key.to_string(), q(v));
+            if to == 't' {
+                train.push(line);
+            } else {
+                model.push(line);
+            }
+        }
+    }
+    if args.gradient_checkpointing {
+        given.push("--gradient-checkpointing");
+        model.push(("gradient_checkpointing".into(), "true".into()));
+    }
+    if let Some(r) = args.lora_r {
+        given.push("--lora-r");
+        lora.push(("r".into(), r.to_string()));
+        if let Some(a) = args.lora_alpha {
+            lora.push(("alpha".into(), toml::Value::Float(a).to_string()));
+        }
+        if let Some(p) = args.lora_dropout {
+            lora.push(("dropout".into(), toml::Value::Float(p).to_string()));
+        }
+        if let Some(t) = &args.lora_targets {
+            let names: Vec<toml::Value> = t
+                .split(',')
+                .map(|n| toml::Value::String(n.trim().to_string()))
+                .collect();
+            lora.push((
+                "target_modules".into(),
+                toml::Value::Array(names).to_string(),
+            ));
+        }
+    }
+    if given.is_empty() {
+        return Ok(());
+    }
+    if !crate::workload::is_config(workload) {
+        return Err(Error::usage(
+            given[0],
+            format!(
+                "{} sets a bare Hugging Face config's key; {} is a workload file: set it in its [model] or [train] table",
+                given[0],
+                workload.display()
+            ),
+        ));
+    }
+    o.hf_model = model;
+    o.hf_lora = lora;
+    o.hf_train = train;
+    Ok(())
+}
+
 /// Loads a workload with overrides, first checking that every `--param` names one of its
 /// integer parameters (a usage error otherwise, listing them).
 pub fn load_workload(

@@ -6,12 +6,14 @@ use std::io::{IsTerminal, Write};
 
 use crate::analysis::findings::{self, RunRecord};
 use crate::cli::{FailOn, ReportKind, RunArgs};
-use crate::commands::{load_workload, parse_overrides, write_atomic, Outcome};
+use crate::commands::{load_workload, write_atomic, Outcome};
 use crate::error::{Error, Result};
 use crate::report;
 use crate::runner::remedies;
 use crate::runner::{run_on, RunOptions, Target};
 use crate::units::parse_capacity;
+use crate::analysis::record::RemedyTier;
+use crate::analysis::verdict::{self, FitVerdict, Inputs};
 
 /// Points of the timeline kept for the picture.
 const PLOT_SAMPLES: usize = 300;
@@ -22,56 +24,13 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         None => None,
     };
     super::check_iterations(args.iterations)?;
-    let mut params = args.params.clone();
-    for (k, flag, v) in [
-        ("batch", "--batch", args.batch),
-        ("seq", "--seq", args.seq),
-        ("new_tokens", "--new-tokens", args.new_tokens),
-    ] {
-        if let Some(v) = v {
-            // checked here so that the message names the flag typed, not `--param`
-            if v == 0 {
-                return Err(Error::usage(flag, "must be at least 1"));
-            }
-            if let Some(why) = crate::workload::limits::exceeded(k, v) {
-                return Err(Error::usage(flag, format!("must be at most {why}")));
-            }
-            if i64::try_from(v).is_err() {
-                return Err(Error::usage(flag, format!("must be at most {}", i64::MAX)));
-            }
-            params.push(format!("{k}={v}"));
-        }
-    }
-    if args.lora_r == Some(0) {
-        return Err(Error::usage("--lora-r", "the LoRA rank must be at least 1"));
-    }
-    if let Some(p) = args.lora_dropout {
-        if !(0.0..1.0).contains(&p) {
-            return Err(Error::usage(
-                "--lora-dropout",
-                format!("must be at least 0 and below 1, found {p}"),
-            ));
-        }
-    }
-    if crate::workload::is_config(&args.workload) {
-        let given = |k: &str| params.iter().any(|p| p.split('=').next() == Some(k));
-        for (k, flag) in [("batch", "--batch"), ("seq", "--seq")] {
-            if !given(k) {
-                return Err(Error::usage(
-                    flag,
-                    format!(
-                        "{} is a Hugging Face config: give the batch size and the tokens per \
-                         sample, e.g. gpumem run {} --batch 4 --seq 1024 (or write a workload \
-                         with [model] hf_config = ... and [train])",
-                        args.workload.display(),
-                        args.workload.display()
-                    ),
-                ));
-            }
-        }
-    }
-    let mut overrides = parse_overrides(&params, args.alloc_conf.as_deref())?;
-    config_flags(args, &mut overrides)?;
+    let overrides = super::model_overrides(
+        &args.workload,
+        &args.model,
+        &args.params,
+        args.alloc_conf.as_deref(),
+        &["batch", "seq"],
+    )?;
     let w = load_workload(&args.workload, &overrides)?;
     let device = match args.device.as_deref() {
         // an unknown name is refused before the workload runs (the device opens with the run)
@@ -141,24 +100,50 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         PLOT_SAMPLES,
         past_states,
     );
-    let tried = match (&r.oom, args.no_remedies) {
-        (Some(_), false) => {
-            let spinner = tty.then(|| {
-                let s = indicatif::ProgressBar::new_spinner();
-                s.enable_steady_tick(std::time::Duration::from_millis(120));
-                s
-            });
-            let t = remedies::try_all(&args.workload, &w, &overrides, &opts, &mut |name| {
-                if let Some(s) = &spinner {
-                    s.set_message(format!("out of memory: trying {name}"));
-                }
-            });
-            if let Some(s) = spinner {
-                s.finish_and_clear();
+    let mut tried = None;
+    let mut oom = found.oom.clone();
+    if let Some(d) = &mut oom {
+        let spinner = tty.then(|| {
+            let s = indicatif::ProgressBar::new_spinner();
+            s.enable_steady_tick(std::time::Duration::from_millis(120));
+            s
+        });
+        let mut progress = |name: &str| {
+            if let Some(s) = &spinner {
+                s.set_message(format!("out of memory: trying {name}"));
             }
-            Some(t)
+        };
+        // the re-runs that settle the verdict: the allocator settings (all remedies unless
+        // --no-remedies) and the run on an unbounded device
+        let t = if args.no_remedies {
+            progress("allocator settings");
+            remedies::try_allocator_settings(&args.workload, &w, &overrides, &opts)
+        } else {
+            remedies::try_all(&args.workload, &w, &overrides, &opts, &mut progress)
+        };
+        progress("an unbounded device");
+        let needs = remedies::needs(&args.workload, &overrides, &opts);
+        if let Some(s) = spinner {
+            s.finish_and_clear();
         }
-        _ => None,
+        let settings_tried = remedies::allocator_setting_fits(&t).is_some();
+        let fitting_setting = t
+            .iter()
+            .find(|x| x.fits && x.kind.tier() == RemedyTier::AllocatorSetting)
+            .map(|x| x.name.clone());
+        crate::analysis::oom::confirm(d, settings_tried, fitting_setting.as_deref(), needs);
+        tried = Some(t);
+    }
+    let verdict = run_verdict(&r, oom.as_ref(), tried.as_deref(), crate::workload::is_config(&args.workload));
+    if args.quiet {
+        writeln!(out, "{}", verdict.line)?;
+        return Ok(fail(args, &r, &found));
+    }
+    // with --no-remedies only the allocator settings ran: they settle the verdict, no table
+    let remedies_shown = if args.no_remedies {
+        None
+    } else {
+        tried.as_deref()
     };
     if let Some(svg_path) = &args.plot {
         let Some(t) = &found.timeline else {
@@ -181,8 +166,9 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             "note": found.leaks.note,
         });
         v["fragmentation"] = report::findings::fragmentation_json(&found);
-        if let (Some(o), Some(d)) = (&r.oom, &found.oom) {
-            let mut j = report::findings::oom_json(d, tried.as_deref());
+        v["verdict"] = serde_json::to_value(&verdict).unwrap_or_default();
+        if let (Some(o), Some(d)) = (&r.oom, &oom) {
+            let mut j = report::findings::oom_json(d, remedies_shown);
             j["message"] = serde_json::json!(o.error.to_string());
             j["line"] = serde_json::json!(o.line);
             j["column"] = serde_json::json!(o.column);
@@ -192,87 +178,65 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
-        report::run::write_text(out, &path, &r, args.torch_style)?;
+        writeln!(out, "{}", report::verdict::line(&verdict))?;
+        report::run::write_text(out, &path, &r, verdict.oom_at.as_deref())?;
+        if let Some(d) = &oom {
+            writeln!(out)?;
+            report::findings::write_oom(out, d, remedies_shown)?;
+        }
         writeln!(out)?;
         report::findings::write_leaks(out, &found.leaks, wants(ReportKind::Leaks))?;
         if wants(ReportKind::Fragmentation) {
             writeln!(out)?;
             report::findings::write_fragmentation_report(out, &found)?;
         }
-        if let Some(d) = &found.oom {
-            writeln!(out)?;
-            report::findings::write_oom(out, d, tried.as_deref())?;
-        }
+        writeln!(out)?;
+        report::run::write_final_state(out, &r, args.torch_style)?;
     }
-    let fail = (args.fail_on.contains(&FailOn::Oom) && r.oom.is_some())
-        || (args.fail_on.contains(&FailOn::Leak) && !found.leaks.leaks.is_empty());
-    Ok(if fail { Outcome::Finding } else { Outcome::Ok })
+    Ok(fail(args, &r, &found))
 }
 
-/// The flags that set a bare config's `[model]`, `[model.lora]` and `[train]` keys; with a
-/// workload file they are a usage error (its tables hold them).
-fn config_flags(args: &RunArgs, o: &mut crate::workload::Overrides) -> Result<()> {
-    let q = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let mut model = Vec::new();
-    let mut train = Vec::new();
-    let mut lora = Vec::new();
-    let mut given: Vec<&str> = Vec::new();
-    for (flag, key, v, to) in [
-        ("--optimizer", "optimizer", &args.optimizer, 't'),
-        ("--precision", "precision", &args.precision, 't'),
-        ("--mode", "mode", &args.mode, 't'),
-        ("--dtype", "dtype", &args.dtype, 'm'),
-        ("--attention", "attention", &args.attention, 'm'),
-    ] {
-        if let Some(v) = v {
-            given.push(flag);
-            let line = (key.to_string(), q(v));
-            if to == 't' {
-                train.push(line);
-            } else {
-                model.push(line);
-            }
-        }
+/// Exit 1 for a finding named in `--fail-on`.
+fn fail(args: &RunArgs, r: &crate::runner::RunOutcome, found: &findings::Findings) -> Outcome {
+    let fail = (args.fail_on.contains(&FailOn::Oom) && r.oom.is_some())
+        || (args.fail_on.contains(&FailOn::Leak) && !found.leaks.leaks.is_empty());
+    if fail {
+        Outcome::Finding
+    } else {
+        Outcome::Ok
     }
-    if args.gradient_checkpointing {
-        given.push("--gradient-checkpointing");
-        model.push(("gradient_checkpointing".into(), "true".into()));
-    }
-    if let Some(r) = args.lora_r {
-        given.push("--lora-r");
-        lora.push(("r".into(), r.to_string()));
-        if let Some(a) = args.lora_alpha {
-            lora.push(("alpha".into(), toml::Value::Float(a).to_string()));
-        }
-        if let Some(p) = args.lora_dropout {
-            lora.push(("dropout".into(), toml::Value::Float(p).to_string()));
-        }
-        if let Some(t) = &args.lora_targets {
-            let names: Vec<toml::Value> = t
-                .split(',')
-                .map(|n| toml::Value::String(n.trim().to_string()))
-                .collect();
-            lora.push((
-                "target_modules".into(),
-                toml::Value::Array(names).to_string(),
-            ));
-        }
-    }
-    if given.is_empty() {
-        return Ok(());
-    }
-    if !crate::workload::is_config(&args.workload) {
-        return Err(Error::usage(
-            given[0],
-            format!(
-                "{} sets a bare Hugging Face config's key; {} is a workload file: set it in its [model] or [train] table",
-                given[0],
-                args.workload.display()
-            ),
-        ));
-    }
-    o.hf_model = model;
-    o.hf_lora = lora;
-    o.hf_train = train;
-    Ok(())
+}
+
+/// The verdict of a run, with its out-of-memory settled by re-runs.
+fn run_verdict(
+    r: &crate::runner::RunOutcome,
+    oom: Option<&crate::analysis::oom::OomDiagnosis>,
+    tried: Option<&[remedies::Tried]>,
+    is_config: bool,
+) -> FitVerdict {
+    let context = r
+        .driver
+        .map(|d| d.process_used.saturating_sub(d.reserved))
+        .unwrap_or(0);
+    verdict::verdict(&Inputs {
+        capacity: r.capacity,
+        usable: oom
+            .map(|d| d.usable)
+            .unwrap_or(r.capacity.saturating_sub(context)),
+        peak_reserved: r.peak.peak_reserved,
+        context,
+        oom: r.oom.is_some(),
+        needs_reserved: oom.and_then(|d| d.needs_reserved),
+        cause: oom.filter(|d| d.confirmed).map(|d| d.verdict),
+        oom_at: match (&r.oom, oom) {
+            (Some(o), Some(d)) => Some(crate::analysis::oom::oom_place(
+                &d.site,
+                o.iteration,
+                o.line,
+                !is_config,
+            )),
+            _ => None,
+        },
+        smallest_fix: tried.and_then(|t| t.iter().find(|x| x.fits).map(|x| x.name.clone())),
+    })
 }

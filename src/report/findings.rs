@@ -288,17 +288,18 @@ pub fn write_oom(
     writeln!(
         out,
         "remedies, each run again on the simulated device (peaks up to the end, or up to the \
-         out-of-memory):"
+         out-of-memory), those that fit first, each ranked by how little it changes:"
     )?;
     let mut t = table(
         vec![
             "remedy",
+            "what it changes",
             "peak allocated",
             "peak reserved",
             "fits",
             "change",
         ],
-        1,
+        2,
     );
     for r in rs {
         let (alloc, res, fits) = match &r.error {
@@ -317,13 +318,20 @@ pub fn write_oom(
             Some(e) => format!("{} (could not run: {e})", r.change),
             None => r.change.clone(),
         };
-        t.add_row(vec![r.name.clone(), alloc, res, fits, change]);
+        t.add_row(vec![
+            r.name.clone(),
+            r.kind.tier().name().to_string(),
+            alloc,
+            res,
+            fits,
+            change,
+        ]);
     }
-    super::align_right(&mut t, 1);
-    if let Some(c) = t.column_mut(3) {
+    super::align_right(&mut t, 2);
+    if let Some(c) = t.column_mut(4) {
         c.set_cell_alignment(CellAlignment::Left);
     }
-    if let Some(c) = t.column_mut(4) {
+    if let Some(c) = t.column_mut(5) {
         c.set_cell_alignment(CellAlignment::Left);
     }
     writeln!(out, "{t}")?;

@@ -13,6 +13,7 @@
 //! - [`timeline_svg`]: the memory timeline as an SVG chart.
 //! - [`check`]: `gpumem check`'s verdicts: table, markdown, JUnit XML, GitHub annotations.
 //! - [`escape`]: markdown and XML escaping for what is written by hand.
+//! - [`verdict`]: the verdict line that opens a command's output.
 //! - [`style`]: colour and table width for where the output goes (set once by `main.rs`).
 
 pub mod bench;
@@ -33,6 +34,7 @@ pub mod summary;
 pub mod tensors;
 pub mod timeline_svg;
 pub mod torch_summary;
+pub mod verdict;
 pub mod whatif;
 
 /// Right-aligns the columns of `t` from `from` on (the figures of gpumem's tables). When the

@@ -12,11 +12,14 @@ fn opt(v: Option<u64>) -> String {
     v.map(format_bytes).unwrap_or_else(|| "-".into())
 }
 
+/// The run: its device, iterations, what was live at the peak, where it ran out
+/// (`oom_place`), the driver's view. The allocator's final state follows the findings
+/// ([`write_final_state`]).
 pub fn write_text(
     out: &mut dyn Write,
     path: &str,
     r: &RunOutcome,
-    torch_style: bool,
+    oom_place: Option<&str>,
 ) -> std::io::Result<()> {
     let device = match r.device {
         "sim" => "the simulated device",
@@ -144,16 +147,11 @@ pub fn write_text(
     super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     if let Some(o) = &r.oom {
-        let when = o
-            .iteration
-            .map(|i| format!("iteration {i}"))
-            .unwrap_or_else(|| "setup".into());
         writeln!(
             out,
-            "{} at line {} column {} ({when}):\n  {}",
+            "{} at {}:\n  {}",
             super::style::bad("out of memory"),
-            o.line,
-            o.column,
+            oom_place.unwrap_or("?"),
             o.error
         )?;
     }
@@ -179,7 +177,16 @@ pub fn write_text(
         };
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
-    writeln!(out)?;
+    Ok(())
+}
+
+/// The allocator's state at the end: `memory_stats()` as a table, or PyTorch's
+/// `memory_summary()` text with `torch_style`.
+pub fn write_final_state(
+    out: &mut dyn Write,
+    r: &RunOutcome,
+    torch_style: bool,
+) -> std::io::Result<()> {
     if torch_style {
         torch_summary::write(out, &r.stats, 0)
     } else {

@@ -48,8 +48,13 @@ fn with_conf(w: &Workload, base: &Overrides, add: &str) -> Overrides {
     }
 }
 
-/// The remedies that apply to `w` (loaded with `base`), except smaller batches.
-pub fn applicable(w: &Workload, base: &Overrides) -> Vec<Remedy> {
+/// The Hugging Face families (a preset's `kind` for a config).
+const HF_FAMILIES: &[&str] = &["llama", "gpt2", "bert"];
+
+/// The remedies that apply to `w` (loaded with `base` from `path`), except those that shrink
+/// the batch or the sequence ([`shrinking`]). A config's remedies that gpumem cannot model
+/// for its family are left out (checked by loading the changed workload from `path`).
+pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Remedy> {
     let mut out = Vec::new();
     let p = w.preset.as_ref();
     if !w.alloc_conf.expandable_segments {
@@ -132,6 +137,53 @@ pub fn applicable(w: &Workload, base: &Overrides) -> Vec<Remedy> {
             kind: RemedyKind::Checkpointing,
         });
     }
+    // a Hugging Face config's remedies, each offered where gpumem models the changed model
+    // (the changed workload loads)
+    let hf = p.is_some_and(|p| HF_FAMILIES.contains(&p.kind));
+    let mut hf_remedies = Vec::new();
+    if let Some(p) = p.filter(|p| hf && p.mode == "train") {
+        if !p.checkpointing {
+            hf_remedies.push(Remedy {
+                name: "gradient checkpointing".into(),
+                change: "model.gradient_checkpointing_enable() (every decoder layer recomputed \
+                         in backward)"
+                    .into(),
+                overrides: Overrides {
+                    checkpointing: true,
+                    ..base.clone()
+                },
+                kind: RemedyKind::Checkpointing,
+            });
+        }
+        if !p.bf16_weights && !p.bf16 {
+            hf_remedies.push(Remedy {
+                name: "bf16 weights".into(),
+                change: "from_pretrained(..., dtype=torch.bfloat16)".into(),
+                overrides: Overrides {
+                    bf16_weights: true,
+                    ..base.clone()
+                },
+                kind: RemedyKind::Bf16Weights,
+            });
+        }
+        if p.full_finetune {
+            hf_remedies.push(Remedy {
+                name: "LoRA r 16".into(),
+                change: "peft LoRA (r 16 on q/k/v/o_proj) instead of training every weight"
+                    .into(),
+                overrides: Overrides {
+                    lora_attention: true,
+                    ..base.clone()
+                },
+                kind: RemedyKind::Lora,
+            });
+        }
+    }
+    out.extend(
+        hf_remedies
+            .into_iter()
+            .filter(|r| path.is_none_or(|path| workload::load_with(path, &r.overrides).is_ok())),
+    );
     let adam = match p {
         Some(p) => p.optimizer == "adam" || p.optimizer == "adamw",
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
@@ -177,6 +229,7 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
         name: r.name.clone(),
         change: r.change.clone(),
         kind: r.kind,
+        tier: r.kind.tier(),
         peak_allocated: 0,
         peak_reserved: 0,
         fits: false,
@@ -187,12 +240,14 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
         Ok(out) => {
             (t.peak_allocated, t.peak_reserved, t.fits) = outcome(&out);
             t.oom_at = out.oom.as_ref().map(|o| {
-                format!(
-                    "{}, line {}",
-                    o.iteration
-                        .map(|i| format!("iteration {i}"))
-                        .unwrap_or_else(|| "setup".into()),
-                    o.line
+                let rec = out.allocator.recorder();
+                let events: Vec<_> = rec.ring.iter().copied().collect();
+                let site = crate::analysis::oom::oom_site(&events, &rec.tags);
+                crate::analysis::oom::oom_place(
+                    &site,
+                    o.iteration,
+                    o.line,
+                    !workload::is_config(path),
                 )
             });
         }
@@ -201,9 +256,71 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
     t
 }
 
-/// Tries every applicable remedy, then the batch halved until it fits or reaches 1. Calls
-/// `progress(name)` before each run. Returns the results with the ones that fit first, each
-/// group in the order above (smallest change first).
+/// The remedies that make a run smaller, as a list of steps each tried until one fits: the
+/// batch split into micro-batches with gradient accumulation to the same samples per step
+/// (halves, quarters, ... where they divide it), the sequence halved, the batch halved.
+fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
+    let ints = w.integer_params();
+    let int = |n: &str| ints.iter().find(|(k, _)| k == n).map(|x| x.1);
+    let train = w.preset.as_ref().is_none_or(|p| p.mode == "train");
+    let mut out = Vec::new();
+    if let (Some((name, b)), Some(ga), true) = (w.batch_param(), int("grad_accum"), train) {
+        let mut steps = Vec::new();
+        let mut k = 2;
+        while k <= b && b % k == 0 {
+            steps.push(Remedy {
+                name: format!("{name} {} x {} accumulated", b / k, ga * k),
+                change: format!(
+                    "batch size {} with {} gradient-accumulation steps (the same {} samples \
+                     per optimizer step)",
+                    b / k,
+                    ga * k,
+                    b * ga
+                ),
+                overrides: base
+                    .with_param(&name, b / k)
+                    .with_param("grad_accum", ga * k),
+                kind: RemedyKind::GradAccum,
+            });
+            k *= 2;
+        }
+        out.push(steps);
+    }
+    if let Some(seq) = int("seq").filter(|_| w.preset.is_some()) {
+        let mut steps = Vec::new();
+        let mut t = seq;
+        while t > 1 {
+            t /= 2;
+            steps.push(Remedy {
+                name: format!("seq {t}"),
+                change: format!("sequences of {t} tokens instead of {seq}"),
+                overrides: base.with_param("seq", t),
+                kind: RemedyKind::ShorterSeq,
+            });
+        }
+        out.push(steps);
+    }
+    if let Some((name, b)) = w.batch_param() {
+        let mut steps = Vec::new();
+        let mut v = b;
+        while v > 1 {
+            v /= 2;
+            steps.push(Remedy {
+                name: format!("{name} {v}"),
+                change: format!("batch size {v} instead of {b}"),
+                overrides: base.with_param(&name, v),
+                kind: RemedyKind::SmallerBatch,
+            });
+        }
+        out.push(steps);
+    }
+    out
+}
+
+/// Tries every applicable remedy, then each shrinking one step by step until a step fits.
+/// Calls `progress(name)` before each run. Returns the results with the ones that fit first,
+/// each group ranked by how little the remedy changes ([`RemedyKind`]'s order), so the first
+/// row that fits is the smallest change that does.
 pub fn try_all(
     path: &Path,
     w: &Workload,
@@ -212,22 +329,12 @@ pub fn try_all(
     progress: &mut dyn FnMut(&str),
 ) -> Vec<Tried> {
     let mut out = Vec::new();
-    for r in applicable(w, base) {
+    for r in applicable(Some(path), w, base) {
         progress(&r.name);
         out.push(try_one(path, &r, opts));
     }
-    if let Some((name, mut b)) = w.batch_param() {
-        while b > 1 {
-            b /= 2;
-            let r = Remedy {
-                name: format!("{name} {b}"),
-                change: format!(
-                    "batch size {b} instead of {}",
-                    w.batch_param().map(|x| x.1).unwrap_or(b)
-                ),
-                overrides: base.with_param(&name, b),
-                kind: RemedyKind::SmallerBatch,
-            };
+    for steps in shrinking(w, base) {
+        for r in steps {
             progress(&r.name);
             let t = try_one(path, &r, opts);
             let stop = t.fits || t.error.is_some();
@@ -237,9 +344,51 @@ pub fn try_all(
             }
         }
     }
-    // stable: fitting ones first, each group in the order tried
-    out.sort_by_key(|t| !t.fits);
+    // stable: fitting ones first, each group by rank, in the order tried within a kind
+    out.sort_by_key(|t| (!t.fits, t.kind));
     out
+}
+
+/// The device size of an "unbounded" re-run: 1 PiB, more than any workload gpumem runs
+/// reserves (the simulated device holds no data).
+pub const UNBOUNDED: u64 = 1 << 50;
+
+/// Re-runs under the allocator settings only: what settles fragmentation against capacity
+/// when the other remedies are not wanted (`--no-remedies`).
+pub fn try_allocator_settings(
+    path: &Path,
+    w: &Workload,
+    base: &Overrides,
+    opts: &RunOptions,
+) -> Vec<Tried> {
+    applicable(None, w, base)
+        .into_iter()
+        .filter(|r| r.kind.tier() == crate::analysis::record::RemedyTier::AllocatorSetting)
+        .map(|r| try_one(path, &r, opts))
+        .collect()
+}
+
+/// What the workload needs: its peak reserved run on an unbounded simulated device, or
+/// `None` when that run fails (or runs out even there).
+pub fn needs(path: &Path, base: &Overrides, opts: &RunOptions) -> Option<u64> {
+    let unbounded = RunOptions {
+        capacity: Some(UNBOUNDED),
+        device: None,
+        ..opts.clone()
+    };
+    let r = run_with(path, base, &unbounded).ok()?;
+    r.oom.is_none().then_some(r.peak.peak_reserved)
+}
+
+/// Whether a re-run under an allocator setting fits: what makes an out-of-memory
+/// fragmentation. `None` when no allocator setting was tried.
+pub fn allocator_setting_fits(tried: &[Tried]) -> Option<bool> {
+    let mut alloc = tried
+        .iter()
+        .filter(|t| t.kind.tier() == crate::analysis::record::RemedyTier::AllocatorSetting)
+        .peekable();
+    alloc.peek()?;
+    Some(alloc.any(|t| t.fits))
 }
 
 /// The largest value of parameter `param` in `1..=limit` for which the workload (with

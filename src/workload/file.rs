@@ -170,9 +170,18 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                         set(t, k, Value::Integer(*v));
                     }
                 }
-                // the remedies a config's loop takes (checkpointing is not modelled yet)
+                // the remedies a config's loop takes
                 if overrides.bf16_autocast {
                     set(t, "precision", Value::String("bf16-autocast".into()));
+                }
+                if overrides.checkpointing {
+                    set(&mut model_t, "gradient_checkpointing", Value::Boolean(true));
+                }
+                if overrides.bf16_weights {
+                    set(&mut model_t, "dtype", Value::String("bf16".into()));
+                }
+                if overrides.lora_attention && !model_t.contains_key("lora") {
+                    set(&mut model_t, "lora", super::hf::attention_lora());
                 }
                 let opt = match t.get("optimizer").map(|v| v.get_ref()) {
                     Some(Value::String(o)) => o.clone(),

@@ -73,11 +73,15 @@ pub struct PresetInfo {
     pub keep_tensor: bool,
     /// Whether the model is modelled under bf16 autocast (the remedy is offered only then).
     pub can_autocast: bool,
+    /// A Hugging Face config trained in full (every weight, no LoRA): LoRA is a remedy.
+    pub full_finetune: bool,
+    /// Weights already in bf16 (a Hugging Face config's `dtype`).
+    pub bf16_weights: bool,
 }
 
 /// The integer keys of `[train]`.
 /// The most micro-batches (iterations x grad_accum) a preset runs.
-const MAX_MICRO_BATCHES: u64 = 100_000;
+pub(crate) const MAX_MICRO_BATCHES: u64 = 100_000;
 
 pub const TRAIN_INTS: &[&str] = &["batch", "iterations", "grad_accum"];
 
@@ -98,6 +102,8 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
             Mode::EvalWithGraph => "eval-with-graph",
         },
         keep_tensor: t.keep_tensor,
+        full_finetune: false,
+        bf16_weights: false,
         can_autocast: true,
     }
 }

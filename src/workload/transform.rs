@@ -22,8 +22,14 @@ pub struct Overrides {
     pub env_alloc_conf: Option<(String, String)>,
     /// Run the forward pass (a preset) or the body (a script) under bf16 autocast.
     pub bf16_autocast: bool,
-    /// Checkpoint every transformer block (a `gpt` preset).
+    /// Checkpoint every transformer block (a `gpt` preset) or decoder layer (a Hugging Face
+    /// config's `gradient_checkpointing`).
     pub checkpointing: bool,
+    /// A Hugging Face config's weights in bf16 (`[model] dtype = "bf16"`).
+    pub bf16_weights: bool,
+    /// A Hugging Face config fine-tuned with LoRA (r 16 on the attention projections) instead
+    /// of in full, where it has no `[model.lora]`.
+    pub lora_attention: bool,
     /// Use plain SGD where the workload uses Adam or AdamW.
     pub sgd: bool,
     /// Run an evaluation loop (no `backward`) under `no_grad`.

@@ -183,6 +183,8 @@ pub(crate) fn expand(
             checkpointing: false,
             mode: if run.train { "train" } else { "inference" },
             keep_tensor: false,
+            full_finetune: false,
+            bf16_weights: false,
             can_autocast: true,
         },
         weights: None,

@@ -70,7 +70,26 @@ pub const TRAIN_KEYS: &[&str] = &[
     "optimizer",
     "precision",
     "mode",
+    "grad_accum",
 ];
+
+/// The LoRA that the out-of-memory remedies try in place of a full fine-tune: r 16 on the
+/// attention's four projections (alpha 32, no dropout), as `[model.lora]` holds it.
+pub(crate) fn attention_lora() -> Value {
+    let mut t = toml::Table::new();
+    t.insert("r".into(), Value::Integer(16));
+    t.insert("alpha".into(), Value::Integer(32));
+    t.insert(
+        "target_modules".into(),
+        Value::Array(
+            ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .iter()
+                .map(|n| Value::String(n.to_string()))
+                .collect(),
+        ),
+    );
+    Value::Table(t)
+}
 
 /// What the workload asks of the model and its loop.
 #[derive(Debug, Clone)]
@@ -78,6 +97,9 @@ pub(crate) struct Run {
     pub batch: u64,
     pub seq: u64,
     pub iterations: u32,
+    /// Micro-batches of `batch` per optimizer step (`[train] grad_accum`, default 1): each
+    /// forward and backward in turn, the loss divided by the count, then one step.
+    pub grad_accum: u64,
     pub optimizer: &'static str,
     pub bf16_autocast: bool,
     /// `train`, `inference` or `generate`.
@@ -153,6 +175,7 @@ pub(crate) fn expand(
         batch: t.int("batch", None, "the batch size, e.g. batch = 4")?,
         seq: t.int("seq", None, "tokens per sample, e.g. seq = 1024")?,
         iterations,
+        grad_accum: t.int("grad_accum", Some(1), "micro-batches per step, e.g. grad_accum = 4")?,
         optimizer: t.choice(
             "optimizer",
             "adamw",
@@ -168,6 +191,23 @@ pub(crate) fn expand(
         generate: None,
     };
     run.generate = generate_table(&run, &t, generate, span)?;
+    let micro = u64::from(run.iterations).saturating_mul(run.grad_accum);
+    if micro > crate::workload::preset::MAX_MICRO_BATCHES {
+        return Err(SyntaxError::new(
+            value_at(&t, "grad_accum"),
+            format!(
+                "iterations x grad_accum is {micro} micro-batches, more than the {} gpumem runs: \
+                 a few iterations show the memory of every one",
+                crate::units::group_digits(crate::workload::preset::MAX_MICRO_BATCHES)
+            ),
+        ));
+    }
+    if run.grad_accum > 1 && run.mode != "train" {
+        return Err(SyntaxError::new(
+            value_at(&t, "grad_accum"),
+            "grad_accum applies to training, which only mode = \"train\" runs",
+        ));
+    }
     if run.lora.is_some() && !matches!(cfg, config::Family::Llama(_)) {
         return Err(SyntaxError::new(
             value_at(&m, "lora"),
@@ -283,6 +323,9 @@ pub(crate) fn expand(
                 ("seq".into(), run.seq),
                 ("iterations".into(), run.iterations as u64),
             ];
+            if run.mode == "train" {
+                ints.push(("grad_accum".into(), run.grad_accum));
+            }
             if let Some(g) = &run.generate {
                 ints.push(("new_tokens".into(), g.new_tokens));
             }
@@ -293,6 +336,8 @@ pub(crate) fn expand(
         checkpointing: run.checkpointing,
         mode: run.mode,
         keep_tensor: false,
+        full_finetune: run.mode == "train" && run.lora.is_none(),
+        bf16_weights: run.bf16_weights,
         // what the checks above take under bf16 autocast
         can_autocast: matches!(&cfg, config::Family::Llama(c) if c.sliding_window.is_none())
             && !run.bf16_weights

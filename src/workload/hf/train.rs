@@ -22,6 +22,28 @@ pub(super) fn body(
     forward: &dyn Fn(&mut String, &str),
 ) -> String {
     let mut s = String::new();
+    for micro in 0..r.grad_accum {
+        if r.grad_accum > 1 {
+            let _ = writeln!(s, "# micro-batch {micro} of {}", r.grad_accum);
+        }
+        micro_batch(&mut s, cached, sliding, r, labels, forward);
+    }
+    if r.mode == "train" && r.optimizer != "none" {
+        let _ = writeln!(s, "opt.step()");
+        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
+    }
+    s
+}
+
+/// One micro-batch: the batch, the forward, `(loss / grad_accum).backward()`, `del out`.
+fn micro_batch(
+    s: &mut String,
+    cached: u64,
+    sliding: bool,
+    r: &Run,
+    labels: &str,
+    forward: &dyn Fn(&mut String, &str),
+) {
     let (b, t) = (r.batch, r.seq);
     let _ = writeln!(
         s,
@@ -31,14 +53,18 @@ pub(super) fn body(
     let _ = writeln!(s, "phase \"forward\" {{");
     let train = r.mode == "train";
     if train {
-        forward(&mut s, "  ");
+        forward(s, "  ");
     } else {
         // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
         let _ = writeln!(s, "  no_grad {{");
-        forward(&mut s, "    ");
+        forward(s, "    ");
         let _ = writeln!(s, "  }}");
     }
     let _ = writeln!(s, "}}");
+    if train && r.grad_accum > 1 {
+        // `loss = out.loss / grad_accum`: a scalar, the forward's loss freed with its name
+        let _ = writeln!(s, "loss = loss / {}", r.grad_accum);
+    }
     if train {
         let _ = writeln!(s, "loss.backward()");
         let _ = writeln!(s, "value = loss.item()");
@@ -63,11 +89,6 @@ pub(super) fn body(
         let _ = writeln!(s, "del loss");
     }
     let _ = writeln!(s, "del input_ids, labels");
-    if train && r.optimizer != "none" {
-        let _ = writeln!(s, "opt.step()");
-        let _ = writeln!(s, "opt.zero_grad(set_to_none=true)");
-    }
-    s
 }
 
 /// `ForCausalLMLoss`: `loss` from `logits` and `labels`.

@@ -1,0 +1,222 @@
+//! Issue 37: the answers a user came for. The verdict first (`run`, `fit`), a diagnosis the
+//! re-runs agree with, remedies that work for real models (a published Llama config), and
+//! `fit` that answers the question asked (the flags `run` takes).
+
+mod common;
+use common::{gpumem, run_json, u, Scratch};
+use serde_json::Value;
+
+const LLAMA_8B: &str = "../shared/configs/llama-3.1-8b.config.json";
+
+/// The user's question, as typed: a LoRA fine-tune of Llama-3.1-8B in bf16 on a 24 GiB card.
+const QUESTION: &[&str] = &[
+    "--batch",
+    "1",
+    "--seq",
+    "2048",
+    "--dtype",
+    "bf16",
+    "--lora-r",
+    "16",
+    "--capacity",
+    "24GiB",
+];
+
+fn args<'a>(cmd: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![cmd, LLAMA_8B];
+    a.extend_from_slice(QUESTION);
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn the_llama_lora_question_is_capacity_and_checkpointing_is_the_fix_each_row_a_run_by_hand() {
+    let (code, v) = run_json(&args("run", &[]));
+    assert_eq!(code, Some(0));
+    let o = &v["oom"];
+    // no allocator setting fits, so it is capacity, whatever the state at the failure said
+    assert_eq!(o["verdict"], "capacity", "{o}");
+    assert_eq!(o["confirmed"], true);
+    let remedies = o["remedies"].as_array().unwrap();
+    for r in remedies.iter().filter(|r| r["tier"] == "allocator_setting") {
+        assert_eq!(r["fits"], false, "{r}");
+    }
+    assert_eq!(o["smallest_fitting_remedy"], "gradient checkpointing");
+    assert_eq!(remedies[0]["name"], "gradient checkpointing");
+    // the verdict: what it needs is its peak reserved on an unbounded device
+    let verdict = &v["verdict"];
+    assert_eq!(verdict["fits"], false);
+    let mut a = args("run", &[]);
+    let i = a.iter().position(|x| *x == "--capacity").unwrap();
+    a[i + 1] = "1000GiB";
+    let (_, unbounded) = run_json(&a);
+    assert!(unbounded["oom"].is_null());
+    assert_eq!(
+        u(&verdict["needs_reserved"]),
+        u(&unbounded["peak"]["peak_reserved"])
+    );
+    assert_eq!(
+        u(&verdict["short_by"]),
+        u(&verdict["needs_reserved"]) - u(&o["usable"])
+    );
+    let line = verdict["line"].as_str().unwrap();
+    assert!(line.starts_with("does not fit on 24.00 GiB: needs "), "{line}");
+    assert!(line.contains("first OOM at model.layers."), "{line}");
+    assert!(!line.contains("line "), "a generated workload's line: {line}");
+    // checkpointing's row is the run with --gradient-checkpointing, to the byte
+    let (_, by_hand) = run_json(&args("run", &["--gradient-checkpointing"]));
+    assert!(by_hand["oom"].is_null());
+    assert_eq!(
+        u(&remedies[0]["peak_reserved"]),
+        u(&by_hand["peak"]["peak_reserved"])
+    );
+    assert_eq!(
+        u(&remedies[0]["peak_allocated"]),
+        u(&by_hand["peak"]["peak_allocated"])
+    );
+    // ranked: fitting first, then by tier
+    let tiers: Vec<(bool, &str)> = remedies
+        .iter()
+        .map(|r| (r["fits"] == true, r["tier"].as_str().unwrap()))
+        .collect();
+    let rank = |t: &str| match t {
+        "allocator_setting" => 0,
+        "memory_only" => 1,
+        _ => 2,
+    };
+    for w in tiers.windows(2) {
+        assert!(
+            (!w[0].0, rank(w[0].1)) <= (!w[1].0, rank(w[1].1)),
+            "{tiers:?}"
+        );
+    }
+}
+
+#[test]
+fn fit_takes_runs_flags_and_answers_with_checkpointing() {
+    let (code, v) = run_json(&args("fit", &[]));
+    assert_eq!(code, Some(0), "{v}");
+    let verdict = &v["verdict"];
+    assert_eq!(verdict["fits"], false);
+    let fix = verdict["smallest_fix"].as_str().unwrap();
+    assert!(fix.starts_with("gradient checkpointing (up to batch "), "{fix}");
+    let rows = v["results"].as_array().unwrap();
+    assert!(rows[0]["max_fitting"].is_null(), "as written: none fits");
+    let ckpt = rows
+        .iter()
+        .find(|r| r["remedy"] == "gradient checkpointing")
+        .unwrap();
+    let max = ckpt["max_fitting"].as_u64().unwrap();
+    assert!(max >= 1);
+    // and the answer is exact: max fits with checkpointing, max + 1 does not
+    let b = max.to_string();
+    let b1 = (max + 1).to_string();
+    for (batch, fits) in [(b.as_str(), true), (b1.as_str(), false)] {
+        let mut a = vec!["run", LLAMA_8B];
+        a.extend_from_slice(QUESTION);
+        a.extend_from_slice(&["--gradient-checkpointing", "--no-remedies"]);
+        let i = a.iter().position(|x| *x == "--batch").unwrap();
+        a[i + 1] = batch;
+        let (_, r) = run_json(&a);
+        assert_eq!(r["oom"].is_null(), fits, "batch {batch}");
+    }
+}
+
+#[test]
+fn quiet_prints_the_verdict_line_alone() {
+    for cmd in ["run", "fit"] {
+        let out = common::at_root(&args(cmd, &["-q"]));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text.lines().count(), 1, "{cmd}: {text}");
+        assert!(text.starts_with("does not fit on 24.00 GiB"), "{text}");
+    }
+    // a run that fits: its headroom is the card less what nvidia-smi would show
+    let out = gpumem()
+        .args([
+            "run",
+            "fixtures/workloads/presets/mlp_adam.toml",
+            "--capacity",
+            "24GiB",
+            "-q",
+        ])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("fits on 24.00 GiB: peak reserved "), "{text}");
+    let (_, v) = run_json(&[
+        "run",
+        &common::root()
+            .join("fixtures/workloads/presets/mlp_adam.toml")
+            .to_string_lossy(),
+        "--capacity",
+        "24GiB",
+    ]);
+    let verdict = &v["verdict"];
+    let smi = u(&v["peak"]["peak_reserved"]) + u(&v["driver"]["process_used"])
+        - u(&v["driver"]["reserved"]);
+    assert_eq!(u(&verdict["nvidia_smi"]), smi);
+    assert_eq!(u(&verdict["headroom"]), (24u64 << 30) - smi);
+}
+
+#[test]
+fn the_oom_fixtures_diagnosis_agrees_with_their_remedies() {
+    for (f, want) in [
+        ("fixtures/workloads/fragmentation_oom.toml", "fragmentation"),
+        ("fixtures/workloads/capacity_oom.toml", "capacity"),
+    ] {
+        let path = common::root().join(f);
+        let (_, v) = run_json(&["run", path.to_str().unwrap()]);
+        let o = &v["oom"];
+        assert_eq!(o["verdict"], want, "{f}");
+        let setting_fits = o["remedies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["tier"] == "allocator_setting" && r["fits"] == true);
+        assert_eq!(setting_fits, want == "fragmentation", "{f}");
+        // --no-remedies still settles the verdict with the allocator settings' re-runs
+        let (_, q) = run_json(&["run", path.to_str().unwrap(), "--no-remedies"]);
+        assert_eq!(q["oom"]["verdict"], want, "{f} --no-remedies");
+        assert_eq!(q["verdict"]["fits"], false);
+    }
+}
+
+#[test]
+fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
+    let s = Scratch::new("accum");
+    let cfg = std::fs::canonicalize(common::root().join("../shared/configs/qwen2.5-0.5b.config.json"))
+        .unwrap();
+    let (_, v) = run_json(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--batch",
+        "8",
+        "--seq",
+        "1024",
+        "--capacity",
+        "24GiB",
+    ]);
+    let rows: Vec<Value> = v["oom"]["remedies"].as_array().cloned().unwrap_or_default();
+    let row = rows
+        .iter()
+        .find(|r| r["kind"] == "grad_accum")
+        .unwrap_or_else(|| panic!("no accumulation remedy in {rows:?}"));
+    let name = row["name"].as_str().unwrap();
+    let (b, k) = name
+        .strip_prefix("batch ")
+        .and_then(|r| r.strip_suffix(" accumulated"))
+        .and_then(|r| r.split_once(" x "))
+        .unwrap();
+    assert_eq!(b.parse::<u64>().unwrap() * k.parse::<u64>().unwrap(), 8);
+    let w = s.write(
+        "accum.toml",
+        &format!(
+            "[workload]\nname = \"accum\"\ncapacity = \"24GiB\"\n[model]\nhf_config = {:?}\n[train]\nbatch = {b}\nseq = 1024\ngrad_accum = {k}\n",
+            cfg.to_str().unwrap()
+        ),
+    );
+    let (_, by_hand) = run_json(&["run", w.to_str().unwrap()]);
+    assert_eq!(u(&row["peak_reserved"]), u(&by_hand["peak"]["peak_reserved"]));
+    assert_eq!(row["fits"] == true, by_hand["oom"].is_null());
+}
