@@ -63,9 +63,18 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// memory).
 pub const MAX_CAPACITY: u64 = 64 * TIB;
 
-/// Parses a device capacity: a size ([`parse_size`]) of more than 0 bytes and at most
-/// [`MAX_CAPACITY`].
+/// Parses a device capacity given on the command line: a size ([`parse_size`]) with a unit
+/// (a bare number is refused: `24` is far likelier 24 GiB than 24 bytes), of more than 0
+/// bytes and at most [`MAX_CAPACITY`].
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let unitless = !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.');
+    if unitless && parse_size(t)? > 0 {
+        // `--capacity 24` meant 24 GiB far more often than 24 bytes
+        return Err(format!(
+            "'{t}' has no unit: write {t}GiB for a card of {t} GiB (or {t}B for bytes)"
+        ));
+    }
     let bytes = parse_size(text)?;
     check_capacity(bytes)?;
     Ok(bytes)

@@ -61,15 +61,17 @@ impl std::fmt::Display for Diverged {
     }
 }
 
-/// The fixed stacking order of categories, bottom first; "other" takes allocations whose
+/// The fixed stacking order of categories, bottom first (persistent ones below transient); "other" takes allocations whose
 /// stack names no category.
-pub const CATEGORIES: [&str; 8] = [
+pub const CATEGORIES: [&str; 9] = [
+    // what lives through the run below what comes and goes
     "parameter",
-    "gradient",
     "optimizer_state",
+    "kv_cache",
+    "gradient",
+    "input",
     "activation",
     "temporary",
-    "input",
     "workspace",
     "other",
 ];

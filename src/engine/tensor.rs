@@ -104,9 +104,9 @@ pub struct Tensors<S: Device> {
     /// (and workspaces) are its own.
     pub(crate) on_autograd_thread: bool,
     /// Allocated bytes by category now (indexed by `Category as usize`).
-    by_category: [u64; 7],
+    by_category: [u64; Category::ALL.len()],
     /// The highest allocated memory so far and the split by category at that moment.
-    peak: (u64, [u64; 7]),
+    peak: (u64, [u64; Category::ALL.len()]),
     /// Autocast region state and cast cache.
     pub(crate) autocast: Autocast,
     /// Activation-checkpoint regions.
@@ -142,8 +142,8 @@ impl<S: Device> Tensors<S> {
             backward_lt_workspace: None,
             on_autograd_thread: false,
             lt_workspace: None,
-            by_category: [0; 7],
-            peak: (0, [0; 7]),
+            by_category: [0; Category::ALL.len()],
+            peak: (0, [0; Category::ALL.len()]),
             autocast: Default::default(),
             checkpoint: Default::default(),
             storage_serials: 0,

@@ -74,6 +74,7 @@ fn category_color(name: &str) -> RGBColor {
         "temporary" => RGBColor(0x76, 0xB7, 0xB2),
         "input" => RGBColor(0x9C, 0x75, 0x5F),
         "workspace" => RGBColor(0xED, 0xC9, 0x48),
+        "kv_cache" => RGBColor(0xFF, 0x9D, 0xA7),
         "other" => RGBColor(0xBA, 0xB0, 0xAC),
         // Categories this file does not know get a colour by their place (`color_in`).
         _ => EXTRA[0],
@@ -96,7 +97,7 @@ const EXTRA: [RGBColor; 10] = [
 ];
 
 /// The categories with a fixed colour: the trace's own (analysis::state::CATEGORIES).
-const KNOWN: [&str; 8] = crate::analysis::state::CATEGORIES;
+const KNOWN: [&str; 9] = crate::analysis::state::CATEGORIES;
 /// A band's colour in a chart of `all` bands: the fixed one of a known category, else the
 /// next of [`EXTRA`] in the order the unknown bands come.
 fn color_in(name: &str, all: &[String]) -> RGBColor {

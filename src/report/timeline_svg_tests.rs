@@ -22,16 +22,17 @@ fn synthetic() -> Timeline {
             let forward = j < STEPS / 2;
             let depth = if forward { j } else { STEPS - j };
             let mut by = vec![0u64; CATEGORIES.len()];
-            by[0] = 2 * GIB;
-            by[1] = if forward {
+            let at = |name: &str| CATEGORIES.iter().position(|c| *c == name).unwrap();
+            by[at("parameter")] = 2 * GIB;
+            by[at("gradient")] = if forward {
                 0
             } else {
                 (j - STEPS / 2 + 1) * 100 * MIB
             };
-            by[2] = if it > 0 { 4 * GIB } else { 0 };
-            by[3] = depth * act_unit;
-            by[4] = if j % 3 == 1 { 256 * MIB } else { 0 };
-            by[5] = 64 * MIB;
+            by[at("optimizer_state")] = if it > 0 { 4 * GIB } else { 0 };
+            by[at("activation")] = depth * act_unit;
+            by[at("temporary")] = if j % 3 == 1 { 256 * MIB } else { 0 };
+            by[at("input")] = 64 * MIB;
             let allocated: u64 = by.iter().sum();
             // Reserved follows the high-water mark, rounded up to 2 MiB plus some slack.
             reserved = reserved.max(allocated.div_ceil(2 * MIB) * 2 * MIB + 300 * MIB);
@@ -188,8 +189,9 @@ fn each_non_zero_category_has_an_area_and_a_legend_entry() {
     fills.dedup();
     assert_eq!(fills.len(), 6, "categories share a colour");
 
-    // The areas are stacked bottom first, in `categories` order.
-    let order: Vec<usize> = ["parameter", "gradient", "activation", "input"]
+    // The areas are stacked bottom first, in `categories` order: what persists (parameters,
+    // optimizer state) below what comes and goes (activations, temporaries).
+    let order: Vec<usize> = ["parameter", "optimizer_state", "gradient", "activation", "temporary"]
         .iter()
         .map(|n| svg.find(&format!(r#"data-series="{n}""#)).expect("area"))
         .collect();

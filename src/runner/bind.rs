@@ -266,14 +266,25 @@ impl Runner {
                 dtype,
                 requires_grad,
             } => {
-                let cat = if requires_grad && e.name != "arange" {
+                // a tensor loaded from a state_dict name is a parameter, trained or frozen
+                // (a LoRA's base weights); `data:` names and the rest are inputs
+                let from_state = matches!(a.kw("from"), Some(Value::Str(n)) if !n.starts_with("data:"));
+                let frozen = from_state && !requires_grad;
+                let cat = if (requires_grad && e.name != "arange") || from_state {
                     Category::Parameter
                 } else {
                     Category::Input
                 };
+                if frozen {
+                    self.dev.alloc.recorder_mut().push_static("frozen");
+                }
                 let t = self.op(span, e.name, |d| {
                     d.factory_fill(&shape, dtype, requires_grad, cat, fill)
-                })?;
+                });
+                if frozen {
+                    self.dev.alloc.recorder_mut().pop_tag();
+                }
+                let t = t?;
                 if let Some(from) = a.kw("from") {
                     if let Err(stop) = self.load_named(span, t, from) {
                         self.dev.release(t);

@@ -76,6 +76,12 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_keep,
     ),
     rt(
+        "kv_cache(*tensors)",
+        "counts the tensors' memory as the KV cache (category kv_cache), as a generation's \
+         past_key_values holds it",
+        rt_kv_cache,
+    ),
+    rt(
         "mark(label)",
         "notes allocated and reserved memory here under label",
         rt_mark,
@@ -168,6 +174,17 @@ fn rt_keep(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
         if let Value::Tensor(t) = v {
             let h = me.dev.retain(*t);
             me.kept.push(h);
+        }
+    }
+    Ok(Value::None)
+}
+
+fn rt_kv_cache(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = recv;
+    for v in &a.pos {
+        match v {
+            Value::Tensor(t) => me.dev.recategorize(*t, crate::trace::Category::KvCache),
+            _ => return script(span, "kv_cache expects tensors: kv_cache(k, v)"),
         }
     }
     Ok(Value::None)

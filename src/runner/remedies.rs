@@ -349,9 +349,9 @@ pub fn try_all(
     out
 }
 
-/// The device size of an "unbounded" re-run: 1 PiB, more than any workload gpumem runs
-/// reserves (the simulated device holds no data).
-pub const UNBOUNDED: u64 = 1 << 50;
+/// The device size of an "unbounded" re-run: the largest the simulated device takes (64 TiB),
+/// far more than any workload gpumem runs reserves (it holds no data).
+pub const UNBOUNDED: u64 = crate::units::MAX_CAPACITY;
 
 /// Re-runs under the allocator settings only: what settles fragmentation against capacity
 /// when the other remedies are not wanted (`--no-remedies`).

@@ -14,10 +14,12 @@ pub enum Category {
     Temporary,
     Input,
     Workspace,
+    /// A generation's (or a forward's) `past_key_values`: keys and values kept per layer.
+    KvCache,
 }
 
 impl Category {
-    pub const ALL: [Category; 7] = [
+    pub const ALL: [Category; 8] = [
         Category::Parameter,
         Category::Gradient,
         Category::OptimizerState,
@@ -25,6 +27,7 @@ impl Category {
         Category::Temporary,
         Category::Input,
         Category::Workspace,
+        Category::KvCache,
     ];
 
     pub fn name(self) -> &'static str {
@@ -36,6 +39,7 @@ impl Category {
             Category::Temporary => "temporary",
             Category::Input => "input",
             Category::Workspace => "workspace",
+            Category::KvCache => "kv_cache",
         }
     }
 
@@ -49,6 +53,7 @@ impl Category {
             Category::Temporary => "category:temporary",
             Category::Input => "category:input",
             Category::Workspace => "category:workspace",
+            Category::KvCache => "category:kv_cache",
         }
     }
 }

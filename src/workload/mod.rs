@@ -94,7 +94,9 @@ pub fn load(path: &Path) -> Result<Workload> {
 /// allocator settings, remedies).
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
     if let Some(text) = config_workload(path, overrides) {
-        return parse_with(&text, path, overrides).map_err(config_error);
+        return parse_with(&text, path, overrides)
+            .map_err(|e| flag_error(e, &text, path))
+            .map_err(config_error);
     }
     if path.is_dir() {
         return Err(Error::input(
@@ -110,6 +112,73 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
             source,
         })?;
     parse_bytes(&bytes, path, overrides)
+}
+
+/// The command-line flag that writes each key of a bare config's generated workload.
+const KEY_FLAGS: &[(&str, &str)] = &[
+    ("batch", "--batch"),
+    ("seq", "--seq"),
+    ("new_tokens", "--new-tokens"),
+    ("mode", "--mode"),
+    ("optimizer", "--optimizer"),
+    ("precision", "--precision"),
+    ("dtype", "--dtype"),
+    ("attention", "--attention"),
+    ("gradient_checkpointing", "--gradient-checkpointing"),
+    ("lora", "--lora-r"),
+    ("r", "--lora-r"),
+    ("alpha", "--lora-alpha"),
+    ("dropout", "--lora-dropout"),
+    ("target_modules", "--lora-targets"),
+    ("iterations", "--iterations"),
+];
+
+/// An error located in a bare config's generated workload (`text`), which the user never
+/// saw: a usage error naming the flag that wrote the line (`--mode`), else the error as it is.
+fn flag_error(e: Error, text: &str, config: &Path) -> Error {
+    let Error::Input {
+        location, message, ..
+    } = &e
+    else {
+        return e;
+    };
+    // "line L column C" (or "line L")
+    let Some(line) = location
+        .strip_prefix("line ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return e;
+    };
+    let Some(src) = text.lines().nth(line.saturating_sub(1)) else {
+        return e;
+    };
+    let key = match src.split_once('=') {
+        Some((k, _)) => k.trim(),
+        // a table header: [model.lora] is --lora-r's, [generate] --new-tokens'
+        None if src.trim() == "[model.lora]" => "lora",
+        None if src.trim() == "[generate]" => "new_tokens",
+        None => src.trim(),
+    };
+    // (a message about the config file itself, `hf_config`, keeps its own location)
+    if key == "hf_config" {
+        return e;
+    }
+    // [model.lora]'s keys are reported at the table
+    let key = match key {
+        "lora" => ["target_modules", "alpha", "dropout"]
+            .into_iter()
+            .find(|k| message.contains(k))
+            .unwrap_or("lora"),
+        k => k,
+    };
+    match KEY_FLAGS.iter().find(|(k, _)| *k == key) {
+        Some((_, flag)) => Error::usage(
+            *flag,
+            format!("{message} (with the config {})", config.display()),
+        ),
+        None => e,
+    }
 }
 
 /// An error of a bare config's generated workload as the user should see it: a message about

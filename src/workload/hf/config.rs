@@ -33,7 +33,95 @@ const INERT: &[&str] = &[
     "tie_encoder_decoder",
     "tokenizer_class",
     "auto_map",
+    // more token ids, tokenizer and generation defaults (generate's arguments come from the
+    // workload, not the config)
+    "sep_token_id",
+    "cls_token_id",
+    "mask_token_id",
+    "unk_token_id",
+    "decoder_start_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "task_specific_params",
+    "finetuning_task",
+    "prefix",
+    "torchscript",
+    "use_bfloat16",
+    "tf_legacy_loss",
+    "pruned_heads",
+    "_attn_implementation_autoset",
+    // a training script's flag saved with the model: transformers 5 does not act on it (the
+    // workload's gradient_checkpointing, or --gradient-checkpointing, decides)
+    "gradient_checkpointing",
 ];
+
+/// Keys that change nothing at one value and are refused at any other: (key, inert value,
+/// why another is refused).
+const INERT_AT: &[(&str, &str, &str)] = &[
+    (
+        "use_mrope",
+        "false",
+        "multimodal rotary positions (Qwen2-VL's) are not modelled",
+    ),
+];
+
+/// The heads each family models, by the `architectures` class name's suffix after the
+/// family's prefix: what an `architectures` entry must name (the first one decides).
+fn check_architectures(
+    m: &Map<String, Value>,
+    path: &Path,
+    family: &str,
+    modelled: &[&str],
+) -> Result<(), String> {
+    let Some(v) = m.get("architectures") else {
+        return Ok(());
+    };
+    let names: Vec<&str> = match v {
+        Value::Null => return Ok(()),
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        _ => {
+            return Err(format!(
+                "{}: 'architectures' must be a list of class names, found {v}",
+                path.display()
+            ))
+        }
+    };
+    let Some(first) = names.first() else {
+        return Ok(());
+    };
+    if modelled.contains(first) {
+        return Ok(());
+    }
+    Err(format!(
+        "{}: 'architectures' names {first}, whose head gpumem does not model yet for a {family} \
+         config; it models {} (name that class first to measure it instead)",
+        path.display(),
+        modelled.join(", ")
+    ))
+}
 
 /// A config.json's object (or the one in a folder's config.json).
 pub(super) fn read(path: &Path) -> Result<Map<String, Value>, String> {
@@ -211,6 +299,12 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "layer_types",
     ];
     known_keys(m, path, "llama", MODELLED, &[])?;
+    let arch = match model_type {
+        "qwen2" => "Qwen2ForCausalLM",
+        "mistral" => "MistralForCausalLM",
+        _ => "LlamaForCausalLM",
+    };
+    check_architectures(m, path, model_type, &[arch])?;
     let int = |k: &str, d: u64| int(m, path, k, d);
     let flag = |k: &str, d: bool| flag(m, path, k, d);
     // LlamaConfig's and Qwen2Config's defaults
@@ -346,10 +440,42 @@ fn known_keys(
     modelled: &[&str],
     extra_inert: &[&str],
 ) -> Result<(), String> {
+    for (key, inert, why) in INERT_AT {
+        if let Some(v) = m.get(*key) {
+            if v.to_string() != *inert && !v.is_null() {
+                return Err(format!(
+                    "{}: '{key}' is {v}: {why} (gpumem models {key} = {inert})",
+                    path.display()
+                ));
+            }
+        }
+    }
+    let inert: Vec<&str> = m
+        .keys()
+        .map(String::as_str)
+        .filter(|k| {
+            INERT.contains(k)
+                || extra_inert.contains(k)
+                || INERT_AT.iter().any(|(n, _, _)| n == k)
+        })
+        .filter(|k| !modelled.contains(k))
+        .collect();
+    if !inert.is_empty() {
+        tracing::debug!(
+            config = %path.display(),
+            keys = %inert.join(", "),
+            "config keys that change no memory, read and left alone"
+        );
+    }
     let unknown: Vec<&str> = m
         .keys()
         .map(String::as_str)
-        .filter(|k| !modelled.contains(k) && !INERT.contains(k) && !extra_inert.contains(k))
+        .filter(|k| {
+            !modelled.contains(k)
+                && !INERT.contains(k)
+                && !extra_inert.contains(k)
+                && !INERT_AT.iter().any(|(n, _, _)| n == k)
+        })
         .collect();
     if unknown.is_empty() {
         return Ok(());
@@ -490,6 +616,7 @@ pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, St
         "task_specific_params",
     ];
     known_keys(m, path, "gpt2", MODELLED, GPT2_INERT)?;
+    check_architectures(m, path, "gpt2", &["GPT2LMHeadModel"])?;
     if flag(m, path, "add_cross_attention", false)? {
         return Err(format!(
             "{shown}: add_cross_attention = true is not modelled (GPT2LMHeadModel without an encoder is)"
@@ -575,6 +702,7 @@ pub(super) fn bert(m: &Map<String, Value>, path: &Path) -> Result<BertConfig, St
         "tie_word_embeddings",
     ];
     known_keys(m, path, "bert", MODELLED, &[])?;
+    check_architectures(m, path, "bert", &["BertForSequenceClassification"])?;
     for key in ["is_decoder", "add_cross_attention"] {
         if flag(m, path, key, false)? {
             return Err(format!(

@@ -192,6 +192,7 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
     at(s, ind, &attn, "ce = empty(0, dtype=float32)");
     at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
     at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
+    at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
     line(s, "del ce, k, v");
     let drop = if c.attn_pdrop > 0.0 {
         format!(", dropout_p={:?}", c.attn_pdrop)

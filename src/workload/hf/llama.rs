@@ -638,6 +638,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
             at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
             at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
             line(s, "del ce");
             line(s, "del k1, v0");
             attention(
@@ -655,6 +656,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             // DynamicLayer.update: the grown cache replaces the old one, which goes at once
             at(s, ind, &attn, &format!("kc{l} = cat([kc{l}, k1], -2)"));
             at(s, ind, &attn, &format!("vc{l} = cat([vc{l}, v0], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
             line(s, "del k1, v0");
             attention(
                 s,
