@@ -220,3 +220,73 @@ fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
     assert_eq!(u(&row["peak_reserved"]), u(&by_hand["peak"]["peak_reserved"]));
     assert_eq!(row["fits"] == true, by_hand["oom"].is_null());
 }
+
+fn config(name: &str) -> String {
+    format!("../shared/configs/{name}.config.json")
+}
+
+#[test]
+fn published_configs_run_as_they_are_or_are_refused_by_the_key_that_matters() {
+    // use_mrope: false and tokenizer/generation keys change nothing: these run
+    for name in ["qwen2.5-7b", "deepseek-r1-distill-qwen-7b"] {
+        let (code, v) = run_json(&["run", &config(name), "--batch", "1", "--seq", "128"]);
+        assert_eq!(code, Some(0), "{name}: {v}");
+        assert!(v["oom"].is_null());
+    }
+    // bert-base-uncased: its own gradient_checkpointing: false is accepted; its head
+    // (BertForMaskedLM) is refused by name, never run as another head
+    let out = common::at_root(&["run", &config("bert-base-uncased"), "--batch", "1", "--seq", "128"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'architectures' names BertForMaskedLM"), "{err}");
+    assert!(!err.contains("gradient_checkpointing"), "{err}");
+    // a value that does change memory is refused by its key
+    let s = Scratch::new("mrope");
+    let text =
+        std::fs::read_to_string(common::root().join(config("deepseek-r1-distill-qwen-7b"))).unwrap();
+    let on = s.write("config.json", &text.replace("\"use_mrope\": false", "\"use_mrope\": true"));
+    assert_ne!(text, std::fs::read_to_string(&on).unwrap(), "the config has use_mrope");
+    let out = common::at_root(&["run", on.to_str().unwrap(), "--batch", "1", "--seq", "128"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'use_mrope' is true"), "{err}");
+}
+
+#[test]
+fn flag_errors_name_the_flag_and_a_unitless_capacity_is_refused() {
+    let l = config("llama-3.2-1b");
+    for (args, flag) in [
+        (vec!["--mode", "generate"], "--mode"),
+        (vec!["--lora-r", "4", "--lora-targets", "foo"], "--lora-targets"),
+        (vec!["--capacity", "24"], "--capacity"),
+    ] {
+        let mut a = vec!["run", l.as_str(), "--batch", "1", "--seq", "128"];
+        a.extend_from_slice(&args);
+        let out = common::at_root(&a);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("error: {flag}: ")), "{args:?}: {err}");
+        assert!(!err.contains(" column "), "a generated workload's position: {err}");
+    }
+    let out = common::at_root(&["run", &l, "--batch", "1", "--seq", "128", "--capacity", "24"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("24GiB"));
+}
+
+#[test]
+fn frozen_weights_are_parameters_and_the_kv_cache_is_its_own_category() {
+    let (_, v) = run_json(&args("run", &[]));
+    let cats = &v["peak"]["by_category"];
+    // Llama-3.1-8B in bf16: 8.03e9 weights of 2 bytes each, frozen under LoRA
+    assert!(u(&cats["parameter"]) > 14 << 30, "{cats}");
+    assert!(u(&cats["input"]) < 1 << 20, "{cats}");
+    // generation: the cache of every layer, keys and values, bf16 weights' dtype
+    let l = config("llama-3.2-1b");
+    let (_, g) = run_json(&[
+        "run", &l, "--batch", "2", "--seq", "512", "--mode", "generate", "--new-tokens", "1",
+        "--dtype", "bf16",
+    ]);
+    // at the peak (the prefill's logits), the prompt's cache: 16 layers x (k, v) x batch 2 x
+    // 8 key/value heads x 512 tokens x head_dim 64 x 2 bytes
+    let bytes = 16 * 2 * 2 * 8 * 512 * 64 * 2u64;
+    assert_eq!(u(&g["peak"]["by_category"]["kv_cache"]), bytes);
+}
