@@ -290,3 +290,60 @@ fn frozen_weights_are_parameters_and_the_kv_cache_is_its_own_category() {
     let bytes = 16 * 2 * 2 * 8 * 512 * 64 * 2u64;
     assert_eq!(u(&g["peak"]["by_category"]["kv_cache"]), bytes);
 }
+
+#[test]
+fn fit_on_generation_length_prints_the_cache_per_token_and_stops_at_the_trained_context() {
+    let q = config("qwen2.5-7b");
+    let (code, v) = run_json(&[
+        "fit", &q, "--batch", "1", "--seq", "2048", "--mode", "generate", "--new-tokens", "1",
+        "--dtype", "bf16", "--param", "new_tokens", "--capacity", "24GiB", "--no-remedies",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    // max_position_embeddings 131,072 less the 2,048-token prompt
+    assert_eq!(v["max"], 129024);
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("56.00 KiB per token"), "{notes}");
+    let row = &v["results"][0];
+    // 24 GiB less 15 GiB of weights holds far more than 129,024 tokens of 56 KiB
+    assert_eq!(row["max_fitting"], 129024, "{row}");
+    // a run past the trained context is warned about
+    let out = common::at_root(&[
+        "run", &q, "--batch", "1", "--seq", "131000", "--mode", "generate", "--new-tokens",
+        "100", "--dtype", "bf16", "-q", "--no-remedies",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_position_embeddings of 131,072"));
+    // a run in generate mode says its cache per token
+    let (_, r) = run_json(&[
+        "run", &q, "--batch", "1", "--seq", "2048", "--mode", "generate", "--new-tokens", "16",
+        "--dtype", "bf16",
+    ]);
+    // 28 layers x (k, v) x 4 key/value heads x head_dim 128 x 2 bytes
+    assert_eq!(r["kv_cache"]["bytes_per_token"], 28 * 2 * 4 * 128 * 2);
+    assert_eq!(r["kv_cache"]["context_tokens"], 2064);
+}
+
+#[test]
+fn fit_on_a_short_generation_is_exact() {
+    // a small model on a small card, the boundary simulated (--exact: whatever the time)
+    let l = config("llama-3.2-1b");
+    let base = [
+        "--batch", "16", "--seq", "256", "--mode", "generate", "--dtype", "bf16",
+        "--capacity", "3.2GiB", "--iterations", "1",
+    ];
+    let mut a = vec![
+        "fit", l.as_str(), "--param", "new_tokens", "--new-tokens", "1", "--no-remedies",
+        "--exact",
+    ];
+    a.extend_from_slice(&base);
+    let (_, v) = run_json(&a);
+    let row = &v["results"][0];
+    assert_eq!(row["found"], "exact", "{v}");
+    let max = row["max_fitting"].as_u64().expect("some length fits");
+    for (n, fits) in [(max, true), (max + 1, false)] {
+        let n = n.to_string();
+        let mut r = vec!["run", l.as_str(), "--new-tokens", n.as_str(), "--no-remedies"];
+        r.extend_from_slice(&base);
+        let (_, out) = run_json(&r);
+        assert_eq!(out["oom"].is_null(), fits, "new_tokens {n}");
+    }
+}

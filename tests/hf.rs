@@ -790,6 +790,7 @@ fn fit_finds_the_most_new_tokens() {
         "--no-remedies",
         "--iterations",
         "1",
+        "--exact",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");

@@ -335,7 +335,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --param --max --iterations --no-remedies --json --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -158,7 +158,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'W
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l max -d 'The largest value to try' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l max -d 'The largest value to try (default 65536; for `--param new_tokens`, what is left of the model\'s max_position_embeddings after the prompt)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l iterations -d 'Iterations of each run instead of the workload\'s (fewer is faster; a leak needs more)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
@@ -166,6 +166,7 @@ never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s q -l quiet -d 'Print only the verdict line and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-remedies -d 'Only the workload as it is, no remedies'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l exact -d 'With `--param new_tokens`: always simulate at the boundary, however long that takes (by default a boundary that would take more than a few seconds to simulate is estimated from the KV cache\'s growth, and marked so)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l json -d 'Print JSON: `max_fitting` per remedy, with the peaks at that value'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -55,6 +55,8 @@ pub struct Inputs {
     pub cause: Option<OomKind>,
     pub oom_at: Option<String>,
     pub smallest_fix: Option<String>,
+    /// Whether remedies were tried (`smallest_fix` of `None` then means none fits).
+    pub remedies_tried: bool,
 }
 
 /// The verdict of `i`.
@@ -107,7 +109,7 @@ pub fn verdict(i: &Inputs) -> FitVerdict {
     }
     match (&i.smallest_fix, i.cause) {
         (Some(f), _) => line.push_str(&format!("; smallest fix that fits: {f}")),
-        (None, Some(OomKind::Capacity)) if i.needs_reserved.is_some() => {
+        (None, Some(OomKind::Capacity)) if i.remedies_tried => {
             line.push_str("; no single remedy fits")
         }
         _ => {}
@@ -159,6 +161,7 @@ mod tests {
             cause: Some(OomKind::Capacity),
             oom_at: Some("lm_head/linear, iteration 0".into()),
             smallest_fix: Some("gradient checkpointing".into()),
+            remedies_tried: true,
             ..Inputs::default()
         });
         assert!(!v.fits);

@@ -682,9 +682,10 @@ pub struct FitArgs {
     #[arg(long, value_name = "NAME")]
     pub param: Option<String>,
 
-    /// The largest value to try.
-    #[arg(long, default_value_t = 1 << 16, value_name = "N", allow_hyphen_values = true)]
-    pub max: i64,
+    /// The largest value to try (default 65536; for `--param new_tokens`, what is left of the
+    /// model's max_position_embeddings after the prompt).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub max: Option<i64>,
 
     /// Iterations of each run instead of the workload's (fewer is faster; a leak needs more).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
@@ -693,6 +694,12 @@ pub struct FitArgs {
     /// Only the workload as it is, no remedies.
     #[arg(long)]
     pub no_remedies: bool,
+
+    /// With `--param new_tokens`: always simulate at the boundary, however long that takes
+    /// (by default a boundary that would take more than a few seconds to simulate is
+    /// estimated from the KV cache's growth, and marked so).
+    #[arg(long)]
+    pub exact: bool,
 
     /// Print JSON: `max_fitting` per remedy, with the peaks at that value.
     #[arg(long)]

@@ -17,6 +17,7 @@ use crate::workload::{self, Overrides};
 
 struct Row {
     kind: Option<RemedyKind>,
+    found: remedies::Found,
     name: String,
     change: String,
     max_fitting: Option<i64>,
@@ -30,7 +31,9 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
     };
-    if args.max < 1 {
+    let max_given = args.max.is_some();
+    let args_max = args.max.unwrap_or(1 << 16);
+    if args_max < 1 {
         return Err(Error::usage("--max", "must be at least 1"));
     }
     super::check_iterations(args.iterations)?;
@@ -105,6 +108,32 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             candidates.push((r.name, r.change, r.overrides, Some(r.kind)));
         }
     }
+    // a generation is searched up to the model's trained context, unless --max says more
+    let kv = w.preset.as_ref().and_then(|p| p.kv_cache.clone());
+    let mut notes = Vec::new();
+    let mut limit = args_max;
+    if let (Some(k), "new_tokens") = (&kv, param.as_str()) {
+        if let Some(m) = k.max_positions {
+            let room = m.saturating_sub(k.prompt) as i64;
+            if room >= 1 && !max_given {
+                limit = room;
+                notes.push(format!(
+                    "searched up to {} new tokens: the prompt's {} and they reach the model's \
+                     max_position_embeddings of {} (--max searches further)",
+                    crate::units::group_digits(room as u64),
+                    crate::units::group_digits(k.prompt),
+                    crate::units::group_digits(m)
+                ));
+            } else if room < limit {
+                notes.push(format!(
+                    "values past {} new tokens pass the model's max_position_embeddings of {}",
+                    crate::units::group_digits(room.max(0) as u64),
+                    crate::units::group_digits(m)
+                ));
+            }
+        }
+        notes.push(crate::report::run::kv_cache_line(k, k.prompt + start.max(0) as u64));
+    }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(candidates.len() as u64);
         b.set_style(
@@ -120,16 +149,33 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             b.set_message(name.clone());
         }
         let mut runs = 0;
-        let max = remedies::max_fitting(
-            &args.workload,
-            &o,
-            &param,
-            start,
-            args.max,
-            &opts,
-            &mut runs,
-        )?;
+        let (max, found) = match (&kv, param.as_str()) {
+            (Some(kv), "new_tokens") => remedies::max_new_tokens(
+                &args.workload,
+                &o,
+                start,
+                limit,
+                kv,
+                &opts,
+                args.exact,
+                &mut runs,
+            )?,
+            _ => (
+                remedies::max_fitting(
+                    &args.workload,
+                    &o,
+                    &param,
+                    start,
+                    limit,
+                    &opts,
+                    &mut runs,
+                )?,
+                remedies::Found::Exact,
+            ),
+        };
         let (pa, pr) = match max {
+            // an estimate is not run (that is what it saves)
+            Some(_) if found == remedies::Found::Estimated => (None, None),
             Some(v) => {
                 let r = remedies::run_with(&args.workload, &o.with_param(&param, v), &opts)?;
                 (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))
@@ -138,6 +184,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         };
         rows.push(Row {
             kind,
+            found,
             name,
             change,
             max_fitting: max,
@@ -167,7 +214,8 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             "param": param,
             "value_in_workload": start,
             "capacity": cap,
-            "max": args.max,
+            "max": limit,
+            "notes": notes,
             "verdict": verdict,
             "results": rows.iter().map(|r| json!({
                 "remedy": r.name,
@@ -176,6 +224,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 "peak_allocated": r.peak_allocated,
                 "peak_reserved": r.peak_reserved,
                 "runs": r.runs,
+                "found": r.found,
             })).collect::<Vec<_>>(),
         });
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
@@ -189,8 +238,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
          to {}):",
         args.workload.display(),
         format_bytes(cap),
-        args.max
+        limit
     )?;
+    for n in &notes {
+        writeln!(out, "{}", crate::report::style::wrap(n))?;
+    }
     let mut t = crate::report::style::table();
     t.set_header(vec![
         "remedy".to_string(),
@@ -205,8 +257,10 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             r.name.clone(),
             r.max_fitting
                 .map(|v| {
-                    if v >= args.max {
-                        format!("{v} (the --max)")
+                    if r.found == remedies::Found::Estimated {
+                        format!("~{v} (estimated)")
+                    } else if v >= limit {
+                        format!("{v} (the limit)")
                     } else {
                         v.to_string()
                     }
@@ -266,6 +320,7 @@ fn fit_verdict(
         .iter()
         .find(|x| x.max_fitting.is_some_and(|m| m >= start));
     let mut v = verdict::verdict(&Inputs {
+        remedies_tried: !args.no_remedies,
         capacity: r.capacity,
         usable,
         peak_reserved: r.peak.peak_reserved,
@@ -283,7 +338,12 @@ fn fit_verdict(
         }),
     });
     // the question asked: at which value, and up to which
-    let largest = rows.first().and_then(|r| r.max_fitting);
+    let largest = rows.first().and_then(|r| {
+        r.max_fitting.map(|m| match r.found {
+            remedies::Found::Exact => m.to_string(),
+            remedies::Found::Estimated => format!("about {m} (estimated)"),
+        })
+    });
     let (head, rest) = v.line.split_once(':').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_default();
     v.line = match (v.fits, largest) {
         (true, Some(m)) => format!("{head} at {param} {start}, up to {param} {m}:{rest}"),

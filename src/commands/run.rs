@@ -134,7 +134,37 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         crate::analysis::oom::confirm(d, settings_tried, fitting_setting.as_deref(), needs);
         tried = Some(t);
     }
-    let verdict = run_verdict(&r, oom.as_ref(), tried.as_deref(), crate::workload::is_config(&args.workload));
+    let verdict = run_verdict(
+        &r,
+        oom.as_ref(),
+        tried.as_deref(),
+        crate::workload::is_config(&args.workload),
+        !args.no_remedies,
+    );
+    // a generation's context against the cache's growth and the model's trained length
+    let kv = w.preset.as_ref().and_then(|p| p.kv_cache.clone());
+    let context_tokens = kv.as_ref().map(|k| {
+        let new = w
+            .integer_params()
+            .iter()
+            .find(|(n, _)| n == "new_tokens")
+            .map_or(0, |x| x.1.max(0) as u64);
+        k.prompt + new
+    });
+    let mut warnings = Vec::new();
+    if let (Some(k), Some(t)) = (&kv, context_tokens) {
+        if let Some(m) = k.max_positions.filter(|m| t > *m) {
+            warnings.push(format!(
+                "the context reaches {} tokens, past the model's max_position_embeddings of {} \
+                 (its quality there is not what it was trained for)",
+                crate::units::group_digits(t),
+                crate::units::group_digits(m)
+            ));
+        }
+    }
+    for wn in &warnings {
+        eprintln!("gpumem: warning: {wn}");
+    }
     if args.quiet {
         writeln!(out, "{}", verdict.line)?;
         return Ok(fail(args, &r, &found));
@@ -167,6 +197,13 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         });
         v["fragmentation"] = report::findings::fragmentation_json(&found);
         v["verdict"] = serde_json::to_value(&verdict).unwrap_or_default();
+        v["warnings"] = serde_json::json!(warnings);
+        if let (Some(k), Some(t)) = (&kv, context_tokens) {
+            let mut j = serde_json::to_value(k).unwrap_or_default();
+            j["context_tokens"] = serde_json::json!(t);
+            j["bytes_at_end"] = serde_json::json!(k.bytes_at(t));
+            v["kv_cache"] = j;
+        }
         if let (Some(o), Some(d)) = (&r.oom, &oom) {
             let mut j = report::findings::oom_json(d, remedies_shown);
             j["message"] = serde_json::json!(o.error.to_string());
@@ -180,6 +217,9 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     } else {
         writeln!(out, "{}", report::verdict::line(&verdict))?;
         report::run::write_text(out, &path, &r, verdict.oom_at.as_deref())?;
+        if let (Some(k), Some(t)) = (&kv, context_tokens) {
+            writeln!(out, "{}", report::style::wrap(&report::run::kv_cache_line(k, t)))?;
+        }
         if let Some(d) = &oom {
             writeln!(out)?;
             report::findings::write_oom(out, d, remedies_shown)?;
@@ -213,6 +253,7 @@ fn run_verdict(
     oom: Option<&crate::analysis::oom::OomDiagnosis>,
     tried: Option<&[remedies::Tried]>,
     is_config: bool,
+    remedies_tried: bool,
 ) -> FitVerdict {
     let context = r
         .driver
@@ -238,5 +279,6 @@ fn run_verdict(
             _ => None,
         },
         smallest_fix: tried.and_then(|t| t.iter().find(|x| x.fits).map(|x| x.name.clone())),
+        remedies_tried,
     })
 }

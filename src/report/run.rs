@@ -227,3 +227,23 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "driver": r.driver,
     })
 }
+
+/// A generation's KV cache in a sentence: bytes per token, per layer, and at the end of the
+/// `tokens`-long context.
+pub fn kv_cache_line(k: &crate::workload::KvCacheInfo, tokens: u64) -> String {
+    format!(
+        "KV cache: {} per token of context ({} layers x {} per sample, keys and values in {}, \
+         batch {}){}; {} at the end of this generation ({} tokens)",
+        format_bytes(k.bytes_per_token),
+        k.layers,
+        format_bytes(k.bytes_per_token_per_layer),
+        k.dtype,
+        k.batch,
+        match k.sliding_window {
+            Some(w) => format!(", at most {} tokens (the sliding window)", crate::units::group_digits(w)),
+            None => String::new(),
+        },
+        format_bytes(k.bytes_at(tokens)),
+        crate::units::group_digits(tokens)
+    )
+}

@@ -185,7 +185,8 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             .filter(|r| path.is_none_or(|path| workload::load_with(path, &r.overrides).is_ok())),
     );
     let adam = match p {
-        Some(p) => p.optimizer == "adam" || p.optimizer == "adamw",
+        // (generation and inference have no optimizer step)
+        Some(p) => (p.optimizer == "adam" || p.optimizer == "adamw") && p.mode == "train",
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
     };
     if adam {
@@ -437,4 +438,92 @@ pub fn max_fitting(
         }
     }
     Ok((lo >= 1).then_some(lo))
+}
+
+/// How `fit` found a generation's longest length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Found {
+    /// Simulated: the value fits and the value plus one does not (or it is the limit).
+    Exact,
+    /// Extrapolated from two short generations and the KV cache's bytes per token, because
+    /// simulating at the boundary would take longer than `fit` allows itself.
+    Estimated,
+}
+
+/// Simulation time `fit` allows itself per remedy before it estimates instead.
+const SIMULATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The largest `new_tokens` in `1..=limit` that fits, for a generation whose cache grows by
+/// `kv.bytes_per_token`: two short runs give the peak's growth per token (at least the
+/// cache's) and the simulation's time per token; the boundary is bracketed from them and
+/// confirmed by the exact search when that costs less than [`SIMULATION_BUDGET`], else
+/// returned as an estimate.
+#[allow(clippy::too_many_arguments)]
+pub fn max_new_tokens(
+    path: &Path,
+    overrides: &Overrides,
+    start: i64,
+    limit: i64,
+    kv: &crate::workload::KvCacheInfo,
+    opts: &RunOptions,
+    exact: bool,
+    runs: &mut u32,
+) -> Result<(Option<i64>, Found), Error> {
+    let param = "new_tokens";
+    let a = start.clamp(1, limit);
+    let b = (a + 64).min(limit);
+    let t0 = std::time::Instant::now();
+    *runs += 1;
+    let ra = run_with(path, &overrides.with_param(param, a), opts)?;
+    let time_a = t0.elapsed();
+    if ra.oom.is_some() || a == b {
+        let m = max_fitting(path, overrides, param, a, a, opts, runs)?;
+        return Ok((m, Found::Exact));
+    }
+    *runs += 1;
+    let rb = run_with(path, &overrides.with_param(param, b), opts)?;
+    let time_b = t0.elapsed().saturating_sub(time_a);
+    if rb.oom.is_some() {
+        let m = max_fitting(path, overrides, param, a, b, opts, runs)?;
+        return Ok((m, Found::Exact));
+    }
+    let context = rb
+        .driver
+        .map(|d| d.process_used.saturating_sub(d.reserved))
+        .unwrap_or(0);
+    let usable = rb.capacity.saturating_sub(context);
+    // the boundary from allocated memory: what the model holds (the first iteration's start),
+    // the cache at the context's length with one layer's keys twice over (`torch.cat` makes
+    // the grown copy before the old one goes), and the rest of a step as the short run's peak
+    // shows it beyond its cache; the caching allocator's slack is not modelled (hence an
+    // estimate, and the exact search where it is affordable)
+    let base = rb.iterations.first().map_or(0, |i| i.start);
+    let cache = |t: u64| kv.bytes_at(t) + kv.bytes_at(t) / (2 * kv.layers.max(1));
+    let step = rb
+        .peak
+        .peak_allocated
+        .saturating_sub(base)
+        .saturating_sub(cache(kv.prompt + b as u64));
+    let per_token = (cache(kv.prompt + 1_000_000) / 1_000_000).max(1);
+    let room = usable.saturating_sub(base).saturating_sub(step);
+    let estimate = (room / per_token)
+        .saturating_sub(kv.prompt)
+        .clamp(b as u64, limit as u64) as i64;
+    // the exact search: about log2 of the range's runs, each as long as the estimate (the
+    // time per generated token from the two runs' difference, the prefill from the first)
+    let per_step = time_b.saturating_sub(time_a).as_secs_f64() / (b - a).max(1) as f64;
+    let one_run = time_a.as_secs_f64() + per_step * estimate as f64;
+    let searches = ((estimate - b).max(2) as f64).log2().ceil() + 2.0;
+    tracing::debug!(
+        estimate,
+        seconds_per_run = one_run,
+        runs = searches,
+        "generation length bracketed"
+    );
+    if exact || one_run * searches <= SIMULATION_BUDGET.as_secs_f64() {
+        let m = max_fitting(path, overrides, param, estimate.max(b), limit, opts, runs)?;
+        return Ok((m, Found::Exact));
+    }
+    Ok((Some(estimate), Found::Estimated))
 }

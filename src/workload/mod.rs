@@ -80,7 +80,7 @@ pub use ast::{
 pub use check::CheckTable;
 pub use file::KNOWN_KEYS;
 pub use parser::{MAX_DEPTH, MAX_NESTING};
-pub use preset::PresetInfo;
+pub use preset::{KvCacheInfo, PresetInfo};
 pub use transform::Overrides;
 
 use crate::error::{Error, Result};

@@ -77,6 +77,38 @@ pub struct PresetInfo {
     pub full_finetune: bool,
     /// Weights already in bf16 (a Hugging Face config's `dtype`).
     pub bf16_weights: bool,
+    /// A generation's KV cache, where the model generates.
+    pub kv_cache: Option<KvCacheInfo>,
+}
+
+/// How a generation's KV cache grows: bytes per token, what the prompt holds, and the
+/// context the model was trained for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KvCacheInfo {
+    /// Bytes per token of context over the whole batch and every layer (keys and values).
+    pub bytes_per_token: u64,
+    /// The same for one layer and one sample.
+    pub bytes_per_token_per_layer: u64,
+    pub layers: u64,
+    pub batch: u64,
+    /// The cache's dtype (`float32`, `bf16`).
+    pub dtype: &'static str,
+    /// Layers whose cache stops growing at a sliding window, and its length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    /// The prompt's tokens.
+    pub prompt: u64,
+    /// `max_position_embeddings`, when the config gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<u64>,
+}
+
+impl KvCacheInfo {
+    /// The cache's bytes at a context of `tokens` (every layer, the batch).
+    pub fn bytes_at(&self, tokens: u64) -> u64 {
+        let t = self.sliding_window.map_or(tokens, |w| tokens.min(w));
+        self.bytes_per_token.saturating_mul(t)
+    }
 }
 
 /// The integer keys of `[train]`.
@@ -104,6 +136,7 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
         keep_tensor: t.keep_tensor,
         full_finetune: false,
         bf16_weights: false,
+        kv_cache: None,
         can_autocast: true,
     }
 }

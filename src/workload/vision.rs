@@ -185,6 +185,7 @@ pub(crate) fn expand(
             keep_tensor: false,
             full_finetune: false,
             bf16_weights: false,
+            kv_cache: None,
             can_autocast: true,
         },
         weights: None,

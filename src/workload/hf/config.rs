@@ -178,6 +178,9 @@ pub(crate) struct LlamaConfig {
     pub qwen2: bool,
     /// Mistral's `sliding_window`: each query sees at most this many keys, itself included.
     pub sliding_window: Option<u64>,
+    /// `max_position_embeddings`: the longest context the model was trained for (RoPE itself
+    /// has no limit; gpumem warns past it).
+    pub max_positions: Option<u64>,
 }
 
 /// A config's special tokens (`bos_token_id`, `eos_token_id`, `pad_token_id`): `generate`
@@ -423,6 +426,10 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         dtype,
         qwen2,
         sliding_window,
+        max_positions: match m.get("max_position_embeddings") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(int("max_position_embeddings", 1)?),
+        },
         // LlamaConfig's and MistralConfig's defaults: bos 1, eos 2; Qwen2Config names none
         tokens: if qwen2 {
             tokens(m, path, None, None)?

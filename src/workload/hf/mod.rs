@@ -338,6 +338,24 @@ pub(crate) fn expand(
         keep_tensor: false,
         full_finetune: run.mode == "train" && run.lora.is_none(),
         bf16_weights: run.bf16_weights,
+        kv_cache: match &cfg {
+            config::Family::Llama(c) if run.mode == "generate" => {
+                // the cache takes the keys' dtype: float32 unless the weights are bf16
+                let bytes = if run.bf16_weights { 2 } else { 4 };
+                let per_layer = 2 * c.kv_heads * c.head_dim * bytes;
+                Some(super::preset::KvCacheInfo {
+                    bytes_per_token: per_layer * c.layers * run.batch,
+                    bytes_per_token_per_layer: per_layer,
+                    layers: c.layers,
+                    batch: run.batch,
+                    dtype: if run.bf16_weights { "bf16" } else { "float32" },
+                    sliding_window: c.sliding_window,
+                    prompt: run.seq,
+                    max_positions: c.max_positions,
+                })
+            }
+            _ => None,
+        },
         // what the checks above take under bf16 autocast
         can_autocast: matches!(&cfg, config::Family::Llama(c) if c.sliding_window.is_none())
             && !run.bf16_weights
