@@ -347,3 +347,65 @@ fn fit_on_a_short_generation_is_exact() {
         assert_eq!(out["oom"].is_null(), fits, "new_tokens {n}");
     }
 }
+
+#[test]
+fn check_and_diff_take_a_config_with_runs_flags_and_every_command_opens_with_its_verdict() {
+    let l = config("llama-3.2-1b");
+    let (code, v) = run_json(&[
+        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=1GiB",
+    ]);
+    assert_eq!(code, Some(1), "{v}");
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(line.starts_with("gpumem check: FAILED"), "{line}");
+    // a budget-only failure is not advised to --update
+    assert!(!line.contains("--update"), "{line}");
+    assert!(line.contains("raise the budget"), "{line}");
+    // the text opens with the verdict
+    let out = common::at_root(&[
+        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=100GiB",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("gpumem check: passed"), "{text}");
+    // and -q is that line alone
+    let out = common::at_root(&[
+        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=100GiB", "-q",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    // a config without its sequence is refused by the flag
+    let out = common::at_root(&["check", &l, "--batch", "1", "--budget", "peak_reserved=1GiB"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--seq"));
+    // diff: the same config at two settings of the same flags, as run gives them
+    let (code, d) = run_json(&["diff", &l, &l, "--batch", "1", "--seq", "256"]);
+    assert_eq!(code, Some(0), "{d}");
+    let (_, r) = run_json(&["run", &l, "--batch", "1", "--seq", "256"]);
+    let peak = u(&r["peak"]["peak_reserved"]);
+    assert!(d.to_string().contains(&peak.to_string()), "{d}");
+}
+
+#[test]
+fn summary_opens_with_the_snapshots_out_of_memory() {
+    let s = Scratch::new("summary-verdict");
+    let snap = s.path("frag.json");
+    let out = common::at_root(&[
+        "run",
+        "fixtures/workloads/fragmentation_oom.toml",
+        "--no-remedies",
+        "--snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let out = common::at_root(&["summary", snap.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("out of memory on device 0: 768.00 MiB asked for"),
+        "{text}"
+    );
+    let (_, v) = run_json(&["summary", snap.to_str().unwrap()]);
+    assert_eq!(v["verdict"]["oom"], true);
+    let out = common::at_root(&["summary", "fixtures/snapshots/grown_mlp_leak_x8.pickle", "-q"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("no out-of-memory recorded: peak reserved"), "{text}");
+}

@@ -171,12 +171,60 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-v -h --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seq)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --optimizer)
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    return 0
+                    ;;
+                --precision)
+                    COMPREPLY=($(compgen -W "fp32 bf16-autocast" -- "${cur}"))
+                    return 0
+                    ;;
+                --mode)
+                    COMPREPLY=($(compgen -W "train inference generate" -- "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --attention)
+                    COMPREPLY=($(compgen -W "sdpa eager" -- "${cur}"))
+                    return 0
+                    ;;
+                --lora-r)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-alpha)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-dropout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-targets)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --device)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -279,12 +327,60 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__diff)
-            opts="-v -h --top --markdown --json --device --verbose --color --help"
+            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seq)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --optimizer)
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    return 0
+                    ;;
+                --precision)
+                    COMPREPLY=($(compgen -W "fp32 bf16-autocast" -- "${cur}"))
+                    return 0
+                    ;;
+                --mode)
+                    COMPREPLY=($(compgen -W "train inference generate" -- "${cur}"))
+                    return 0
+                    ;;
+                --new-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --attention)
+                    COMPREPLY=($(compgen -W "sdpa eager" -- "${cur}"))
+                    return 0
+                    ;;
+                --lora-r)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-alpha)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-dropout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lora-targets)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --top)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -831,7 +927,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__summary)
-            opts="-v -h --device --stacks --iteration-marker --top --json --fail-on --verbose --color --help"
+            opts="-q -v -h --quiet --device --stacks --iteration-marker --top --json --fail-on --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -96,10 +96,32 @@ leak\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s q -l quiet -d 'Print only the verdict line (an out-of-memory and where, or the peak) and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l stacks -d 'Show whole call stacks, C++ frames included'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l json -d 'Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
+sgd_momentum\t''
+adam\t''
+adamw\t''
+none\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
+bf16-autocast\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l mode -d 'With a bare config: `train`, `inference` for a no-grad forward, or `generate` for `model.generate` of --new-tokens tokens after a --seq prompt (`[train] mode`)' -r -f -a "train\t''
+inference\t''
+generate\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l new-tokens -d 'Tokens `model.generate` makes after the prompt (a config\'s `[generate] new_tokens`): the same as `--param new_tokens=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l dtype -d 'With a bare config: the weights\' dtype, `fp32` or `bf16` (`[model] dtype`)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l attention -d 'With a bare config: `sdpa` or `eager` (`[model] attention`)' -r -f -a "sdpa\t''
+eager\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l tolerance -d 'A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%). Repeatable; beats the workload\'s [check] table and the baseline\'s settings' -r
@@ -110,6 +132,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l top -d 'How many
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -s q -l quiet -d 'Print only the verdict line (passed, or what failed) and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l update -d 'Write the baseline instead of checking: record every input\'s metrics (creating the file if needed), keep other entries and every entry\'s "check" settings; exit 0. (Tolerances and budgets are set in the workload\'s [check] table or the entry\'s "check" object, not recorded from the command line.)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l allow-new -d 'Pass inputs that have no baseline entry (reported as new) instead of failing them'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l markdown -d 'Print the report as markdown (for a pull-request comment) instead of the table'
@@ -125,11 +149,33 @@ always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand export" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand export" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
+sgd_momentum\t''
+adam\t''
+adamw\t''
+none\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
+bf16-autocast\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l mode -d 'With a bare config: `train`, `inference` for a no-grad forward, or `generate` for `model.generate` of --new-tokens tokens after a --seq prompt (`[train] mode`)' -r -f -a "train\t''
+inference\t''
+generate\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l new-tokens -d 'Tokens `model.generate` makes after the prompt (a config\'s `[generate] new_tokens`): the same as `--param new_tokens=N`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l dtype -d 'With a bare config: the weights\' dtype, `fp32` or `bf16` (`[model] dtype`)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l attention -d 'With a bare config: `sdpa` or `eager` (`[model] attention`)' -r -f -a "sdpa\t''
+eager\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l top -d 'How many sites to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l device -d 'For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one with the longest trace)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Print markdown tables (for a pull-request comment)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'

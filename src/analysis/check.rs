@@ -156,6 +156,9 @@ impl Source {
 pub struct Limits {
     pub tolerance_ppm: u64,
     pub tolerance_from: Source,
+    /// Bytes a metric may grow whatever its tolerance (the default category tolerance's
+    /// floor, so a small category's few KiB do not fail a check).
+    pub slack: u64,
     pub budget: Option<(u64, Source)>,
 }
 
@@ -164,8 +167,30 @@ impl Default for Limits {
         Limits {
             tolerance_ppm: 0,
             tolerance_from: Source::Default,
+            slack: 0,
             budget: None,
         }
+    }
+}
+
+/// The default tolerance of a `CATEGORY_at_peak` metric, where nothing sets one: 1%, and at
+/// least [`CATEGORY_DEFAULT_SLACK`] bytes. Categories move between each other when a change
+/// renames or reorders an op (a temporary saved becomes an activation); the totals
+/// (`peak_allocated`, `peak_reserved`) keep a default of 0.
+pub const CATEGORY_DEFAULT_TOLERANCE_PPM: u64 = 10_000;
+/// See [`CATEGORY_DEFAULT_TOLERANCE_PPM`]: 1 MiB.
+pub const CATEGORY_DEFAULT_SLACK: u64 = 1 << 20;
+
+/// The defaults of `metric` where no source sets a tolerance.
+pub fn default_limits(metric: &str) -> Limits {
+    if metric.ends_with("_at_peak") {
+        Limits {
+            tolerance_ppm: CATEGORY_DEFAULT_TOLERANCE_PPM,
+            slack: CATEGORY_DEFAULT_SLACK,
+            ..Limits::default()
+        }
+    } else {
+        Limits::default()
     }
 }
 
@@ -320,7 +345,7 @@ pub fn judge(
             if is_oom {
                 b
             } else {
-                tolerance_limit(b, l.tolerance_ppm)
+                tolerance_limit(b, l.tolerance_ppm).max(b.saturating_add(l.slack))
             }
         });
         let limit = match (tol_limit, budget) {
@@ -460,12 +485,35 @@ mod tests {
     }
 
     #[test]
+    fn a_category_moves_by_a_few_kib_within_its_default_tolerance_the_totals_do_not() {
+        let mut before = m(1_000_000, 400_000);
+        before
+            .categories_at_peak
+            .insert("activation".into(), 100 << 10);
+        let base = Entry::record(&before, "w.toml", "0", BTreeMap::new());
+        let mut now = before.clone();
+        // +16 KiB of a 100 KiB category: 16%, under the 1 MiB floor
+        now.categories_at_peak.insert("activation".into(), 116 << 10);
+        let j = judge("w", &now, Some(&base), &default_limits, false, 3);
+        assert_eq!(verdict(&j, "activation_at_peak"), Verdict::Ok);
+        // past the floor it fails
+        now.categories_at_peak
+            .insert("activation".into(), (100 << 10) + (1 << 20) + 1);
+        let j = judge("w", &now, Some(&base), &default_limits, false, 3);
+        assert_eq!(verdict(&j, "activation_at_peak"), Verdict::Regressed);
+        // the totals keep 0: one byte fails
+        let j = judge("w", &m(1_000_001, 400_000), Some(&base), &default_limits, false, 3);
+        assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Regressed);
+    }
+
+    #[test]
     fn boundaries_and_budgets() {
         let base = Entry::record(&m(1_000_000, 400_000), "w.toml", "0", BTreeMap::new());
         let tol = |ppm| {
             move |_: &str| Limits {
                 tolerance_ppm: ppm,
                 tolerance_from: Source::CommandLine,
+                slack: 0,
                 budget: None,
             }
         };
@@ -495,6 +543,7 @@ mod tests {
             move |metric: &str| Limits {
                 tolerance_ppm: 1_000_000,
                 tolerance_from: Source::CommandLine,
+                slack: 0,
                 budget: (metric == PEAK_ALLOCATED).then_some((b, Source::Baseline)),
             }
         };

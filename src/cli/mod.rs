@@ -417,6 +417,15 @@ pub struct CheckArgs {
     #[arg(required = true, value_name = "INPUT")]
     pub inputs: Vec<PathBuf>,
 
+    /// With a Hugging Face config.json among the inputs: its model and loop, as `gpumem run`
+    /// takes them.
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// Print only the verdict line (passed, or what failed) and errors.
+    #[arg(short, long, conflicts_with_all = ["json", "markdown"])]
+    pub quiet: bool,
+
     /// Run workloads on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
     /// (segments from the NVIDIA driver; see `gpumem run --help`).
     #[arg(long, value_name = "DEVICE")]
@@ -525,6 +534,10 @@ pub struct SummaryArgs {
     #[arg(required = true, num_args = 1.., value_name = "SNAPSHOT")]
     pub snapshots: Vec<PathBuf>,
 
+    /// Print only the verdict line (an out-of-memory and where, or the peak) and errors.
+    #[arg(short, long, conflicts_with = "json")]
+    pub quiet: bool,
+
     /// Show only this device (the N of cuda:N) of a snapshot that holds several.
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
@@ -613,6 +626,11 @@ pub struct DiffArgs {
     pub a: PathBuf,
     /// The second snapshot or workload (after).
     pub b: PathBuf,
+
+    /// With a Hugging Face config.json as A or B: its model and loop, as `gpumem run` takes
+    /// them (both sides alike).
+    #[command(flatten)]
+    pub model: ModelArgs,
 
     /// How many sites to list.
     #[arg(

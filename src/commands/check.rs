@@ -159,11 +159,16 @@ fn entry_table(path: &Path, name: &str, e: &Entry) -> Result<CheckTable> {
 /// Runs a workload, or reads a snapshot, and measures it.
 fn measure(
     path: &Path,
-    overrides: &crate::workload::Overrides,
+    args: &CheckArgs,
     device: Option<&str>,
 ) -> Result<Input> {
-    if path.extension().is_some_and(|e| e == "toml") {
-        let w = load_workload(path, overrides)?;
+    let is_config = crate::workload::is_config_not_snapshot(path);
+    if path.extension().is_some_and(|e| e == "toml") || is_config {
+        // a config takes the model's flags (and needs its batch and sequence); a workload
+        // file takes --param and refuses a config's flags
+        let required: &[&str] = if is_config { &["batch", "seq"] } else { &[] };
+        let overrides = super::model_overrides(path, &args.model, &args.params, None, required)?;
+        let w = load_workload(path, &overrides)?;
         let opts = crate::runner::RunOptions {
             device: device.map(str::to_string),
             ..Default::default()
@@ -253,15 +258,17 @@ fn measure(
 }
 
 /// The tolerance and budget of `metric`: the command line, then the workload's `[check]`, then
-/// the baseline entry's settings, then tolerance 0 and no budget.
+/// the baseline entry's settings, then the default (0 for the totals; 1%, at least 1 MiB, for a
+/// category) and no budget.
 fn limits(metric: &str, sources: &[(&CheckTable, Source)]) -> Limits {
-    let mut l = Limits::default();
+    let mut l = judge::default_limits(metric);
     if let Some((ppm, from)) = sources
         .iter()
         .find_map(|(t, s)| t.tolerance_for(metric).map(|p| (p, *s)))
     {
         l.tolerance_ppm = ppm;
         l.tolerance_from = from;
+        l.slack = 0;
     }
     l.budget = sources
         .iter()
@@ -274,7 +281,8 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--top", "must be at least 1"));
     }
     let cli = command_line_table(&args.tolerance, &args.budget)?;
-    let overrides = parse_overrides(&args.params, None)?;
+    // (checked once, before any input runs)
+    parse_overrides(&args.params, None)?;
     // without --baseline only budgets are checked; a missing file with --allow-new is empty
     let mut baseline = match &args.baseline {
         Some(path) => load_baseline(path, args.update || args.allow_new)?,
@@ -301,7 +309,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
     let mut inputs: Vec<Input> = Vec::new();
     for p in &args.inputs {
         bar.set_message(p.display().to_string());
-        let input = measure(p, &overrides, args.device.as_deref());
+        let input = measure(p, args, args.device.as_deref());
         bar.inc(1);
         if input.is_err() {
             bar.finish_and_clear();
@@ -421,10 +429,14 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(p) => p.display().to_string(),
         None => "none (budgets only)".into(),
     };
-    if args.json {
+    let verdict = crate::report::check::verdict_line(&judged);
+    if args.quiet {
+        writeln!(out, "{verdict}")?;
+    } else if args.json {
         let v = serde_json::json!({
             "baseline": baseline_name,
             "passed": !failed,
+            "verdict": {"passed": !failed, "line": verdict},
             "inputs": judged.iter().map(|j| serde_json::json!({
                 "name": j.name,
                 "file": files.get(&j.name),

@@ -9,10 +9,14 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::snapshot::Snapshot;
 
-/// A snapshot file, or a workload (`.toml`) run now on the simulated device.
-fn load(path: &Path, device: Option<u32>) -> Result<Snapshot> {
-    if path.extension().is_some_and(|e| e == "toml") {
-        let w = crate::workload::load(path)?;
+/// A snapshot file, or a workload (`.toml`, or a Hugging Face config with `model`'s flags) run
+/// now on the simulated device.
+fn load(path: &Path, device: Option<u32>, model: &crate::cli::ModelArgs) -> Result<Snapshot> {
+    let is_config = crate::workload::is_config_not_snapshot(path);
+    if path.extension().is_some_and(|e| e == "toml") || is_config {
+        let required: &[&str] = if is_config { &["batch", "seq"] } else { &[] };
+        let o = super::model_overrides(path, model, &[], None, required)?;
+        let w = super::load_workload(path, &o)?;
         let r = crate::runner::run(&w, path, &Default::default())?;
         let v =
             crate::report::snapshot::to_json(&r.allocator, &path.display().to_string(), &r.name);
@@ -25,7 +29,10 @@ pub fn run(args: &DiffArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.top == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }
-    let (a, b) = (load(&args.a, args.device)?, load(&args.b, args.device)?);
+    let (a, b) = (
+        load(&args.a, args.device, &args.model)?,
+        load(&args.b, args.device, &args.model)?,
+    );
     // a file of several devices: say which one is compared
     let name = |p: &Path, s: &Snapshot| match s.device_note() {
         Some(n) => format!("{} ({n})", p.display()),

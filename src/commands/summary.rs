@@ -64,11 +64,26 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
     let sums: Vec<Summary> = snaps.iter().map(|s| summarize(s, args)).collect();
     let path = file.display().to_string();
     let pairs: Vec<(&Snapshot, &Summary)> = snaps.iter().zip(&sums).collect();
-    if args.json {
-        let v = report::summary::to_json_devices(&path, &pairs);
+    let verdict = report::summary::verdict_line(&pairs);
+    let any_oom = sums.iter().any(|m| !m.ooms.is_empty());
+    if args.quiet {
+        writeln!(out, "{verdict}")?;
+    } else if args.json {
+        let mut v = report::summary::to_json_devices(&path, &pairs);
+        v["verdict"] = serde_json::json!({"line": verdict, "oom": any_oom});
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
+        let line = report::style::wrap(&verdict);
+        writeln!(
+            out,
+            "{}",
+            if any_oom {
+                report::style::bad(&line)
+            } else {
+                report::style::good(&line)
+            }
+        )?;
         report::summary::write_devices(out, &path, &pairs, args.stacks)?;
     }
     let ooms = sums.iter().map(|m| m.ooms.len()).sum();

@@ -79,7 +79,11 @@ pub fn failure_message(r: &Row) -> String {
         _ => {
             let l = r.limit.unwrap_or(0);
             let tolerance = match r.tolerance_from {
-                Source::Default => "no tolerance set".to_string(),
+                Source::Default if r.tolerance_ppm == 0 => "no tolerance set".to_string(),
+                Source::Default => format!(
+                    "the default tolerance of a category, {} and at least 1 MiB",
+                    format_percent(r.tolerance_ppm)
+                ),
                 from => format!(
                     "tolerance {} from the {}",
                     format_percent(r.tolerance_ppm),
@@ -158,6 +162,11 @@ fn tally(judged: &[Judged]) -> Tally {
     }
 }
 
+/// The one-line verdict of a check, as its report opens and closes.
+pub fn verdict_line(judged: &[Judged]) -> String {
+    closing(&tally(judged))
+}
+
 fn closing(t: &Tally) -> String {
     if t.failed == 0 {
         let mut s = format!(
@@ -194,9 +203,23 @@ fn closing(t: &Tally) -> String {
                 if t.not_in_baseline == 1 { "" } else { "s" }
             ));
         }
+        // the advice fits the failure: a baseline moves with --update, a budget does not
+        let advice = match (t.regressed + t.not_in_baseline > 0, t.over_budget > 0) {
+            (true, true) => {
+                " If the growth is intended, refresh the baseline with --update and commit it; \
+                 a budget is a limit: need less memory, or raise the budget (--budget, or \
+                 max_METRIC in the workload's [check])."
+            }
+            (true, false) => {
+                " If the change is intended, refresh the baseline with --update and commit it."
+            }
+            _ => {
+                " A budget is a limit, not a record: make the workload need less memory, or \
+                 raise the budget (--budget, or max_METRIC in the workload's [check])."
+            }
+        };
         format!(
-            "gpumem check: FAILED: {} of {} checks in {} of {} inputs ({}). If the change is \
-             intended, refresh the baseline with --update and commit it.",
+            "gpumem check: FAILED: {} of {} checks in {} of {} inputs ({}).{advice}",
             t.failed,
             t.checks,
             t.failing_inputs,
@@ -209,6 +232,17 @@ fn closing(t: &Tally) -> String {
 /// The terminal report: the table, failing rows first; then each failure with what grew most.
 pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std::io::Result<()> {
     let rows = crate::analysis::check::order_rows(judged);
+    let t = tally(judged);
+    let first = super::style::wrap(&closing(&t));
+    writeln!(
+        out,
+        "{}",
+        if t.failed == 0 {
+            super::style::good(&first)
+        } else {
+            super::style::bad(&first)
+        }
+    )?;
     writeln!(out, "baseline: {baseline}")?;
     let mut t = super::style::table();
     t.set_header(vec![

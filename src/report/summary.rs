@@ -440,3 +440,55 @@ pub fn ranks_json(rows: &[DeviceRow], spread: &[Spread]) -> Value {
         .collect();
     json!({ "rows": rows, "across_rows": spread })
 }
+
+/// The answer first: did this snapshot run out of memory, on which device, and why (the
+/// verdict from the state at the failure: a snapshot cannot be re-run); else its peak.
+pub fn verdict_line(devs: &[(&Snapshot, &Summary)]) -> String {
+    let ooms: Vec<(u32, &crate::analysis::summary::OomEvent)> = devs
+        .iter()
+        .flat_map(|(s, m)| m.ooms.iter().map(move |o| (s.device, o)))
+        .collect();
+    if let Some((dev, o)) = ooms.first() {
+        return format!(
+            "out of memory on device {dev}{}: {} asked for with {} allocated and {} reserved{} \
+             ({}, from the state at the failure; a snapshot is not re-run)",
+            if ooms.len() > 1 {
+                format!(" ({} OOMs, the first)", ooms.len())
+            } else {
+                String::new()
+            },
+            b(o.requested),
+            b(o.allocated),
+            b(o.reserved),
+            if o.site.is_empty() {
+                String::new()
+            } else {
+                format!(", at {}", o.site)
+            },
+            o.verdict.name()
+        );
+    }
+    let peak = devs
+        .iter()
+        .map(|(s, m)| {
+            (
+                m.trace
+                    .as_ref()
+                    .map_or(m.all.reserved_bytes, |t| t.peak_reserved_bytes),
+                s.device,
+            )
+        })
+        .max();
+    match peak {
+        Some((p, dev)) => format!(
+            "no out-of-memory recorded: peak reserved {} (device {dev}{})",
+            b(p),
+            if devs.len() > 1 {
+                format!(", the highest of {}", devs.len())
+            } else {
+                String::new()
+            }
+        ),
+        None => "no out-of-memory recorded".to_string(),
+    }
+}

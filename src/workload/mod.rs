@@ -213,6 +213,22 @@ fn config_error(e: Error) -> Error {
     Error::input(file, location, rest)
 }
 
+/// Whether `path` is a Hugging Face config rather than a snapshot, where both may be JSON
+/// (`check`, `diff`): a folder holding a config.json, or a `.json` file of at most 4 MiB that
+/// names a `model_type`.
+pub fn is_config_not_snapshot(path: &Path) -> bool {
+    if path.is_dir() {
+        return path.join("config.json").is_file();
+    }
+    if !path.extension().is_some_and(|e| e == "json") {
+        return false;
+    }
+    let small = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 4 << 20);
+    small
+        && crate::input::read_text(path, crate::input::Kind::Text)
+            .is_ok_and(|t| t.contains("\"model_type\""))
+}
+
 /// Whether `path` names a Hugging Face config (a `.json` file, or a folder holding a
 /// config.json) rather than a workload.
 pub fn is_config(path: &Path) -> bool {
