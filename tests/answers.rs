@@ -409,3 +409,87 @@ fn summary_opens_with_the_snapshots_out_of_memory() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("no out-of-memory recorded: peak reserved"), "{text}");
 }
+
+/// Every published config, each number in it made negative, absurd or a string: gpumem runs it
+/// or refuses it (exit 2, naming the key), never a panic, a hang or unbounded memory.
+#[test]
+fn mutated_published_configs_are_refused_by_name_or_run() {
+    let s = Scratch::new("mutated");
+    let dir = common::root().join("../shared/configs");
+    let mut ran = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let cfg: serde_json::Map<String, Value> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (k, v) in &cfg {
+            if !v.is_number() {
+                continue;
+            }
+            for bad in [serde_json::json!(-1), serde_json::json!(1_000_000_000_000u64), serde_json::json!("x")] {
+                let mut m = cfg.clone();
+                m.insert(k.clone(), bad.clone());
+                let p = s.write("config.json", &Value::Object(m).to_string());
+                let out = common::at_root(&[
+                    "run", p.to_str().unwrap(), "--batch", "1", "--seq", "16", "-q",
+                    "--no-remedies", "--iterations", "1",
+                ]);
+                let code = out.status.code();
+                assert!(
+                    matches!(code, Some(0) | Some(2)),
+                    "{} with {k} = {bad}: exit {code:?}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                if code == Some(2) {
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    assert!(!err.contains("panicked"), "{err}");
+                    // a refusal names the config (and with it, mostly, the key)
+                    assert!(err.contains("config.json"), "{k} = {bad}: {err}");
+                }
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran > 300, "only {ran} mutations");
+}
+
+/// The examples of every `--help` run after `cargo install`: none names a repository path, and
+/// those with a built-in workload run as written (in an empty folder).
+#[test]
+fn help_examples_need_no_repository() {
+    let s = Scratch::new("help-examples");
+    let mut ran = 0;
+    for cmd in ["", "run", "fit", "check", "summary", "replay", "bench", "diff", "plot", "export"] {
+        let mut c = gpumem();
+        if !cmd.is_empty() {
+            c.arg(cmd);
+        }
+        let help = String::from_utf8(c.arg("--help").output().unwrap().stdout).unwrap();
+        for line in help.lines().map(str::trim).filter(|l| l.starts_with("gpumem ")) {
+            let example = line.split("  #").next().unwrap().trim();
+            assert!(!example.contains("fixtures/"), "{cmd} --help: {line}");
+            if !(example.contains("--preset") || example.contains("preset:")) {
+                continue;
+            }
+            let mut args: Vec<&str> = example.split_whitespace().skip(1).collect();
+            if args.first() == Some(&"bench") {
+                continue; // a timing, not an answer
+            }
+            if matches!(args.first(), Some(&"run") | Some(&"fit")) {
+                args.push("--iterations");
+                args.push("2");
+            }
+            let out = gpumem().current_dir(s.path("")).args(&args).output().unwrap();
+            assert!(
+                matches!(out.status.code(), Some(0) | Some(1)),
+                "{example}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ran += 1;
+        }
+    }
+    assert!(ran >= 5, "only {ran} examples ran");
+}

@@ -321,7 +321,7 @@ fn issue15_each_help_is_its_own() {
         .skip(1)
         .take_while(|l| !l.is_empty())
         .collect();
-    assert_eq!(ex.len(), 3, "{run}");
+    assert_eq!(ex.len(), 4, "{run}");
     assert!(ex.iter().all(|l| l.starts_with("  gpumem run ")), "{ex:?}");
     for cmd in [
         "export",

@@ -431,12 +431,16 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --preset)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --batch)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -799,12 +803,16 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --preset)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --batch)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -44,6 +44,7 @@ complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "devices" -d 'List the
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "selftest" -d 'Check the CUDA kernels (kernels/*.cu, compiled by NVRTC at first use and cached) against their CPU twins: each kernel, forward and backward, on fresh random float32 inputs (a transposed view and a broadcast operand among them), with the largest relative error.'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "completions" -d 'Print a shell completion script for gpumem: every command, flag and value.'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l preset -d 'A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`, `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
@@ -180,6 +181,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l preset -d 'A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`, `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''

@@ -21,7 +21,7 @@ Exit codes:
     long_about = "gpumem reproduces PyTorch's CUDA caching allocator (rounding, pools, best fit, \
 splitting, merging, retries, expandable segments, memory_stats) on a simulated device, so you can \
 see where GPU memory goes and why an allocation fails without a GPU.\n\n\
-Start with:\n  gpumem run fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml\n\
+Start with:\n  gpumem run --preset gpt2-small\n\
 Then: gpumem summary SNAPSHOT.pickle (a snapshot PyTorch wrote); gpumem help COMMAND\n\n\
 Environment: PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) sets the allocator of every \
 workload run, as in PyTorch (--alloc-conf and a workload's alloc_conf beat it); RUST_LOG \
@@ -240,7 +240,13 @@ pub struct ModelArgs {
 pub struct RunArgs {
     /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
     /// train as it is: `gpumem run config.json --batch 4 --seq 1024`.
-    pub workload: PathBuf,
+    #[arg(required_unless_present = "preset")]
+    pub workload: Option<PathBuf>,
+
+    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
+    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
+    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
+    pub preset: Option<String>,
 
     #[command(flatten)]
     pub model: ModelArgs,
@@ -319,9 +325,10 @@ pub struct RunArgs {
 fn run_after_help() -> String {
     format!(
         "Examples:
-  gpumem run fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml --capacity 8GiB
-  gpumem run fixtures/workloads/presets/mlp_adam.toml --param batch=16 --plot timeline.svg
-  gpumem run fixtures/workloads/presets/mlp_leak.toml --fail-on oom,leak   # exit 1, for CI
+  gpumem run --preset gpt2-small --capacity 8GiB
+  gpumem run --preset mlp-adam --param batch=16 --plot timeline.svg
+  gpumem run --preset mlp-leak --fail-on oom,leak   # exit 1, for CI
+  gpumem run config.json --batch 1 --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB
 
 Script functions and methods (from the engine's op table; -inf, inf and nan are numbers):\n{}\n{RUN_EXIT_CODES}",
         crate::runner::script_reference()
@@ -397,10 +404,11 @@ pub enum FailOn {
 /// ::warning) follow the report on stdout (not with --json).
 ///
 /// Examples:
-///   gpumem check fixtures/workloads/presets/mlp_*.toml --baseline gpumem-baseline.json --update
+///   gpumem check preset:mlp-adam preset:gpt2-small --baseline gpumem-baseline.json --update
 ///   gpumem check workloads/*.toml --baseline gpumem-baseline.json --junit report.xml
 ///   gpumem check train.toml --baseline b.json --tolerance 2% --tolerance peak_reserved=0
-///   gpumem check fixtures/snapshots/snapshot_mlp_adam.pickle --budget peak_reserved=20GiB
+///   gpumem check snapshot.pickle --budget peak_reserved=20GiB
+///   gpumem check config.json --batch 4 --seq 1024 --budget peak_reserved=20GiB
 #[derive(Debug, Args)]
 #[command(
     verbatim_doc_comment,
@@ -516,7 +524,7 @@ pub struct CheckArgs {
 /// under a second on 16); set GPUMEM_THREADS=N to use N (1: one core).
 ///
 /// Examples:
-///   gpumem summary fixtures/snapshots/snapshot_mlp_adam.pickle
+///   gpumem summary snapshot.pickle   # what torch.cuda.memory._dump_snapshot() wrote
 ///   gpumem summary snapshot.pickle --device 1
 ///   gpumem summary rank*.pickle --fail-on oom
 #[derive(Debug, Args)]
@@ -665,7 +673,8 @@ pub struct DiffArgs {
 /// milliseconds and without a GPU.
 ///
 /// Example:
-///   gpumem fit fixtures/workloads/gpt2_small_adamw.toml --capacity 24GiB
+///   gpumem fit --preset gpt2-small --capacity 24GiB
+///   gpumem fit config.json --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB
 #[derive(Debug, Args)]
 #[command(
     verbatim_doc_comment,
@@ -678,7 +687,13 @@ Exit codes:
 pub struct FitArgs {
     /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one):
     /// `gpumem fit config.json --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB`.
-    pub workload: PathBuf,
+    #[arg(required_unless_present = "preset")]
+    pub workload: Option<PathBuf>,
+
+    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
+    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
+    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
+    pub preset: Option<String>,
 
     #[command(flatten)]
     pub model: ModelArgs,
@@ -773,7 +788,7 @@ pub struct PlotArgs {
 /// recorded allocations and frees run through gpumem's allocator with those settings, and the
 /// table compares recorded and replayed: peak reserved, peak allocated, fragmentation, and
 /// out-of-memory errors avoided or caused (exit 1 when the replay still runs out):
-///   gpumem replay fixtures/snapshots/snapshot_mlp_adam.pickle --alloc-conf expandable_segments:True
+///   gpumem replay snapshot.pickle --alloc-conf expandable_segments:True
 /// A snapshot does not record its GPU's memory (except at an out-of-memory): without
 /// --capacity the replay has no limit and out-of-memory errors are not judged.
 ///
@@ -784,7 +799,7 @@ pub struct PlotArgs {
 /// final `memory_stats()` (`stats_end`) and its device trace (`trace`). gpumem runs the ops on a
 /// simulated device of `device_total_memory` bytes with the trace's `memory_fraction` and
 /// `alloc_conf`, and compares after every op:
-///   gpumem replay fixtures/allocator/trace_mixed_default.json
+///   gpumem replay trace.json   # gpumem's repository keeps such recordings in fixtures/allocator/
 /// Segment addresses are taken from the trace's `segment_alloc` entries, so best-fit ties
 /// between equal-size blocks fall as they did on the GPU. With --alloc-conf other than the
 /// recording's, a trace is a what-if too: recorded peaks and out-of-memory errors against the
@@ -857,7 +872,7 @@ pub struct ReplayArgs {
 ///
 /// Examples:
 ///   gpumem bench
-///   gpumem bench --workload fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml
+///   gpumem bench --workload preset:gpt2-small
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
@@ -999,4 +1014,14 @@ pub struct CompareTorchArgs {
     /// Print JSON (every field of every iteration) instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The workload a `--preset` or a path names, as a path (`preset:NAME` for a built-in one).
+pub fn workload_path(path: &Option<PathBuf>, preset: &Option<String>) -> PathBuf {
+    match (path, preset) {
+        (Some(p), _) => p.clone(),
+        (None, Some(n)) => PathBuf::from(format!("{}{n}", crate::workload::builtin::PREFIX)),
+        // clap requires one of them
+        (None, None) => PathBuf::new(),
+    }
 }

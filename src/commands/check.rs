@@ -163,7 +163,8 @@ fn measure(
     device: Option<&str>,
 ) -> Result<Input> {
     let is_config = crate::workload::is_config_not_snapshot(path);
-    if path.extension().is_some_and(|e| e == "toml") || is_config {
+    let builtin = matches!(crate::workload::builtin::lookup(path), Ok(Some(_)));
+    if path.extension().is_some_and(|e| e == "toml") || is_config || builtin {
         // a config takes the model's flags (and needs its batch and sequence); a workload
         // file takes --param and refuses a config's flags
         let required: &[&str] = if is_config { &["batch", "seq"] } else { &[] };

@@ -13,7 +13,8 @@ use crate::snapshot::Snapshot;
 /// now on the simulated device.
 fn load(path: &Path, device: Option<u32>, model: &crate::cli::ModelArgs) -> Result<Snapshot> {
     let is_config = crate::workload::is_config_not_snapshot(path);
-    if path.extension().is_some_and(|e| e == "toml") || is_config {
+    let builtin = matches!(crate::workload::builtin::lookup(path), Ok(Some(_)));
+    if path.extension().is_some_and(|e| e == "toml") || is_config || builtin {
         let required: &[&str] = if is_config { &["batch", "seq"] } else { &[] };
         let o = super::model_overrides(path, model, &[], None, required)?;
         let w = super::load_workload(path, &o)?;

@@ -27,6 +27,7 @@ struct Row {
 }
 
 pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
+    let workload = &crate::cli::workload_path(&args.workload, &args.preset);
     let capacity = match &args.capacity {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
@@ -37,16 +38,16 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--max", "must be at least 1"));
     }
     super::check_iterations(args.iterations)?;
-    let is_config = workload::is_config(&args.workload);
+    let is_config = workload::is_config(&workload);
     // a bare config needs its sequence length unless that is what is searched
     let searched = args.param.as_deref().unwrap_or("batch");
     let required: Vec<&str> = ["seq"].into_iter().filter(|k| *k != searched).collect();
-    let mut base = super::model_overrides(&args.workload, &args.model, &[], None, &required)?;
+    let mut base = super::model_overrides(&workload, &args.model, &[], None, &required)?;
     if is_config && base.param("batch").is_none() {
         // the search starts from batch 1
         base.params.push(("batch".into(), 1));
     }
-    let w = super::load_workload(&args.workload, &base)?;
+    let w = super::load_workload(&workload, &base)?;
     let ints = w.integer_params();
     let (param, start) = match &args.param {
         Some(p) => match ints.iter().find(|(n, _)| n == p) {
@@ -56,7 +57,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                     "--param",
                     format!(
                         "{} has no integer parameter '{p}' ({})",
-                        args.workload.display(),
+                        workload.display(),
                         ints.iter()
                             .map(|(n, _)| n.as_str())
                             .collect::<Vec<_>>()
@@ -71,7 +72,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 format!(
                     "{} has no batch parameter: name one with --param ({}), or declare \
                      [params] batch = N in the workload and use `batch` in its script",
-                    args.workload.display(),
+                    workload.display(),
                     if ints.is_empty() {
                         "it has none".to_string()
                     } else {
@@ -97,7 +98,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     )];
     if !args.no_remedies {
         let mut seen_split = false;
-        for r in remedies::applicable(Some(&args.workload), &w, &base) {
+        for r in remedies::applicable(Some(&workload), &w, &base) {
             // one max_split_size setting is enough for a search table
             if r.kind == RemedyKind::MaxSplitSize {
                 if seen_split {
@@ -151,7 +152,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let mut runs = 0;
         let (max, found) = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
-                &args.workload,
+                &workload,
                 &o,
                 start,
                 limit,
@@ -162,7 +163,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             )?,
             _ => (
                 remedies::max_fitting(
-                    &args.workload,
+                    &workload,
                     &o,
                     &param,
                     start,
@@ -177,7 +178,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             // an estimate is not run (that is what it saves)
             Some(_) if found == remedies::Found::Estimated => (None, None),
             Some(v) => {
-                let r = remedies::run_with(&args.workload, &o.with_param(&param, v), &opts)?;
+                let r = remedies::run_with(&workload, &o.with_param(&param, v), &opts)?;
                 (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))
             }
             None => (None, None),
@@ -210,7 +211,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     if args.json {
         let v = json!({
-            "workload": args.workload.display().to_string(),
+            "workload": workload.display().to_string(),
             "param": param,
             "value_in_workload": start,
             "capacity": cap,
@@ -236,7 +237,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         out,
         "{}: the largest {param} that fits in {} (the workload has {param} = {start}; searched 1 \
          to {}):",
-        args.workload.display(),
+        workload.display(),
         format_bytes(cap),
         limit
     )?;
@@ -293,8 +294,9 @@ fn fit_verdict(
     rows: &[Row],
     is_config: bool,
 ) -> Result<FitVerdict> {
+    let workload = &crate::cli::workload_path(&args.workload, &args.preset);
     let at = base.with_param(param, start);
-    let r = remedies::run_with(&args.workload, &at, opts)?;
+    let r = remedies::run_with(workload, &at, opts)?;
     let context = r
         .driver
         .map(|d| d.process_used.saturating_sub(d.reserved))
@@ -305,7 +307,7 @@ fn fit_verdict(
         .and_then(|o| o.error.allowed)
         .unwrap_or(r.capacity.saturating_sub(context));
     let needs = match &r.oom {
-        Some(_) => remedies::needs(&args.workload, &at, opts),
+        Some(_) => remedies::needs(workload, &at, opts),
         None => None,
     };
     let oom_at = r.oom.as_ref().map(|o| {

@@ -29,14 +29,14 @@ fn pct(r: f64) -> String {
 pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::io::Result<()> {
     match (&l.checked, l.leaks.is_empty()) {
         (None, _) => {
-            if verbose {
-                if let Some(n) = &l.note {
-                    writeln!(
-                        out,
-                        "{}",
-                        super::style::wrap(&format!("leaks: not checked: {n}"))
-                    )?;
-                }
+            // said whether asked or not: a silent "no leak" would be read as none found
+            let _ = verbose;
+            if let Some(n) = &l.note {
+                writeln!(
+                    out,
+                    "{}",
+                    super::style::wrap(&format!("leaks: not looked for: {n}"))
+                )?;
             }
         }
         (Some((a, z)), true) => writeln!(
@@ -96,6 +96,9 @@ pub fn write_leaks(out: &mut dyn Write, l: &LeakReport, verbose: bool) -> std::i
     Ok(())
 }
 
+/// Free space in segments below which fragmentation is not worth a percentage.
+const SMALL_FREE: u64 = 64 << 20;
+
 /// One state's fragmentation: totals, pools, and each segment's fill map.
 pub fn write_fragmentation(
     out: &mut dyn Write,
@@ -103,16 +106,31 @@ pub fn write_fragmentation(
     f: &Fragmentation,
     max_segments: usize,
 ) -> std::io::Result<()> {
+    // a ratio of little is no headline: below 64 MiB (or 1% of reserved) of free space the
+    // bytes are said, not the percentage
+    let small = f.external < (SMALL_FREE).max(f.reserved / 100);
+    let verdict = if small {
+        format!(
+            "{} free in segments: too little for fragmentation to matter",
+            b(f.external)
+        )
+    } else {
+        format!(
+            "fragmentation {} ({} of the {} free is outside the largest block)",
+            pct(f.ratio),
+            b(f.external.saturating_sub(f.largest_free)),
+            b(f.external)
+        )
+    };
     let text = format!(
         "fragmentation {title}: reserved {}, allocated {} (requested {}, internal slack {}), \
-         free in segments {} (external), largest free block {}, fragmentation {}",
+         free in segments {} (external), largest free block {}; {verdict}",
         b(f.reserved),
         b(f.allocated),
         b(f.requested),
         b(f.internal),
         b(f.external),
         b(f.largest_free),
-        pct(f.ratio)
     );
     writeln!(out, "{}", super::style::wrap(&text))?;
     let mut t = table(

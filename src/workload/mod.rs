@@ -57,6 +57,7 @@
 //! line language; `file` the TOML keys.
 
 pub mod ast;
+pub mod builtin;
 pub mod check;
 mod error;
 mod file;
@@ -93,6 +94,11 @@ pub fn load(path: &Path) -> Result<Workload> {
 /// Reads and parses the workload file at `path` with `overrides` applied (parameters,
 /// allocator settings, remedies).
 pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
+    match builtin::lookup(path) {
+        Ok(Some(text)) => return parse_with(text, path, overrides),
+        Ok(None) => {}
+        Err(m) => return Err(Error::input(path, "preset", m)),
+    }
     if let Some(text) = config_workload(path, overrides) {
         return parse_with(&text, path, overrides)
             .map_err(|e| flag_error(e, &text, path))
