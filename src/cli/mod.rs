@@ -238,15 +238,8 @@ pub struct ModelArgs {
 #[derive(Debug, Args)]
 #[command(after_long_help = run_after_help())]
 pub struct RunArgs {
-    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
-    /// train as it is: `gpumem run config.json --batch 4 --seq 1024`.
-    #[arg(required_unless_present = "preset")]
-    pub workload: Option<PathBuf>,
-
-    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
-    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
-    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
-    pub preset: Option<String>,
+    #[command(flatten)]
+    pub target: WorkloadArg,
 
     #[command(flatten)]
     pub model: ModelArgs,
@@ -685,15 +678,8 @@ Exit codes:
   130 interrupted (Ctrl-C or SIGTERM): a file being written is left as it was"
 )]
 pub struct FitArgs {
-    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one):
-    /// `gpumem fit config.json --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB`.
-    #[arg(required_unless_present = "preset")]
-    pub workload: Option<PathBuf>,
-
-    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
-    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
-    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
-    pub preset: Option<String>,
+    #[command(flatten)]
+    pub target: WorkloadArg,
 
     #[command(flatten)]
     pub model: ModelArgs,
@@ -1016,12 +1002,28 @@ pub struct CompareTorchArgs {
     pub json: bool,
 }
 
-/// The workload a `--preset` or a path names, as a path (`preset:NAME` for a built-in one).
-pub fn workload_path(path: &Option<PathBuf>, preset: &Option<String>) -> PathBuf {
-    match (path, preset) {
-        (Some(p), _) => p.clone(),
-        (None, Some(n)) => PathBuf::from(format!("{}{n}", crate::workload::builtin::PREFIX)),
-        // clap requires one of them
-        (None, None) => PathBuf::new(),
+/// What `run` and `fit` run: a file, or a built-in workload.
+#[derive(Debug, Args, Clone, Default)]
+pub struct WorkloadArg {
+    /// The workload file (TOML), or a Hugging Face config.json (or a folder holding one) to
+    /// train as it is: `config.json --batch 4 --seq 1024`.
+    #[arg(required_unless_present = "preset")]
+    pub workload: Option<PathBuf>,
+
+    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
+    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
+    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
+    pub preset: Option<String>,
+}
+
+impl WorkloadArg {
+    /// The workload as a path (`preset:NAME` for a built-in one).
+    pub fn path(&self) -> PathBuf {
+        match (&self.workload, &self.preset) {
+            (Some(p), _) => p.clone(),
+            (None, Some(n)) => PathBuf::from(format!("{}{n}", crate::workload::builtin::PREFIX)),
+            // clap requires one of them
+            (None, None) => PathBuf::new(),
+        }
     }
 }

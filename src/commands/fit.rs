@@ -27,7 +27,7 @@ struct Row {
 }
 
 pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
-    let workload = &crate::cli::workload_path(&args.workload, &args.preset);
+    let workload = &args.target.path();
     let capacity = match &args.capacity {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
@@ -294,7 +294,7 @@ fn fit_verdict(
     rows: &[Row],
     is_config: bool,
 ) -> Result<FitVerdict> {
-    let workload = &crate::cli::workload_path(&args.workload, &args.preset);
+    let workload = &args.target.path();
     let at = base.with_param(param, start);
     let r = remedies::run_with(workload, &at, opts)?;
     let context = r

@@ -19,7 +19,7 @@ use crate::analysis::verdict::{self, FitVerdict, Inputs};
 const PLOT_SAMPLES: usize = 300;
 
 pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
-    let workload = &crate::cli::workload_path(&args.workload, &args.preset);
+    let workload = &args.target.path();
     let capacity = match &args.capacity {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,

@@ -100,6 +100,16 @@ pub fn load_with(path: &Path, overrides: &Overrides) -> Result<Workload> {
         Err(m) => return Err(Error::input(path, "preset", m)),
     }
     if let Some(text) = config_workload(path, overrides) {
+        // a config that is not there is the user's path to fix, not a line of the workload
+        // gpumem writes around it
+        let file = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path.to_path_buf()
+        };
+        if let Err(source) = std::fs::metadata(&file) {
+            return Err(Error::Read { path: file, source });
+        }
         return parse_with(&text, path, overrides)
             .map_err(|e| flag_error(e, &text, path))
             .map_err(config_error);
