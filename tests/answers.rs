@@ -493,3 +493,26 @@ fn help_examples_need_no_repository() {
     }
     assert!(ran >= 5, "only {ran} examples ran");
 }
+
+#[test]
+fn little_free_memory_is_no_fragmentation_headline_and_unchecked_leaks_are_said() {
+    let out = common::at_root(&["run", "--preset", "mlp-adam", "--report", "fragmentation"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // at the peak 21 MiB are free: bytes, not a percentage
+    let peak = text
+        .lines()
+        .find(|l| l.starts_with("fragmentation at the peak"))
+        .unwrap();
+    assert!(peak.contains("too little for fragmentation to matter"), "{peak}");
+    assert!(!peak.contains('%'), "{peak}");
+    // at the end 1 GiB is free: the ratio, with its bytes
+    let end = text
+        .lines()
+        .find(|l| l.starts_with("fragmentation at the end"))
+        .unwrap();
+    assert!(end.contains("% (") && end.contains("outside the largest block"), "{end}");
+    // 3 iterations: leaks are not looked for, and the run says so without being asked
+    let out = common::at_root(&["run", "--preset", "mlp-adam"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("leaks: not looked for: leaks need at least 4"), "{text}");
+}

@@ -90,5 +90,23 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
             ))
             .count()
     )?;
+    // a pickle shares a frame list among the entries that use it; JSON cannot, and writes it
+    // out at every use: say so when that is what made the file large
+    let input_len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if args.to == ExportFormat::TorchJson && input_len > 0 && bytes.len() as u64 > 10 * input_len
+    {
+        writeln!(
+            out,
+            "{}",
+            crate::report::style::wrap(&format!(
+                "note: {} is {:.0} times the snapshot's size: JSON writes each shared stack \
+                 (frame list) out at every entry that uses it, where the pickle keeps one; \
+                 --to memory-viz keeps them shared ({} bytes)",
+                args.output.display(),
+                bytes.len() as f64 / input_len as f64,
+                input_len
+            ))
+        )?;
+    }
     Ok(Outcome::Ok)
 }
