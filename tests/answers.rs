@@ -403,8 +403,21 @@ fn summary_opens_with_the_snapshots_out_of_memory() {
         first.starts_with("out of memory on device 0: 768.00 MiB asked for"),
         "{text}"
     );
+    // settled by a replay of the trace, as a run's is by re-runs
+    assert!(
+        first.contains("(fragmentation: a replay of the trace with expandable_segments:True avoids it)"),
+        "{first}"
+    );
     let (_, v) = run_json(&["summary", snap.to_str().unwrap()]);
     assert_eq!(v["verdict"]["oom"], true);
+    let cap = s.path("cap.json");
+    let out = common::at_root(&[
+        "run", "--preset", "capacity-oom", "--no-remedies", "--snapshot", cap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let out = common::at_root(&["summary", cap.to_str().unwrap(), "-q"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(capacity: a replay of the trace with"), "{text}");
     let out = common::at_root(&["summary", "fixtures/snapshots/grown_mlp_leak_x8.pickle", "-q"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("no out-of-memory recorded: peak reserved"), "{text}");

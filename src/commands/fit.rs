@@ -38,16 +38,16 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--max", "must be at least 1"));
     }
     super::check_iterations(args.iterations)?;
-    let is_config = workload::is_config(&workload);
+    let is_config = workload::is_config(workload);
     // a bare config needs its sequence length unless that is what is searched
     let searched = args.param.as_deref().unwrap_or("batch");
     let required: Vec<&str> = ["seq"].into_iter().filter(|k| *k != searched).collect();
-    let mut base = super::model_overrides(&workload, &args.model, &[], None, &required)?;
+    let mut base = super::model_overrides(workload, &args.model, &[], None, &required)?;
     if is_config && base.param("batch").is_none() {
         // the search starts from batch 1
         base.params.push(("batch".into(), 1));
     }
-    let w = super::load_workload(&workload, &base)?;
+    let w = super::load_workload(workload, &base)?;
     let ints = w.integer_params();
     let (param, start) = match &args.param {
         Some(p) => match ints.iter().find(|(n, _)| n == p) {
@@ -98,7 +98,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     )];
     if !args.no_remedies {
         let mut seen_split = false;
-        for r in remedies::applicable(Some(&workload), &w, &base) {
+        for r in remedies::applicable(Some(workload), &w, &base) {
             // one max_split_size setting is enough for a search table
             if r.kind == RemedyKind::MaxSplitSize {
                 if seen_split {
@@ -152,7 +152,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let mut runs = 0;
         let (max, found) = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
-                &workload,
+                workload,
                 &o,
                 start,
                 limit,
@@ -163,7 +163,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             )?,
             _ => (
                 remedies::max_fitting(
-                    &workload,
+                    workload,
                     &o,
                     &param,
                     start,
@@ -178,7 +178,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             // an estimate is not run (that is what it saves)
             Some(_) if found == remedies::Found::Estimated => (None, None),
             Some(v) => {
-                let r = remedies::run_with(&workload, &o.with_param(&param, v), &opts)?;
+                let r = remedies::run_with(workload, &o.with_param(&param, v), &opts)?;
                 (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))
             }
             None => (None, None),

@@ -188,7 +188,7 @@ pub fn model_overrides(
         for k in required {
             if !given(k) {
                 return Err(Error::usage(
-                    &format!("--{k}"),
+                    format!("--{k}"),
                     format!(
                         "{} is a Hugging Face config: give the batch size and the tokens per \
                          sample, e.g. --batch 4 --seq 1024 (or write a workload with [model] \

@@ -48,6 +48,15 @@ fn is_allocator_trace(path: &std::path::Path) -> bool {
     }
 }
 
+/// What the allocator could use where a snapshot was recorded: the device's memory less the
+/// context, where the snapshot says; else what its out-of-memory errors show.
+pub fn recorded_capacity(s: &crate::snapshot::Snapshot) -> Option<u64> {
+    match (s.total_memory, s.context_overhead) {
+        (Some(t), o) => Some(t.saturating_sub(o.unwrap_or(0))),
+        (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events),
+    }
+}
+
 fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
     let s = crate::snapshot::load_one(&args.trace, args.device)?;
     if s.segments.is_empty() && s.events.is_empty() {
@@ -71,10 +80,7 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(c) => {
             Some(crate::units::parse_capacity(c).map_err(|m| Error::usage("--capacity", m))?)
         }
-        None => match (s.total_memory, s.context_overhead) {
-            (Some(t), o) => Some(t.saturating_sub(o.unwrap_or(0))),
-            (None, _) => crate::analysis::whatif::capacity_from_ooms(&s.segments, &s.events),
-        },
+        None => recorded_capacity(&s),
     };
     let mut w = crate::analysis::whatif::what_if(
         &s.segments,

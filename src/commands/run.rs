@@ -26,13 +26,13 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     };
     super::check_iterations(args.iterations)?;
     let overrides = super::model_overrides(
-        &workload,
+        workload,
         &args.model,
         &args.params,
         args.alloc_conf.as_deref(),
         &["batch", "seq"],
     )?;
-    let w = load_workload(&workload, &overrides)?;
+    let w = load_workload(workload, &overrides)?;
     let device = match args.device.as_deref() {
         // an unknown name is refused before the workload runs (the device opens with the run)
         Some(d) if !crate::backend::DEVICES.iter().any(|(n, _)| *n == d) => {
@@ -65,7 +65,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         device,
         capture_grads: args.save_grads.is_some(),
     };
-    let r = run_on(&w, &workload, &opts, &target, &mut |done, _| {
+    let r = run_on(&w, workload, &opts, &target, &mut |done, _| {
         if let Some(b) = &bar {
             b.set_position(done as u64);
         }
@@ -118,12 +118,12 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         // --no-remedies) and the run on an unbounded device
         let t = if args.no_remedies {
             progress("allocator settings");
-            remedies::try_allocator_settings(&workload, &w, &overrides, &opts)
+            remedies::try_allocator_settings(workload, &w, &overrides, &opts)
         } else {
-            remedies::try_all(&workload, &w, &overrides, &opts, &mut progress)
+            remedies::try_all(workload, &w, &overrides, &opts, &mut progress)
         };
         progress("an unbounded device");
-        let needs = remedies::needs(&workload, &overrides, &opts);
+        let needs = remedies::needs(workload, &overrides, &opts);
         if let Some(s) = spinner {
             s.finish_and_clear();
         }
@@ -139,7 +139,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         &r,
         oom.as_ref(),
         tried.as_deref(),
-        crate::workload::is_config(&workload),
+        crate::workload::is_config(workload),
         !args.no_remedies,
     );
     // a generation's context against the cache's growth and the model's trained length

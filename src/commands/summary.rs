@@ -64,7 +64,23 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
     let sums: Vec<Summary> = snaps.iter().map(|s| summarize(s, args)).collect();
     let path = file.display().to_string();
     let pairs: Vec<(&Snapshot, &Summary)> = snaps.iter().zip(&sums).collect();
-    let verdict = report::summary::verdict_line(&pairs);
+    // a snapshot's out-of-memory settled the way a run's is: by a replay of its trace under
+    // expandable segments (the allocator setting that fixes fragmentation)
+    let settled: Vec<Option<bool>> = snaps
+        .iter()
+        .zip(&sums)
+        .map(|(s, m)| {
+            if m.ooms.is_empty() || s.conf.expandable_segments {
+                return None;
+            }
+            let capacity = super::replay::recorded_capacity(s)?;
+            let mut conf = s.conf.clone();
+            conf.expandable_segments = true;
+            let w = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
+            Some(w.replayed.ooms == 0)
+        })
+        .collect();
+    let verdict = report::summary::verdict_line(&pairs, &settled);
     let any_oom = sums.iter().any(|m| !m.ooms.is_empty());
     if args.quiet {
         writeln!(out, "{verdict}")?;

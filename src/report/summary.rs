@@ -443,15 +443,29 @@ pub fn ranks_json(rows: &[DeviceRow], spread: &[Spread]) -> Value {
 
 /// The answer first: did this snapshot run out of memory, on which device, and why (the
 /// verdict from the state at the failure: a snapshot cannot be re-run); else its peak.
-pub fn verdict_line(devs: &[(&Snapshot, &Summary)]) -> String {
-    let ooms: Vec<(u32, &crate::analysis::summary::OomEvent)> = devs
+/// `settled[i]`: whether a replay of device `i`'s trace with expandable segments avoided its
+/// out-of-memory errors (`None`: not replayed).
+pub fn verdict_line(devs: &[(&Snapshot, &Summary)], settled: &[Option<bool>]) -> String {
+    let ooms: Vec<(usize, u32, &crate::analysis::summary::OomEvent)> = devs
         .iter()
-        .flat_map(|(s, m)| m.ooms.iter().map(move |o| (s.device, o)))
+        .enumerate()
+        .flat_map(|(i, (s, m))| m.ooms.iter().map(move |o| (i, s.device, o)))
         .collect();
-    if let Some((dev, o)) = ooms.first() {
+    if let Some((i, dev, o)) = ooms.first() {
+        let why = match settled.get(*i).copied().flatten() {
+            Some(true) => {
+                "fragmentation: a replay of the trace with expandable_segments:True avoids it"
+                    .to_string()
+            }
+            Some(false) => {
+                "capacity: a replay of the trace with expandable_segments:True runs out too"
+                    .to_string()
+            }
+            None => format!("{}, from the state at the failure", o.verdict.name()),
+        };
         return format!(
             "out of memory on device {dev}{}: {} asked for with {} allocated and {} reserved{} \
-             ({}, from the state at the failure; a snapshot is not re-run)",
+             ({why})",
             if ooms.len() > 1 {
                 format!(" ({} OOMs, the first)", ooms.len())
             } else {
@@ -465,7 +479,6 @@ pub fn verdict_line(devs: &[(&Snapshot, &Summary)]) -> String {
             } else {
                 format!(", at {}", o.site)
             },
-            o.verdict.name()
         );
     }
     let peak = devs

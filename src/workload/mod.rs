@@ -236,7 +236,7 @@ pub fn is_config_not_snapshot(path: &Path) -> bool {
     if path.is_dir() {
         return path.join("config.json").is_file();
     }
-    if !path.extension().is_some_and(|e| e == "json") {
+    if path.extension().is_none_or(|e| e != "json") {
         return false;
     }
     let small = std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() <= 4 << 20);

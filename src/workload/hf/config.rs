@@ -449,7 +449,7 @@ fn known_keys(
 ) -> Result<(), String> {
     for (key, inert, why) in INERT_AT {
         if let Some(v) = m.get(*key) {
-            if v.to_string() != *inert && !v.is_null() {
+            if !v.is_null() && v.to_string().as_str() != *inert {
                 return Err(format!(
                     "{}: '{key}' is {v}: {why} (gpumem models {key} = {inert})",
                     path.display()
