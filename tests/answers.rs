@@ -529,3 +529,30 @@ fn little_free_memory_is_no_fragmentation_headline_and_unchecked_leaks_are_said(
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("leaks: not looked for: leaks need at least 4"), "{text}");
 }
+
+/// Published configs beyond ../shared/configs, as their authors ship them: each runs, and the
+/// float32 Llama-2-7B that fits no 24 GiB card alone is answered with LoRA on bf16 weights.
+#[test]
+fn held_out_published_configs_run_and_a_combined_remedy_answers_llama2() {
+    for name in [
+        "llama-2-7b",
+        "distilgpt2",
+        "qwen2.5-1.5b-instruct",
+        "deepseek-r1-distill-llama-8b",
+        "mistral-7b-instruct-v0.2",
+    ] {
+        let p = format!("fixtures/hf/published/{name}.config.json");
+        let (code, v) = run_json(&["run", &p, "--batch", "1", "--seq", "256", "--no-remedies"]);
+        assert_eq!(code, Some(0), "{name}: {v}");
+    }
+    let (_, v) = run_json(&[
+        "fit",
+        "fixtures/hf/published/llama-2-7b.config.json",
+        "--seq",
+        "1024",
+        "--capacity",
+        "24GiB",
+    ]);
+    let fix = v["verdict"]["smallest_fix"].as_str().unwrap_or_default();
+    assert!(fix.starts_with("LoRA r 16, bf16 weights (up to batch "), "{v}");
+}

@@ -109,9 +109,8 @@ pub fn verdict(i: &Inputs) -> FitVerdict {
     }
     match (&i.smallest_fix, i.cause) {
         (Some(f), _) => line.push_str(&format!("; smallest fix that fits: {f}")),
-        (None, Some(OomKind::Capacity)) if i.remedies_tried => {
-            line.push_str("; no single remedy fits")
-        }
+        (None, Some(OomKind::Fragmentation)) => {}
+        (None, _) if i.remedies_tried => line.push_str("; no single remedy fits"),
         _ => {}
     }
     FitVerdict {

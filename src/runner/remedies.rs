@@ -177,6 +177,21 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                 },
                 kind: RemedyKind::Lora,
             });
+            if !p.bf16_weights && !p.bf16 {
+                // the usual way to fine-tune a model whose float32 weights alone do not fit
+                hf_remedies.push(Remedy {
+                    name: "LoRA r 16, bf16 weights".into(),
+                    change: "from_pretrained(..., dtype=torch.bfloat16), then peft LoRA (r 16 \
+                             on q/k/v/o_proj)"
+                        .into(),
+                    overrides: Overrides {
+                        lora_attention: true,
+                        bf16_weights: true,
+                        ..base.clone()
+                    },
+                    kind: RemedyKind::Lora,
+                });
+            }
         }
     }
     out.extend(
@@ -200,6 +215,8 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             kind: RemedyKind::Sgd,
         });
     }
+    // ranked by how little each changes (stable: the order above within a kind)
+    out.sort_by_key(|r| r.kind);
     out
 }
 

@@ -73,6 +73,7 @@ const INERT: &[&str] = &[
     "tf_legacy_loss",
     "pruned_heads",
     "_attn_implementation_autoset",
+    "_num_labels",
     // a training script's flag saved with the model: transformers 5 does not act on it (the
     // workload's gradient_checkpointing, or --gradient-checkpointing, decides)
     "gradient_checkpointing",
