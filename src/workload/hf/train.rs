@@ -61,11 +61,14 @@ fn micro_batch(
         let _ = writeln!(s, "  }}");
     }
     let _ = writeln!(s, "}}");
-    if train && r.grad_accum > 1 {
-        // `loss = out.loss / grad_accum`: a scalar, the forward's loss freed with its name
-        let _ = writeln!(s, "loss = loss / {}", r.grad_accum);
-    }
-    if train {
+    // with accumulation, `loss = out.loss / grad_accum` is what backward runs from; the
+    // output keeps its own loss until `del out`
+    let scaled = train && r.grad_accum > 1;
+    if scaled {
+        let _ = writeln!(s, "scaled = loss / {}", r.grad_accum);
+        let _ = writeln!(s, "scaled.backward()");
+        let _ = writeln!(s, "value = scaled.item()");
+    } else if train {
         let _ = writeln!(s, "loss.backward()");
         let _ = writeln!(s, "value = loss.item()");
     }
@@ -87,6 +90,9 @@ fn micro_batch(
     }
     if train {
         let _ = writeln!(s, "del loss");
+    }
+    if scaled {
+        let _ = writeln!(s, "del scaled");
     }
     let _ = writeln!(s, "del input_ids, labels");
 }
