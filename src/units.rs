@@ -68,7 +68,9 @@ pub const MAX_CAPACITY: u64 = 64 * TIB;
 /// bytes and at most [`MAX_CAPACITY`].
 pub fn parse_capacity(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let unitless = !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '_' || c == '.');
+    let unitless = !t.is_empty()
+        && t.chars()
+            .all(|c| c.is_ascii_digit() || c == '_' || c == '.');
     if unitless && parse_size(t)? > 0 {
         // `--capacity 24` meant 24 GiB far more often than 24 bytes
         return Err(format!(

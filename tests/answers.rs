@@ -60,9 +60,15 @@ fn the_llama_lora_question_is_capacity_and_checkpointing_is_the_fix_each_row_a_r
         u(&verdict["needs_reserved"]) - u(&o["usable"])
     );
     let line = verdict["line"].as_str().unwrap();
-    assert!(line.starts_with("does not fit on 24.00 GiB: needs "), "{line}");
+    assert!(
+        line.starts_with("does not fit on 24.00 GiB: needs "),
+        "{line}"
+    );
     assert!(line.contains("first OOM at model.layers."), "{line}");
-    assert!(!line.contains("line "), "a generated workload's line: {line}");
+    assert!(
+        !line.contains("line "),
+        "a generated workload's line: {line}"
+    );
     // checkpointing's row is the run with --gradient-checkpointing, to the byte
     let (_, by_hand) = run_json(&args("run", &["--gradient-checkpointing"]));
     assert!(by_hand["oom"].is_null());
@@ -99,7 +105,10 @@ fn fit_takes_runs_flags_and_answers_with_checkpointing() {
     let verdict = &v["verdict"];
     assert_eq!(verdict["fits"], false);
     let fix = verdict["smallest_fix"].as_str().unwrap();
-    assert!(fix.starts_with("gradient checkpointing (up to batch "), "{fix}");
+    assert!(
+        fix.starts_with("gradient checkpointing (up to batch "),
+        "{fix}"
+    );
     let rows = v["results"].as_array().unwrap();
     assert!(rows[0]["max_fitting"].is_null(), "as written: none fits");
     let ckpt = rows
@@ -143,7 +152,10 @@ fn quiet_prints_the_verdict_line_alone() {
         .output()
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with("fits on 24.00 GiB: peak reserved "), "{text}");
+    assert!(
+        text.starts_with("fits on 24.00 GiB: peak reserved "),
+        "{text}"
+    );
     let (_, v) = run_json(&[
         "run",
         &common::root()
@@ -185,8 +197,9 @@ fn the_oom_fixtures_diagnosis_agrees_with_their_remedies() {
 #[test]
 fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
     let s = Scratch::new("accum");
-    let cfg = std::fs::canonicalize(common::root().join("../shared/configs/qwen2.5-0.5b.config.json"))
-        .unwrap();
+    let cfg =
+        std::fs::canonicalize(common::root().join("../shared/configs/qwen2.5-0.5b.config.json"))
+            .unwrap();
     let (_, v) = run_json(&[
         "run",
         cfg.to_str().unwrap(),
@@ -217,7 +230,10 @@ fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
         ),
     );
     let (_, by_hand) = run_json(&["run", w.to_str().unwrap()]);
-    assert_eq!(u(&row["peak_reserved"]), u(&by_hand["peak"]["peak_reserved"]));
+    assert_eq!(
+        u(&row["peak_reserved"]),
+        u(&by_hand["peak"]["peak_reserved"])
+    );
     assert_eq!(row["fits"] == true, by_hand["oom"].is_null());
 }
 
@@ -235,17 +251,34 @@ fn published_configs_run_as_they_are_or_are_refused_by_the_key_that_matters() {
     }
     // bert-base-uncased: its own gradient_checkpointing: false is accepted; its head
     // (BertForMaskedLM) is refused by name, never run as another head
-    let out = common::at_root(&["run", &config("bert-base-uncased"), "--batch", "1", "--seq", "128"]);
+    let out = common::at_root(&[
+        "run",
+        &config("bert-base-uncased"),
+        "--batch",
+        "1",
+        "--seq",
+        "128",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("'architectures' names BertForMaskedLM"), "{err}");
+    assert!(
+        err.contains("'architectures' names BertForMaskedLM"),
+        "{err}"
+    );
     assert!(!err.contains("gradient_checkpointing"), "{err}");
     // a value that does change memory is refused by its key
     let s = Scratch::new("mrope");
-    let text =
-        std::fs::read_to_string(common::root().join(config("deepseek-r1-distill-qwen-7b"))).unwrap();
-    let on = s.write("config.json", &text.replace("\"use_mrope\": false", "\"use_mrope\": true"));
-    assert_ne!(text, std::fs::read_to_string(&on).unwrap(), "the config has use_mrope");
+    let text = std::fs::read_to_string(common::root().join(config("deepseek-r1-distill-qwen-7b")))
+        .unwrap();
+    let on = s.write(
+        "config.json",
+        &text.replace("\"use_mrope\": false", "\"use_mrope\": true"),
+    );
+    assert_ne!(
+        text,
+        std::fs::read_to_string(&on).unwrap(),
+        "the config has use_mrope"
+    );
     let out = common::at_root(&["run", on.to_str().unwrap(), "--batch", "1", "--seq", "128"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -257,7 +290,10 @@ fn flag_errors_name_the_flag_and_a_unitless_capacity_is_refused() {
     let l = config("llama-3.2-1b");
     for (args, flag) in [
         (vec!["--mode", "generate"], "--mode"),
-        (vec!["--lora-r", "4", "--lora-targets", "foo"], "--lora-targets"),
+        (
+            vec!["--lora-r", "4", "--lora-targets", "foo"],
+            "--lora-targets",
+        ),
         (vec!["--capacity", "24"], "--capacity"),
     ] {
         let mut a = vec!["run", l.as_str(), "--batch", "1", "--seq", "128"];
@@ -266,9 +302,21 @@ fn flag_errors_name_the_flag_and_a_unitless_capacity_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("error: {flag}: ")), "{args:?}: {err}");
-        assert!(!err.contains(" column "), "a generated workload's position: {err}");
+        assert!(
+            !err.contains(" column "),
+            "a generated workload's position: {err}"
+        );
     }
-    let out = common::at_root(&["run", &l, "--batch", "1", "--seq", "128", "--capacity", "24"]);
+    let out = common::at_root(&[
+        "run",
+        &l,
+        "--batch",
+        "1",
+        "--seq",
+        "128",
+        "--capacity",
+        "24",
+    ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("24GiB"));
 }
 
@@ -282,8 +330,18 @@ fn frozen_weights_are_parameters_and_the_kv_cache_is_its_own_category() {
     // generation: the cache of every layer, keys and values, bf16 weights' dtype
     let l = config("llama-3.2-1b");
     let (_, g) = run_json(&[
-        "run", &l, "--batch", "2", "--seq", "512", "--mode", "generate", "--new-tokens", "1",
-        "--dtype", "bf16",
+        "run",
+        &l,
+        "--batch",
+        "2",
+        "--seq",
+        "512",
+        "--mode",
+        "generate",
+        "--new-tokens",
+        "1",
+        "--dtype",
+        "bf16",
     ]);
     // at the peak (the prefill's logits), the prompt's cache: 16 layers x (k, v) x batch 2 x
     // 8 key/value heads x 512 tokens x head_dim 64 x 2 bytes
@@ -295,8 +353,23 @@ fn frozen_weights_are_parameters_and_the_kv_cache_is_its_own_category() {
 fn fit_on_generation_length_prints_the_cache_per_token_and_stops_at_the_trained_context() {
     let q = config("qwen2.5-7b");
     let (code, v) = run_json(&[
-        "fit", &q, "--batch", "1", "--seq", "2048", "--mode", "generate", "--new-tokens", "1",
-        "--dtype", "bf16", "--param", "new_tokens", "--capacity", "24GiB", "--no-remedies",
+        "fit",
+        &q,
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--mode",
+        "generate",
+        "--new-tokens",
+        "1",
+        "--dtype",
+        "bf16",
+        "--param",
+        "new_tokens",
+        "--capacity",
+        "24GiB",
+        "--no-remedies",
     ]);
     assert_eq!(code, Some(0), "{v}");
     // max_position_embeddings 131,072 less the 2,048-token prompt
@@ -308,14 +381,36 @@ fn fit_on_generation_length_prints_the_cache_per_token_and_stops_at_the_trained_
     assert_eq!(row["max_fitting"], 129024, "{row}");
     // a run past the trained context is warned about
     let out = common::at_root(&[
-        "run", &q, "--batch", "1", "--seq", "131000", "--mode", "generate", "--new-tokens",
-        "100", "--dtype", "bf16", "-q", "--no-remedies",
+        "run",
+        &q,
+        "--batch",
+        "1",
+        "--seq",
+        "131000",
+        "--mode",
+        "generate",
+        "--new-tokens",
+        "100",
+        "--dtype",
+        "bf16",
+        "-q",
+        "--no-remedies",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_position_embeddings of 131,072"));
     // a run in generate mode says its cache per token
     let (_, r) = run_json(&[
-        "run", &q, "--batch", "1", "--seq", "2048", "--mode", "generate", "--new-tokens", "16",
-        "--dtype", "bf16",
+        "run",
+        &q,
+        "--batch",
+        "1",
+        "--seq",
+        "2048",
+        "--mode",
+        "generate",
+        "--new-tokens",
+        "16",
+        "--dtype",
+        "bf16",
     ]);
     // 28 layers x (k, v) x 4 key/value heads x head_dim 128 x 2 bytes
     assert_eq!(r["kv_cache"]["bytes_per_token"], 28 * 2 * 4 * 128 * 2);
@@ -327,11 +422,27 @@ fn fit_on_a_short_generation_is_exact() {
     // a small model on a small card, the boundary simulated (--exact: whatever the time)
     let l = config("llama-3.2-1b");
     let base = [
-        "--batch", "16", "--seq", "256", "--mode", "generate", "--dtype", "bf16",
-        "--capacity", "3.2GiB", "--iterations", "1",
+        "--batch",
+        "16",
+        "--seq",
+        "256",
+        "--mode",
+        "generate",
+        "--dtype",
+        "bf16",
+        "--capacity",
+        "3.2GiB",
+        "--iterations",
+        "1",
     ];
     let mut a = vec![
-        "fit", l.as_str(), "--param", "new_tokens", "--new-tokens", "1", "--no-remedies",
+        "fit",
+        l.as_str(),
+        "--param",
+        "new_tokens",
+        "--new-tokens",
+        "1",
+        "--no-remedies",
         "--exact",
     ];
     a.extend_from_slice(&base);
@@ -341,7 +452,13 @@ fn fit_on_a_short_generation_is_exact() {
     let max = row["max_fitting"].as_u64().expect("some length fits");
     for (n, fits) in [(max, true), (max + 1, false)] {
         let n = n.to_string();
-        let mut r = vec!["run", l.as_str(), "--new-tokens", n.as_str(), "--no-remedies"];
+        let mut r = vec![
+            "run",
+            l.as_str(),
+            "--new-tokens",
+            n.as_str(),
+            "--no-remedies",
+        ];
         r.extend_from_slice(&base);
         let (_, out) = run_json(&r);
         assert_eq!(out["oom"].is_null(), fits, "new_tokens {n}");
@@ -352,7 +469,14 @@ fn fit_on_a_short_generation_is_exact() {
 fn check_and_diff_take_a_config_with_runs_flags_and_every_command_opens_with_its_verdict() {
     let l = config("llama-3.2-1b");
     let (code, v) = run_json(&[
-        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=1GiB",
+        "check",
+        &l,
+        "--batch",
+        "1",
+        "--seq",
+        "256",
+        "--budget",
+        "peak_reserved=1GiB",
     ]);
     assert_eq!(code, Some(1), "{v}");
     let line = v["verdict"]["line"].as_str().unwrap();
@@ -362,18 +486,40 @@ fn check_and_diff_take_a_config_with_runs_flags_and_every_command_opens_with_its
     assert!(line.contains("raise the budget"), "{line}");
     // the text opens with the verdict
     let out = common::at_root(&[
-        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=100GiB",
+        "check",
+        &l,
+        "--batch",
+        "1",
+        "--seq",
+        "256",
+        "--budget",
+        "peak_reserved=100GiB",
     ]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("gpumem check: passed"), "{text}");
     // and -q is that line alone
     let out = common::at_root(&[
-        "check", &l, "--batch", "1", "--seq", "256", "--budget", "peak_reserved=100GiB", "-q",
+        "check",
+        &l,
+        "--batch",
+        "1",
+        "--seq",
+        "256",
+        "--budget",
+        "peak_reserved=100GiB",
+        "-q",
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
     // a config without its sequence is refused by the flag
-    let out = common::at_root(&["check", &l, "--batch", "1", "--budget", "peak_reserved=1GiB"]);
+    let out = common::at_root(&[
+        "check",
+        &l,
+        "--batch",
+        "1",
+        "--budget",
+        "peak_reserved=1GiB",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seq"));
     // diff: the same config at two settings of the same flags, as run gives them
@@ -405,22 +551,39 @@ fn summary_opens_with_the_snapshots_out_of_memory() {
     );
     // settled by a replay of the trace, as a run's is by re-runs
     assert!(
-        first.contains("(fragmentation: a replay of the trace with expandable_segments:True avoids it)"),
+        first.contains(
+            "(fragmentation: a replay of the trace with expandable_segments:True avoids it)"
+        ),
         "{first}"
     );
     let (_, v) = run_json(&["summary", snap.to_str().unwrap()]);
     assert_eq!(v["verdict"]["oom"], true);
     let cap = s.path("cap.json");
     let out = common::at_root(&[
-        "run", "--preset", "capacity-oom", "--no-remedies", "--snapshot", cap.to_str().unwrap(),
+        "run",
+        "--preset",
+        "capacity-oom",
+        "--no-remedies",
+        "--snapshot",
+        cap.to_str().unwrap(),
     ]);
     assert!(out.status.success());
     let out = common::at_root(&["summary", cap.to_str().unwrap(), "-q"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("(capacity: a replay of the trace with"), "{text}");
-    let out = common::at_root(&["summary", "fixtures/snapshots/grown_mlp_leak_x8.pickle", "-q"]);
+    assert!(
+        text.contains("(capacity: a replay of the trace with"),
+        "{text}"
+    );
+    let out = common::at_root(&[
+        "summary",
+        "fixtures/snapshots/grown_mlp_leak_x8.pickle",
+        "-q",
+    ]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.starts_with("no out-of-memory recorded: peak reserved"), "{text}");
+    assert!(
+        text.starts_with("no out-of-memory recorded: peak reserved"),
+        "{text}"
+    );
 }
 
 /// Every published config, each number in it made negative, absurd or a string: gpumem runs it
@@ -441,13 +604,25 @@ fn mutated_published_configs_are_refused_by_name_or_run() {
             if !v.is_number() {
                 continue;
             }
-            for bad in [serde_json::json!(-1), serde_json::json!(1_000_000_000_000u64), serde_json::json!("x")] {
+            for bad in [
+                serde_json::json!(-1),
+                serde_json::json!(1_000_000_000_000u64),
+                serde_json::json!("x"),
+            ] {
                 let mut m = cfg.clone();
                 m.insert(k.clone(), bad.clone());
                 let p = s.write("config.json", &Value::Object(m).to_string());
                 let out = common::at_root(&[
-                    "run", p.to_str().unwrap(), "--batch", "1", "--seq", "16", "-q",
-                    "--no-remedies", "--iterations", "1",
+                    "run",
+                    p.to_str().unwrap(),
+                    "--batch",
+                    "1",
+                    "--seq",
+                    "16",
+                    "-q",
+                    "--no-remedies",
+                    "--iterations",
+                    "1",
                 ]);
                 let code = out.status.code();
                 assert!(
@@ -475,13 +650,19 @@ fn mutated_published_configs_are_refused_by_name_or_run() {
 fn help_examples_need_no_repository() {
     let s = Scratch::new("help-examples");
     let mut ran = 0;
-    for cmd in ["", "run", "fit", "check", "summary", "replay", "bench", "diff", "plot", "export"] {
+    for cmd in [
+        "", "run", "fit", "check", "summary", "replay", "bench", "diff", "plot", "export",
+    ] {
         let mut c = gpumem();
         if !cmd.is_empty() {
             c.arg(cmd);
         }
         let help = String::from_utf8(c.arg("--help").output().unwrap().stdout).unwrap();
-        for line in help.lines().map(str::trim).filter(|l| l.starts_with("gpumem ")) {
+        for line in help
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("gpumem "))
+        {
             let example = line.split("  #").next().unwrap().trim();
             assert!(!example.contains("fixtures/"), "{cmd} --help: {line}");
             if !(example.contains("--preset") || example.contains("preset:")) {
@@ -495,7 +676,11 @@ fn help_examples_need_no_repository() {
                 args.push("--iterations");
                 args.push("2");
             }
-            let out = gpumem().current_dir(s.path("")).args(&args).output().unwrap();
+            let out = gpumem()
+                .current_dir(s.path(""))
+                .args(&args)
+                .output()
+                .unwrap();
             assert!(
                 matches!(out.status.code(), Some(0) | Some(1)),
                 "{example}: {}",
@@ -516,18 +701,27 @@ fn little_free_memory_is_no_fragmentation_headline_and_unchecked_leaks_are_said(
         .lines()
         .find(|l| l.starts_with("fragmentation at the peak"))
         .unwrap();
-    assert!(peak.contains("too little for fragmentation to matter"), "{peak}");
+    assert!(
+        peak.contains("too little for fragmentation to matter"),
+        "{peak}"
+    );
     assert!(!peak.contains('%'), "{peak}");
     // at the end 1 GiB is free: the ratio, with its bytes
     let end = text
         .lines()
         .find(|l| l.starts_with("fragmentation at the end"))
         .unwrap();
-    assert!(end.contains("% (") && end.contains("outside the largest block"), "{end}");
+    assert!(
+        end.contains("% (") && end.contains("outside the largest block"),
+        "{end}"
+    );
     // 3 iterations: leaks are not looked for, and the run says so without being asked
     let out = common::at_root(&["run", "--preset", "mlp-adam"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("leaks: not looked for: leaks need at least 4"), "{text}");
+    assert!(
+        text.contains("leaks: not looked for: leaks need at least 4"),
+        "{text}"
+    );
 }
 
 /// Published configs beyond ../shared/configs, as their authors ship them: each runs, and the
@@ -554,7 +748,10 @@ fn held_out_published_configs_run_and_a_combined_remedy_answers_llama2() {
         "24GiB",
     ]);
     let fix = v["verdict"]["smallest_fix"].as_str().unwrap_or_default();
-    assert!(fix.starts_with("LoRA r 16, bf16 weights (up to batch "), "{v}");
+    assert!(
+        fix.starts_with("LoRA r 16, bf16 weights (up to batch "),
+        "{v}"
+    );
 }
 
 /// `[train] grad_accum` against PyTorch's own loop with gradient accumulation
@@ -567,9 +764,9 @@ fn gradient_accumulation_matches_pytorch() {
     for (b, t, k) in [(2u64, 512u64, 1u64), (1, 512, 2), (2, 256, 2), (4, 256, 4)] {
         let spec = format!("{b}:{t}:{k}");
         let gt: Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                common::root().join(format!("fixtures/groundtruth/hf_accum/accum_{b}_{t}_{k}.json")),
-            )
+            &std::fs::read_to_string(common::root().join(format!(
+                "fixtures/groundtruth/hf_accum/accum_{b}_{t}_{k}.json"
+            )))
             .unwrap(),
         )
         .unwrap();

@@ -151,10 +151,7 @@ fn issue5_capacity_oom_is_called_capacity_and_every_remedy_equals_a_run_by_hand(
             .and_then(|r| r.strip_suffix(" accumulated"))
             .and_then(|r| r.split_once(" x "))
         {
-            CAPACITY_OOM.replace(
-                "batch = 512",
-                &format!("batch = {b}\ngrad_accum = {k}"),
-            )
+            CAPACITY_OOM.replace("batch = 512", &format!("batch = {b}\ngrad_accum = {k}"))
         } else if let Some(b) = name.strip_prefix("batch ") {
             CAPACITY_OOM.replace("batch = 512", &format!("batch = {b}"))
         } else if name.contains(':') {

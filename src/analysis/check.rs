@@ -493,7 +493,8 @@ mod tests {
         let base = Entry::record(&before, "w.toml", "0", BTreeMap::new());
         let mut now = before.clone();
         // +16 KiB of a 100 KiB category: 16%, under the 1 MiB floor
-        now.categories_at_peak.insert("activation".into(), 116 << 10);
+        now.categories_at_peak
+            .insert("activation".into(), 116 << 10);
         let j = judge("w", &now, Some(&base), &default_limits, false, 3);
         assert_eq!(verdict(&j, "activation_at_peak"), Verdict::Ok);
         // past the floor it fails
@@ -502,7 +503,14 @@ mod tests {
         let j = judge("w", &now, Some(&base), &default_limits, false, 3);
         assert_eq!(verdict(&j, "activation_at_peak"), Verdict::Regressed);
         // the totals keep 0: one byte fails
-        let j = judge("w", &m(1_000_001, 400_000), Some(&base), &default_limits, false, 3);
+        let j = judge(
+            "w",
+            &m(1_000_001, 400_000),
+            Some(&base),
+            &default_limits,
+            false,
+            3,
+        );
         assert_eq!(verdict(&j, PEAK_ALLOCATED), Verdict::Regressed);
     }
 

@@ -146,7 +146,12 @@ mod tests {
         });
         assert!(v.fits);
         assert_eq!(v.headroom, Some(4 * GIB - (518 << 20)));
-        assert!(v.line.starts_with("fits on 24.00 GiB: peak reserved 20.00 GiB"), "{}", v.line);
+        assert!(
+            v.line
+                .starts_with("fits on 24.00 GiB: peak reserved 20.00 GiB"),
+            "{}",
+            v.line
+        );
     }
 
     #[test]
@@ -165,9 +170,19 @@ mod tests {
         });
         assert!(!v.fits);
         assert_eq!(v.short_by, Some(4 * GIB));
-        assert!(v.line.starts_with("does not fit on 24.00 GiB: needs 27.00 GiB reserved (4.00 GiB short"), "{}", v.line);
+        assert!(
+            v.line
+                .starts_with("does not fit on 24.00 GiB: needs 27.00 GiB reserved (4.00 GiB short"),
+            "{}",
+            v.line
+        );
         assert!(v.line.contains("first OOM at lm_head/linear"), "{}", v.line);
-        assert!(v.line.ends_with("smallest fix that fits: gradient checkpointing"), "{}", v.line);
+        assert!(
+            v.line
+                .ends_with("smallest fix that fits: gradient checkpointing"),
+            "{}",
+            v.line
+        );
     }
 
     #[test]

@@ -157,11 +157,7 @@ fn entry_table(path: &Path, name: &str, e: &Entry) -> Result<CheckTable> {
 }
 
 /// Runs a workload, or reads a snapshot, and measures it.
-fn measure(
-    path: &Path,
-    args: &CheckArgs,
-    device: Option<&str>,
-) -> Result<Input> {
+fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input> {
     let is_config = crate::workload::is_config_not_snapshot(path);
     let builtin = matches!(crate::workload::builtin::lookup(path), Ok(Some(_)));
     if path.extension().is_some_and(|e| e == "toml") || is_config || builtin {

@@ -93,8 +93,7 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
     // a pickle shares a frame list among the entries that use it; JSON cannot, and writes it
     // out at every use: say so when that is what made the file large
     let input_len = std::fs::metadata(path).map_or(0, |m| m.len());
-    if args.to == ExportFormat::TorchJson && input_len > 0 && bytes.len() as u64 > 10 * input_len
-    {
+    if args.to == ExportFormat::TorchJson && input_len > 0 && bytes.len() as u64 > 10 * input_len {
         writeln!(
             out,
             "{}",

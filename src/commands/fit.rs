@@ -6,12 +6,12 @@ use std::io::{IsTerminal, Write};
 use comfy_table::CellAlignment;
 use serde_json::json;
 
+use crate::analysis::verdict::{self, FitVerdict, Inputs};
 use crate::cli::FitArgs;
 use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::runner::remedies::{self, RemedyKind};
 use crate::runner::RunOptions;
-use crate::analysis::verdict::{self, FitVerdict, Inputs};
 use crate::units::{format_bytes, parse_capacity};
 use crate::workload::{self, Overrides};
 
@@ -133,7 +133,10 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 ));
             }
         }
-        notes.push(crate::report::run::kv_cache_line(k, k.prompt + start.max(0) as u64));
+        notes.push(crate::report::run::kv_cache_line(
+            k,
+            k.prompt + start.max(0) as u64,
+        ));
     }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(candidates.len() as u64);
@@ -152,25 +155,10 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let mut runs = 0;
         let (max, found) = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
-                workload,
-                &o,
-                start,
-                limit,
-                kv,
-                &opts,
-                args.exact,
-                &mut runs,
+                workload, &o, start, limit, kv, &opts, args.exact, &mut runs,
             )?,
             _ => (
-                remedies::max_fitting(
-                    workload,
-                    &o,
-                    &param,
-                    start,
-                    limit,
-                    &opts,
-                    &mut runs,
-                )?,
+                remedies::max_fitting(workload, &o, &param, start, limit, &opts, &mut runs)?,
                 remedies::Found::Exact,
             ),
         };
@@ -346,7 +334,11 @@ fn fit_verdict(
             remedies::Found::Estimated => format!("about {m} (estimated)"),
         })
     });
-    let (head, rest) = v.line.split_once(':').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_default();
+    let (head, rest) = v
+        .line
+        .split_once(':')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .unwrap_or_default();
     v.line = match (v.fits, largest) {
         (true, Some(m)) => format!("{head} at {param} {start}, up to {param} {m}:{rest}"),
         _ => format!("{head} at {param} {start}:{rest}"),

@@ -5,6 +5,8 @@
 use std::io::{IsTerminal, Write};
 
 use crate::analysis::findings::{self, RunRecord};
+use crate::analysis::record::RemedyTier;
+use crate::analysis::verdict::{self, FitVerdict, Inputs};
 use crate::cli::{FailOn, ReportKind, RunArgs};
 use crate::commands::{load_workload, write_atomic, Outcome};
 use crate::error::{Error, Result};
@@ -12,8 +14,6 @@ use crate::report;
 use crate::runner::remedies;
 use crate::runner::{run_on, RunOptions, Target};
 use crate::units::parse_capacity;
-use crate::analysis::record::RemedyTier;
-use crate::analysis::verdict::{self, FitVerdict, Inputs};
 
 /// Points of the timeline kept for the picture.
 const PLOT_SAMPLES: usize = 300;
@@ -219,7 +219,11 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         writeln!(out, "{}", report::verdict::line(&verdict))?;
         report::run::write_text(out, &path, &r, verdict.oom_at.as_deref())?;
         if let (Some(k), Some(t)) = (&kv, context_tokens) {
-            writeln!(out, "{}", report::style::wrap(&report::run::kv_cache_line(k, t)))?;
+            writeln!(
+                out,
+                "{}",
+                report::style::wrap(&report::run::kv_cache_line(k, t))
+            )?;
         }
         if let Some(d) = &oom {
             writeln!(out)?;

@@ -76,7 +76,8 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
             let capacity = super::replay::recorded_capacity(s)?;
             let mut conf = s.conf.clone();
             conf.expandable_segments = true;
-            let w = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
+            let w =
+                crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &conf, capacity);
             Some(w.replayed.ooms == 0)
         })
         .collect();

@@ -240,7 +240,10 @@ pub fn kv_cache_line(k: &crate::workload::KvCacheInfo, tokens: u64) -> String {
         k.dtype,
         k.batch,
         match k.sliding_window {
-            Some(w) => format!(", at most {} tokens (the sliding window)", crate::units::group_digits(w)),
+            Some(w) => format!(
+                ", at most {} tokens (the sliding window)",
+                crate::units::group_digits(w)
+            ),
             None => String::new(),
         },
         format_bytes(k.bytes_at(tokens)),

@@ -191,10 +191,16 @@ fn each_non_zero_category_has_an_area_and_a_legend_entry() {
 
     // The areas are stacked bottom first, in `categories` order: what persists (parameters,
     // optimizer state) below what comes and goes (activations, temporaries).
-    let order: Vec<usize> = ["parameter", "optimizer_state", "gradient", "activation", "temporary"]
-        .iter()
-        .map(|n| svg.find(&format!(r#"data-series="{n}""#)).expect("area"))
-        .collect();
+    let order: Vec<usize> = [
+        "parameter",
+        "optimizer_state",
+        "gradient",
+        "activation",
+        "temporary",
+    ]
+    .iter()
+    .map(|n| svg.find(&format!(r#"data-series="{n}""#)).expect("area"))
+    .collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
 
     let reserved = group(&svg, r#"class="line" data-series="reserved""#).expect("reserved");

@@ -268,7 +268,8 @@ impl Runner {
             } => {
                 // a tensor loaded from a state_dict name is a parameter, trained or frozen
                 // (a LoRA's base weights); `data:` names and the rest are inputs
-                let from_state = matches!(a.kw("from"), Some(Value::Str(n)) if !n.starts_with("data:"));
+                let from_state =
+                    matches!(a.kw("from"), Some(Value::Str(n)) if !n.starts_with("data:"));
                 let frozen = from_state && !requires_grad;
                 let cat = if (requires_grad && e.name != "arange") || from_state {
                     Category::Parameter

@@ -169,8 +169,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         if p.full_finetune {
             hf_remedies.push(Remedy {
                 name: "LoRA r 16".into(),
-                change: "peft LoRA (r 16 on q/k/v/o_proj) instead of training every weight"
-                    .into(),
+                change: "peft LoRA (r 16 on q/k/v/o_proj) instead of training every weight".into(),
                 overrides: Overrides {
                     lora_attention: true,
                     ..base.clone()

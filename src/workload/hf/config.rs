@@ -81,13 +81,11 @@ const INERT: &[&str] = &[
 
 /// Keys that change nothing at one value and are refused at any other: (key, inert value,
 /// why another is refused).
-const INERT_AT: &[(&str, &str, &str)] = &[
-    (
-        "use_mrope",
-        "false",
-        "multimodal rotary positions (Qwen2-VL's) are not modelled",
-    ),
-];
+const INERT_AT: &[(&str, &str, &str)] = &[(
+    "use_mrope",
+    "false",
+    "multimodal rotary positions (Qwen2-VL's) are not modelled",
+)];
 
 /// The heads each family models, by the `architectures` class name's suffix after the
 /// family's prefix: what an `architectures` entry must name (the first one decides).
@@ -462,9 +460,7 @@ fn known_keys(
         .keys()
         .map(String::as_str)
         .filter(|k| {
-            INERT.contains(k)
-                || extra_inert.contains(k)
-                || INERT_AT.iter().any(|(n, _, _)| n == k)
+            INERT.contains(k) || extra_inert.contains(k) || INERT_AT.iter().any(|(n, _, _)| n == k)
         })
         .filter(|k| !modelled.contains(k))
         .collect();

@@ -175,7 +175,11 @@ pub(crate) fn expand(
         batch: t.int("batch", None, "the batch size, e.g. batch = 4")?,
         seq: t.int("seq", None, "tokens per sample, e.g. seq = 1024")?,
         iterations,
-        grad_accum: t.int("grad_accum", Some(1), "micro-batches per step, e.g. grad_accum = 4")?,
+        grad_accum: t.int(
+            "grad_accum",
+            Some(1),
+            "micro-batches per step, e.g. grad_accum = 4",
+        )?,
         optimizer: t.choice(
             "optimizer",
             "adamw",
