@@ -124,8 +124,15 @@ pub fn live_breakdown(events: &[Event], tags: &Tags) -> (ByName, ByName) {
 
 /// Where the last out-of-memory of `events` was asked for: its site (scopes and op, without
 /// the iteration, the category or the phase) and its phase (`forward`), if tagged.
-pub fn oom_site(events: &[Event], tags: &Tags) -> (String, Option<String>) {
-    let Some(e) = events.iter().rev().find(|e| e.kind() == EventKind::Oom) else {
+pub fn oom_site<'a>(
+    events: impl IntoIterator<Item = &'a Event>,
+    tags: &Tags,
+) -> (String, Option<String>) {
+    let Some(e) = events
+        .into_iter()
+        .filter(|e| e.kind() == EventKind::Oom)
+        .last()
+    else {
         return (String::new(), None);
     };
     let site = describe(&tags.resolve(e.stack)).site;

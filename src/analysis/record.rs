@@ -98,6 +98,30 @@ pub struct DriverView {
     pub measured: bool,
 }
 
+impl DriverView {
+    /// What the process holds outside the caching allocator (the CUDA context, kernels,
+    /// libraries' handles): nvidia-smi's figure less `memory_reserved()`.
+    pub fn outside(&self) -> u64 {
+        self.process_used.saturating_sub(self.reserved)
+    }
+}
+
+impl RunOutcome {
+    /// Memory the process holds outside the allocator (0 without a driver's view).
+    pub fn context(&self) -> u64 {
+        self.driver.map_or(0, |d| d.outside())
+    }
+
+    /// Where the run ran out, as a user reads it ([`super::oom::oom_place`]); `with_line` for
+    /// a workload file, whose lines mean something to its author.
+    pub fn oom_place(&self, with_line: bool) -> Option<String> {
+        let o = self.oom.as_ref()?;
+        let rec = self.allocator.recorder();
+        let site = super::oom::oom_site(rec.ring.iter(), &rec.tags);
+        Some(super::oom::oom_place(&site, o.iteration, o.line, with_line))
+    }
+}
+
 /// A named tensor's values: (name, shape, values).
 pub type NamedValues = (String, Vec<usize>, Vec<f64>);
 

@@ -285,10 +285,7 @@ fn fit_verdict(
     let workload = &args.target.path();
     let at = base.with_param(param, start);
     let r = remedies::run_with(workload, &at, opts)?;
-    let context = r
-        .driver
-        .map(|d| d.process_used.saturating_sub(d.reserved))
-        .unwrap_or(0);
+    let context = r.context();
     let usable = r
         .oom
         .as_ref()
@@ -298,12 +295,7 @@ fn fit_verdict(
         Some(_) => remedies::needs(workload, &at, opts),
         None => None,
     };
-    let oom_at = r.oom.as_ref().map(|o| {
-        let rec = r.allocator.recorder();
-        let events: Vec<_> = rec.ring.iter().copied().collect();
-        let site = crate::analysis::oom::oom_site(&events, &rec.tags);
-        crate::analysis::oom::oom_place(&site, o.iteration, o.line, !is_config)
-    });
+    let oom_at = r.oom_place(!is_config);
     let mut ranked: Vec<&Row> = rows.iter().filter(|r| r.kind.is_some()).collect();
     ranked.sort_by_key(|r| r.kind);
     let fix = ranked

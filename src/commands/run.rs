@@ -260,10 +260,7 @@ fn run_verdict(
     is_config: bool,
     remedies_tried: bool,
 ) -> FitVerdict {
-    let context = r
-        .driver
-        .map(|d| d.process_used.saturating_sub(d.reserved))
-        .unwrap_or(0);
+    let context = r.context();
     verdict::verdict(&Inputs {
         capacity: r.capacity,
         usable: oom

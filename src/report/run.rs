@@ -156,7 +156,7 @@ pub fn write_text(
         )?;
     }
     if let Some(d) = &r.driver {
-        let outside = d.process_used.saturating_sub(d.reserved);
+        let outside = d.outside();
         let line = if d.measured {
             format!(
                 "the driver's view at the end (NVML, as nvidia-smi shows it): this process uses {}: \

@@ -256,17 +256,7 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
     match run_with(path, &r.overrides, opts) {
         Ok(out) => {
             (t.peak_allocated, t.peak_reserved, t.fits) = outcome(&out);
-            t.oom_at = out.oom.as_ref().map(|o| {
-                let rec = out.allocator.recorder();
-                let events: Vec<_> = rec.ring.iter().copied().collect();
-                let site = crate::analysis::oom::oom_site(&events, &rec.tags);
-                crate::analysis::oom::oom_place(
-                    &site,
-                    o.iteration,
-                    o.line,
-                    !workload::is_config(path),
-                )
-            });
+            t.oom_at = out.oom_place(!workload::is_config(path));
         }
         Err(e) => t.error = Some(e.to_string()),
     }
@@ -504,10 +494,7 @@ pub fn max_new_tokens(
         let m = max_fitting(path, overrides, param, a, b, opts, runs)?;
         return Ok((m, Found::Exact));
     }
-    let context = rb
-        .driver
-        .map(|d| d.process_used.saturating_sub(d.reserved))
-        .unwrap_or(0);
+    let context = rb.context();
     let usable = rb.capacity.saturating_sub(context);
     // the boundary from allocated memory: what the model holds (the first iteration's start),
     // the cache at the context's length with one layer's keys twice over (`torch.cat` makes
