@@ -568,7 +568,7 @@ fn generation_is_refused_where_it_is_not_modelled() {
                 "mode = \"generate\"",
                 gen,
             ),
-            "generation for mistral",
+            "generation with a sliding window (sliding_window = 256 of mistral)",
         ),
         (
             w(

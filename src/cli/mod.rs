@@ -201,7 +201,10 @@ pub struct ModelArgs {
     #[arg(long, value_name = "P", requires = "lora_r")]
     pub lora_dropout: Option<f64>,
 
-    /// With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`).
+    /// With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`),
+    /// or `all-linear` (peft's: every linear of the layers) or `attention` (the attention's
+    /// projections: q_proj,k_proj,v_proj,o_proj, or Phi-3's qkv_proj,o_proj). Default: peft's
+    /// for the model type (q_proj,v_proj; Phi-3's qkv_proj).
     #[arg(long, value_name = "NAMES", requires = "lora_r")]
     pub lora_targets: Option<String>,
 }

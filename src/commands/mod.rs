@@ -248,14 +248,17 @@ fn config_flags(
             lora.push(("dropout".into(), toml::Value::Float(p).to_string()));
         }
         if let Some(t) = &args.lora_targets {
-            let names: Vec<toml::Value> = t
-                .split(',')
-                .map(|n| toml::Value::String(n.trim().to_string()))
-                .collect();
-            lora.push((
-                "target_modules".into(),
-                toml::Value::Array(names).to_string(),
-            ));
+            // peft's "all-linear" and gpumem's "attention" name a set, not a module
+            let value = if matches!(t.trim(), "all-linear" | "attention") {
+                toml::Value::String(t.trim().to_string())
+            } else {
+                toml::Value::Array(
+                    t.split(',')
+                        .map(|n| toml::Value::String(n.trim().to_string()))
+                        .collect(),
+                )
+            };
+            lora.push(("target_modules".into(), value.to_string()));
         }
     }
     if given.is_empty() {

@@ -718,6 +718,7 @@ impl<S: Device> Tensors<S> {
                 } else {
                     g
                 };
+                let g = self.follow_layout(op, g, grad_out);
                 let g = if plan.bthd && shape.len() == 4 {
                     let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
                     let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;
@@ -779,6 +780,27 @@ impl<S: Device> Tensors<S> {
         }
     }
 
+    /// An elementwise op's gradient of the incoming gradient's shape, laid out as
+    /// TensorIterator lays out `grad * other`: like the incoming gradient when that one is
+    /// permuted (a transposed head gradient stays transposed through an RMSNorm's backward,
+    /// so the `view` before it copies, as on the H200), else contiguous as made.
+    fn follow_layout(&mut self, op: &Op, g: TensorId, grad_out: TensorId) -> TensorId {
+        let lo = &self.info(grad_out).layout;
+        if !op.elementwise() || lo.is_contiguous() || !lo.is_dense() {
+            return g;
+        }
+        if self.info(g).layout.shape != lo.shape {
+            return g;
+        }
+        let l = super::layout::elementwise_layout(&lo.shape.clone(), &[&lo.clone()]);
+        if l.is_contiguous() {
+            return g;
+        }
+        let v = self.view_with(g, l);
+        self.release(g);
+        v
+    }
+
     /// A view of a gradient made in backward (a reshape, a permute, a slice): like PyTorch's
     /// views it holds its base, so the storage has two owners and a second gradient for
     /// the same input is summed out of place.
@@ -831,6 +853,11 @@ impl<S: Device> Tensors<S> {
                                 cat_for(self, &e)
                             };
                             let g = self.empty(shape, *dtype, cat)?;
+                            let g = if f.full.is_none() {
+                                self.follow_layout(op, g, grad_out)
+                            } else {
+                                g
+                            };
                             made.push((e, g));
                             if f.full.is_some() {
                                 full.push((made.len() - 1, f));

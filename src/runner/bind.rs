@@ -503,7 +503,7 @@ impl Runner {
                 };
                 (l, none)
             }
-            ViewKind::Index => {
+            ViewKind::Index | ViewKind::Alias => {
                 return script(span, format!("{} is not a method here", kind.name()))
             }
         };

@@ -836,6 +836,14 @@ impl Runner {
             };
             l = res.map_err(|e| super::Stop::Script(span, e.0))?;
         }
+        // PyTorch's indexing returns `alias(x)` when every index is a full slice or an
+        // ellipsis: no slice node, its gradient passed through
+        let plain = items
+            .iter()
+            .all(|i| matches!(i, IndexItem::Slice { .. } | IndexItem::Ellipsis));
+        if plain && l == self.dev.info(t).layout {
+            return Ok(Value::Tensor(self.dev.view_op(ViewKind::Alias, t, l, rel)));
+        }
         Ok(Value::Tensor(self.dev.view_op(ViewKind::Index, t, l, rel)))
     }
 }

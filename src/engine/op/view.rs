@@ -20,6 +20,10 @@ pub enum ViewKind {
     Permute,
     Expand,
     Index,
+    /// `at::alias`: what Python indexing returns when every index is a full slice or an
+    /// ellipsis (`x[..., :n]` of a last dimension of `n`): the same layout, a node whose
+    /// backward hands the gradient through.
+    Alias,
 }
 
 impl ViewKind {
@@ -37,6 +41,7 @@ impl ViewKind {
             ViewKind::T if in_ndim == 2 => Back::Permute(vec![1, 0]),
             ViewKind::T => Back::Pass,
             ViewKind::Expand if same_shape => Back::Pass,
+            ViewKind::Alias => Back::Pass,
             _ => Back::Alloc,
         }
     }
@@ -53,6 +58,7 @@ impl ViewKind {
             ViewKind::Permute => "permute",
             ViewKind::Expand => "expand",
             ViewKind::Index => "index",
+            ViewKind::Alias => "alias",
         }
     }
 }

@@ -81,11 +81,18 @@ const INERT: &[&str] = &[
 
 /// Keys that change nothing at one value and are refused at any other: (key, inert value,
 /// why another is refused).
-const INERT_AT: &[(&str, &str, &str)] = &[(
-    "use_mrope",
-    "false",
-    "multimodal rotary positions (Qwen2-VL's) are not modelled",
-)];
+const INERT_AT: &[(&str, &str, &str)] = &[
+    (
+        "use_mrope",
+        "false",
+        "multimodal rotary positions (Qwen2-VL's) are not modelled",
+    ),
+    (
+        "use_bidirectional_attention",
+        "false",
+        "bidirectional attention (an encoder's mask) is not modelled",
+    ),
+];
 
 /// The heads each family models, by the `architectures` class name's suffix after the
 /// family's prefix: what an `architectures` entry must name (the first one decides).
@@ -172,9 +179,21 @@ pub(crate) struct LlamaConfig {
     pub dtype: Option<&'static str>,
     /// The special tokens `generate` makes tensors of.
     pub tokens: Tokens,
-    /// Qwen2's modelling code (its rotary embedding casts the frequencies before expanding
-    /// them to the batch; llama's expands first).
+    /// Qwen2's and Qwen3's modelling code (its rotary embedding casts the frequencies before
+    /// expanding them to the batch; llama's expands first).
     pub qwen2: bool,
+    /// Qwen3's `q_norm` and `k_norm`: an RMSNorm over each head's dimension of the queries and
+    /// keys, before the rotary embedding.
+    pub qk_norm: bool,
+    /// The config's `model_type` (for messages).
+    pub model_type: &'static str,
+    /// Gemma's modelling: the embedding scaled by the square root of the hidden size (a
+    /// device buffer), RMSNorm as `x * (1 + weight)` in float32, the GeGLU MLP
+    /// (`gelu_pytorch_tanh`).
+    pub gemma: bool,
+    /// Phi-3's modelling: one `qkv_proj` and one `gate_up_proj` (sliced and chunked), the
+    /// rotated queries and keys concatenated with their (empty) unrotated part.
+    pub phi3: bool,
     /// Mistral's `sliding_window`: each query sees at most this many keys, itself included.
     pub sliding_window: Option<u64>,
     /// `max_position_embeddings`: the longest context the model was trained for (RoPE itself
@@ -253,6 +272,14 @@ pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, Stri
     }
 }
 
+/// The refusal of a `model_type` gpumem has no model of.
+fn not_modelled(path: &Path, model_type: &str) -> String {
+    format!(
+        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, qwen2, qwen3, gemma, phi3, gpt2 and bert)",
+        path.display()
+    )
+}
+
 /// The llama config in `m` (read from `path`, for messages).
 pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, String> {
     let shown = path.display();
@@ -265,15 +292,15 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             ))
         }
     };
-    let qwen2 = model_type == "qwen2";
+    let qwen3 = model_type == "qwen3";
+    let gemma = model_type == "gemma";
+    let phi3 = model_type == "phi3";
+    // (Qwen3's and Gemma's rotary embeddings cast as Qwen2's does)
+    let qwen2 = model_type == "qwen2" || qwen3 || gemma;
     let mistral = model_type == "mistral";
     match model_type {
-        "llama" | "qwen2" | "mistral" => {}
-        other => {
-            return Err(format!(
-                "{shown}: model_type \"{other}\" is not a family gpumem models (llama, mistral, qwen2, gpt2 and bert)"
-            ))
-        }
+        "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "phi3" => {}
+        other => return Err(not_modelled(path, other)),
     }
     const MODELLED: &[&str] = &[
         "model_type",
@@ -299,10 +326,20 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "sliding_window",
         "max_window_layers",
         "layer_types",
+        // gemma's older name for hidden_act
+        "hidden_activation",
+        "partial_rotary_factor",
+        // phi3: dropouts (0: nn.Dropout returns its input), LongRoPE's original length
+        "resid_pdrop",
+        "embd_pdrop",
+        "original_max_position_embeddings",
     ];
-    known_keys(m, path, "llama", MODELLED, &[])?;
+    known_keys(m, path, model_type, MODELLED, &[])?;
     let arch = match model_type {
         "qwen2" => "Qwen2ForCausalLM",
+        "qwen3" => "Qwen3ForCausalLM",
+        "gemma" => "GemmaForCausalLM",
+        "phi3" => "Phi3ForCausalLM",
         "mistral" => "MistralForCausalLM",
         _ => "LlamaForCausalLM",
     };
@@ -310,8 +347,9 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let int = |k: &str, d: u64| int(m, path, k, d);
     let flag = |k: &str, d: bool| flag(m, path, k, d);
     // LlamaConfig's and Qwen2Config's defaults
-    let hidden = int("hidden_size", 4096)?;
-    let heads = int("num_attention_heads", 32)?;
+    // (GemmaConfig's defaults are Gemma-7B's)
+    let hidden = int("hidden_size", if gemma || phi3 { 3072 } else { 4096 })?;
+    let heads = int("num_attention_heads", if gemma { 16 } else { 32 })?;
     // (MistralConfig's default: 8 key/value heads)
     let kv_heads = int("num_key_value_heads", if mistral { 8 } else { heads })?;
     if heads % kv_heads != 0 {
@@ -330,18 +368,60 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         }
         Some(_) => int("head_dim", 1)?,
     };
+    // (Qwen3Config's default head_dim is 128 whatever the hidden size)
+    let head_dim = if qwen3 && m.get("head_dim").is_none_or(Value::is_null) {
+        128
+    } else if gemma && m.get("head_dim").is_none_or(Value::is_null) {
+        256
+    } else {
+        head_dim
+    };
     if head_dim % 2 != 0 {
         return Err(format!(
             "{shown}: head_dim ({head_dim}) must be even for rotary embeddings"
         ));
     }
-    match m.get("hidden_act") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(a)) if a == "silu" => {}
-        Some(other) => {
+    // Gemma's GeGLU: `gelu_pytorch_tanh` (and the exact `gelu`: one op, the same memory)
+    let acts: &[&str] = if gemma {
+        &["gelu_pytorch_tanh", "gelu"]
+    } else {
+        &["silu"]
+    };
+    for key in ["hidden_act", "hidden_activation"] {
+        match m.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(a)) if acts.contains(&a.as_str()) => {}
+            Some(other) => {
+                return Err(format!(
+                    "{shown}: {key} {other} is not modelled for {model_type} ({} is)",
+                    acts.join(", ")
+                ))
+            }
+        }
+    }
+    for key in ["resid_pdrop", "embd_pdrop"] {
+        if prob(m, path, key, 0.0)? != 0.0 {
             return Err(format!(
-                "{shown}: hidden_act {other} is not modelled (silu is)"
-            ))
+                "{shown}: {key} above 0 is not modelled yet (a dropout's mask allocates; 0.0 is)"
+            ));
+        }
+    }
+    for key in ["rope_parameters", "rope_scaling"] {
+        if let Some(Value::Object(r)) = m.get(key) {
+            if let Some(f) = r.get("partial_rotary_factor") {
+                if f.as_f64() != Some(1.0) {
+                    return Err(format!(
+                        "{shown}: '{key}' partial_rotary_factor {f} is not modelled yet (1.0 is)"
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(f) = m.get("partial_rotary_factor") {
+        if !f.is_null() && f.as_f64() != Some(1.0) {
+            return Err(format!(
+                "{shown}: partial_rotary_factor {f} is not modelled yet (1.0 is)"
+            ));
         }
     }
     if int("pretraining_tp", 1)? != 1 {
@@ -372,7 +452,12 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         }
     }
     // Mistral's window (its default 4096; null: none); Qwen2's only with use_sliding_window
-    let sliding_window = if mistral {
+    let sliding_window = if phi3 {
+        match m.get("sliding_window") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(int("sliding_window", 1)?),
+        }
+    } else if mistral {
         match m.get("sliding_window") {
             None => Some(4096),
             Some(Value::Null) => None,
@@ -395,32 +480,54 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     }
     let dtype = config_dtype(m);
     Ok(LlamaConfig {
-        vocab: int("vocab_size", if qwen2 { 151936 } else { 32000 })?,
+        vocab: int(
+            "vocab_size",
+            match model_type {
+                "qwen2" | "qwen3" => 151936,
+                "gemma" => 256000,
+                "phi3" => 32064,
+                _ => 32000,
+            },
+        )?,
         hidden,
         intermediate: int(
             "intermediate_size",
             match model_type {
-                "qwen2" => 22016,
+                "qwen2" | "qwen3" => 22016,
+                "gemma" => 24576,
+                "phi3" => 8192,
                 "mistral" => 14336,
                 _ => 11008,
             },
         )?,
-        layers: int("num_hidden_layers", 32)?,
+        layers: int("num_hidden_layers", if gemma { 28 } else { 32 })?,
         heads,
         kv_heads,
         head_dim,
-        tie_embeddings: flag("tie_word_embeddings", false)?,
-        // Qwen2's q, k and v projections have biases, its o_proj none
-        qkv_bias: if qwen2 {
+        tie_embeddings: flag("tie_word_embeddings", gemma)?,
+        // Qwen2's q, k and v projections have biases, its o_proj none; Qwen3's follow
+        // attention_bias, as llama's do
+        qkv_bias: if model_type == "qwen2" {
             true
         } else {
             flag("attention_bias", false)?
         },
-        o_bias: if qwen2 {
+        o_bias: if model_type == "qwen2" {
             false
         } else {
             flag("attention_bias", false)?
         },
+        model_type: match model_type {
+            "qwen2" => "qwen2",
+            "qwen3" => "qwen3",
+            "mistral" => "mistral",
+            "gemma" => "gemma",
+            "phi3" => "phi3",
+            _ => "llama",
+        },
+        qk_norm: qwen3,
+        gemma,
+        phi3,
         mlp_bias: flag("mlp_bias", false)?,
         dtype,
         qwen2,
@@ -429,8 +536,13 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             None | Some(Value::Null) => None,
             Some(_) => Some(int("max_position_embeddings", 1)?),
         },
-        // LlamaConfig's and MistralConfig's defaults: bos 1, eos 2; Qwen2Config names none
-        tokens: if qwen2 {
+        // LlamaConfig's and MistralConfig's defaults: bos 1, eos 2; Qwen2Config names none;
+        // GemmaConfig bos 2, eos 1
+        tokens: if gemma {
+            tokens(m, path, Some(2), Some(1))?
+        } else if phi3 {
+            tokens(m, path, Some(1), Some(32000))?
+        } else if qwen2 {
             tokens(m, path, None, None)?
         } else {
             tokens(m, path, Some(1), Some(2))?

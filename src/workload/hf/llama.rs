@@ -64,12 +64,7 @@ impl Call {
 /// `(variable, module path, parameter name, shape)` of every parameter, in `model.to()`
 /// order (each module's children first, then its own parameters).
 fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
-    let (h, q, kv, i) = (
-        c.hidden,
-        c.heads * c.head_dim,
-        c.kv_heads * c.head_dim,
-        c.intermediate,
-    );
+    let h = c.hidden;
     let mut p = vec![(
         "embed".to_string(),
         "model.embed_tokens".to_string(),
@@ -78,20 +73,35 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     )];
     for l in 0..c.layers {
         let m = |s: &str| format!("model.layers.{l}.{s}");
-        let mut lin = |var: &str, path: &str, out: u64, inp: u64, bias: bool| {
+        let lin = |p: &mut Vec<_>, var: &str, path: &str, out: u64, inp: u64, bias: bool| {
             p.push((format!("l{l}_{var}_w"), m(path), "weight", vec![out, inp]));
             if bias {
                 p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![out]));
             }
         };
-        lin("q", "self_attn.q_proj", q, h, c.qkv_bias);
-        lin("k", "self_attn.k_proj", kv, h, c.qkv_bias);
-        lin("v", "self_attn.v_proj", kv, h, c.qkv_bias);
-        lin("o", "self_attn.o_proj", h, q, c.o_bias);
-        let mb = c.mlp_bias;
-        lin("gate", "mlp.gate_proj", i, h, mb);
-        lin("up", "mlp.up_proj", i, h, mb);
-        lin("down", "mlp.down_proj", h, i, mb);
+        for (name, path, out, inp) in linears(c) {
+            let bias = match name {
+                "gate" | "up" | "down" => c.mlp_bias,
+                "o" => c.o_bias,
+                _ => c.qkv_bias,
+            };
+            lin(&mut p, name, path, out, inp, bias);
+            if name == "o" && c.qk_norm {
+                let hd = c.head_dim;
+                p.push((
+                    format!("l{l}_qn"),
+                    m("self_attn.q_norm"),
+                    "weight",
+                    vec![hd],
+                ));
+                p.push((
+                    format!("l{l}_kn"),
+                    m("self_attn.k_norm"),
+                    "weight",
+                    vec![hd],
+                ));
+            }
+        }
         p.push((format!("l{l}_ln1"), m("input_layernorm"), "weight", vec![h]));
         p.push((
             format!("l{l}_ln2"),
@@ -104,15 +114,24 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
-/// The linears of a decoder layer: (short name, module path, out, in).
-fn linears(c: &LlamaConfig) -> [(&'static str, &'static str, u64, u64); 7] {
+/// The linears of a decoder layer in module order: (short name, module path, out, in).
+fn linears(c: &LlamaConfig) -> Vec<(&'static str, &'static str, u64, u64)> {
     let (h, q, kv, i) = (
         c.hidden,
         c.heads * c.head_dim,
         c.kv_heads * c.head_dim,
         c.intermediate,
     );
-    [
+    if c.phi3 {
+        // Phi3Attention makes o_proj before qkv_proj
+        return vec![
+            ("o", "self_attn.o_proj", h, q),
+            ("qkv", "self_attn.qkv_proj", q + 2 * kv, h),
+            ("gate_up", "mlp.gate_up_proj", 2 * i, h),
+            ("down", "mlp.down_proj", h, i),
+        ];
+    }
+    vec![
         ("q", "self_attn.q_proj", q, h),
         ("k", "self_attn.k_proj", kv, h),
         ("v", "self_attn.v_proj", kv, h),
@@ -121,6 +140,14 @@ fn linears(c: &LlamaConfig) -> [(&'static str, &'static str, u64, u64); 7] {
         ("up", "mlp.up_proj", i, h),
         ("down", "mlp.down_proj", h, i),
     ]
+}
+
+/// The module names `[model.lora] target_modules` may name for this config's family.
+pub(crate) fn lora_targets(c: &LlamaConfig) -> Vec<&'static str> {
+    linears(c)
+        .into_iter()
+        .map(|(_, path, ..)| path.rsplit('.').next().unwrap_or(path))
+        .collect()
 }
 
 /// LoRA's adapters: `(variable, module path, shape, zero-initialised)` of each targeted
@@ -188,6 +215,16 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
             "randn",
             &format!("{dt}, requires_grad={trainable}"),
         );
+    }
+    if c.gemma {
+        // the scaled embedding's `embed_scale` buffer: sqrt(hidden) as a 0-dim tensor
+        let _ = writeln!(s, "scope \"model.embed_tokens\" {{");
+        let _ = writeln!(
+            s,
+            "  embed_scale = full([], fill_value={:?}{dt})",
+            (c.hidden as f64).sqrt()
+        );
+        let _ = writeln!(s, "}}");
     }
     // the rotary embedding's buffers: inv_freq and original_inv_freq
     let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
@@ -288,12 +325,23 @@ fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
-    at(
-        s,
-        ind,
-        "model.embed_tokens",
-        "inputs_embeds = embedding(input_ids, embed)",
-    );
+    if c.gemma {
+        // `super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)`
+        for st in [
+            "e_raw = embedding(input_ids, embed)",
+            "inputs_embeds = e_raw * embed_scale",
+            "del e_raw",
+        ] {
+            at(s, ind, "model.embed_tokens", st);
+        }
+    } else {
+        at(
+            s,
+            ind,
+            "model.embed_tokens",
+            "inputs_embeds = embedding(input_ids, embed)",
+        );
+    }
     line(s, "h = inputs_embeds");
     line(s, &format!("cp0 = arange({t})"));
     line(s, "cache_position = cp0 + 0");
@@ -460,15 +508,27 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
         }
     }
     // `hidden_states = self.norm(hidden_states)`: the input goes once the norm has returned
-    rms_norm(s, r, "model.norm", "norm", "h", "hf", ind);
+    rms_norm(s, c, r, "model.norm", "norm", "h", "hf", ind);
     line(s, "h = hf");
     line(s, "del hf");
 }
 
 /// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller). With bf16 weights
 /// it normalizes a float32 copy and casts the result back before the weight's product.
-fn rms_norm(s: &mut String, r: &Run, path: &str, w: &str, x: &str, out: &str, ind: &str) {
-    let stmts = if r.bf16_weights {
+#[allow(clippy::too_many_arguments)]
+fn rms_norm(
+    s: &mut String,
+    c: &LlamaConfig,
+    r: &Run,
+    path: &str,
+    w: &str,
+    x: &str,
+    out: &str,
+    ind: &str,
+) {
+    let stmts = if c.gemma {
+        gemma_norm(r, w, x, out)
+    } else if r.bf16_weights {
         vec![
             format!("h32 = {x}.float()"),
             "variance = h32.pow(2).mean(-1, keepdim=true)".to_string(),
@@ -500,6 +560,48 @@ fn rms_norm(s: &mut String, r: &Run, path: &str, w: &str, x: &str, out: &str, in
         let _ = writeln!(s, "{ind}  {st}");
     }
     let _ = writeln!(s, "{ind}}}");
+}
+
+/// `GemmaRMSNorm`: `_norm(x.float())` as one expression (its temporaries go at once), then
+/// `output * (1.0 + self.weight.float())` and `.type_as(x)`.
+fn gemma_norm(r: &Run, w: &str, x: &str, out: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    let xf = if r.bf16_weights {
+        v.push(format!("h32 = {x}.float()"));
+        "h32"
+    } else {
+        x
+    };
+    v.extend([
+        format!("p0 = {xf}.pow(2)"),
+        "v0 = p0.mean(-1, keepdim=true)".to_string(),
+        "del p0".to_string(),
+        "n0 = v0 + 0.000001".to_string(),
+        "del v0".to_string(),
+        "n1 = n0.rsqrt()".to_string(),
+        "del n0".to_string(),
+        format!("n2 = {xf} * n1"),
+        "del n1".to_string(),
+    ]);
+    if r.bf16_weights {
+        v.extend([
+            "del h32".to_string(),
+            format!("wf = {w}.float()"),
+            "w1 = wf + 1.0".to_string(),
+            "del wf".to_string(),
+            "n3 = n2 * w1".to_string(),
+            "del n2, w1".to_string(),
+            format!("{out} = n3.bfloat16()"),
+            "del n3".to_string(),
+        ]);
+    } else {
+        v.extend([
+            format!("w1 = {w} + 1.0"),
+            format!("{out} = n2 * w1"),
+            "del n2, w1".to_string(),
+        ]);
+    }
+    v
 }
 
 /// One `LlamaDecoderLayer`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.
@@ -586,11 +688,51 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");
     line(s, "residual = h");
-    rms_norm(s, r, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
+    rms_norm(s, c, r, &m("input_layernorm"), &p("ln1"), "h", "x", ind);
     // self_attn
     let attn = m("self_attn");
+    if c.phi3 {
+        // Phi3Attention: one product, sliced into the queries, keys and values
+        lin(s, "qkv", "self_attn.qkv_proj", "x", "qkv");
+        // (the three slices first, then each one's view and transpose)
+        let (qn, kn) = (nh * hd, nkv * hd);
+        let parts = [
+            ("q0", format!(":{qn}"), nh),
+            ("k0", format!("{qn}:{}", qn + kn), nkv),
+            ("v0", format!("{}:", qn + kn), nkv),
+        ];
+        for (v, range, _) in &parts {
+            at(s, ind, &attn, &format!("{v} = qkv[..., {range}]"));
+        }
+        for (v, _, heads) in &parts {
+            at(
+                s,
+                ind,
+                &attn,
+                &format!("{v} = {v}.view({b}, {t}, {heads}, {hd}).transpose(1, 2)"),
+            );
+        }
+    }
     for (name, v, heads) in [("q", "q0", nh), ("k", "k0", nkv), ("v", "v0", nkv)] {
+        if c.phi3 {
+            break;
+        }
         lin(s, name, &format!("self_attn.{name}_proj"), "x", v);
+        if c.qk_norm && name != "v" {
+            // Qwen3: `q_norm(q_proj(x).view(hidden_shape)).transpose(1, 2)`
+            at(
+                s,
+                ind,
+                &attn,
+                &format!("{v} = {v}.view({b}, {t}, {heads}, {hd})"),
+            );
+            let norm = format!("{attn}.{name}_norm");
+            rms_norm(s, c, r, &norm, &p(&format!("{name}n")), v, "qkn", ind);
+            line(s, &format!("del {v}"));
+            at(s, ind, &attn, &format!("{v} = qkn.transpose(1, 2)"));
+            line(s, "del qkn");
+            continue;
+        }
         at(
             s,
             ind,
@@ -599,7 +741,20 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         );
     }
     let half = hd / 2;
-    for (x, out) in [("q0", "q1"), ("k0", "k1")] {
+    if c.phi3 {
+        // Phi-3 rotates `x[..., :rotary_dim]` and concatenates the rest (none) after it; the
+        // four slices are taken first
+        for x in ["q", "k"] {
+            at(s, ind, &attn, &format!("{x}r = {x}0[..., :{hd}]"));
+            at(s, ind, &attn, &format!("{x}p = {x}0[..., {hd}:]"));
+        }
+    }
+    for (x0, out0) in [("q0", "q1"), ("k0", "k1")] {
+        let (x, out) = if c.phi3 {
+            (if x0 == "q0" { "qr" } else { "kr" }, "xe")
+        } else {
+            (x0, out0)
+        };
         for st in [
             format!("e0 = {x} * cos.unsqueeze(1)"),
             format!("x1 = {x}[..., :{half}]"),
@@ -613,6 +768,11 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             "del e0, e3".to_string(),
         ] {
             at(s, ind, &attn, &st);
+        }
+        if c.phi3 {
+            let p = &x0[..1];
+            at(s, ind, &attn, &format!("{out0} = cat([xe, {p}p], -1)"));
+            line(s, &format!("del xe, {p}r, {p}p"));
         }
     }
     line(s, "del q0, k0");
@@ -681,12 +841,17 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             "del y, q1, x"
         },
     );
+    if c.phi3 {
+        // the attention's fused product goes when the attention returns
+        line(s, "del qkv");
+    }
     let block = format!("model.layers.{l}");
     at(s, ind, &block, "h = residual + a");
     line(s, "del a");
     line(s, "residual = h");
     rms_norm(
         s,
+        c,
         r,
         &m("post_attention_layernorm"),
         &p("ln2"),
@@ -694,8 +859,30 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         "x",
         ind,
     );
+    if c.phi3 {
+        // Phi3MLP: `gate, up = gate_up_proj(x).chunk(2, -1)`, `up * act(gate)`, down_proj
+        lin(s, "gate_up", "mlp.gate_up_proj", "x", "gu");
+        at(s, ind, &m("mlp"), "g0, u0 = gu.chunk(2, dim=-1)");
+        at(s, ind, &m("mlp.activation_fn"), "g1 = g0.silu()");
+        at(s, ind, &m("mlp"), "g2 = u0 * g1");
+        line(s, "del g1, g0, u0");
+        lin(s, "down", "mlp.down_proj", "g2", "d0");
+        line(s, "del g2, gu, x");
+        at(s, ind, &block, "h = residual + d0");
+        line(s, "del d0, residual, h_in");
+        return;
+    }
     lin(s, "gate", "mlp.gate_proj", "x", "g0");
-    at(s, ind, &m("mlp.act_fn"), "g1 = g0.silu()");
+    at(
+        s,
+        ind,
+        &m("mlp.act_fn"),
+        if c.gemma {
+            "g1 = g0.gelu()"
+        } else {
+            "g1 = g0.silu()"
+        },
+    );
     line(s, "del g0");
     lin(s, "up", "mlp.up_proj", "x", "u0");
     at(s, ind, &m("mlp"), "g2 = g1 * u0");

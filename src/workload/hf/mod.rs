@@ -43,17 +43,6 @@ pub const MODEL_KEYS: &[&str] = &[
 /// The keys of `[model.lora]` (peft's `LoraConfig`).
 pub const LORA_KEYS: &[&str] = &["r", "alpha", "dropout", "target_modules"];
 
-/// The linears a llama-family LoRA may target.
-const LORA_TARGETS: &[&str] = &[
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
-
 /// peft's `get_peft_model(model, LoraConfig(r, lora_alpha, lora_dropout, target_modules))`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Lora {
@@ -61,6 +50,52 @@ pub(crate) struct Lora {
     pub alpha: f64,
     pub dropout: f64,
     pub targets: Vec<String>,
+    /// `target_modules` as written, resolved against the family's linears once the config is
+    /// read ([`Lora::resolve`]).
+    pub spec: Targets,
+}
+
+/// `target_modules` as the workload gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Targets {
+    /// Left out: peft's default for the model type (the query and value projections; Phi-3's
+    /// fused `qkv_proj`).
+    Default,
+    /// peft's `"all-linear"`: every linear of the decoder layers (not the output head).
+    AllLinear,
+    /// gpumem's `"attention"`: every projection of the attention (the remedies' LoRA).
+    Attention,
+    Names(Vec<String>),
+}
+
+impl Lora {
+    /// Resolves `target_modules` against the linears of the family (`linears`, in module
+    /// order; `attention` the attention's, `default` peft's default), or names the module the
+    /// family does not have.
+    pub(crate) fn resolve(
+        &mut self,
+        linears: &[&str],
+        attention: &[&str],
+        default: &[&str],
+        family: &str,
+    ) -> Result<(), String> {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        self.targets = match &self.spec {
+            Targets::Default => own(default),
+            Targets::AllLinear => own(linears),
+            Targets::Attention => own(attention),
+            Targets::Names(n) => {
+                if let Some(bad) = n.iter().find(|x| !linears.contains(&x.as_str())) {
+                    return Err(format!(
+                        "target_modules in [model.lora]: a {family} model has no linear named                          {bad:?} (its linears: {}; or \"all-linear\", \"attention\")",
+                        linears.join(", ")
+                    ));
+                }
+                n.clone()
+            }
+        };
+        Ok(())
+    }
 }
 /// The keys of `[train]` for a Hugging Face config.
 pub const TRAIN_KEYS: &[&str] = &[
@@ -79,15 +114,7 @@ pub(crate) fn attention_lora() -> Value {
     let mut t = toml::Table::new();
     t.insert("r".into(), Value::Integer(16));
     t.insert("alpha".into(), Value::Integer(32));
-    t.insert(
-        "target_modules".into(),
-        Value::Array(
-            ["q_proj", "k_proj", "v_proj", "o_proj"]
-                .iter()
-                .map(|n| Value::String(n.to_string()))
-                .collect(),
-        ),
-    );
+    t.insert("target_modules".into(), Value::String("attention".into()));
     Value::Table(t)
 }
 
@@ -212,6 +239,26 @@ pub(crate) fn expand(
             "grad_accum applies to training, which only mode = \"train\" runs",
         ));
     }
+    if let (Some(l), config::Family::Llama(c)) = (&mut run.lora, &cfg) {
+        let linears = llama::lora_targets(c);
+        let attention: Vec<&str> = linears
+            .iter()
+            .copied()
+            .filter(|n| {
+                n.ends_with("_proj")
+                    && !n.contains("gate")
+                    && !n.contains("up")
+                    && !n.contains("down")
+            })
+            .collect();
+        let default: &[&str] = if c.phi3 {
+            &["qkv_proj"]
+        } else {
+            &["q_proj", "v_proj"]
+        };
+        l.resolve(&linears, &attention, default, c.model_type)
+            .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
+    }
     if run.lora.is_some() && !matches!(cfg, config::Family::Llama(_)) {
         return Err(SyntaxError::new(
             value_at(&m, "lora"),
@@ -257,23 +304,27 @@ pub(crate) fn expand(
             // what Mistral's sliding window is recorded with: float32 training or inference
             // with sdpa, plain or with LoRA
             let what = if run.mode == "generate" {
-                Some(("mode", "generation for mistral"))
+                Some(("mode", "generation"))
             } else if run.checkpointing {
-                Some((
-                    "gradient_checkpointing",
-                    "gradient checkpointing for mistral",
-                ))
+                Some(("gradient_checkpointing", "gradient checkpointing"))
             } else if run.eager {
-                Some(("attention", "eager attention for mistral"))
+                Some(("attention", "eager attention"))
             } else if run.bf16_autocast {
-                Some(("precision", "bf16 autocast for mistral"))
+                Some(("precision", "bf16 autocast"))
             } else if run.bf16_weights {
-                Some(("dtype", "bf16 weights for mistral"))
+                Some(("dtype", "bf16 weights"))
             } else {
                 None
             };
             if let Some((key, what)) = what {
-                unsupported(key, what)?;
+                unsupported(
+                    key,
+                    &format!(
+                        "{what} with a sliding window (sliding_window = {} of {})",
+                        c.sliding_window.unwrap_or(0),
+                        c.model_type
+                    ),
+                )?;
             }
         }
     }
@@ -495,26 +546,27 @@ fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
             "'dropout' in [model.lora] must be at least 0 and below 1, found {dropout}"
         )));
     }
-    let targets = match t.get("target_modules") {
-        None => vec!["q_proj".to_string(), "v_proj".to_string()],
+    let spec = match t.get("target_modules") {
+        None => Targets::Default,
+        Some(Value::String(k)) if k == "all-linear" => Targets::AllLinear,
+        Some(Value::String(k)) if k == "attention" => Targets::Attention,
         Some(Value::Array(a)) if !a.is_empty() => {
             let mut out = Vec::new();
             for x in a {
                 match x.as_str() {
-                    Some(name) if LORA_TARGETS.contains(&name) => out.push(name.to_string()),
-                    _ => {
+                    Some(name) => out.push(name.to_string()),
+                    None => {
                         return Err(err(format!(
-                            "target_modules in [model.lora]: {x} is not a linear gpumem models (one of {})",
-                            LORA_TARGETS.join(", ")
+                            "target_modules in [model.lora]: {x} is not a module name (a string)"
                         )))
                     }
                 }
             }
-            out
+            Targets::Names(out)
         }
         Some(other) => {
             return Err(err(format!(
-                "'target_modules' in [model.lora] must be a non-empty list of module names, found {other}"
+                "'target_modules' in [model.lora] must be a non-empty list of module names, \"all-linear\" or \"attention\", found {other}"
             )))
         }
     };
@@ -522,6 +574,7 @@ fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
         r,
         alpha,
         dropout,
-        targets,
+        targets: Vec::new(),
+        spec,
     }))
 }

