@@ -16,6 +16,8 @@ const CASES: &[(&str, bool)] = &[
     ("qwen3_06b_4l_b2_s512_adamw_fp32", true),
     ("gemma_2b_2l_b2_s512_adamw_fp32", true),
     ("phi3_mini_2l_b2_s512_adamw_fp32", true),
+    ("gemma3_1b_4l_b2_s512_adamw_fp32", true),
+    ("gemma2_2b_2l_b2_s512_adamw_fp32_eager", true),
 ];
 
 fn case(name: &str) -> Value {

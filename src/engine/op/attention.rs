@@ -92,13 +92,16 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
     } else {
         // the memory-efficient kernel computes delta = (grad_out * out).sum(-1): a product the
         // size of the output and a [B, H, T] float32 sum, copied; the sum and the product go at
-        // once. Then its float32 workspace per batch and head: a query-gradient accumulator of
-        // T rows by the head size rounded up to 64, and 4 words per block of 64 queries; it
-        // goes before the kernel returns, after the copy.
+        // once. Then its float32 workspace per batch and head: the query gradient's
+        // accumulators, one per block of 64 queries and per column tile of the head (64 wide
+        // for heads up to 64, else 128), each tile with 4 words of lock and counter (Gemma-3's
+        // head of 256 on the H200: 2 tiles per block); it goes before the kernel returns,
+        // after the copy.
         let nd = g.len();
         let bh: usize = g[..nd.saturating_sub(2)].iter().product();
         let (t, d) = (g[nd - 2], g[nd - 1]);
-        let per_bh = t * d.div_ceil(64) * 64 + 4 * t.div_ceil(64);
+        let tile = if d <= 64 { 64 } else { 128 };
+        let per_bh = t.div_ceil(64) * d.div_ceil(tile) * (64 * tile + 4);
         vec![
             alloc(g.to_vec(), DType::F32, Category::Temporary),
             alloc(rows.clone(), DType::F32, Category::Temporary),

@@ -191,6 +191,16 @@ pub(crate) struct LlamaConfig {
     /// device buffer), RMSNorm as `x * (1 + weight)` in float32, the GeGLU MLP
     /// (`gelu_pytorch_tanh`).
     pub gemma: bool,
+    /// Which layers attend through `sliding_window` (one entry per layer).
+    pub sliding_layers: Vec<bool>,
+    /// Gemma-2's `attn_logit_softcapping`: eager attention's scores `tanh(s / c) * c`.
+    pub attn_softcap: Option<f64>,
+    /// Gemma-2's and Gemma-3's `final_logit_softcapping`: the logits `tanh(l / c) * c`.
+    pub final_softcap: Option<f64>,
+    /// Gemma-2's and Gemma-3's layers: norms after the attention and around the MLP too.
+    pub sandwich: bool,
+    /// Gemma-3: a rotary embedding per layer type (local and global bases).
+    pub per_type_rope: bool,
     /// Phi-3's modelling: one `qkv_proj` and one `gate_up_proj` (sliced and chunked), the
     /// rotated queries and keys concatenated with their (empty) unrotated part.
     pub phi3: bool,
@@ -275,7 +285,7 @@ pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, Stri
 /// The refusal of a `model_type` gpumem has no model of.
 fn not_modelled(path: &Path, model_type: &str) -> String {
     format!(
-        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, qwen2, qwen3, gemma, phi3, gpt2 and bert)",
+        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, gpt2 and bert)",
         path.display()
     )
 }
@@ -293,13 +303,15 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         }
     };
     let qwen3 = model_type == "qwen3";
-    let gemma = model_type == "gemma";
+    let gemma2 = model_type == "gemma2";
+    let gemma3 = model_type == "gemma3_text";
+    let gemma = model_type == "gemma" || gemma2 || gemma3;
     let phi3 = model_type == "phi3";
     // (Qwen3's and Gemma's rotary embeddings cast as Qwen2's does)
     let qwen2 = model_type == "qwen2" || qwen3 || gemma;
     let mistral = model_type == "mistral";
     match model_type {
-        "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "phi3" => {}
+        "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "phi3" => {}
         other => return Err(not_modelled(path, other)),
     }
     const MODELLED: &[&str] = &[
@@ -333,12 +345,22 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "resid_pdrop",
         "embd_pdrop",
         "original_max_position_embeddings",
+        // gemma2 and gemma3
+        "query_pre_attn_scalar",
+        "final_logit_softcapping",
+        "attn_logit_softcapping",
+        "sliding_window_pattern",
+        "_sliding_window_pattern",
+        "rope_local_base_freq",
+        "cache_implementation",
     ];
     known_keys(m, path, model_type, MODELLED, &[])?;
     let arch = match model_type {
         "qwen2" => "Qwen2ForCausalLM",
         "qwen3" => "Qwen3ForCausalLM",
         "gemma" => "GemmaForCausalLM",
+        "gemma2" => "Gemma2ForCausalLM",
+        "gemma3_text" => "Gemma3ForCausalLM",
         "phi3" => "Phi3ForCausalLM",
         "mistral" => "MistralForCausalLM",
         _ => "LlamaForCausalLM",
@@ -348,10 +370,37 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let flag = |k: &str, d: bool| flag(m, path, k, d);
     // LlamaConfig's and Qwen2Config's defaults
     // (GemmaConfig's defaults are Gemma-7B's)
-    let hidden = int("hidden_size", if gemma || phi3 { 3072 } else { 4096 })?;
-    let heads = int("num_attention_heads", if gemma { 16 } else { 32 })?;
+    let hidden = int(
+        "hidden_size",
+        if gemma2 || gemma3 {
+            2304
+        } else if gemma || phi3 {
+            3072
+        } else {
+            4096
+        },
+    )?;
+    let heads = int(
+        "num_attention_heads",
+        if gemma2 || gemma3 {
+            8
+        } else if gemma {
+            16
+        } else {
+            32
+        },
+    )?;
     // (MistralConfig's default: 8 key/value heads)
-    let kv_heads = int("num_key_value_heads", if mistral { 8 } else { heads })?;
+    let kv_heads = int(
+        "num_key_value_heads",
+        if mistral {
+            8
+        } else if gemma2 || gemma3 {
+            4
+        } else {
+            heads
+        },
+    )?;
     if heads % kv_heads != 0 {
         return Err(format!(
             "{shown}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
@@ -438,21 +487,44 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     }
     for key in ["rope_parameters", "rope_scaling"] {
         if let Some(Value::Object(r)) = m.get(key) {
-            let kind = r
-                .get("rope_type")
-                .or_else(|| r.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            // dynamic NTK recomputes its frequencies per forward (allocations of its own)
-            if !matches!(kind, "default" | "linear" | "llama3" | "yarn" | "longrope") {
-                return Err(format!(
-                    "{shown}: '{key}' rope_type \"{kind}\" is not modelled (default, linear, llama3, yarn and longrope are)"
-                ));
+            // Gemma-3's per layer type: {"sliding_attention": {...}, "full_attention": {...}}
+            let nested: Vec<(&str, &Map<String, Value>)> = r
+                .iter()
+                .filter_map(|(k, v)| v.as_object().map(|o| (k.as_str(), o)))
+                .collect();
+            let each: Vec<(&str, &Map<String, Value>)> = if nested.is_empty() {
+                vec![("", r)]
+            } else {
+                nested
+            };
+            for (part, r) in each {
+                let kind = r
+                    .get("rope_type")
+                    .or_else(|| r.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                // dynamic NTK recomputes its frequencies per forward (allocations of its own)
+                if !matches!(kind, "default" | "linear" | "llama3" | "yarn" | "longrope") {
+                    let at = if part.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {part}")
+                    };
+                    return Err(format!(
+                        "{shown}: '{key}'{at} rope_type \"{kind}\" is not modelled (default, linear, llama3, yarn and longrope are)"
+                    ));
+                }
             }
         }
     }
     // Mistral's window (its default 4096; null: none); Qwen2's only with use_sliding_window
-    let sliding_window = if phi3 {
+    let sliding_window = if gemma2 || gemma3 {
+        match m.get("sliding_window") {
+            None => Some(if gemma3 { 4096 } else { 4096 }),
+            Some(Value::Null) => None,
+            Some(_) => Some(int("sliding_window", 1)?),
+        }
+    } else if phi3 {
         match m.get("sliding_window") {
             None | Some(Value::Null) => None,
             Some(_) => Some(int("sliding_window", 1)?),
@@ -471,12 +543,87 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             "{shown}: use_sliding_window = true is not modelled yet (its sliding-window masks allocate)"
         ));
     }
-    if let Some(Value::Array(kinds)) = m.get("layer_types") {
-        if let Some(k) = kinds.iter().find(|k| k.as_str() != Some("full_attention")) {
-            return Err(format!(
-                "{shown}: layer_types {k} is not modelled yet (full_attention is)"
-            ));
+    let layers = int(
+        "num_hidden_layers",
+        if gemma {
+            if gemma2 || gemma3 {
+                26
+            } else {
+                28
+            }
+        } else {
+            32
+        },
+    )?;
+    // which layers attend through the sliding window: `layer_types` where given, else the
+    // family's rule (Gemma-2 every other layer from the first, Gemma-3 all but every
+    // `sliding_window_pattern`-th, Mistral and Phi-3 every layer when a window is set)
+    let sliding_layers: Vec<bool> = match m.get("layer_types") {
+        Some(Value::Array(kinds)) => {
+            if kinds.len() as u64 != layers {
+                return Err(format!(
+                    "{shown}: layer_types names {} layers, num_hidden_layers is {layers}",
+                    kinds.len()
+                ));
+            }
+            let mut v = Vec::new();
+            for k in kinds {
+                match k.as_str() {
+                    Some("full_attention") => v.push(false),
+                    Some("sliding_attention") if gemma2 || gemma3 => v.push(true),
+                    _ => {
+                        return Err(format!(
+                            "{shown}: layer_types {k} is not modelled for {model_type} (full_attention{} is)",
+                            if gemma2 || gemma3 { " and sliding_attention" } else { "" }
+                        ))
+                    }
+                }
+            }
+            v
         }
+        Some(Value::Null) | None if gemma2 => (0..layers).map(|i| (i + 1) % 2 != 0).collect(),
+        Some(Value::Null) | None if gemma3 => {
+            let pattern = match m
+                .get("sliding_window_pattern")
+                .or(m.get("_sliding_window_pattern"))
+            {
+                Some(v) if !v.is_null() => v.as_u64().filter(|&p| p >= 1).ok_or_else(|| {
+                    format!("{shown}: sliding_window_pattern must be a positive integer, found {v}")
+                })?,
+                _ => 6,
+            };
+            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+        Some(Value::Null) | None => vec![sliding_window.is_some(); layers as usize],
+        Some(other) => {
+            return Err(format!(
+                "{shown}: layer_types must be a list of attention kinds, found {other}"
+            ))
+        }
+    };
+    let sliding_layers = if sliding_window.is_some() {
+        sliding_layers
+    } else {
+        vec![false; layers as usize]
+    };
+    let softcap = |key: &str, default: Option<f64>| -> Result<Option<f64>, String> {
+        match m.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f > 0.0 && f.is_finite()) => {
+                Ok(n.as_f64())
+            }
+            Some(other) => Err(format!(
+                "{shown}: '{key}' must be a positive number or null, found {other}"
+            )),
+        }
+    };
+    let attn_softcap = softcap("attn_logit_softcapping", gemma2.then_some(50.0))?;
+    let final_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0))?;
+    if !(gemma2 || gemma3) && (attn_softcap.is_some() || final_softcap.is_some()) {
+        return Err(format!(
+            "{shown}: logit soft-capping is not part of {model_type}'s modelling"
+        ));
     }
     let dtype = config_dtype(m);
     Ok(LlamaConfig {
@@ -484,7 +631,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             "vocab_size",
             match model_type {
                 "qwen2" | "qwen3" => 151936,
-                "gemma" => 256000,
+                "gemma" | "gemma2" => 256000,
+                "gemma3_text" => 262208,
                 "phi3" => 32064,
                 _ => 32000,
             },
@@ -495,12 +643,18 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             match model_type {
                 "qwen2" | "qwen3" => 22016,
                 "gemma" => 24576,
+                "gemma2" | "gemma3_text" => 9216,
                 "phi3" => 8192,
                 "mistral" => 14336,
                 _ => 11008,
             },
         )?,
-        layers: int("num_hidden_layers", if gemma { 28 } else { 32 })?,
+        layers,
+        sliding_layers,
+        attn_softcap,
+        final_softcap,
+        sandwich: gemma2 || gemma3,
+        per_type_rope: gemma3,
         heads,
         kv_heads,
         head_dim,
@@ -518,6 +672,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             flag("attention_bias", false)?
         },
         model_type: match model_type {
+            "gemma2" => "gemma2",
+            "gemma3_text" => "gemma3_text",
             "qwen2" => "qwen2",
             "qwen3" => "qwen3",
             "mistral" => "mistral",
@@ -525,7 +681,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             "phi3" => "phi3",
             _ => "llama",
         },
-        qk_norm: qwen3,
+        qk_norm: qwen3 || gemma3,
         gemma,
         phi3,
         mlp_bias: flag("mlp_bias", false)?,

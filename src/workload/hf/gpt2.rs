@@ -83,7 +83,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
     (
         s,
-        super::train::body(c.layers, false, r, super::train::CLONED_LABELS, &fwd),
+        super::train::body(c.layers, &[], r, super::train::CLONED_LABELS, &fwd),
     )
 }
 

@@ -109,6 +109,20 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
             "weight",
             vec![h],
         ));
+        if c.sandwich {
+            p.push((
+                format!("l{l}_ln3"),
+                m("pre_feedforward_layernorm"),
+                "weight",
+                vec![h],
+            ));
+            p.push((
+                format!("l{l}_ln4"),
+                m("post_feedforward_layernorm"),
+                "weight",
+                vec![h],
+            ));
+        }
     }
     p.push(("norm".into(), "model.norm".into(), "weight", vec![h]));
     p
@@ -189,7 +203,7 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
         s,
         super::train::body(
             if r.checkpointing { 0 } else { c.layers },
-            c.sliding_window.is_some(),
+            &c.sliding_layers,
             r,
             super::train::CLONED_LABELS,
             &fwd,
@@ -288,7 +302,9 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     open(s);
     prelude(s, c, r, &inner);
     close(s);
-    rotary(s, c, r.bf16_weights, 1, ind);
+    for suffix in rope_kinds(c) {
+        rotary_named(s, c, r.bf16_weights, 1, ind, suffix);
+    }
     open(s);
     let call = Call {
         t: r.seq,
@@ -301,16 +317,41 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     decoder(s, c, r, call, &inner);
     // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
     // whose items CPython drops from the end
-    let _ = writeln!(
-        s,
-        "{inner}{}",
-        if r.eager || window(c, r.seq).is_some() {
-            "del position_ids, cache_position, inputs_embeds, causal_mask, sin, cos"
-        } else {
-            "del position_ids, cache_position, inputs_embeds, sin, cos"
-        },
-    );
+    let mut masks = Vec::new();
+    if full_mask(c, r) {
+        masks.push("causal_mask");
+    }
+    if sliding_mask_window(c, r.seq, r.eager).is_some() {
+        masks.push("sliding_mask");
+    }
+    let pairs: Vec<String> = rope_kinds(c)
+        .iter()
+        .map(|k| format!("sin{k}, cos{k}"))
+        .collect();
+    if c.sandwich {
+        // Gemma-2's and Gemma-3's forward: the mask mapping, then `mask_kwargs` (which holds
+        // the embeddings and the positions), then the rotary pairs
+        masks.extend(["inputs_embeds", "cache_position", "position_ids"]);
+        let _ = writeln!(s, "{inner}del {}, {}", masks.join(", "), pairs.join(", "));
+    } else {
+        let mut all = vec!["position_ids", "cache_position", "inputs_embeds"];
+        all.extend(masks);
+        let _ = writeln!(s, "{inner}del {}, {}", all.join(", "), pairs.join(", "));
+    }
     at(s, &inner, "lm_head", "logits = linear(h, lm_head)");
+    if let Some(cap) = c.final_softcap {
+        // `logits = tanh(logits / cap) * cap`
+        for st in [
+            format!("fl0 = logits / {cap:?}"),
+            "del logits".to_string(),
+            "fl1 = fl0.tanh()".to_string(),
+            "del fl0".to_string(),
+            format!("logits = fl1 * {cap:?}"),
+            "del fl1".to_string(),
+        ] {
+            let _ = writeln!(s, "{inner}{st}");
+        }
+    }
     if r.mode == "train" {
         super::train::causal_lm_loss(s, c.vocab, r, &inner);
     }
@@ -350,18 +391,63 @@ fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     if r.checkpointing {
         packed_sequences(s, r, ind);
     }
-    if r.eager {
+    if full_mask(c, r) {
         eager_mask(s, r, ind);
     }
-    if let Some(w) = window(c, r.seq) {
+    if let Some(w) = sliding_mask_window(c, r.seq, r.eager) {
         sliding_mask(s, r, w, ind);
     }
 }
 
-/// Mistral's sliding window when a call of `t` tokens (as many keys) needs its mask: sdpa
-/// skips it only for fewer keys than the window (`_ignore_causal_mask_sdpa`).
-fn window(c: &LlamaConfig, t: u64) -> Option<u64> {
-    c.sliding_window.filter(|&w| t >= w)
+/// Whether the forward makes a full causal mask: for eager attention, unless the family
+/// makes only its sliding one (Mistral and Phi-3 with a window); Gemma-2 and Gemma-3 make
+/// both whatever their layers use.
+fn full_mask(c: &LlamaConfig, r: &Run) -> bool {
+    r.eager && (c.sandwich || c.sliding_window.is_none())
+}
+
+/// The window of the sliding mask the forward makes for a call of `t` tokens (as many keys),
+/// if it makes one: sdpa skips it for fewer keys than the window
+/// (`_ignore_causal_mask_sdpa`); eager attention always needs it.
+fn sliding_mask_window(c: &LlamaConfig, t: u64, eager: bool) -> Option<u64> {
+    if !c.sliding_layers.iter().any(|&x| x) && !c.sandwich {
+        return None;
+    }
+    c.sliding_window.filter(|&w| eager || t >= w)
+}
+
+/// Whether layer `l` attends through the sliding mask in a call of `t` tokens.
+fn window(c: &LlamaConfig, l: u64, t: u64, eager: bool) -> Option<u64> {
+    if !c.sliding_layers.get(l as usize).copied().unwrap_or(false) {
+        return None;
+    }
+    sliding_mask_window(c, t, eager)
+}
+
+/// The rotary pairs the forward computes, by variable suffix: one (`cos`, `sin`), or with
+/// Gemma-3's per-type embedding one per layer type present, in the order of the layers
+/// (`_l` the local, sliding one).
+fn rope_kinds(c: &LlamaConfig) -> Vec<&'static str> {
+    if !c.per_type_rope {
+        return vec![""];
+    }
+    let mut v = Vec::new();
+    for &sl in &c.sliding_layers {
+        let k = if sl { "_l" } else { "" };
+        if !v.contains(&k) {
+            v.push(k);
+        }
+    }
+    v
+}
+
+/// The rotary pair layer `l` takes.
+fn rope_of(c: &LlamaConfig, l: u64) -> &'static str {
+    if c.per_type_rope && c.sliding_layers.get(l as usize).copied().unwrap_or(false) {
+        "_l"
+    } else {
+        ""
+    }
 }
 
 /// `create_sliding_window_causal_mask` for sdpa (masking_utils' `sdpa_mask` with
@@ -370,20 +456,39 @@ fn window(c: &LlamaConfig, t: u64) -> Option<u64> {
 /// bool [T, T] seen as [B, 1, T, T]: `causal_mask`.
 fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
     let (b, t) = (r.batch, r.seq);
-    for st in mask_indices(r).into_iter().chain([
-        "mr0 = full([], fill_value=1, dtype=bool)".to_string(),
-        format!("ms0 = q_idx.view(-1, 1) - {w}"),
-        "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
-        "del ms0".to_string(),
-        "mr1 = bitwise_and(mr0, ms1)".to_string(),
-        "del ms1, mr0".to_string(),
-        "mc = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
-        "mr2 = bitwise_and(mr1, mc)".to_string(),
-        "del mc, mr1".to_string(),
-        "del mb, mh, kv_idx, q_idx".to_string(),
-        format!("causal_mask = mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t})"),
-        "del mr2".to_string(),
-    ]) {
+    // eager attention takes it as a float [B, 1, T, T] (`where(mask, 0.0, min)`), sdpa as
+    // the bool one
+    let tail: Vec<String> = if r.eager {
+        vec![
+            "mz = zeros([])".to_string(),
+            "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
+            format!(
+                "sliding_mask = where(mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"
+            ),
+            "del mn, mz, mr2".to_string(),
+        ]
+    } else {
+        vec![
+            format!("sliding_mask = mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t})"),
+            "del mr2".to_string(),
+        ]
+    };
+    for st in mask_indices(r)
+        .into_iter()
+        .chain([
+            "mr0 = full([], fill_value=1, dtype=bool)".to_string(),
+            format!("ms0 = q_idx.view(-1, 1) - {w}"),
+            "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
+            "del ms0".to_string(),
+            "mr1 = bitwise_and(mr0, ms1)".to_string(),
+            "del ms1, mr0".to_string(),
+            "mc = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
+            "mr2 = bitwise_and(mr1, mc)".to_string(),
+            "del mc, mr1".to_string(),
+            "del mb, mh, kv_idx, q_idx".to_string(),
+        ])
+        .chain(tail)
+    {
         at(s, ind, "model.create_sliding_window_causal_mask", &st);
     }
 }
@@ -449,6 +554,11 @@ fn eager_mask(s: &mut String, r: &Run, ind: &str) {
 /// off, computed in float32 (from a float32 copy of bf16 frequencies) and returned in the
 /// hidden states' dtype.
 pub(super) fn rotary(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str) {
+    rotary_named(s, c, bf16, rows, ind, "");
+}
+
+/// [`rotary`] into `cos{suffix}` and `sin{suffix}`.
+fn rotary_named(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str, k: &str) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
     let i2 = format!("{ind}    ");
@@ -470,17 +580,22 @@ pub(super) fn rotary(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind
         "s1 = s0 * 1.0",
         "del s0",
     ];
+    let (cos, sin) = (format!("cos{k} = c1"), format!("sin{k} = s1"));
+    let (cos16, sin16) = (
+        format!("cos{k} = c1.bfloat16()"),
+        format!("sin{k} = s1.bfloat16()"),
+    );
     if bf16 {
         // `cos.to(dtype=x.dtype)`: the float32 pair goes at the function's return
         stmts.extend([
-            "cos = c1.bfloat16()",
-            "sin = s1.bfloat16()",
+            cos16.as_str(),
+            sin16.as_str(),
             "del inv_freq_expanded, position_ids_expanded, freqs, emb, c1, s1",
         ]);
     } else {
         stmts.extend([
-            "cos = c1",
-            "sin = s1",
+            cos.as_str(),
+            sin.as_str(),
             "del c1, s1, inv_freq_expanded, position_ids_expanded, freqs, emb",
         ]);
     }
@@ -500,7 +615,8 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
         if call.cache == Cache::Off {
             // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
             // the layer's keyword arguments (the rotary pair, the positions) until its backward
-            let _ = writeln!(s, "{ind}checkpoint(sin, cos, cache_position) {{");
+            let k = rope_of(c, l);
+            let _ = writeln!(s, "{ind}checkpoint(sin{k}, cos{k}, cache_position) {{");
             layer(s, c, r, call, l, &format!("{ind}  "));
             let _ = writeln!(s, "{ind}}}");
         } else {
@@ -573,11 +689,11 @@ fn gemma_norm(r: &Run, w: &str, x: &str, out: &str) -> Vec<String> {
         x
     };
     v.extend([
-        format!("p0 = {xf}.pow(2)"),
-        "v0 = p0.mean(-1, keepdim=true)".to_string(),
-        "del p0".to_string(),
-        "n0 = v0 + 0.000001".to_string(),
-        "del v0".to_string(),
+        format!("gp0 = {xf}.pow(2)"),
+        "gv0 = gp0.mean(-1, keepdim=true)".to_string(),
+        "del gp0".to_string(),
+        "n0 = gv0 + 0.000001".to_string(),
+        "del gv0".to_string(),
         "n1 = n0.rsqrt()".to_string(),
         "del n0".to_string(),
         format!("n2 = {xf} * n1"),
@@ -718,7 +834,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             break;
         }
         lin(s, name, &format!("self_attn.{name}_proj"), "x", v);
-        if c.qk_norm && name != "v" {
+        if c.qk_norm && !c.gemma && name != "v" {
             // Qwen3: `q_norm(q_proj(x).view(hidden_shape)).transpose(1, 2)`
             at(
                 s,
@@ -741,6 +857,18 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         );
     }
     let half = hd / 2;
+    let rk = rope_of(c, l);
+    if c.qk_norm && c.gemma {
+        // Gemma-3: `q_norm` and `k_norm` of the transposed queries and keys, after all three
+        // products
+        for name in ["q", "k"] {
+            let v = format!("{name}0");
+            let norm = format!("{attn}.{name}_norm");
+            rms_norm(s, c, r, &norm, &p(&format!("{name}n")), &v, "qkn", ind);
+            line(s, &format!("{v} = qkn"));
+            line(s, "del qkn");
+        }
+    }
     if c.phi3 {
         // Phi-3 rotates `x[..., :rotary_dim]` and concatenates the rest (none) after it; the
         // four slices are taken first
@@ -756,13 +884,13 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             (x0, out0)
         };
         for st in [
-            format!("e0 = {x} * cos.unsqueeze(1)"),
+            format!("e0 = {x} * cos{rk}.unsqueeze(1)"),
             format!("x1 = {x}[..., :{half}]"),
             format!("x2 = {x}[..., {half}:]"),
             "e1 = x2.neg()".to_string(),
             "e2 = cat([e1, x1], -1)".to_string(),
             "del e1, x1, x2".to_string(),
-            "e3 = e2 * sin.unsqueeze(1)".to_string(),
+            format!("e3 = e2 * sin{rk}.unsqueeze(1)"),
             "del e2".to_string(),
             format!("{out} = e0 + e3"),
             "del e0, e3".to_string(),
@@ -783,10 +911,10 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     match call.cache {
         Cache::Off => {
             // no cache: the rotated keys and the values go to attention as they are
-            attention(s, c, r, call, &attn, "k1", "v0", ind);
+            attention(s, c, r, call, l, &attn, "k1", "v0", ind);
         }
         Cache::Fill => {
-            if c.sliding_window.is_some() {
+            if c.sliding_layers.get(l as usize).copied().unwrap_or(false) {
                 // DynamicSlidingWindowLayer's lazy initialization: its length, an int64 scalar
                 at(
                     s,
@@ -806,6 +934,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
                 c,
                 r,
                 call,
+                l,
                 &attn,
                 &format!("kc{l}"),
                 &format!("vc{l}"),
@@ -823,6 +952,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
                 c,
                 r,
                 call,
+                l,
                 &attn,
                 &format!("kc{l}"),
                 &format!("vc{l}"),
@@ -846,19 +976,48 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         line(s, "del qkv");
     }
     let block = format!("model.layers.{l}");
-    at(s, ind, &block, "h = residual + a");
-    line(s, "del a");
-    line(s, "residual = h");
-    rms_norm(
-        s,
-        c,
-        r,
-        &m("post_attention_layernorm"),
-        &p("ln2"),
-        "h",
-        "x",
-        ind,
-    );
+    if c.sandwich {
+        // Gemma-2 and Gemma-3 normalize the attention's output before the residual sum, and
+        // the MLP's input with its own norm
+        rms_norm(
+            s,
+            c,
+            r,
+            &m("post_attention_layernorm"),
+            &p("ln2"),
+            "a",
+            "an",
+            ind,
+        );
+        line(s, "del a");
+        at(s, ind, &block, "h = residual + an");
+        line(s, "del an");
+        line(s, "residual = h");
+        rms_norm(
+            s,
+            c,
+            r,
+            &m("pre_feedforward_layernorm"),
+            &p("ln3"),
+            "h",
+            "x",
+            ind,
+        );
+    } else {
+        at(s, ind, &block, "h = residual + a");
+        line(s, "del a");
+        line(s, "residual = h");
+        rms_norm(
+            s,
+            c,
+            r,
+            &m("post_attention_layernorm"),
+            &p("ln2"),
+            "h",
+            "x",
+            ind,
+        );
+    }
     if c.phi3 {
         // Phi3MLP: `gate, up = gate_up_proj(x).chunk(2, -1)`, `up * act(gate)`, down_proj
         lin(s, "gate_up", "mlp.gate_up_proj", "x", "gu");
@@ -889,6 +1048,22 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     line(s, "del g1, u0");
     lin(s, "down", "mlp.down_proj", "g2", "d0");
     line(s, "del g2, x");
+    if c.sandwich {
+        rms_norm(
+            s,
+            c,
+            r,
+            &m("post_feedforward_layernorm"),
+            &p("ln4"),
+            "d0",
+            "dn",
+            ind,
+        );
+        line(s, "del d0");
+        at(s, ind, &block, "h = residual + dn");
+        line(s, "del dn, residual, h_in");
+        return;
+    }
     at(s, ind, &block, "h = residual + d0");
     line(s, "del d0, residual, h_in");
 }
@@ -901,6 +1076,7 @@ fn attention(
     c: &LlamaConfig,
     r: &Run,
     call: Call,
+    l: u64,
     path: &str,
     k: &str,
     v: &str,
@@ -918,7 +1094,13 @@ fn attention(
             x.to_string()
         }
     };
-    if window(c, t).is_some() && call.cache != Cache::Append {
+    // the mask this layer's eager attention adds
+    let mask = if window(c, l, t, r.eager).is_some() {
+        "sliding_mask"
+    } else {
+        "causal_mask"
+    };
+    if !r.eager && window(c, l, t, false).is_some() && call.cache != Cache::Append {
         // a mask for sdpa: transformers repeats k and v itself (no enable_gqa with a mask),
         // and SDPA turns the bool mask into a float one, `where(mask, 0.0, -inf)`, which the
         // memory-efficient kernel keeps as its bias
@@ -927,7 +1109,7 @@ fn attention(
             format!("av = {}", rk(v)),
             "fz = zeros([])".to_string(),
             "fi = full([], fill_value=-inf)".to_string(),
-            "fm = where(causal_mask, fz, fi)".to_string(),
+            "fm = where(sliding_mask, fz, fi)".to_string(),
             "del fi, fz".to_string(),
             "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"
                 .to_string(),
@@ -942,7 +1124,20 @@ fn attention(
             "att0 = q1 @ ak.transpose(2, 3)".to_string(),
             format!("att1 = att0 * {scale:?}"),
             "del att0".to_string(),
-            "att2 = att1 + causal_mask".to_string(),
+        ]);
+        if let Some(cap) = c.attn_softcap {
+            // Gemma-2's soft-capping: `tanh(scores / cap) * cap`
+            st.extend([
+                format!("atc0 = att1 / {cap:?}"),
+                "del att1".to_string(),
+                "atc1 = atc0.tanh()".to_string(),
+                "del atc0".to_string(),
+                format!("att1 = atc1 * {cap:?}"),
+                "del atc1".to_string(),
+            ]);
+        }
+        st.extend([
+            format!("att2 = att1 + {mask}"),
             "del att1".to_string(),
             "att = softmax(att2, -1)".to_string(),
             "del att2".to_string(),

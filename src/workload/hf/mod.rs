@@ -300,14 +300,14 @@ pub(crate) fn expand(
         config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
     if let config::Family::Llama(c) = &cfg {
-        if c.sliding_window.is_some() {
+        if c.sliding_layers.iter().any(|&x| x) {
             // what Mistral's sliding window is recorded with: float32 training or inference
             // with sdpa, plain or with LoRA
             let what = if run.mode == "generate" {
                 Some(("mode", "generation"))
             } else if run.checkpointing {
                 Some(("gradient_checkpointing", "gradient checkpointing"))
-            } else if run.eager {
+            } else if run.eager && !c.sandwich {
                 Some(("attention", "eager attention"))
             } else if run.bf16_autocast {
                 Some(("precision", "bf16 autocast"))

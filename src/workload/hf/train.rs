@@ -12,11 +12,11 @@ use crate::workload::preset::at;
 pub(super) const CLONED_LABELS: &str = "labels = input_ids.clone()";
 
 /// One iteration: `forward` writes the model's forward at an indentation, leaving `logits`,
-/// each of `cached` layers' cache `kc{l}`, `vc{l}` (and with `sliding`, its length `cl{l}`),
+/// each of `cached` layers' cache `kc{l}`, `vc{l}` (and for a `sliding` layer, its length `cl{l}`),
 /// and (in training) `loss`. `labels` makes the labels (a causal LM's are its inputs, cloned).
 pub(super) fn body(
     cached: u64,
-    sliding: bool,
+    sliding: &[bool],
     r: &Run,
     labels: &str,
     forward: &dyn Fn(&mut String, &str),
@@ -39,7 +39,7 @@ pub(super) fn body(
 fn micro_batch(
     s: &mut String,
     cached: u64,
-    sliding: bool,
+    sliding: &[bool],
     r: &Run,
     labels: &str,
     forward: &dyn Fn(&mut String, &str),
@@ -77,7 +77,7 @@ fn micro_batch(
     let caches: Vec<String> = (0..cached)
         .rev()
         .map(|l| {
-            if sliding {
+            if sliding.get(l as usize).copied().unwrap_or(false) {
                 format!("kc{l}, vc{l}, cl{l}")
             } else {
                 format!("kc{l}, vc{l}")

@@ -1,0 +1,60 @@
+#!/bin/bash
+# Issue 38: records further cases of the new families on the H200 (one fresh process each, with
+# PyTorch's snapshot): every mode the published-config test runs (bf16 weights with LoRA,
+# generation), sliding windows in bf16, Gemma-3 with both layer types, checkpointing, MoE.
+# Output: $OUT/cases.tar.xz (hf_NAME.json, NAME.config.json, snapshot_NAME.pickle.xz).
+set -u
+D=$(mktemp -d)
+Q3='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": true'
+GE='"vocab_size": 256000, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256'
+G2='"vocab_size": 256000, "hidden_size": 1152, "intermediate_size": 4608, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 256'
+G3='"vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 256'
+G36='"vocab_size": 32000, "hidden_size": 1152, "intermediate_size": 4608, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 256'
+P3='"vocab_size": 32064, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16, "pad_token_id": 32000'
+P3W='"vocab_size": 32064, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16, "pad_token_id": 32000, "sliding_window": 256'
+P4='"vocab_size": 100352, "hidden_size": 1280, "intermediate_size": 4480, "num_hidden_layers": 2, "num_attention_heads": 10, "num_key_value_heads": 2, "pad_token_id": 100349'
+MX='"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2'
+QM='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 768, "num_experts": 16, "num_experts_per_tok": 4, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128'
+rec() { # name lora_targets json
+  local n=$1 t=$2 j=$3
+  SNAP=$n LORA_TARGETS=$t timeout 300 python3 scripts/hf_record.py "$D" "{\"name\": \"$n\", $j}" 2>&1 | tail -2
+}
+T='"batch": 2, "seq": 512, "opt": "adamw"'
+G='"batch": 2, "seq": 128, "weights": "bf16", "generate": 32'
+rec qwen3_t_lora_bf16w "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec qwen3_t_ckpt_fp32 "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $T, \"ckpt\": true"
+rec qwen3_t_generate_bf16 "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $G"
+rec gemma_t_lora_bf16w "" "\"model_type\": \"gemma\", \"cfg\": {$GE}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma_t_generate_bf16 "" "\"model_type\": \"gemma\", \"cfg\": {$GE}, \"attn\": \"sdpa\", $G"
+rec gemma2_t_sdpa_fp32 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T"
+rec gemma2_t_lora_bf16w "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma2_t_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec gemma3_t_lora_bf16w "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma3_t_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec gemma3_6l_sdpa_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"sdpa\", $T"
+rec gemma3_6l_eager_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"eager\", $T"
+rec phi3_t_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec phi3_t_sw_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T"
+rec phi3_t_sw_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec phi3_t_generate_bf16 "" "\"model_type\": \"phi3\", \"cfg\": {$P3}, \"attn\": \"sdpa\", $G"
+rec phi4_t_sdpa_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P4}, \"attn\": \"sdpa\", $T"
+rec mixtral_t_lora_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec mixtral_t_aux_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX, \"output_router_logits\": true}, \"attn\": \"sdpa\", $T"
+rec mixtral_t_generate_bf16 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $G"
+rec qwen3moe_t_generate_bf16 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $G"
+rec qwen3moe_t_eager_experts_fp32 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $T, \"experts\": \"eager\""
+rec gpt2_tut_b4_s512_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\""
+rec gpt2_tut_b4_s512_ckpt_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\", \"ckpt\": true"
+python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
+python3 - "$D" <<'PY'
+import importlib, sys
+for m in ("transformers.integrations.moe",):
+    try:
+        mod = importlib.import_module(m); print(m, mod.__file__)
+    except Exception as e:
+        print(m, e)
+PY
+cp /opt/torch/.venv/lib/python3.12/site-packages/transformers/integrations/moe.py "$D/moe_py.txt" 2>/dev/null
+for f in "$D"/snapshot_*.pickle; do xz -6 -T0 "$f"; done
+ls -la "$D" | tail -n +2 | awk '{print $5, $9}'
+tar -C "$D" -cJf "$OUT/cases.tar.xz" .

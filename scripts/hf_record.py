@@ -1,0 +1,33 @@
+"""Records a Hugging Face case on the GPU machine with ../shared/tools/hf_families.py (carried
+in gpu_carry/), with two additions: LORA_TARGETS=a,b sets peft's target_modules (hf_models.py
+fixes q_proj and v_proj, which Phi-3 does not have; "all-linear" is passed as it is) and
+LORA_DROPOUT=p its dropout (default 0.05, as hf_models.py).
+
+Usage: [SNAP=NAME] [LORA_TARGETS=...] python3 hf_record.py OUTDIR CASE_JSON
+"""
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "gpu_carry"))
+
+targets = os.environ.get("LORA_TARGETS")
+dropout = os.environ.get("LORA_DROPOUT")
+if targets or dropout:
+    import peft
+
+    real = peft.LoraConfig
+
+    def patched(*a, **kw):
+        if targets:
+            kw["target_modules"] = targets if targets == "all-linear" else targets.split(",")
+        if dropout:
+            kw["lora_dropout"] = float(dropout)
+        return real(*a, **kw)
+
+    peft.LoraConfig = patched
+
+sys.argv = [os.path.join(here, "..", "gpu_carry", "hf_families.py")] + sys.argv[1:]
+with open(sys.argv[0]) as f:
+    code = compile(f.read(), sys.argv[0], "exec")
+exec(code, {"__name__": "__main__", "__file__": sys.argv[0]})
