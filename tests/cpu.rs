@@ -164,6 +164,9 @@ const HEAVY: &[&str] = &[
     // benchmark far more than a host holds, and the tiny training cases take seconds an
     // iteration (tests/hf.rs runs one iteration of the tiny llama, GPT-2 and BERT on cpu)
     "hf/",
+    // the 2026 families' cases (fixtures/hf2): vocabularies of 150,000-260,000 and billions of
+    // multiply-adds per iteration
+    "hf2/",
     // torchvision's ResNets: GPT-2-sized convolutions (tests/vision.rs trains a 32-pixel
     // resnet18 on cpu)
     "vision/",

@@ -100,3 +100,114 @@ fn new_families_allocate_and_free_as_pytorch_does() {
         assert_eq!(g.len(), t.len(), "{name}: event count");
     }
 }
+
+/// What the published-config test runs: a LoRA fine-tune (bf16 weights, batch 1, seq 2048,
+/// r 16 on the attention's projections) and generation (batch 4, 512 + 256 tokens).
+const MODES: [(&str, &[&str]); 2] = [
+    (
+        "LoRA bf16",
+        &[
+            "--batch",
+            "1",
+            "--seq",
+            "2048",
+            "--dtype",
+            "bf16",
+            "--lora-r",
+            "16",
+            "--lora-targets",
+            "attention",
+        ],
+    ),
+    (
+        "generate",
+        &[
+            "--mode",
+            "generate",
+            "--batch",
+            "4",
+            "--seq",
+            "512",
+            "--new-tokens",
+            "256",
+        ],
+    ),
+];
+
+/// (config, mode): what gpumem models today and must keep running. Every other pair must be
+/// refused with exit 2 and a message that names the key or flag to change.
+const MUST_RUN: &[(&str, &str)] = &[
+    ("deepseek-r1-distill-qwen-7b", "LoRA bf16"),
+    ("deepseek-r1-distill-qwen-7b", "generate"),
+    ("gemma-2-2b", "LoRA bf16"),
+    ("gemma-2-9b", "LoRA bf16"),
+    ("gemma-7b", "LoRA bf16"),
+    ("gemma-7b", "generate"),
+    ("llama-3.1-8b", "LoRA bf16"),
+    ("llama-3.1-8b", "generate"),
+    ("llama-3.2-1b", "LoRA bf16"),
+    ("llama-3.2-1b", "generate"),
+    ("mistral-7b-v0.3", "LoRA bf16"),
+    ("mistral-7b-v0.3", "generate"),
+    ("phi-4", "LoRA bf16"),
+    ("phi-4", "generate"),
+    ("qwen2.5-0.5b", "LoRA bf16"),
+    ("qwen2.5-0.5b", "generate"),
+    ("qwen2.5-7b", "LoRA bf16"),
+    ("qwen2.5-7b", "generate"),
+    ("qwen3-0.6b", "LoRA bf16"),
+    ("qwen3-0.6b", "generate"),
+    ("qwen3-8b", "LoRA bf16"),
+    ("qwen3-8b", "generate"),
+    ("smollm2-1.7b", "LoRA bf16"),
+    ("smollm2-1.7b", "generate"),
+    ("tinyllama-1.1b", "LoRA bf16"),
+    ("tinyllama-1.1b", "generate"),
+];
+
+#[test]
+fn every_published_config_runs_or_is_refused_by_name() {
+    let dir = common::root().join("fixtures/hf/configs");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().to_string();
+            n.strip_suffix(".config.json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 21, "the published configs: {names:?}");
+    let mut table = Vec::new();
+    for name in &names {
+        let path = format!("fixtures/hf/configs/{name}.config.json");
+        for (mode, flags) in MODES {
+            let mut args = vec!["run", path.as_str()];
+            args.extend_from_slice(flags);
+            args.extend_from_slice(&["--capacity", "1TiB", "--iterations", "1", "--no-remedies"]);
+            let out = common::at_root(&args);
+            let must = MUST_RUN.contains(&(name.as_str(), mode));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match out.status.code() {
+                Some(0) => {
+                    table.push(format!("{name} {mode}: runs"));
+                    assert!(must, "{name} {mode} now runs: add it to MUST_RUN");
+                }
+                Some(2) => {
+                    assert!(!must, "{name} {mode} must run: {stderr}");
+                    // the refusal names what to change: a config key in quotes or a flag
+                    assert!(
+                        stderr.contains('\'') || stderr.contains("--") || stderr.contains('"'),
+                        "{name} {mode}: a refusal names the key or flag: {stderr}"
+                    );
+                    assert!(!stderr.contains("panicked"), "{name} {mode}: {stderr}");
+                    table.push(format!(
+                        "{name} {mode}: refused: {}",
+                        stderr.lines().next().unwrap_or("")
+                    ));
+                }
+                other => panic!("{name} {mode}: exit {other:?}: {stderr}"),
+            }
+        }
+    }
+    eprintln!("{}", table.join("\n"));
+}

@@ -157,7 +157,7 @@ fn hf_configs_are_refused_by_name() {
         (
             "model_type",
             Value::from("mixtral"),
-            "not a family gpumem models",
+            "mixture-of-experts layers",
         ),
         (
             "model_type",

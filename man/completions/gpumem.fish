@@ -65,7 +65,7 @@ eager\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l device -d 'Where to run, instead of the workload\'s `device`: `sim`, the simulated device (the default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory at the same addresses: the same allocator figures, plus each iteration\'s loss), or `cuda` (segments from the NVIDIA driver of the first GPU, at its addresses, with NVML\'s view of the process; no kernels yet, so nothing is computed)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l capacity -d 'Device memory of the simulated GPU instead of the workload\'s (e.g. 24GiB, 80GiB)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l iterations -d 'Iterations of the body instead of the workload\'s' -r
@@ -122,7 +122,7 @@ eager\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l tolerance -d 'A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%). Repeatable; beats the workload\'s [check] table and the baseline\'s settings' -r
@@ -170,7 +170,7 @@ eager\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l top -d 'How many sites to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l device -d 'For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one with the longest trace)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
@@ -202,7 +202,7 @@ eager\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-r -d 'With a bare config: peft\'s LoRA of rank R (`[model.lora] r`); --lora-alpha, --lora-dropout and --lora-targets set the rest (peft\'s defaults: alpha 8, dropout 0, q_proj,v_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-alpha -d 'With --lora-r: `[model.lora] alpha`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r

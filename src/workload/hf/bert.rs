@@ -81,12 +81,30 @@ fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
+/// The linears `[model.lora] target_modules` may name: the self-attention's (peft matches a
+/// module path's last part; the `dense` layers are not taken yet).
+pub(crate) const LORA_TARGETS: &[&str] = &["query", "key", "value"];
+
+/// Is this linear (by its module path) a LoRA target?
+fn targeted(r: &Run, path: &str) -> bool {
+    let module = path.rsplit('.').next().unwrap_or(path);
+    r.lora
+        .as_ref()
+        .is_some_and(|l| l.targets.iter().any(|t| t == module))
+}
+
 /// The setup and body scripts.
 pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
+    // peft freezes the base model, its classifier too (no modules_to_save)
+    let opts = if r.lora.is_some() {
+        ", requires_grad=false"
+    } else {
+        TRAINABLE
+    };
     for (k, (var, path, name, shape)) in ps.iter().enumerate() {
-        param(&mut s, var, path, name, shape, "randn", TRAINABLE);
+        param(&mut s, var, path, name, shape, "randn", opts);
         if k == 4 {
             // BertEmbeddings' buffers, moved after its submodules' parameters
             let _ = writeln!(s, "scope \"bert.embeddings\" {{");
@@ -99,7 +117,34 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
             let _ = writeln!(s, "}}");
         }
     }
-    let list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
+    let mut list: Vec<String> = ps.iter().map(|(v, ..)| v.clone()).collect();
+    if let Some(lora) = &r.lora {
+        // get_peft_model: each targeted linear's lora_A ([r, in]) and lora_B ([out, r], zeros)
+        list.clear();
+        let e = c.hidden;
+        for l in 0..c.layers {
+            for (name, path) in [
+                ("q", "attention.self.query"),
+                ("k", "attention.self.key"),
+                ("v", "attention.self.value"),
+            ] {
+                if !targeted(r, path) {
+                    continue;
+                }
+                let m = format!("bert.encoder.layer.{l}.{path}");
+                for (suffix, shape, fill, ab) in [
+                    ("la", [lora.r, e], "randn", "A"),
+                    ("lb", [e, lora.r], "zeros", "B"),
+                ] {
+                    let var = format!("l{l}_{name}_{suffix}");
+                    let module = format!("{m}.lora_{ab}.default");
+                    param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    list.push(var);
+                }
+            }
+        }
+    }
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
     // `torch.randint(0, 2, (B,))`: one class label per sample
@@ -206,16 +251,18 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
         let _ = writeln!(s, "{ind}{stmt}");
     };
     let lin = |s: &mut String, name: &str, path: &str, x: &str, y: &str| {
-        at(
-            s,
-            ind,
-            &m(path),
-            &format!(
-                "{y} = linear({x}, {}, {})",
-                p(&format!("{name}_w")),
-                p(&format!("{name}_b"))
-            ),
+        let rhs = format!(
+            "linear({x}, {}, {})",
+            p(&format!("{name}_w")),
+            p(&format!("{name}_b"))
         );
+        match r.lora.as_ref().filter(|_| targeted(r, path)) {
+            Some(l) => {
+                let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
+                super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), l, y);
+            }
+            None => at(s, ind, &m(path), &format!("{y} = {rhs}")),
+        }
     };
     let attn = m("attention.self");
     for (name, y) in [("q", "q"), ("k", "k"), ("v", "v")] {

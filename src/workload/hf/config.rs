@@ -284,6 +284,12 @@ pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, Stri
 
 /// The refusal of a `model_type` gpumem has no model of.
 fn not_modelled(path: &Path, model_type: &str) -> String {
+    if matches!(model_type, "mixtral" | "qwen3_moe" | "qwen2_moe") {
+        return format!(
+            "{}: model_type \"{model_type}\": its mixture-of-experts layers (the router and the grouped experts) are not modelled yet",
+            path.display()
+        );
+    }
     format!(
         "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, gpt2 and bert)",
         path.display()
@@ -520,7 +526,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     // Mistral's window (its default 4096; null: none); Qwen2's only with use_sliding_window
     let sliding_window = if gemma2 || gemma3 {
         match m.get("sliding_window") {
-            None => Some(if gemma3 { 4096 } else { 4096 }),
+            None => Some(4096),
             Some(Value::Null) => None,
             Some(_) => Some(int("sliding_window", 1)?),
         }

@@ -401,12 +401,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
-    at(
-        s,
-        ind,
-        "model.embed_tokens",
-        "inputs_embeds = embedding(mi_ids, embed)",
-    );
+    super::llama::embed(s, c, "mi_ids", ind);
     line(s, "h = inputs_embeds");
     line(s, "position_ids = mi_pos");
     // create_causal_mask with a 2-D mask under sdpa: all ones, so no 4-D mask
@@ -432,6 +427,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
     line(s, "del inputs_embeds, sin, cos");
     // logits_to_keep=1: the last position only
     at(s, ind, "lm_head", "logits = linear(h[:, -1:, :], lm_head)");
+    super::llama::final_softcap(s, c, ind);
     line(s, "del h, position_ids");
 }
 

@@ -59,31 +59,93 @@ fn params(c: &Gpt2Config) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
+/// The Conv1D layers of a block: (short name, module path, in, out), in module order.
+fn convs(c: &Gpt2Config) -> [(&'static str, &'static str, u64, u64); 4] {
+    let (e, i) = (c.hidden, c.inner);
+    [
+        ("attn", "attn.c_attn", e, 3 * e),
+        ("aproj", "attn.c_proj", e, e),
+        ("fc", "mlp.c_fc", e, i),
+        ("mproj", "mlp.c_proj", i, e),
+    ]
+}
+
+/// The module names `[model.lora] target_modules` may name (peft matches the last part of a
+/// module's path: `c_proj` is the attention's and the MLP's).
+pub(crate) const LORA_TARGETS: &[&str] = &["c_attn", "c_proj", "c_fc"];
+
+/// Is this Conv1D (by its module path) a LoRA target?
+fn targeted(r: &Run, path: &str) -> bool {
+    let module = path.rsplit('.').next().unwrap_or(path);
+    r.lora
+        .as_ref()
+        .is_some_and(|l| l.targets.iter().any(|t| t == module))
+}
+
 /// The setup and body scripts.
 pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
+    // peft freezes the base model
+    let base = if r.lora.is_some() {
+        ", requires_grad=false"
+    } else {
+        TRAINABLE
+    };
     for (var, path, name, shape) in &ps {
-        param(&mut s, var, path, name, shape, "randn", TRAINABLE);
+        param(&mut s, var, path, name, shape, "randn", base);
     }
-    let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
+    let mut list: Vec<String> = ps.iter().map(|(v, ..)| v.clone()).collect();
     if c.tie_embeddings {
         let _ = writeln!(s, "lm_head = wte");
     } else {
         let _ = writeln!(s, "scope \"lm_head\" {{");
         let _ = writeln!(
             s,
-            "  lm_head = randn({}, {}, requires_grad=true, from=\"lm_head.weight\")",
-            c.vocab, c.hidden
+            "  lm_head = randn({}, {}, requires_grad={}, from=\"lm_head.weight\")",
+            c.vocab,
+            c.hidden,
+            r.lora.is_none()
         );
         let _ = writeln!(s, "}}");
-        list.push("lm_head");
+        list.push("lm_head".into());
     }
+    if let Some(l) = &r.lora {
+        // get_peft_model: each targeted Conv1D's lora_A ([r, in]) and lora_B ([out, r], zeros),
+        // module by module
+        list.clear();
+        for layer in 0..c.layers {
+            for (name, path, inp, out) in convs(c) {
+                if !targeted(r, path) {
+                    continue;
+                }
+                let m = format!("transformer.h.{layer}.{path}");
+                for (suffix, shape, fill) in
+                    [("la", [l.r, inp], "randn"), ("lb", [out, l.r], "zeros")]
+                {
+                    let var = format!("l{layer}_{name}_{suffix}");
+                    let module = format!(
+                        "{m}.lora_{}.default",
+                        if suffix == "la" { "A" } else { "B" }
+                    );
+                    param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    list.push(var);
+                }
+            }
+        }
+    }
+    let list: Vec<&str> = list.iter().map(String::as_str).collect();
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
     (
         s,
-        super::train::body(c.layers, &[], r, super::train::CLONED_LABELS, &fwd),
+        super::train::body(
+            if r.checkpointing { 0 } else { c.layers },
+            &[],
+            r,
+            super::train::CLONED_LABELS,
+            &fwd,
+        ),
     )
 }
 
@@ -116,6 +178,10 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
         "transformer",
         "h0 = inputs_embeds + position_embeds",
     );
+    if r.checkpointing {
+        // no cache: create_causal_mask first looks for packed sequences in the positions
+        super::llama::packed_sequences(s, r, ind);
+    }
     at(
         s,
         ind,
@@ -124,7 +190,15 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
     );
     line(s, "del h0");
     for l in 0..c.layers {
-        block(s, c, r, l, ind);
+        if r.checkpointing {
+            // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
+            // the block's tensor arguments (the positions) until its backward; no cache
+            let _ = writeln!(s, "{ind}checkpoint(cache_position) {{");
+            block(s, c, r, l, &format!("{ind}  "));
+            let _ = writeln!(s, "{ind}}}");
+        } else {
+            block(s, c, r, l, ind);
+        }
     }
     at(
         s,
@@ -156,18 +230,20 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
-    // Conv1D: addmm over the rows, viewed back to [B, T, out]
+    // Conv1D: addmm over the rows, viewed back to [B, T, out]; with LoRA, peft's
+    // `result + lora_B(lora_A(dropout(x))) * scaling` around it
     let conv = |s: &mut String, name: &str, path: &str, x: &str, inp: u64, out: u64, y: &str| {
-        at(
-            s,
-            ind,
-            &m(path),
-            &format!(
-                "{y} = addmm({}, {x}.view(-1, {inp}), {}).view({b}, {t}, {out})",
-                p(&format!("{name}_b")),
-                p(&format!("{name}_w"))
-            ),
+        let product = format!(
+            "addmm({}, {x}.view(-1, {inp}), {}).view({b}, {t}, {out})",
+            p(&format!("{name}_b")),
+            p(&format!("{name}_w"))
         );
+        let Some(l) = r.lora.as_ref().filter(|_| targeted(r, path)) else {
+            at(s, ind, &m(path), &format!("{y} = {product}"));
+            return;
+        };
+        let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
+        super::train::lora_linear(s, ind, &m(path), &product, x, (&la, &lb), l, y);
     };
     line(s, "residual = h");
     at(
@@ -188,21 +264,32 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
         );
     }
     line(s, "del q0, k0, v0, qkv");
-    // past_key_values.update: `torch.cat` onto the layer's empty buffers
-    at(s, ind, &attn, "ce = empty(0, dtype=float32)");
-    at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
-    at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
-    at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
-    line(s, "del ce, k, v");
+    let (kk, vv) = if r.checkpointing {
+        // no cache: the keys and values go to attention as they are
+        ("k".to_string(), "v".to_string())
+    } else {
+        // past_key_values.update: `torch.cat` onto the layer's empty buffers
+        at(s, ind, &attn, "ce = empty(0, dtype=float32)");
+        at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
+        at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
+        at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
+        line(s, "del ce, k, v");
+        (format!("kc{l}"), format!("vc{l}"))
+    };
     let drop = if c.attn_pdrop > 0.0 {
         format!(", dropout_p={:?}", c.attn_pdrop)
     } else {
         String::new()
     };
     for st in [
-        format!("y0 = scaled_dot_product_attention(q, kc{l}, vc{l}{drop})"),
-        "y = y0.transpose(1, 2).contiguous()".to_string(),
-        "del y0, q".to_string(),
+        format!("y0 = scaled_dot_product_attention(q, {kk}, {vv}{drop})"),
+        // `attn_output.reshape(*input_shape, -1).contiguous()`: [B, T, E] for c_proj
+        format!("y = y0.transpose(1, 2).contiguous().view({b}, {t}, {e})"),
+        if r.checkpointing {
+            "del y0, q, k, v".to_string()
+        } else {
+            "del y0, q".to_string()
+        },
     ] {
         at(s, ind, &attn, &st);
     }

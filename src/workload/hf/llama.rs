@@ -339,19 +339,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         let _ = writeln!(s, "{inner}del {}, {}", all.join(", "), pairs.join(", "));
     }
     at(s, &inner, "lm_head", "logits = linear(h, lm_head)");
-    if let Some(cap) = c.final_softcap {
-        // `logits = tanh(logits / cap) * cap`
-        for st in [
-            format!("fl0 = logits / {cap:?}"),
-            "del logits".to_string(),
-            "fl1 = fl0.tanh()".to_string(),
-            "del fl0".to_string(),
-            format!("logits = fl1 * {cap:?}"),
-            "del fl1".to_string(),
-        ] {
-            let _ = writeln!(s, "{inner}{st}");
-        }
-    }
+    final_softcap(s, c, &inner);
     if r.mode == "train" {
         super::train::causal_lm_loss(s, c.vocab, r, &inner);
     }
@@ -366,23 +354,7 @@ fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
-    if c.gemma {
-        // `super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)`
-        for st in [
-            "e_raw = embedding(input_ids, embed)",
-            "inputs_embeds = e_raw * embed_scale",
-            "del e_raw",
-        ] {
-            at(s, ind, "model.embed_tokens", st);
-        }
-    } else {
-        at(
-            s,
-            ind,
-            "model.embed_tokens",
-            "inputs_embeds = embedding(input_ids, embed)",
-        );
-    }
+    embed(s, c, "input_ids", ind);
     line(s, "h = inputs_embeds");
     line(s, &format!("cp0 = arange({t})"));
     line(s, "cache_position = cp0 + 0");
@@ -399,6 +371,43 @@ fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     }
 }
 
+/// `inputs_embeds` from the token ids `ids`: the embedding, which Gemma scales by its
+/// `embed_scale` buffer (`super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)`).
+pub(super) fn embed(s: &mut String, c: &LlamaConfig, ids: &str, ind: &str) {
+    if c.gemma {
+        for st in [
+            format!("e_raw = embedding({ids}, embed)"),
+            "inputs_embeds = e_raw * embed_scale".to_string(),
+            "del e_raw".to_string(),
+        ] {
+            at(s, ind, "model.embed_tokens", &st);
+        }
+    } else {
+        at(
+            s,
+            ind,
+            "model.embed_tokens",
+            &format!("inputs_embeds = embedding({ids}, embed)"),
+        );
+    }
+}
+
+/// Gemma-2's and Gemma-3's `final_logit_softcapping`: `logits = tanh(logits / cap) * cap`.
+pub(super) fn final_softcap(s: &mut String, c: &LlamaConfig, ind: &str) {
+    if let Some(cap) = c.final_softcap {
+        for st in [
+            format!("fl0 = logits / {cap:?}"),
+            "del logits".to_string(),
+            "fl1 = fl0.tanh()".to_string(),
+            "del fl0".to_string(),
+            format!("logits = fl1 * {cap:?}"),
+            "del fl1".to_string(),
+        ] {
+            let _ = writeln!(s, "{ind}{st}");
+        }
+    }
+}
+
 /// Whether the forward makes a full causal mask: for eager attention, unless the family
 /// makes only its sliding one (Mistral and Phi-3 with a window); Gemma-2 and Gemma-3 make
 /// both whatever their layers use.
@@ -409,7 +418,7 @@ fn full_mask(c: &LlamaConfig, r: &Run) -> bool {
 /// The window of the sliding mask the forward makes for a call of `t` tokens (as many keys),
 /// if it makes one: sdpa skips it for fewer keys than the window
 /// (`_ignore_causal_mask_sdpa`); eager attention always needs it.
-fn sliding_mask_window(c: &LlamaConfig, t: u64, eager: bool) -> Option<u64> {
+pub(super) fn sliding_mask_window(c: &LlamaConfig, t: u64, eager: bool) -> Option<u64> {
     if !c.sliding_layers.iter().any(|&x| x) && !c.sandwich {
         return None;
     }
@@ -513,7 +522,7 @@ fn mask_indices(r: &Run) -> Vec<String> {
 /// first checks the positions for packed sequences (masking_utils'
 /// `find_packed_sequence_indices`): `diff` with a prepended dummy, `!= 1`, `cumsum`, and
 /// whether the last column is all 0. None are, so no mask is made.
-fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
+pub(super) fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
     let b = r.batch;
     for st in [
         format!("pid = position_ids.expand({b}, -1)"),
@@ -756,50 +765,9 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         };
         // peft's Linear.forward: the base layer, then
         // `result + lora_B(lora_A(dropout(x))) * scaling`
-        let base = m(path);
-        // (a dropout of 0 is nn.Identity)
-        let (ld, drop) = if l.dropout > 0.0 {
-            (
-                "lora_x",
-                format!("lora_x = dropout({input}, {:?})", l.dropout),
-            )
-        } else {
-            (input, String::new())
-        };
-        let scaling = l.alpha / l.r as f64;
-        for (scope, st) in [
-            (
-                base.clone(),
-                format!(
-                    "lora_base = linear({input}, {}{bias})",
-                    p(&format!("{name}_w"))
-                ),
-            ),
-            (format!("{base}.lora_dropout.default"), drop),
-            (
-                format!("{base}.lora_A.default"),
-                format!("lora_a = linear({ld}, {})", p(&format!("{name}_la"))),
-            ),
-            (
-                format!("{base}.lora_B.default"),
-                format!("lora_b = linear(lora_a, {})", p(&format!("{name}_lb"))),
-            ),
-            (base.clone(), format!("lora_s = lora_b * {scaling:?}")),
-            (String::new(), "del lora_b".to_string()),
-            (base.clone(), format!("{out} = lora_base + lora_s")),
-            (String::new(), "del lora_s, lora_base, lora_a".to_string()),
-        ] {
-            match (scope.is_empty(), st.is_empty()) {
-                (_, true) => {}
-                (true, false) => {
-                    let _ = writeln!(s, "{ind}{st}");
-                }
-                (false, false) => at(s, ind, &scope, &st),
-            }
-        }
-        if ld == "lora_x" {
-            let _ = writeln!(s, "{ind}del lora_x");
-        }
+        let rhs = format!("linear({input}, {}{bias})", p(&format!("{name}_w")));
+        let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
+        super::train::lora_linear(s, ind, &m(path), &rhs, input, (&la, &lb), l, out);
     };
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");

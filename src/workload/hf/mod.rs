@@ -87,7 +87,7 @@ impl Lora {
             Targets::Names(n) => {
                 if let Some(bad) = n.iter().find(|x| !linears.contains(&x.as_str())) {
                     return Err(format!(
-                        "target_modules in [model.lora]: a {family} model has no linear named                          {bad:?} (its linears: {}; or \"all-linear\", \"attention\")",
+                        "target_modules in [model.lora]: a {family} model has no linear named {bad:?} (its linears: {}; or \"all-linear\", \"attention\")",
                         linears.join(", ")
                     ));
                 }
@@ -259,16 +259,31 @@ pub(crate) fn expand(
         l.resolve(&linears, &attention, default, c.model_type)
             .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
     }
-    if run.lora.is_some() && !matches!(cfg, config::Family::Llama(_)) {
-        return Err(SyntaxError::new(
-            value_at(&m, "lora"),
-            "[model.lora] is modelled for llama and qwen2 configs only yet",
-        ));
+    if let (Some(l), config::Family::Gpt2(_)) = (&mut run.lora, &cfg) {
+        let linears = gpt2::LORA_TARGETS;
+        l.resolve(linears, &["c_attn", "c_proj"], &["c_attn"], "gpt2")
+            .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
+    }
+    if let (Some(l), config::Family::Bert(_)) = (&mut run.lora, &cfg) {
+        if l.spec == Targets::AllLinear {
+            return Err(SyntaxError::new(
+                value_at(&m, "lora"),
+                "target_modules = \"all-linear\" is not modelled yet for bert (its dense layers); name query, key or value",
+            ));
+        }
+        let linears = bert::LORA_TARGETS;
+        l.resolve(
+            linears,
+            linears,
+            &["query", "value"],
+            "bert (its self-attention's)",
+        )
+        .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
     }
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
-            format!("{what} is not modelled yet for Hugging Face configs (llama and qwen2 run in fp32 or bf16 autocast, gpt2 and bert in fp32, with sdpa attention); remove '{key}' or set it to its default"),
+            format!("{what} is not modelled yet (gpumem refuses what it has not matched against PyTorch rather than approximate it); remove '{key}' or set it to its default"),
         ))
     };
     if run.mode == "generate" {
@@ -300,9 +315,14 @@ pub(crate) fn expand(
         config::Family::Bert(c) => ("bert", Some((c.positions, "max_position_embeddings"))),
     };
     if let config::Family::Llama(c) = &cfg {
-        if c.sliding_layers.iter().any(|&x| x) {
-            // what Mistral's sliding window is recorded with: float32 training or inference
-            // with sdpa, plain or with LoRA
+        // a sliding window whose mask the forward makes (sdpa skips it below the window's
+        // length: the layers attend as full ones), or any in generation, whose cache the window
+        // trims
+        let masked = llama::sliding_mask_window(c, run.seq, run.eager).is_some();
+        let generating = run.mode == "generate" && c.sliding_layers.iter().any(|&x| x);
+        if masked || generating {
+            // what the sliding windows are recorded with: float32 training or inference with
+            // sdpa (Mistral, Gemma-3), plain or with LoRA, and Gemma-2's eager attention
             let what = if run.mode == "generate" {
                 Some(("mode", "generation"))
             } else if run.checkpointing {
@@ -328,7 +348,7 @@ pub(crate) fn expand(
             }
         }
     }
-    if family != "llama" && run.checkpointing {
+    if family == "bert" && run.checkpointing {
         unsupported(
             "gradient_checkpointing",
             &format!("gradient checkpointing for {family}"),
@@ -412,7 +432,7 @@ pub(crate) fn expand(
             _ => None,
         },
         // what the checks above take under bf16 autocast
-        can_autocast: matches!(&cfg, config::Family::Llama(c) if c.sliding_window.is_none())
+        can_autocast: matches!(&cfg, config::Family::Llama(c) if llama::sliding_mask_window(c, run.seq, run.eager).is_none())
             && !run.bf16_weights
             && run.mode != "generate",
     };

@@ -155,3 +155,60 @@ pub(super) fn param(
     );
     let _ = writeln!(s, "}}");
 }
+
+/// peft's `Linear.forward` around a base layer whose output `rhs` computes (the base product
+/// of `x`): `y = base(x) + lora_B(lora_A(dropout(x))) * scaling`, each op in its module's
+/// scope under `base` (the wrapped module's path), the adapters `la` and `lb`; the
+/// temporaries go as peft's locals do.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn lora_linear(
+    s: &mut String,
+    ind: &str,
+    base: &str,
+    rhs: &str,
+    x: &str,
+    (la, lb): (&str, &str),
+    l: &super::Lora,
+    y: &str,
+) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    at(s, ind, base, &format!("lora_base = {rhs}"));
+    // (a dropout of 0 is nn.Identity)
+    let lx = if l.dropout > 0.0 {
+        at(
+            s,
+            ind,
+            &format!("{base}.lora_dropout.default"),
+            &format!("lora_x = dropout({x}, {:?})", l.dropout),
+        );
+        "lora_x"
+    } else {
+        x
+    };
+    at(
+        s,
+        ind,
+        &format!("{base}.lora_A.default"),
+        &format!("lora_a = linear({lx}, {la})"),
+    );
+    at(
+        s,
+        ind,
+        &format!("{base}.lora_B.default"),
+        &format!("lora_b = linear(lora_a, {lb})"),
+    );
+    at(
+        s,
+        ind,
+        base,
+        &format!("lora_s = lora_b * {:?}", l.alpha / l.r as f64),
+    );
+    line(s, "del lora_b");
+    at(s, ind, base, &format!("{y} = lora_base + lora_s"));
+    line(s, "del lora_s, lora_base, lora_a");
+    if lx == "lora_x" {
+        line(s, "del lora_x");
+    }
+}
