@@ -211,3 +211,139 @@ fn every_published_config_runs_or_is_refused_by_name() {
     }
     eprintln!("{}", table.join("\n"));
 }
+
+/// What a user's config or flags ask that gpumem does not model is refused with exit 2 and the
+/// key or flag named; what it does model runs: a multimodal config, LongRoPE past its original
+/// context (and within it), a LoRA target the family lacks, BERT and GPT-2 LoRA, GPT-2 with
+/// gradient checkpointing.
+#[test]
+fn new_family_keys_run_or_are_refused_by_name() {
+    let s = common::Scratch::new("families-refuse");
+    let factors: Vec<f64> = vec![1.0; 48];
+    let phi = serde_json::json!({
+        "model_type": "phi3", "vocab_size": 32064, "hidden_size": 3072,
+        "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "longrope", "long_factor": factors, "short_factor": factors},
+        "pad_token_id": 32000
+    });
+    let phi = s.write("phi.json", &phi.to_string());
+    let nested = serde_json::json!({
+        "model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
+        "vision_config": {"hidden_size": 1152}
+    });
+    let nested = s.write("nested.json", &nested.to_string());
+    let run = |args: &[&str]| {
+        let out = common::at_root(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (p, n) = (phi.to_str().unwrap(), nested.to_str().unwrap());
+    let refused = [
+        (
+            vec!["run", n, "--batch", "1", "--seq", "128"],
+            "'text_config'",
+        ),
+        (
+            vec!["run", p, "--batch", "1", "--seq", "8192"],
+            "original_max_position_embeddings",
+        ),
+        (
+            vec![
+                "run",
+                p,
+                "--batch",
+                "1",
+                "--seq",
+                "128",
+                "--lora-r",
+                "8",
+                "--lora-targets",
+                "q_proj",
+            ],
+            "qkv_proj",
+        ),
+        (
+            vec![
+                "run",
+                "fixtures/hf/cases/bert_t.config.json",
+                "--batch",
+                "2",
+                "--seq",
+                "64",
+                "--lora-r",
+                "8",
+                "--lora-targets",
+                "all-linear",
+            ],
+            "--lora-targets",
+        ),
+    ];
+    for (args, named) in refused {
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(named), "{args:?} names {named}: {err}");
+    }
+    let runs = [
+        vec!["run", p, "--batch", "1", "--seq", "512", "--lora-r", "8"],
+        vec![
+            "run",
+            "fixtures/hf/cases/bert_t.config.json",
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--lora-r",
+            "8",
+        ],
+        vec![
+            "run",
+            "fixtures/hf/configs/gpt2.config.json",
+            "--batch",
+            "2",
+            "--seq",
+            "128",
+            "--gradient-checkpointing",
+            "--lora-r",
+            "8",
+            "--lora-targets",
+            "all-linear",
+        ],
+    ];
+    for args in runs {
+        let mut a = args.clone();
+        a.extend(["--no-remedies", "--capacity", "80GiB", "-q"]);
+        let (code, err) = run(&a);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+}
+
+/// LoRA trains only the adapters: the optimizer's state and the gradients are the adapters'
+/// size, not the model's, for GPT-2's Conv1D layers and BERT's attention as for llama.
+#[test]
+fn lora_trains_the_adapters_alone_in_every_family() {
+    for cfg in [
+        "fixtures/hf/configs/gpt2.config.json",
+        "fixtures/hf/cases/bert_t.config.json",
+        "fixtures/hf2/cases/qwen3_06b_4l_b2_s512_adamw_fp32.config.json",
+        "fixtures/hf2/cases/phi3_mini_2l_b2_s512_adamw_fp32.config.json",
+    ] {
+        let base = ["run", cfg, "--batch", "2", "--seq", "64", "--no-remedies"];
+        let (c0, full) = run_json(&base);
+        let mut lora = base.to_vec();
+        lora.extend(["--lora-r", "8"]);
+        let (c1, adapted) = run_json(&lora);
+        assert_eq!((c0, c1), (Some(0), Some(0)), "{cfg}");
+        // after the step: parameters + gradients-free + optimizer state; LoRA's is far less
+        let step = |v: &Value| u(&v["iterations"][0]["after_step"]);
+        assert!(
+            step(&adapted) * 3 < step(&full) * 2,
+            "{cfg}: LoRA after the step {} vs full {}",
+            step(&adapted),
+            step(&full)
+        );
+    }
+}

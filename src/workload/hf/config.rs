@@ -187,6 +187,9 @@ pub(crate) struct LlamaConfig {
     pub qk_norm: bool,
     /// The config's `model_type` (for messages).
     pub model_type: &'static str,
+    /// LongRoPE's `original_max_position_embeddings`: each forward of the rotary embedding
+    /// first compares the largest position with it (the short factors below it).
+    pub longrope: Option<u64>,
     /// Gemma's modelling: the embedding scaled by the square root of the hidden size (a
     /// device buffer), RMSNorm as `x * (1 + weight)` in float32, the GeGLU MLP
     /// (`gelu_pytorch_tanh`).
@@ -275,6 +278,19 @@ pub(crate) enum Family {
 
 /// The config in `m` (read from `path`, for messages), by its `model_type`.
 pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, String> {
+    // a multimodal config (Gemma-3 4B and up, Qwen2-VL, Llava): the text model is one part of
+    // what transformers loads, beside a vision tower gpumem does not model
+    if let Some(text) = m.get("text_config").and_then(Value::as_object) {
+        let outer = m.get("model_type").and_then(Value::as_str).unwrap_or("?");
+        let inner = text
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        return Err(format!(
+            "{}: 'text_config': a multimodal config (model_type \"{outer}\"), whose vision tower gpumem does not model; to measure its language model alone, save the text_config (model_type \"{inner}\") as a config.json of its own",
+            path.display()
+        ));
+    }
     match m.get("model_type") {
         Some(Value::String(s)) if s == "gpt2" => gpt2(m, path).map(Family::Gpt2),
         Some(Value::String(s)) if s == "bert" => bert(m, path).map(Family::Bert),
@@ -523,6 +539,19 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             }
         }
     }
+    // LongRoPE (Phi-3's 128k and Phi-3.5): its forward checks the positions against the
+    // original context first (`dynamic_rope_update`)
+    let longrope = ["rope_parameters", "rope_scaling"].iter().find_map(|key| {
+        let r = m.get(*key)?.as_object()?;
+        let kind = r.get("rope_type").or_else(|| r.get("type"))?.as_str()?;
+        (kind == "longrope").then(|| {
+            r.get("original_max_position_embeddings")
+                .or_else(|| m.get("original_max_position_embeddings"))
+                .or_else(|| m.get("max_position_embeddings"))
+                .and_then(Value::as_u64)
+                .unwrap_or(4096)
+        })
+    });
     // Mistral's window (its default 4096; null: none); Qwen2's only with use_sliding_window
     let sliding_window = if gemma2 || gemma3 {
         match m.get("sliding_window") {
@@ -694,6 +723,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         dtype,
         qwen2,
         sliding_window,
+        longrope,
         max_positions: match m.get("max_position_embeddings") {
             None | Some(Value::Null) => None,
             Some(_) => Some(int("max_position_embeddings", 1)?),

@@ -570,6 +570,20 @@ pub(super) fn rotary(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind
 fn rotary_named(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str, k: &str) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
+    if let Some(orig) = c.longrope {
+        // dynamic_rope_update's longrope_frequency_update: `seq_len = torch.max(position_ids)
+        // + 1`, compared with the original context (the short factors: no new frequencies)
+        for st in [
+            "rl0 = position_ids.max()".to_string(),
+            "rl1 = rl0 + 1".to_string(),
+            "del rl0".to_string(),
+            format!("rl2 = rl1.gt({orig})"),
+            "del rl2".to_string(),
+            "del rl1".to_string(),
+        ] {
+            let _ = writeln!(s, "{ind}    {st}");
+        }
+    }
     let i2 = format!("{ind}    ");
     // (a bf16 buffer's float32 copy: expanded to the rows first in llama, after in qwen2)
     let expanded = if c.qwen2 {

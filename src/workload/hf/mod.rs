@@ -309,6 +309,22 @@ pub(crate) fn expand(
             unsupported(key, what)?;
         }
     }
+    if let config::Family::Llama(c) = &cfg {
+        // LongRoPE past its original context switches to the long factors, computing them on
+        // the device the first time: not modelled
+        if let Some(orig) = c.longrope {
+            let longest = run.seq + run.generate.as_ref().map_or(0, |g| g.new_tokens);
+            if longest > orig {
+                return Err(SyntaxError::new(
+                    value_at(&t, "seq"),
+                    format!(
+                        "{longest} positions are past LongRoPE's original_max_position_embeddings = {orig} (in {}): its long factors are not modelled yet; at most {orig} positions are",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
     let (family, positions) = match &cfg {
         config::Family::Llama(_) => ("llama", None),
         config::Family::Gpt2(c) => ("gpt2", Some((c.positions, "n_positions"))),
