@@ -234,6 +234,59 @@ fn new_family_keys_run_or_are_refused_by_name() {
         "vision_config": {"hidden_size": 1152}
     });
     let nested = s.write("nested.json", &nested.to_string());
+    // mutations of the recorded cases' configs, each refused naming its key
+    let mutate = |case: &str, key: &str, value: serde_json::Value, file: &str| {
+        let p = common::root().join(format!("fixtures/hf2/cases/{case}.config.json"));
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v[key] = value;
+        s.write(file, &v.to_string())
+    };
+    let mutated = [
+        mutate(
+            "gemma3_1b_4l_b2_s512_adamw_fp32",
+            "layer_types",
+            serde_json::json!(["sliding_attention", "full_attention"]),
+            "m1.json",
+        ),
+        mutate(
+            "gemma2_2b_2l_b2_s512_adamw_fp32_eager",
+            "attn_logit_softcapping",
+            serde_json::json!(-1.0),
+            "m2.json",
+        ),
+        mutate(
+            "phi3_mini_2l_b2_s512_adamw_fp32",
+            "partial_rotary_factor",
+            serde_json::json!(0.5),
+            "m3.json",
+        ),
+        mutate(
+            "qwen3_06b_4l_b2_s512_adamw_fp32",
+            "layer_types",
+            serde_json::json!(vec!["sliding_attention"; 4]),
+            "m4.json",
+        ),
+        mutate(
+            "gemma_2b_2l_b2_s512_adamw_fp32",
+            "hidden_activation",
+            serde_json::json!("relu"),
+            "m5.json",
+        ),
+    ];
+    for (file, key) in mutated.iter().zip([
+        "layer_types",
+        "attn_logit_softcapping",
+        "partial_rotary_factor",
+        "layer_types",
+        "hidden_activation",
+    ]) {
+        let out = common::at_root(&["run", file.to_str().unwrap(), "--batch", "1", "--seq", "64"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert!(err.contains(key), "{key} named: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
     let run = |args: &[&str]| {
         let out = common::at_root(args);
         (

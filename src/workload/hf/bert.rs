@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use super::config::BertConfig;
+use super::config_gpt2_bert::BertConfig;
 use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};

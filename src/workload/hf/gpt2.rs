@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 
-use super::config::{Gelu, Gpt2Config};
+use super::config_gpt2_bert::{Gelu, Gpt2Config};
 use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
@@ -180,7 +180,7 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
     );
     if r.checkpointing {
         // no cache: create_causal_mask first looks for packed sequences in the positions
-        super::llama::packed_sequences(s, r, ind);
+        super::masks::packed_sequences(s, r, ind);
     }
     at(
         s,

@@ -1,5 +1,6 @@
-//! `LlamaForCausalLM` (transformers 5.17; `Qwen2ForCausalLM` and `MistralForCausalLM` with
-//! their differences) as line-language statements: the parameters in the
+//! `LlamaForCausalLM` (transformers 5.17; `Qwen2ForCausalLM`, `MistralForCausalLM`,
+//! `Qwen3ForCausalLM`, `GemmaForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` and
+//! `Phi3ForCausalLM` with their differences, below) as line-language statements: the parameters in the
 //! order `model.to(device)` moves them, and the training loop of hf_models.py, op for op as
 //! the H200 traces show transformers running it:
 //!
@@ -28,10 +29,27 @@
 //!   (`where(mask, 0.0, -inf)`) per layer, which the memory-efficient kernel keeps; each cache
 //!   layer's int64 length.
 //!
+//! - Qwen3: `q_norm`/`k_norm` over each head of the viewed queries and keys, then transposed.
+//! - Gemma: the embedding times its `embed_scale` buffer; `GemmaRMSNorm` as one expression
+//!   (`x * rsqrt(x.pow(2).mean(-1) + eps)`, then `* (1 + weight)`), its temporaries freed at
+//!   once; the GeGLU MLP. Gemma-2 and Gemma-3 add norms after the attention and around the MLP,
+//!   per-layer sliding windows (both masks made: the full one and the sliding one), Gemma-2's
+//!   soft-capped scores (eager) and logits, Gemma-3's norms of the transposed heads and a
+//!   rotary pair per layer type.
+//! - Phi-3: one `qkv_proj` sliced (the three slices, then their views), the rotated part
+//!   (`x[..., :rotary_dim]`, the whole head: PyTorch's `alias`) concatenated with the empty
+//!   rest, and `gate_up_proj` chunked in two.
+//! - LongRoPE: each rotary forward first compares the largest position with the original
+//!   context (`dynamic_rope_update`).
+//!
 //! Locals die where Python's do: a function's at its return, in the order it named them.
 
 use std::fmt::Write as _;
 
+use super::masks::{
+    eager_mask, full_mask, packed_sequences, sliding_mask, sliding_mask_window, window,
+};
+use super::norms::rms_norm;
 use super::train::{param, TRAINABLE};
 use super::{LlamaConfig, Run};
 use crate::workload::preset::{at, optimizer_line};
@@ -408,31 +426,6 @@ pub(super) fn final_softcap(s: &mut String, c: &LlamaConfig, ind: &str) {
     }
 }
 
-/// Whether the forward makes a full causal mask: for eager attention, unless the family
-/// makes only its sliding one (Mistral and Phi-3 with a window); Gemma-2 and Gemma-3 make
-/// both whatever their layers use.
-fn full_mask(c: &LlamaConfig, r: &Run) -> bool {
-    r.eager && (c.sandwich || c.sliding_window.is_none())
-}
-
-/// The window of the sliding mask the forward makes for a call of `t` tokens (as many keys),
-/// if it makes one: sdpa skips it for fewer keys than the window
-/// (`_ignore_causal_mask_sdpa`); eager attention always needs it.
-pub(super) fn sliding_mask_window(c: &LlamaConfig, t: u64, eager: bool) -> Option<u64> {
-    if !c.sliding_layers.iter().any(|&x| x) && !c.sandwich {
-        return None;
-    }
-    c.sliding_window.filter(|&w| eager || t >= w)
-}
-
-/// Whether layer `l` attends through the sliding mask in a call of `t` tokens.
-fn window(c: &LlamaConfig, l: u64, t: u64, eager: bool) -> Option<u64> {
-    if !c.sliding_layers.get(l as usize).copied().unwrap_or(false) {
-        return None;
-    }
-    sliding_mask_window(c, t, eager)
-}
-
 /// The rotary pairs the forward computes, by variable suffix: one (`cos`, `sin`), or with
 /// Gemma-3's per-type embedding one per layer type present, in the order of the layers
 /// (`_l` the local, sliding one).
@@ -456,106 +449,6 @@ fn rope_of(c: &LlamaConfig, l: u64) -> &'static str {
         "_l"
     } else {
         ""
-    }
-}
-
-/// `create_sliding_window_causal_mask` for sdpa (masking_utils' `sdpa_mask` with
-/// `and_masks(sliding_window_overlay(w), causal_mask_function)`): the batch, head, key and
-/// query indices, `new_ones(())`, then `& (kv_idx > q_idx - w)` and `& (kv_idx <= q_idx)`, a
-/// bool [T, T] seen as [B, 1, T, T]: `causal_mask`.
-fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
-    // eager attention takes it as a float [B, 1, T, T] (`where(mask, 0.0, min)`), sdpa as
-    // the bool one
-    let tail: Vec<String> = if r.eager {
-        vec![
-            "mz = zeros([])".to_string(),
-            "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
-            format!(
-                "sliding_mask = where(mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"
-            ),
-            "del mn, mz, mr2".to_string(),
-        ]
-    } else {
-        vec![
-            format!("sliding_mask = mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t})"),
-            "del mr2".to_string(),
-        ]
-    };
-    for st in mask_indices(r)
-        .into_iter()
-        .chain([
-            "mr0 = full([], fill_value=1, dtype=bool)".to_string(),
-            format!("ms0 = q_idx.view(-1, 1) - {w}"),
-            "ms1 = gt(kv_idx.view(1, -1), ms0)".to_string(),
-            "del ms0".to_string(),
-            "mr1 = bitwise_and(mr0, ms1)".to_string(),
-            "del ms1, mr0".to_string(),
-            "mc = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
-            "mr2 = bitwise_and(mr1, mc)".to_string(),
-            "del mc, mr1".to_string(),
-            "del mb, mh, kv_idx, q_idx".to_string(),
-        ])
-        .chain(tail)
-    {
-        at(s, ind, "model.create_sliding_window_causal_mask", &st);
-    }
-}
-
-/// `sdpa_mask`'s index tensors: the batch and head aranges, and the key and query positions
-/// (`arange(T) + offset`), as `mb`, `mh`, `kv_idx`, `q_idx`.
-fn mask_indices(r: &Run) -> Vec<String> {
-    let (b, t) = (r.batch, r.seq);
-    vec![
-        format!("mb = arange({b})"),
-        "mh = arange(1)".to_string(),
-        format!("mk0 = arange({t})"),
-        "kv_idx = mk0 + 0".to_string(),
-        "del mk0".to_string(),
-        format!("mq0 = arange({t})"),
-        "q_idx = mq0 + 0".to_string(),
-        "del mq0".to_string(),
-    ]
-}
-
-/// Without a cache (gradient checkpointing turns it off in training), `create_causal_mask`
-/// first checks the positions for packed sequences (masking_utils'
-/// `find_packed_sequence_indices`): `diff` with a prepended dummy, `!= 1`, `cumsum`, and
-/// whether the last column is all 0. None are, so no mask is made.
-pub(super) fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
-    let b = r.batch;
-    for st in [
-        format!("pid = position_ids.expand({b}, -1)"),
-        "pfirst = pid[:, :1] - 1".to_string(),
-        "pcat = cat([pfirst, pid], -1)".to_string(),
-        "pdiff = pcat[:, 1:] - pcat[:, :-1]".to_string(),
-        "del pcat".to_string(),
-        "pne = pdiff.ne(1)".to_string(),
-        "packed = pne.cumsum(-1)".to_string(),
-        "del pne".to_string(),
-        "plast = packed[:, -1].eq(0)".to_string(),
-        "pall = plast.all()".to_string(),
-        "del plast, pall".to_string(),
-        "del pfirst, pdiff, packed, pid".to_string(),
-    ] {
-        at(s, ind, "model.create_causal_mask", &st);
-    }
-}
-
-/// `create_causal_mask` for eager attention (masking_utils' `sdpa_mask`, then `eager_mask`):
-/// the batch, head, key and query indices, `kv_idx <= q_idx`, then `where(mask, 0.0, min)` as
-/// a float32 [B, 1, T, T].
-fn eager_mask(s: &mut String, r: &Run, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
-    for st in mask_indices(r).into_iter().chain([
-        "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
-        "del mb, mh, kv_idx, q_idx".to_string(),
-        "mz = zeros([])".to_string(),
-        "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
-        format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
-        "del mn, mz, mm".to_string(),
-    ]) {
-        at(s, ind, "model.create_causal_mask", &st);
     }
 }
 
@@ -650,97 +543,6 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
     rms_norm(s, c, r, "model.norm", "norm", "h", "hf", ind);
     line(s, "h = hf");
     line(s, "del hf");
-}
-
-/// `LlamaRMSNorm` from `x` into `out` (the input stays held by the caller). With bf16 weights
-/// it normalizes a float32 copy and casts the result back before the weight's product.
-#[allow(clippy::too_many_arguments)]
-fn rms_norm(
-    s: &mut String,
-    c: &LlamaConfig,
-    r: &Run,
-    path: &str,
-    w: &str,
-    x: &str,
-    out: &str,
-    ind: &str,
-) {
-    let stmts = if c.gemma {
-        gemma_norm(r, w, x, out)
-    } else if r.bf16_weights {
-        vec![
-            format!("h32 = {x}.float()"),
-            "variance = h32.pow(2).mean(-1, keepdim=true)".to_string(),
-            "n0 = variance + 0.000001".to_string(),
-            "n1 = n0.rsqrt()".to_string(),
-            "del n0".to_string(),
-            // `hidden_states` rebound: the float32 copy goes unless autograd keeps it
-            "n2 = h32 * n1".to_string(),
-            "del n1, h32".to_string(),
-            "n3 = n2.bfloat16()".to_string(),
-            format!("{out} = {w} * n3"),
-            "del n3".to_string(),
-            "del n2, variance".to_string(),
-        ]
-    } else {
-        vec![
-            format!("variance = {x}.pow(2).mean(-1, keepdim=true)"),
-            "n0 = variance + 0.000001".to_string(),
-            "n1 = n0.rsqrt()".to_string(),
-            "del n0".to_string(),
-            format!("n2 = {x} * n1"),
-            "del n1".to_string(),
-            format!("{out} = {w} * n2"),
-            "del n2, variance".to_string(),
-        ]
-    };
-    let _ = writeln!(s, "{ind}scope \"{path}\" {{");
-    for st in stmts {
-        let _ = writeln!(s, "{ind}  {st}");
-    }
-    let _ = writeln!(s, "{ind}}}");
-}
-
-/// `GemmaRMSNorm`: `_norm(x.float())` as one expression (its temporaries go at once), then
-/// `output * (1.0 + self.weight.float())` and `.type_as(x)`.
-fn gemma_norm(r: &Run, w: &str, x: &str, out: &str) -> Vec<String> {
-    let mut v = Vec::new();
-    let xf = if r.bf16_weights {
-        v.push(format!("h32 = {x}.float()"));
-        "h32"
-    } else {
-        x
-    };
-    v.extend([
-        format!("gp0 = {xf}.pow(2)"),
-        "gv0 = gp0.mean(-1, keepdim=true)".to_string(),
-        "del gp0".to_string(),
-        "n0 = gv0 + 0.000001".to_string(),
-        "del gv0".to_string(),
-        "n1 = n0.rsqrt()".to_string(),
-        "del n0".to_string(),
-        format!("n2 = {xf} * n1"),
-        "del n1".to_string(),
-    ]);
-    if r.bf16_weights {
-        v.extend([
-            "del h32".to_string(),
-            format!("wf = {w}.float()"),
-            "w1 = wf + 1.0".to_string(),
-            "del wf".to_string(),
-            "n3 = n2 * w1".to_string(),
-            "del n2, w1".to_string(),
-            format!("{out} = n3.bfloat16()"),
-            "del n3".to_string(),
-        ]);
-    } else {
-        v.extend([
-            format!("w1 = {w} + 1.0"),
-            format!("{out} = n2 * w1"),
-            "del n2, w1".to_string(),
-        ]);
-    }
-    v
 }
 
 /// One `LlamaDecoderLayer`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.

@@ -6,15 +6,20 @@
 //! The config is read whole; every key is either modelled, known not to change memory, or
 //! refused by name (exit 2): gpumem never approximates a config it cannot model.
 //!
-//! Families: `llama`, `mistral` and `qwen2` ([`llama`]), `gpt2` ([`gpt2`]), `bert`
-//! ([`bert`]); the loop around them and the causal-LM loss in [`train`]; `mode = "generate"`
-//! and its `[generate]` table, `model.generate` for the llama family, in [`generate`].
+//! Families: `llama`, `mistral`, `qwen2`, `qwen3`, `gemma`, `gemma2`, `gemma3_text` and
+//! `phi3` ([`llama`]), `gpt2` ([`gpt2`]), `bert` ([`bert`]); the loop around them, the
+//! causal-LM loss and peft's LoRA linear in [`train`]; `mode = "generate"` and its
+//! `[generate]` table, `model.generate` for the decoder families, in [`generate`].
+//! Mixture-of-experts (`mixtral`, `qwen3_moe`) and multimodal configs are refused by name.
 
 mod bert;
 mod config;
+mod config_gpt2_bert;
 mod generate;
 mod gpt2;
 mod llama;
+mod masks;
+mod norms;
 mod train;
 
 use std::path::Path;
@@ -334,7 +339,7 @@ pub(crate) fn expand(
         // a sliding window whose mask the forward makes (sdpa skips it below the window's
         // length: the layers attend as full ones), or any in generation, whose cache the window
         // trims
-        let masked = llama::sliding_mask_window(c, run.seq, run.eager).is_some();
+        let masked = masks::sliding_mask_window(c, run.seq, run.eager).is_some();
         let generating = run.mode == "generate" && c.sliding_layers.iter().any(|&x| x);
         if masked || generating {
             // what the sliding windows are recorded with: float32 training or inference with
@@ -448,7 +453,7 @@ pub(crate) fn expand(
             _ => None,
         },
         // what the checks above take under bf16 autocast
-        can_autocast: matches!(&cfg, config::Family::Llama(c) if llama::sliding_mask_window(c, run.seq, run.eager).is_none())
+        can_autocast: matches!(&cfg, config::Family::Llama(c) if masks::sliding_mask_window(c, run.seq, run.eager).is_none())
             && !run.bf16_weights
             && run.mode != "generate",
     };
