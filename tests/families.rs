@@ -400,3 +400,31 @@ fn lora_trains_the_adapters_alone_in_every_family() {
         );
     }
 }
+
+/// peft's default `autocast_adapter_dtype=True`: on bf16 weights the adapters are float32, so
+/// AdamW's two states of them are too (the tiny llama, r 8 on q_proj and v_proj: 53,248
+/// adapter elements).
+#[test]
+fn lora_adapters_on_bf16_weights_are_float32() {
+    let (code, v) = run_json(&[
+        "run",
+        "fixtures/hf/cases/llama_t.config.json",
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--dtype",
+        "bf16",
+        "--lora-r",
+        "8",
+        "--no-remedies",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    // per layer: q's A [8, 512] and B [512, 8], v's A [8, 512] and B [128, 8]; 4 layers
+    let elements = 4 * (8 * 512 + 512 * 8 + 8 * 512 + 128 * 8);
+    assert_eq!(
+        u(&v["peak"]["by_category"]["optimizer_state"]),
+        2 * 4 * elements,
+        "AdamW's exp_avg and exp_avg_sq of float32 adapters"
+    );
+}

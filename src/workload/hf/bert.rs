@@ -259,7 +259,7 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
         match r.lora.as_ref().filter(|_| targeted(r, path)) {
             Some(l) => {
                 let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-                super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), l, y);
+                super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), l, y, false);
             }
             None => at(s, ind, &m(path), &format!("{y} = {rhs}")),
         }

@@ -243,7 +243,7 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
             return;
         };
         let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-        super::train::lora_linear(s, ind, &m(path), &product, x, (&la, &lb), l, y);
+        super::train::lora_linear(s, ind, &m(path), &product, x, (&la, &lb), l, y, false);
     };
     line(s, "residual = h");
     at(

@@ -279,18 +279,24 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     let adapters = lora_params(c, r);
     if r.lora.is_some() {
         // get_peft_model: each targeted linear's lora_A ([r, in], kaiming-uniform) and lora_B
-        // ([out, r], zeros), in module order, on the base weight's device
+        // ([out, r], zeros), in module order, on the base weight's device and in its dtype;
+        // then (autocast_adapter_dtype, peft's default) adapters in bf16 are cast to float32,
+        // one by one: the float32 copy made, the bf16 one freed
         for (var, path, shape, zero) in &adapters {
             let f = if *zero { "zeros" } else { "randn" };
-            param(
-                &mut s,
-                var,
-                path,
-                "weight",
-                shape,
-                f,
-                &format!("{dt}{TRAINABLE}"),
-            );
+            if r.bf16_weights {
+                let v16 = format!("{var}_bf16");
+                param(&mut s, &v16, path, "weight", shape, f, &format!("{dt}"));
+            } else {
+                param(&mut s, var, path, "weight", shape, f, TRAINABLE);
+            }
+        }
+        if r.bf16_weights {
+            for (var, path, shape, zero) in &adapters {
+                let f = if *zero { "zeros" } else { "randn" };
+                param(&mut s, var, path, "weight", shape, f, TRAINABLE);
+                let _ = writeln!(s, "del {var}_bf16");
+            }
         }
         list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
@@ -583,7 +589,17 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         // `result + lora_B(lora_A(dropout(x))) * scaling`
         let rhs = format!("linear({input}, {}{bias})", p(&format!("{name}_w")));
         let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-        super::train::lora_linear(s, ind, &m(path), &rhs, input, (&la, &lb), l, out);
+        super::train::lora_linear(
+            s,
+            ind,
+            &m(path),
+            &rhs,
+            input,
+            (&la, &lb),
+            l,
+            out,
+            r.bf16_weights,
+        );
     };
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");

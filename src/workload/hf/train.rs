@@ -159,7 +159,10 @@ pub(super) fn param(
 /// peft's `Linear.forward` around a base layer whose output `rhs` computes (the base product
 /// of `x`): `y = base(x) + lora_B(lora_A(dropout(x))) * scaling`, each op in its module's
 /// scope under `base` (the wrapped module's path), the adapters `la` and `lb`; the
-/// temporaries go as peft's locals do.
+/// temporaries go as peft's locals do. With `bf16` base weights the adapters are float32
+/// (peft's `autocast_adapter_dtype`): the input is cast to float32 for them
+/// (`_cast_input_dtype`), the sum is float32, and `result.to(torch_result_dtype)` casts it
+/// back.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn lora_linear(
     s: &mut String,
@@ -170,11 +173,18 @@ pub(super) fn lora_linear(
     (la, lb): (&str, &str),
     l: &super::Lora,
     y: &str,
+    bf16: bool,
 ) {
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
     at(s, ind, base, &format!("lora_base = {rhs}"));
+    let x = if bf16 {
+        at(s, ind, base, &format!("lora_xc = {x}.float()"));
+        "lora_xc"
+    } else {
+        x
+    };
     // (a dropout of 0 is nn.Identity)
     let lx = if l.dropout > 0.0 {
         at(
@@ -206,9 +216,19 @@ pub(super) fn lora_linear(
         &format!("lora_s = lora_b * {:?}", l.alpha / l.r as f64),
     );
     line(s, "del lora_b");
-    at(s, ind, base, &format!("{y} = lora_base + lora_s"));
-    line(s, "del lora_s, lora_base, lora_a");
+    if bf16 {
+        at(s, ind, base, "lora_sum = lora_base + lora_s");
+        line(s, "del lora_s, lora_base");
+        at(s, ind, base, &format!("{y} = lora_sum.bfloat16()"));
+        line(s, "del lora_sum, lora_a");
+    } else {
+        at(s, ind, base, &format!("{y} = lora_base + lora_s"));
+        line(s, "del lora_s, lora_base, lora_a");
+    }
     if lx == "lora_x" {
         line(s, "del lora_x");
+    }
+    if bf16 {
+        line(s, "del lora_xc");
     }
 }
