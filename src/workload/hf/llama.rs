@@ -286,7 +286,7 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
             let f = if *zero { "zeros" } else { "randn" };
             if r.bf16_weights {
                 let v16 = format!("{var}_bf16");
-                param(&mut s, &v16, path, "weight", shape, f, &format!("{dt}"));
+                param(&mut s, &v16, path, "weight", shape, f, dt);
             } else {
                 param(&mut s, var, path, "weight", shape, f, TRAINABLE);
             }
