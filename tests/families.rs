@@ -428,3 +428,43 @@ fn lora_adapters_on_bf16_weights_are_float32() {
         "AdamW's exp_avg and exp_avg_sq of float32 adapters"
     );
 }
+
+/// `fit` over a length that reaches a sliding window's mask (not modelled in bf16 or with
+/// checkpointing) answers with the largest modelled value that fits and says where the search
+/// stopped, instead of failing.
+#[test]
+fn fit_stops_where_the_model_stops_and_says_so() {
+    let (code, v) = run_json(&[
+        "fit",
+        "fixtures/hf/configs/gemma-2-2b.config.json",
+        "--param",
+        "seq",
+        "--batch",
+        "1",
+        "--dtype",
+        "bf16",
+        "--lora-r",
+        "16",
+        "--capacity",
+        "24GiB",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("seq = 4,096 and above not modelled") && n.contains("sliding")),
+        "{notes:?}"
+    );
+    let results = v["results"].as_array().unwrap();
+    let ckpt = results
+        .iter()
+        .find(|r| r.to_string().contains("checkpointing"))
+        .expect("the checkpointing row");
+    assert!(ckpt.to_string().contains("4095"), "{ckpt}");
+}

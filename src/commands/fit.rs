@@ -153,15 +153,48 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             b.set_message(name.clone());
         }
         let mut runs = 0;
+        let mut refused = None;
         let (max, found) = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
                 workload, &o, start, limit, kv, &opts, args.exact, &mut runs,
             )?,
             _ => (
-                remedies::max_fitting(workload, &o, &param, start, limit, &opts, &mut runs)?,
+                remedies::max_fitting_modelled(
+                    workload,
+                    &o,
+                    &param,
+                    start,
+                    limit,
+                    &opts,
+                    &mut runs,
+                    &mut refused,
+                )?,
                 remedies::Found::Exact,
             ),
         };
+        if let Some((v, why)) = refused {
+            // past what gpumem models the search stops: the answer is the largest modelled
+            // value that fits, and the note says where and why it stopped
+            let why = why
+                .split(" (gpumem refuses")
+                .next()
+                .unwrap_or(&why)
+                .to_string();
+            if max.is_none() && v <= start.max(1) {
+                notes.push(format!("{name}: not searched: {why}"));
+                if let Some(b) = &bar {
+                    b.inc(1);
+                }
+                continue;
+            }
+            // (only where the refusal is what ended the search)
+            if max.is_some_and(|m| m + 1 == v) {
+                notes.push(format!(
+                    "{name}: {param} = {} and above not modelled: {why}",
+                    crate::units::group_digits(v as u64)
+                ));
+            }
+        }
         let (pa, pr) = match max {
             // an estimate is not run (that is what it saves)
             Some(_) if found == remedies::Found::Estimated => (None, None),

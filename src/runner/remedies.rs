@@ -410,10 +410,46 @@ pub fn max_fitting(
     opts: &RunOptions,
     runs: &mut u32,
 ) -> Result<Option<i64>, Error> {
+    let mut refused = None;
+    max_fitting_modelled(
+        path,
+        overrides,
+        param,
+        start,
+        limit,
+        opts,
+        runs,
+        &mut refused,
+    )
+}
+
+/// [`max_fitting`] where a value the workload refuses (a combination gpumem does not model
+/// there, such as a sliding window's mask from its length on) counts as not fitting:
+/// `refused` keeps the smallest such value and why, so the caller can say the answer is the
+/// largest *modelled* value that fits.
+#[allow(clippy::too_many_arguments)]
+pub fn max_fitting_modelled(
+    path: &Path,
+    overrides: &Overrides,
+    param: &str,
+    start: i64,
+    limit: i64,
+    opts: &RunOptions,
+    runs: &mut u32,
+    refused: &mut Option<(i64, String)>,
+) -> Result<Option<i64>, Error> {
     let mut fits = |v: i64| -> Result<bool, Error> {
         *runs += 1;
-        let out = run_with(path, &overrides.with_param(param, v), opts)?;
-        Ok(out.oom.is_none())
+        match run_with(path, &overrides.with_param(param, v), opts) {
+            Ok(out) => Ok(out.oom.is_none()),
+            Err(Error::Input { message, .. } | Error::Usage { message, .. }) => {
+                if refused.as_ref().is_none_or(|(r, _)| v < *r) {
+                    *refused = Some((v, message));
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     };
     let start = start.clamp(1, limit);
     // lo fits (or is 0: nothing known to fit), hi does not (or is limit + 1)
