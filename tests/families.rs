@@ -20,43 +20,10 @@ const CASES: &[(&str, bool)] = &[
     ("gemma2_2b_2l_b2_s512_adamw_fp32_eager", true),
 ];
 
-fn case(name: &str) -> Value {
-    let p = common::root().join(format!("fixtures/hf2/cases/hf_{name}.json"));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    v["cases"][0].clone()
-}
-
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated
 /// error and reserved error beyond 2 MiB, relative.
-fn differences(name: &str) -> (Vec<(usize, &'static str, i64)>, f64, f64) {
-    let path = format!("fixtures/hf2/workloads/{name}.toml");
-    let (code, g) = run_json(&["run", &path]);
-    assert_eq!(code, Some(0), "{path}: {g}");
-    let t = case(name);
-    let (gi, ti) = (
-        g["iterations"].as_array().unwrap(),
-        t["iterations"].as_array().unwrap(),
-    );
-    assert_eq!(gi.len(), ti.len(), "{name}: iterations");
-    let (mut diffs, mut alloc, mut reserved) = (Vec::new(), 0f64, 0f64);
-    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
-        for f in FIELDS {
-            if b.get(f).is_none() {
-                continue;
-            }
-            let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
-            if x != y {
-                diffs.push((k, f, x - y));
-            }
-            let off = (x - y).unsigned_abs() as f64;
-            if f.contains("reserved") {
-                reserved = reserved.max((off - (2 << 20) as f64).max(0.0) / y.max(1) as f64);
-            } else {
-                alloc = alloc.max(off / y.max(1) as f64);
-            }
-        }
-    }
-    (diffs, alloc, reserved)
+fn differences(name: &str) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
+    common::case_differences("fixtures/hf2", name, name, &FIELDS)
 }
 
 #[test]

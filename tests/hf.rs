@@ -63,38 +63,7 @@ fn case(name: &str) -> Value {
 /// Per-iteration differences (gpumem minus PyTorch) of every field, and the worst relative
 /// error of the allocated fields and of the reserved ones.
 fn differences(workload: &str, name: &str) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
-    let path = format!("fixtures/hf/workloads/{workload}.toml");
-    let (code, g) = run_json(&["run", &path]);
-    assert_eq!(code, Some(0), "{path}: {g}");
-    let t = case(name);
-    let (gi, ti) = (
-        g["iterations"].as_array().unwrap(),
-        t["iterations"].as_array().unwrap(),
-    );
-    assert_eq!(gi.len(), ti.len(), "{name}: iterations");
-    let mut diffs = Vec::new();
-    let (mut alloc, mut reserved) = (0f64, 0f64);
-    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
-        for f in FIELDS {
-            // a no-grad case records no backward or step
-            if b.get(f).is_none() {
-                continue;
-            }
-            let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
-            if x != y {
-                diffs.push((k as u64, f, x - y));
-            }
-            let rel = (x - y).unsigned_abs() as f64 / y.max(1) as f64;
-            if f.contains("reserved") {
-                // the bound: 1% or 2 MiB, whichever is larger
-                let slack = ((x - y).unsigned_abs() as f64 - (2 << 20) as f64).max(0.0);
-                reserved = reserved.max(slack / y.max(1) as f64);
-            } else {
-                alloc = alloc.max(rel);
-            }
-        }
-    }
-    (diffs, alloc, reserved)
+    common::case_differences("fixtures/hf", workload, name, &FIELDS)
 }
 
 #[test]

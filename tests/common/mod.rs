@@ -154,3 +154,47 @@ pub fn export(input: &std::path::Path, to: &str, out: &std::path::Path) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A recorded Hugging Face case (`DIR/cases/hf_NAME.json`, hf_models.py's or
+/// hf_families.py's output) against `gpumem run DIR/workloads/WORKLOAD.toml --json`: the
+/// fields that differ per iteration (gpumem minus PyTorch), the worst relative error of the
+/// allocated fields, and of the reserved ones beyond 2 MiB (the bound: 1% or 2 MiB).
+pub fn case_differences(
+    dir: &str,
+    workload: &str,
+    name: &str,
+    fields: &[&'static str],
+) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
+    let path = format!("{dir}/workloads/{workload}.toml");
+    let (code, g) = run_json(&["run", &path]);
+    assert_eq!(code, Some(0), "{path}: {g}");
+    let p = root().join(format!("{dir}/cases/hf_{name}.json"));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let t = &doc["cases"][0];
+    let (gi, ti) = (
+        g["iterations"].as_array().unwrap(),
+        t["iterations"].as_array().unwrap(),
+    );
+    assert_eq!(gi.len(), ti.len(), "{name}: iterations");
+    let mut diffs = Vec::new();
+    let (mut alloc, mut reserved) = (0f64, 0f64);
+    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
+        for &f in fields {
+            // a no-grad case records no backward or step
+            if b.get(f).is_none() {
+                continue;
+            }
+            let (x, y) = (u(&a[f]) as i64, u(&b[f]) as i64);
+            if x != y {
+                diffs.push((k as u64, f, x - y));
+            }
+            let off = (x - y).unsigned_abs() as f64;
+            if f.contains("reserved") {
+                reserved = reserved.max((off - (2 << 20) as f64).max(0.0) / y.max(1) as f64);
+            } else {
+                alloc = alloc.max(off / y.max(1) as f64);
+            }
+        }
+    }
+    (diffs, alloc, reserved)
+}

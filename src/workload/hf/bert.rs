@@ -85,14 +85,6 @@ fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
 /// module path's last part; the `dense` layers are not taken yet).
 pub(crate) const LORA_TARGETS: &[&str] = &["query", "key", "value"];
 
-/// Is this linear (by its module path) a LoRA target?
-fn targeted(r: &Run, path: &str) -> bool {
-    let module = path.rsplit('.').next().unwrap_or(path);
-    r.lora
-        .as_ref()
-        .is_some_and(|l| l.targets.iter().any(|t| t == module))
-}
-
 /// The setup and body scripts.
 pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
@@ -128,7 +120,7 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
                 ("k", "attention.self.key"),
                 ("v", "attention.self.value"),
             ] {
-                if !targeted(r, path) {
+                if super::train::lora_for(r, path).is_none() {
                     continue;
                 }
                 let m = format!("bert.encoder.layer.{l}.{path}");
@@ -256,7 +248,7 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
             p(&format!("{name}_w")),
             p(&format!("{name}_b"))
         );
-        match r.lora.as_ref().filter(|_| targeted(r, path)) {
+        match super::train::lora_for(r, path) {
             Some(l) => {
                 let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
                 super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), l, y, false);

@@ -74,14 +74,6 @@ fn convs(c: &Gpt2Config) -> [(&'static str, &'static str, u64, u64); 4] {
 /// module's path: `c_proj` is the attention's and the MLP's).
 pub(crate) const LORA_TARGETS: &[&str] = &["c_attn", "c_proj", "c_fc"];
 
-/// Is this Conv1D (by its module path) a LoRA target?
-fn targeted(r: &Run, path: &str) -> bool {
-    let module = path.rsplit('.').next().unwrap_or(path);
-    r.lora
-        .as_ref()
-        .is_some_and(|l| l.targets.iter().any(|t| t == module))
-}
-
 /// The setup and body scripts.
 pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let mut s = String::new();
@@ -116,7 +108,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
         list.clear();
         for layer in 0..c.layers {
             for (name, path, inp, out) in convs(c) {
-                if !targeted(r, path) {
+                if super::train::lora_for(r, path).is_none() {
                     continue;
                 }
                 let m = format!("transformer.h.{layer}.{path}");
@@ -238,7 +230,7 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
             p(&format!("{name}_b")),
             p(&format!("{name}_w"))
         );
-        let Some(l) = r.lora.as_ref().filter(|_| targeted(r, path)) else {
+        let Some(l) = super::train::lora_for(r, path) else {
             at(s, ind, &m(path), &format!("{y} = {product}"));
             return;
         };

@@ -571,12 +571,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         } else {
             String::new()
         };
-        let module = path.rsplit('.').next().unwrap_or(path);
-        let lora = r
-            .lora
-            .as_ref()
-            .filter(|l| l.targets.iter().any(|t| t == module));
-        let Some(l) = lora else {
+        let Some(l) = super::train::lora_for(r, path) else {
             at(
                 s,
                 ind,

@@ -156,6 +156,15 @@ pub(super) fn param(
     let _ = writeln!(s, "}}");
 }
 
+/// The LoRA wrapping the module at `path`, if `target_modules` names it: peft matches a
+/// module path's last part (GPT-2's `c_proj` is the attention's and the MLP's).
+pub(super) fn lora_for<'a>(r: &'a Run, path: &str) -> Option<&'a super::Lora> {
+    let module = path.rsplit('.').next().unwrap_or(path);
+    r.lora
+        .as_ref()
+        .filter(|l| l.targets.iter().any(|t| t == module))
+}
+
 /// peft's `Linear.forward` around a base layer whose output `rhs` computes (the base product
 /// of `x`): `y = base(x) + lora_B(lora_A(dropout(x))) * scaling`, each op in its module's
 /// scope under `base` (the wrapped module's path), the adapters `la` and `lb`; the
