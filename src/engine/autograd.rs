@@ -785,14 +785,14 @@ impl<S: Device> Tensors<S> {
     /// permuted (a transposed head gradient stays transposed through an RMSNorm's backward,
     /// so the `view` before it copies, as on the H200), else contiguous as made.
     fn follow_layout(&mut self, op: &Op, g: TensorId, grad_out: TensorId) -> TensorId {
+        if !op.elementwise() {
+            return g;
+        }
         let lo = &self.info(grad_out).layout;
-        if !op.elementwise() || lo.is_contiguous() || !lo.is_dense() {
+        if lo.is_contiguous() || !lo.is_dense() || self.info(g).layout.shape != lo.shape {
             return g;
         }
-        if self.info(g).layout.shape != lo.shape {
-            return g;
-        }
-        let l = super::layout::elementwise_layout(&lo.shape.clone(), &[&lo.clone()]);
+        let l = super::layout::elementwise_layout(&lo.shape, &[lo]);
         if l.is_contiguous() {
             return g;
         }

@@ -174,10 +174,12 @@ fn linears(c: &LlamaConfig) -> Vec<(&'static str, &'static str, u64, u64)> {
     ]
 }
 
-/// The module names `[model.lora] target_modules` may name for this config's family.
-pub(crate) fn lora_targets(c: &LlamaConfig) -> Vec<&'static str> {
+/// The module names `[model.lora] target_modules` may name for this config's family (with
+/// `attention`, the attention's projections only).
+pub(crate) fn lora_targets(c: &LlamaConfig, attention: bool) -> Vec<&'static str> {
     linears(c)
         .into_iter()
+        .filter(|(_, path, ..)| !attention || path.starts_with("self_attn."))
         .map(|(_, path, ..)| path.rsplit('.').next().unwrap_or(path))
         .collect()
 }

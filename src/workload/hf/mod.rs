@@ -244,46 +244,43 @@ pub(crate) fn expand(
             "grad_accum applies to training, which only mode = \"train\" runs",
         ));
     }
-    if let (Some(l), config::Family::Llama(c)) = (&mut run.lora, &cfg) {
-        let linears = llama::lora_targets(c);
-        let attention: Vec<&str> = linears
-            .iter()
-            .copied()
-            .filter(|n| {
-                n.ends_with("_proj")
-                    && !n.contains("gate")
-                    && !n.contains("up")
-                    && !n.contains("down")
-            })
-            .collect();
-        let default: &[&str] = if c.phi3 {
-            &["qkv_proj"]
-        } else {
-            &["q_proj", "v_proj"]
-        };
-        l.resolve(&linears, &attention, default, c.model_type)
+    if let Some(l) = &mut run.lora {
+        // the family's linears, its attention's, and peft's default targets for it
+        let (linears, attention, default, family): (Vec<&str>, Vec<&str>, &[&str], &str) =
+            match &cfg {
+                config::Family::Llama(c) => (
+                    llama::lora_targets(c, false),
+                    llama::lora_targets(c, true),
+                    if c.phi3 {
+                        &["qkv_proj"]
+                    } else {
+                        &["q_proj", "v_proj"]
+                    },
+                    c.model_type,
+                ),
+                config::Family::Gpt2(_) => (
+                    gpt2::LORA_TARGETS.to_vec(),
+                    vec!["c_attn", "c_proj"],
+                    &["c_attn"],
+                    "gpt2",
+                ),
+                config::Family::Bert(_) => {
+                    if l.spec == Targets::AllLinear {
+                        return Err(SyntaxError::new(
+                            value_at(&m, "lora"),
+                            "target_modules = \"all-linear\" is not modelled yet for bert (its dense layers); name query, key or value",
+                        ));
+                    }
+                    (
+                        bert::LORA_TARGETS.to_vec(),
+                        bert::LORA_TARGETS.to_vec(),
+                        &["query", "value"],
+                        "bert (its self-attention's)",
+                    )
+                }
+            };
+        l.resolve(&linears, &attention, default, family)
             .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
-    }
-    if let (Some(l), config::Family::Gpt2(_)) = (&mut run.lora, &cfg) {
-        let linears = gpt2::LORA_TARGETS;
-        l.resolve(linears, &["c_attn", "c_proj"], &["c_attn"], "gpt2")
-            .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
-    }
-    if let (Some(l), config::Family::Bert(_)) = (&mut run.lora, &cfg) {
-        if l.spec == Targets::AllLinear {
-            return Err(SyntaxError::new(
-                value_at(&m, "lora"),
-                "target_modules = \"all-linear\" is not modelled yet for bert (its dense layers); name query, key or value",
-            ));
-        }
-        let linears = bert::LORA_TARGETS;
-        l.resolve(
-            linears,
-            linears,
-            &["query", "value"],
-            "bert (its self-attention's)",
-        )
-        .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
     }
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
