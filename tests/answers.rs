@@ -6,7 +6,7 @@ mod common;
 use common::{gpumem, run_json, u, Scratch};
 use serde_json::Value;
 
-const LLAMA_8B: &str = "../shared/configs/llama-3.1-8b.config.json";
+const LLAMA_8B: &str = "fixtures/hf/configs/llama-3.1-8b.config.json";
 
 /// The user's question, as typed: a LoRA fine-tune of Llama-3.1-8B in bf16 on a 24 GiB card.
 const QUESTION: &[&str] = &[
@@ -198,7 +198,7 @@ fn the_oom_fixtures_diagnosis_agrees_with_their_remedies() {
 fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
     let s = Scratch::new("accum");
     let cfg =
-        std::fs::canonicalize(common::root().join("../shared/configs/qwen2.5-0.5b.config.json"))
+        std::fs::canonicalize(common::root().join("fixtures/hf/configs/qwen2.5-0.5b.config.json"))
             .unwrap();
     let (_, v) = run_json(&[
         "run",
@@ -238,7 +238,7 @@ fn a_configs_batch_split_with_accumulation_is_the_workload_with_grad_accum() {
 }
 
 fn config(name: &str) -> String {
-    format!("../shared/configs/{name}.config.json")
+    format!("fixtures/hf/configs/{name}.config.json")
 }
 
 #[test]
@@ -591,7 +591,7 @@ fn summary_opens_with_the_snapshots_out_of_memory() {
 #[test]
 fn mutated_published_configs_are_refused_by_name_or_run() {
     let s = Scratch::new("mutated");
-    let dir = common::root().join("../shared/configs");
+    let dir = common::root().join("fixtures/hf/configs");
     let mut ran = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let path = e.unwrap().path();
@@ -724,7 +724,7 @@ fn little_free_memory_is_no_fragmentation_headline_and_unchecked_leaks_are_said(
     );
 }
 
-/// Published configs beyond ../shared/configs, as their authors ship them: each runs, and the
+/// Published configs beyond fixtures/hf/configs, as their authors ship them: each runs, and the
 /// float32 Llama-2-7B that fits no 24 GiB card alone is answered with LoRA on bf16 weights.
 #[test]
 fn held_out_published_configs_run_and_a_combined_remedy_answers_llama2() {
