@@ -192,3 +192,63 @@ fn issue15_memory_viz_export_of_a_real_snapshot_is_what_the_viewer_reads() {
     doc["segments"][0]["blocks"][0]["size"] = 1.into();
     assert!(viewer_can_draw(&doc).is_err());
 }
+
+/// Issue 37: JSON writes a shared frame list out at every use (ftcourse: 51 times the pickle);
+/// `-o FILE.json.gz` writes the same document compressed, within 1.5 times the pickle, and
+/// `gpumem summary` reads it back to the same figures. memory-viz refuses `.gz`: the viewer
+/// reads the pickle as it is.
+#[test]
+fn issue37_torch_json_export_compressed_keeps_shared_frames_small() {
+    use std::io::Read as _;
+    let dir = Scratch::new("viz-gz");
+    let p = external(&dir, "ftcourse_memory_snapshot.pickle");
+    let pickle_len = std::fs::metadata(&p).unwrap().len();
+    let (json, gz) = (dir.path("ft.json"), dir.path("ft.json.gz"));
+    export(&p, "torch-json", &json);
+    export(&p, "torch-json", &gz);
+    let plain = std::fs::read(&json).unwrap();
+    let packed = std::fs::read(&gz).unwrap();
+    assert!(plain.len() as u64 > 10 * pickle_len, "{}", plain.len());
+    assert!(
+        (packed.len() as u64) * 2 < pickle_len * 3,
+        "{} bytes of gzip for a {pickle_len}-byte pickle",
+        packed.len()
+    );
+    let mut unpacked = Vec::new();
+    flate2::read::GzDecoder::new(&packed[..])
+        .read_to_end(&mut unpacked)
+        .unwrap();
+    assert!(unpacked == plain, "the gzip holds another document");
+    let figures = |f: &Path| -> Value {
+        let o = gpumem()
+            .arg("summary")
+            .arg(f)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        for k in ["file", "format", "name", "per_device"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v
+    };
+    let (a, b) = (figures(&p), figures(&gz));
+    assert!(a["peak_allocated_bytes"].as_u64().unwrap() > 1 << 30, "{a}");
+    assert_eq!(a, b);
+    // a corrupt stream is an input error naming the file, not a panic
+    let bad = dir.path("bad.json.gz");
+    std::fs::write(&bad, &packed[..packed.len() / 2]).unwrap();
+    let o = gpumem().arg("summary").arg(&bad).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad.json.gz"));
+    let o = gpumem()
+        .arg("export")
+        .arg(&p)
+        .args(["--to", "memory-viz", "-o"])
+        .arg(dir.path("x.pickle.gz"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!dir.path("x.pickle.gz").exists());
+}

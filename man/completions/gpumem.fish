@@ -144,7 +144,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -s h -l help -d 'Pr
 complete -c gpumem -n "__fish_gpumem_using_subcommand export" -l to -d 'The format to write' -r -f -a "memory-viz\t'PyTorch\'s snapshot pickle (memory_viz)'
 torch-json\t'PyTorch\'s snapshot dict as JSON'
 perfetto\t'A Chrome/Perfetto trace with memory counters'"
-complete -c gpumem -n "__fish_gpumem_using_subcommand export" -s o -l output -d 'Where to write it (atomically)' -r -F
+complete -c gpumem -n "__fish_gpumem_using_subcommand export" -s o -l output -d 'Where to write it (atomically); a name ending in `.gz` is written compressed with gzip (torch-json and perfetto)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand export" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
 always\t''
 never\t''"

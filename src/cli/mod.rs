@@ -587,9 +587,14 @@ pub struct SummaryArgs {
 /// key, frames as frames, nothing added). A gpumem snapshot becomes PyTorch's dict, its tags as
 /// frames of file `gpumem`.
 ///
+/// JSON has no way to share a value, so a frame list that the pickle keeps once is written out
+/// at every entry that uses it: torch-json can be 50 times the pickle. An output named `.gz`
+/// (`-o snapshot.json.gz`) is written compressed with gzip, which stores the repeats almost
+/// for free; `gpumem summary` and Python's `gzip.open` read it back.
+///
 /// Examples:
 ///   gpumem run w.toml --snapshot run.json && gpumem export run.json --to memory-viz -o snap.pickle
-///   gpumem export snapshot.pickle --to torch-json -o snapshot.json
+///   gpumem export snapshot.pickle --to torch-json -o snapshot.json.gz
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct ExportArgs {
@@ -600,7 +605,8 @@ pub struct ExportArgs {
     #[arg(long, value_enum)]
     pub to: ExportFormat,
 
-    /// Where to write it (atomically).
+    /// Where to write it (atomically); a name ending in `.gz` is written compressed with gzip
+    /// (torch-json and perfetto).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
 }

@@ -1,5 +1,6 @@
 //! `gpumem export SNAPSHOT --to memory-viz|torch-json|perfetto -o FILE`: a snapshot in another
-//! tool's format, every device of it, written atomically.
+//! tool's format, every device of it, written atomically; JSON compressed with gzip when FILE
+//! ends in `.gz` (how JSON keeps a pickle's shared frame lists small).
 //!
 //! A PyTorch snapshot goes out as PyTorch wrote it: a pickle to memory-viz is the file itself
 //! (checked first), anything else the file's own document converted value by value, so no key,
@@ -62,6 +63,22 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
             serde_json::to_vec(&export::perfetto(&snaps)).map_err(std::io::Error::from)?
         }
     };
+    let gz = args
+        .output
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+    if gz && args.to == ExportFormat::MemoryViz {
+        return Err(Error::usage(
+            "-o",
+            format!(
+                "{}: PyTorch's memory viewer reads the pickle as it is, not compressed; \
+                 name it .pickle (gzip is for --to torch-json and --to perfetto)",
+                args.output.display()
+            ),
+        ));
+    }
+    let plain_len = bytes.len();
+    let bytes = if gz { gzip(&bytes)? } else { bytes };
     write_atomic(&args.output, &bytes)?;
     let hint = match args.to {
         ExportFormat::MemoryViz => {
@@ -91,16 +108,28 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
             .count()
     )?;
     // a pickle shares a frame list among the entries that use it; JSON cannot, and writes it
-    // out at every use: say so when that is what made the file large
+    // out at every use: gzip shares the repeats again. Say so when that made the file large
     let input_len = std::fs::metadata(path).map_or(0, |m| m.len());
-    if args.to == ExportFormat::TorchJson && input_len > 0 && bytes.len() as u64 > 10 * input_len {
+    if gz {
+        writeln!(
+            out,
+            "gzip: {} bytes of JSON in {} ({:.1}%); gpumem summary and Python's gzip.open read it",
+            plain_len,
+            bytes.len(),
+            100.0 * bytes.len() as f64 / plain_len.max(1) as f64
+        )?;
+    } else if args.to == ExportFormat::TorchJson
+        && input_len > 0
+        && bytes.len() as u64 > 10 * input_len
+    {
         writeln!(
             out,
             "{}",
             crate::report::style::wrap(&format!(
                 "note: {} is {:.0} times the snapshot's size: JSON writes each shared stack \
                  (frame list) out at every entry that uses it, where the pickle keeps one; \
-                 --to memory-viz keeps them shared ({} bytes)",
+                 name the output .json.gz to write it compressed (the repeats then cost \
+                 almost nothing), or --to memory-viz keeps them shared ({} bytes)",
                 args.output.display(),
                 bytes.len() as f64 / input_len as f64,
                 input_len
@@ -108,4 +137,15 @@ pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
         )?;
     }
     Ok(Outcome::Ok)
+}
+
+/// `bytes` compressed with gzip (the default level: JSON's repeated frames shrink a
+/// hundredfold).
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut e = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 16),
+        flate2::Compression::default(),
+    );
+    e.write_all(bytes)?;
+    Ok(e.finish()?)
 }

@@ -256,7 +256,30 @@ fn pickle_start(b: u8) -> bool {
     matches!(b, 0x80 | b'(' | b']' | b'}')
 }
 
-/// The rest of a file that is not a pickle, whose first bytes are `head`, as JSON. JSON starts
+/// The first bytes of a gzip stream (RFC 1952): `gpumem export -o FILE.json.gz` writes one.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// The most a gzip-compressed snapshot may expand to: far beyond any real snapshot, but a
+/// bound, so a crafted stream cannot fill memory.
+pub const GUNZIP_LIMIT: u64 = 16 << 30;
+
+/// A gzip stream (every member of it) decompressed, within [`GUNZIP_LIMIT`].
+fn gunzip(packed: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut out = Vec::with_capacity(packed.len().saturating_mul(8));
+    flate2::read::MultiGzDecoder::new(packed)
+        .take(GUNZIP_LIMIT + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > GUNZIP_LIMIT {
+        return Err(std::io::Error::other(format!(
+            "it expands past {}, the most gpumem decompresses",
+            crate::units::format_bytes(GUNZIP_LIMIT)
+        )));
+    }
+    Ok(out)
+}
+
+/// The rest of a file that is not a pickle (JSON, or JSON compressed with gzip), whose first bytes are `head`, as JSON. JSON starts
 /// with '{' or '[' after white space: anything else (a device of zeros, a binary file) is
 /// refused before the rest is read.
 fn read_json(
@@ -269,9 +292,19 @@ fn read_json(
         bad(format!(
             "neither a pickle nor JSON ({why}); gpumem reads gpumem snapshots (JSON), PyTorch \
              snapshot pickles (torch.cuda.memory._dump_snapshot) and PyTorch snapshots saved \
-             as JSON"
+             as JSON, each JSON also compressed with gzip"
         ))
     };
+    if head.first() == Some(&GZIP_MAGIC[0]) {
+        let mut packed = head.to_vec();
+        crate::input::read_rest(f, &mut packed, crate::input::Kind::Data).map_err(read_err)?;
+        if !packed.starts_with(&GZIP_MAGIC) {
+            return Err(not("line 1 column 1: it starts with byte 0x1f".into()));
+        }
+        let text = gunzip(&packed).map_err(|e| bad(format!("not readable as gzip: {e}")))?;
+        return serde_json::from_slice(&text)
+            .map_err(|e| not(format!("after gzip decompression: {e}")));
+    }
     if let Some(&b) = head.first() {
         if !(b.is_ascii_whitespace() || b == b'{' || b == b'[') {
             return Err(not(format!(
@@ -322,8 +355,13 @@ fn read_and_convert(
     let mut f = std::fs::File::open(path).map_err(read_err)?;
     let mut head = [0u8; 1];
     let n = f.read(&mut head).map_err(read_err)?;
-    let name = path
-        .file_stem()
+    // the name without its extensions: `ft.json.gz` is `ft`
+    let mut stem = path.with_extension("");
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
+        stem = stem.with_extension("");
+    }
+    let name = stem
+        .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "snapshot".into());
     let bad = |m: String| Error::input(path, "snapshot", m);
