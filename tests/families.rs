@@ -18,6 +18,8 @@ const CASES: &[(&str, bool)] = &[
     ("phi3_mini_2l_b2_s512_adamw_fp32", true),
     ("gemma3_1b_4l_b2_s512_adamw_fp32", true),
     ("gemma2_2b_2l_b2_s512_adamw_fp32_eager", true),
+    ("mixtral_2l_b2_s512_adamw_fp32", true),
+    ("qwen3moe_2l_b2_s512_adamw_fp32", true),
 ];
 
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated

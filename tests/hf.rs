@@ -125,7 +125,7 @@ fn hf_configs_are_refused_by_name() {
         ),
         (
             "model_type",
-            Value::from("mixtral"),
+            Value::from("qwen2_moe"),
             "mixture-of-experts layers",
         ),
         (

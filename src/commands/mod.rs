@@ -291,7 +291,9 @@ pub fn load_workload(
     }
     // (a bare config's flags can make a parameter: --mode generate gives new_tokens)
     let plain = match crate::workload::load(path) {
-        Ok(_) if !(o.hf_train.is_empty() && o.hf_model.is_empty()) => {
+        // (the config alone may be refused for what a flag changes: its bf16 `torch_dtype`
+        // where `--dtype fp32` is given)
+        Ok(_) | Err(_) if !(o.hf_train.is_empty() && o.hf_model.is_empty()) => {
             // the flags' workload without the parameters being checked: its error (a mode
             // the model has not, say) is the one to show
             let mut flags_only = o.clone();

@@ -604,6 +604,22 @@ impl<S: Device> Tensors<S> {
                 }
                 return Ok(());
             }
+            Back::Expand { dims, keepdim } => {
+                let (shape, _) = &meta[0];
+                if next[0] != Edge::None {
+                    let mut l = self.info(grad_out).layout.clone();
+                    if !keepdim {
+                        let red = dims.reduced(shape.len())?;
+                        for (d, _) in red.iter().enumerate().filter(|(_, r)| **r) {
+                            l = l.unsqueeze(d as i64)?;
+                        }
+                    }
+                    let sizes: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                    let l = l.expand(&sizes)?;
+                    made.push((next[0], self.grad_view(grad_out, l)));
+                }
+                return Ok(());
+            }
             Back::Permute(perm) => {
                 if next[0] != Edge::None {
                     let mut inv = vec![0i64; perm.len()];
@@ -719,6 +735,17 @@ impl<S: Device> Tensors<S> {
                     g
                 };
                 let g = self.follow_layout(op, g, grad_out);
+                let g = if plan.swapped == Some(slot) && shape.len() >= 2 {
+                    let n = shape.len();
+                    let mut made = shape.clone();
+                    made.swap(n - 2, n - 1);
+                    let l = super::layout::Layout::contiguous(&made).transpose(-2, -1)?;
+                    let v = self.view_with(g, l);
+                    self.release(g);
+                    v
+                } else {
+                    g
+                };
                 let g = if plan.bthd && shape.len() == 4 {
                     let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
                     let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;

@@ -82,6 +82,10 @@ impl<S: Device> Tensors<S> {
             Op::Cast => Err(EngineError::Invalid(
                 "a cast needs its dtype: use cast_op".into(),
             )),
+            Op::GroupedMm { .. } => self.grouped_mm(arg(0)?, arg(1)?, arg(2)?),
+            Op::IndexPut => Err(EngineError::Invalid(
+                "index_put_ is in place: use index_put".into(),
+            )),
             _ => self.simple(op.clone(), inputs),
         }
     }
@@ -104,6 +108,17 @@ impl<S: Device> Tensors<S> {
 
     /// An op by the one rule (see the module doc).
     pub fn simple(&mut self, op: Op, inputs: &[TensorId]) -> Result<TensorId, EngineError> {
+        self.simple_with(op, inputs, false).map(|(out, _)| out)
+    }
+
+    /// [`Self::simple`], also handing the caller the op's extras when `keep` (topk's and
+    /// sort's indices: the node keeps its own handle).
+    pub(crate) fn simple_with(
+        &mut self,
+        op: Op,
+        inputs: &[TensorId],
+        keep: bool,
+    ) -> Result<(TensorId, smallvec::SmallVec<[TensorId; 2]>), EngineError> {
         // the inputs' shapes, borrowed (on the stack for up to four inputs)
         let mut few: [MetaRef; 4] = [(&[], DType::F32); 4];
         let many: Vec<MetaRef>;
@@ -164,20 +179,28 @@ impl<S: Device> Tensors<S> {
         if !scratch.is_empty() {
             self.run_scratch(&scratch)?;
         }
+        let mut kept = smallvec::SmallVec::new();
         if !need {
             for &e in &all[1..n] {
-                self.release(e);
+                if keep {
+                    kept.push(e);
+                } else {
+                    self.release(e);
+                }
             }
-            return Ok(out);
+            return Ok((out, kept));
         }
         let saves = op.saves(inputs.len());
         self.record(&op, inputs, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
         for (k, &e) in all[1..n].iter().enumerate() {
             self.recategorize(e, Category::Activation);
+            if keep {
+                kept.push(self.retain(e));
+            }
             self.save_extra(node, e, Role::Extra(k));
         }
-        Ok(out)
+        Ok((out, kept))
     }
 
     pub fn unary(&mut self, op: Unary, x: TensorId) -> Result<TensorId, EngineError> {

@@ -17,6 +17,7 @@ fn inplace_name(op: InPlace) -> String {
         InPlace::Unary(u) => format!("{}_", u.name()),
         InPlace::Fill(_) => "zero_/fill_".into(),
         InPlace::Copy => "copy_ (or slice assignment)".into(),
+        InPlace::MaskedFill(_) => "masked_fill_".into(),
     }
 }
 
@@ -43,7 +44,10 @@ impl<S: Device> Tensors<S> {
         let node_op = if in_graph {
             let eq = match op {
                 InPlace::Unary(u @ (Unary::Relu | Unary::Exp | Unary::Neg)) => Some(Op::Unary(u)),
-                InPlace::Tensor(b @ (Binary::Add | Binary::Sub)) => Some(Op::Binary(b)),
+                InPlace::Tensor(b @ (Binary::Add | Binary::Sub | Binary::Div)) => {
+                    Some(Op::Binary(b))
+                }
+                InPlace::MaskedFill(value) => Some(Op::MaskedFill { value }),
                 InPlace::Scalar(b, value) => Some(Op::Scalar {
                     op: b,
                     value,
@@ -93,18 +97,56 @@ impl<S: Device> Tensors<S> {
                 )));
             }
         }
+        // `x /= y` by a tensor needs x's old values for y's gradient: autograd's codegen keeps
+        // a clone of them (`original_self`), taken before the write
+        let original = match (node_op.as_ref(), operand) {
+            (Some(Op::Binary(Binary::Div)), Some(o)) if self.info(o).requires_grad => {
+                Some(self.original_self(x)?)
+            }
+            _ => None,
+        };
         self.bump_version(x);
         let mut ins = vec![x];
         ins.extend(operand);
-        self.launch(&Op::InPlace(op), &ins, &[x])?;
+        if let Err(e) = self.launch(&Op::InPlace(op), &ins, &[x]) {
+            if let Some(c) = original {
+                self.release(c);
+            }
+            return Err(e);
+        }
         if let Some(eq) = node_op {
             let old = self.info(x).grad_fn;
-            self.record_node(&eq, &ins, &[x], eq.saves(ins.len()));
+            match original {
+                Some(c) => {
+                    // the node's edge is x's history; what it keeps of `self` is the clone
+                    let (nr, rg) = (self.info(x).output_nr, self.info(x).requires_grad);
+                    let info = self.info_mut(c);
+                    (info.grad_fn, info.output_nr, info.requires_grad) = (old, nr, rg);
+                    let node_ins = [c, ins[1]];
+                    self.record_node(&eq, &node_ins, &[x], eq.saves(2));
+                    let info = self.info_mut(c);
+                    (info.grad_fn, info.requires_grad) = (None, false);
+                    self.release(c);
+                }
+                None => self.record_node(&eq, &ins, &[x], eq.saves(ins.len())),
+            }
             // `x` now refers to the new node; the new node holds the old one
             if let Some(n) = old {
                 self.node_decref(n);
             }
         }
         Ok(())
+    }
+
+    /// A copy of `x`'s values before an in-place write, outside the graph (an activation its
+    /// node keeps).
+    fn original_self(&mut self, x: TensorId) -> Result<TensorId, EngineError> {
+        let shape = self.shape(x).to_vec();
+        let c = self.empty(&shape, self.dtype(x), crate::trace::Category::Activation)?;
+        if let Err(e) = self.launch(&Op::Copy, &[x], &[c]) {
+            self.release(c);
+            return Err(e);
+        }
+        Ok(c)
     }
 }

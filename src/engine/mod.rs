@@ -28,6 +28,7 @@ pub mod dtype;
 pub mod exec;
 pub mod graph;
 pub mod inplace;
+pub mod routing;
 pub mod layout;
 pub mod op;
 pub mod optim;

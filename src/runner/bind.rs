@@ -377,6 +377,20 @@ impl Runner {
                 Ok(Value::Tensor(self.dev.retain(x)))
             }
             Made::Same(x) => Ok(Value::Tensor(self.dev.retain(x))),
+            Made::Multi { op, inputs } => {
+                let all = self.op(span, e.name, |d| d.multi(&op, &inputs))?;
+                Ok(Value::List(all.into_iter().map(Value::Tensor).collect()))
+            }
+            Made::IndexPut { x, indices, values } => {
+                self.op(span, e.name, |d| d.index_put(x, indices, values))?;
+                Ok(Value::Tensor(self.dev.retain(x)))
+            }
+            Made::MaskedFillInPlace { x, mask, value } => {
+                self.dev
+                    .inplace(InPlace::MaskedFill(value), x, Some(mask))
+                    .map_err(|e| engine_err(span, e))?;
+                Ok(Value::Tensor(self.dev.retain(x)))
+            }
             Made::Stack { xs, dim } => {
                 let nd = self.dev.info(xs[0]).layout.ndim() + 1;
                 let d = crate::engine::layout::wrap_dim(dim, nd)

@@ -272,7 +272,7 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .collect();
             d.store(out, &v)
         }
-        (Op::Cumsum { dim }, Pass::Forward) => {
+        (Op::Cumsum { dim, .. }, Pass::Forward) => {
             let x = load_as(d, &l.inputs[0], &oshape)?;
             let dim = crate::engine::layout::wrap_dim(*dim, oshape.len()).map_err(|e| e.0)?;
             let n = oshape.get(dim).copied().unwrap_or(1).max(1);
@@ -567,6 +567,13 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 InPlace::Unary(u) => x.par_iter().map(|a| unary(*u, *a)).collect(),
                 InPlace::Fill(s) => Scratch::filled(x.len(), *s),
                 InPlace::Copy => load_as(d, &l.inputs[1], &oshape)?,
+                InPlace::MaskedFill(v) => {
+                    let m = load_as(d, &l.inputs[1], &oshape)?;
+                    x.par_iter()
+                        .zip(m.par_iter())
+                        .map(|(a, k)| if *k != 0.0 { *v } else { *a })
+                        .collect()
+                }
             };
             d.store(out, &v)
         }

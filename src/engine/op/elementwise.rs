@@ -198,6 +198,8 @@ pub enum InPlace {
     /// `copy_(src)`, `src` broadcast (the kernel's second input); `x[...] = src` is one on a
     /// view.
     Copy,
+    /// `masked_fill_(mask, value)` (the mask is the kernel's second input).
+    MaskedFill(f64),
 }
 
 impl InPlace {
@@ -347,6 +349,7 @@ fn cumsum(_: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, String
     Ok(Made::Op {
         op: Op::Cumsum {
             dim: b.int(1).ok_or("cumsum expects a dim")?,
+            dtype: b.dtype(2),
         },
         inputs: smallvec::smallvec![b.tensor(0).ok_or("expects a tensor")?],
     })
@@ -401,7 +404,7 @@ entries! {
     "gt", Both, CMP, compare, "x > other: a bool tensor";
     "eq", Both, CMP, compare, "x == other: a bool tensor";
     "ne", Both, CMP, compare, "x != other: a bool tensor";
-    "cumsum", Both, &[X, P::Int("dim", None)], cumsum, "running sum along dim (int64 for an integer or bool input, whose int64 copy it takes)";
+    "cumsum", Both, &[X, P::Int("dim", None), P::DType("dtype")], cumsum, "running sum along dim, in dtype if given (else int64 for an integer or bool input, whose int64 copy it takes)";
     "all", Both, &[X, P::OptInt("dim")], logical, "whether every element is nonzero (over dim, or everything): a bool tensor";
     "any", Both, &[X, P::OptInt("dim")], logical, "whether any element is nonzero (over dim, or everything): a bool tensor";
     "where", Function, &[P::Tensor("condition"), X, P::Tensor("other")], where_fn, "input where condition, else other, broadcast (keeps the condition)";

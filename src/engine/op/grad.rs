@@ -95,6 +95,10 @@ pub struct GradPlan {
     /// The kernel's scratch after the gradients, in order; all of it is freed before the
     /// backward returns.
     pub scratch: Vec<Step>,
+    /// The input whose gradient is laid out as the input is, a view with its last two
+    /// dimensions transposed (grouped_mm's weight, a parameter's `transpose(-2, -1)`): made
+    /// contiguous with those two swapped, then viewed transposed.
+    pub swapped: Option<usize>,
     /// Derivatives made of several ops, in the order the node computes them (empty: one
     /// fresh gradient per input, as above). Only the inputs that need a gradient run theirs.
     pub formulas: Vec<Formula>,
@@ -110,6 +114,8 @@ impl Op {
             Op::Sdpa { cudnn, .. } => super::attention::grad_plan(*cudnn, inputs, grad),
             Op::Binary(super::Binary::Mul) => mul_plan(inputs, grad),
             Op::Embedding { strided } => super::nn::grad_plan(inputs, grad, *strided),
+            Op::Gather | Op::GroupedMm { .. } => super::routing::grad_plan(self, inputs),
+            Op::Binary(super::Binary::Div) => div_plan(inputs, grad),
             Op::Conv2d(_) => super::vision::grad_plan(self, inputs),
             Op::Unary(super::Unary::Rsqrt) => GradPlan {
                 formulas: vec![Formula::around(0, &inputs[0], 2)],
@@ -144,6 +150,26 @@ fn mul_plan(inputs: &[Meta], grad: MetaRef) -> GradPlan {
     };
     GradPlan {
         formulas: vec![formula(1), formula(0)],
+        ..GradPlan::default()
+    }
+}
+
+/// `a / b`: derivatives.yaml's `-grad * ((a / b) / b)` for `b` first (three temporaries of
+/// the product's shape, the negated gradient last, given back last made first), then `grad /
+/// b` for `a`; a broadcast operand's made in the product's shape and summed back after the
+/// node returns (the H200 traces of Mixtral's router: `top /= top.sum(-1, keepdim=True)`).
+fn div_plan(inputs: &[Meta], grad: MetaRef) -> GradPlan {
+    let full = |slot: usize| {
+        let dtype = super::promote(inputs[0].1, inputs[1].1);
+        (inputs[slot].0 != grad.0 || inputs[slot].1 != dtype).then(|| (grad.0.to_vec(), dtype))
+    };
+    let meta = (grad.0.to_vec(), super::promote(inputs[0].1, inputs[1].1));
+    let mut other = Formula::around(1, &meta, 3);
+    other.full = full(1);
+    let mut this = Formula::plain(0);
+    this.full = full(0);
+    GradPlan {
+        formulas: vec![other, this],
         ..GradPlan::default()
     }
 }

@@ -11,7 +11,8 @@
 //! Families, each in its module with its script functions: [`elementwise`] (unary, binary,
 //! scalar, in-place, factories), [`product`] (matmul, linear), [`norm`], [`softmax`] (and the
 //! cross-entropy loss), [`attention`], [`nn`] (embedding, dropout, masked_fill), [`view`]
-//! (views, split, contiguous, clone, cat, pad), [`reduce`] (sum, mean), [`cast`], the optimizer updates
+//! (views, split, contiguous, clone, cat, pad), [`reduce`] (sum, mean), [`cast`], [`routing`]
+//! (a mixture of experts' topk, sort, row gathers, histc and grouped_mm), the optimizer updates
 //! ([`optim`]), [`vision`] (conv2d with cuDNN's measured workspaces in [`cudnn_conv`], batch
 //! norm, the pools); the gradient plumbing backward needs (copies, sums, concatenation) is here. What a
 //! backward allocates beyond its gradients is each family's [`grad::GradPlan`].
@@ -26,6 +27,7 @@ pub mod norm;
 pub mod optim;
 pub mod product;
 pub mod reduce;
+pub mod routing;
 pub mod script;
 pub mod softmax;
 pub mod view;
@@ -86,6 +88,14 @@ pub enum Back {
     /// `cat` along the dimension: each input's gradient is a slice of the incoming one (a
     /// view).
     Cat(i64),
+    /// `sum(dims, keepdim)` over some dimensions: the gradient expanded back to the input's
+    /// shape, a view (stride 0 along the summed dimensions), as `sum_backward` returns it; a
+    /// second gradient for the same tensor adds into the first in place (the engine's
+    /// input buffer), a consumer that needs it dense copies it.
+    Expand {
+        dims: reduce::DimList,
+        keepdim: bool,
+    },
 }
 
 /// What autocast does to an op's floating inputs.
@@ -163,10 +173,12 @@ pub enum Op {
         cmp: Cmp,
         scalar: Option<f64>,
     },
-    /// `cumsum(dim)`: an integer or bool input sums in int64 (its int64 copy taken and freed
-    /// inside, after the output).
+    /// `cumsum(dim, dtype=None)`: an integer or bool input sums in int64 (its int64 copy
+    /// taken and freed inside, after the output), unless `dtype` names the result's type
+    /// (the input taken as it is when it has that type).
     Cumsum {
         dim: i64,
+        dtype: Option<DType>,
     },
     /// `all()` / `any()` (over everything, or one dimension): a bool result.
     Logical {
@@ -255,6 +267,35 @@ pub enum Op {
     /// `F.adaptive_avg_pool2d` to `[h, w]`.
     AdaptiveAvgPool2d {
         out: [usize; 2],
+    },
+    /// `torch.topk(x, k, dim)` ([`routing`]): the values, then the int64 indices (an extra
+    /// the caller gets too).
+    Topk {
+        k: usize,
+        dim: i64,
+    },
+    /// `torch.sort(x, dim)`: the values, then the int64 indices (an extra the caller gets).
+    Sort {
+        dim: i64,
+    },
+    /// `x[idx]` with a 1-D integer tensor: rows of `x`.
+    Gather,
+    /// `x[idx] = values` (rows) outside autograd: nothing allocated.
+    IndexPut,
+    /// `torch.histc(x, bins, min, max)`.
+    Histc {
+        bins: usize,
+        min: f64,
+        max: f64,
+    },
+    /// `x // value` with a Python number.
+    FloorDiv {
+        value: f64,
+    },
+    /// `torch._grouped_mm(x, w, offs)`; `w_t`: the weight is a view with its last two
+    /// dimensions transposed (its gradient is made in that layout).
+    GroupedMm {
+        w_t: bool,
     },
 }
 
@@ -358,6 +399,13 @@ impl Op {
             Op::BatchNorm(_) => "batch_norm",
             Op::MaxPool2d(_) => "max_pool2d",
             Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
+            Op::Topk { .. } => "topk",
+            Op::Sort { .. } => "sort",
+            Op::Gather => "index",
+            Op::IndexPut => "index_put_",
+            Op::Histc { .. } => "histc",
+            Op::FloorDiv { .. } => "floor_divide",
+            Op::GroupedMm { .. } => "grouped_mm",
         }
     }
 
@@ -396,6 +444,13 @@ impl Op {
             Op::BatchNorm(_) => "batch_norm",
             Op::MaxPool2d(_) => "max_pool2d",
             Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d",
+            Op::Topk { .. } => "topk",
+            Op::Sort { .. } => "sort",
+            Op::Gather => "gather_rows",
+            Op::IndexPut => "index_put",
+            Op::Histc { .. } => "histc",
+            Op::FloorDiv { .. } => "floor_divide",
+            Op::GroupedMm { .. } => "grouped_mm",
         })
     }
 
@@ -424,6 +479,9 @@ impl Op {
             Op::BatchNorm(_) => "batch_norm_backward",
             Op::MaxPool2d(_) => "max_pool2d_backward",
             Op::AdaptiveAvgPool2d { .. } => "adaptive_avg_pool2d_backward",
+            Op::Topk { .. } | Op::Sort { .. } => "scatter_indices",
+            Op::Gather => "index_put_accumulate",
+            Op::GroupedMm { .. } => "grouped_mm_backward",
             _ => return None,
         })
     }
@@ -470,6 +528,7 @@ impl Op {
             Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. } => {
                 vision::saves(self)
             }
+            Op::Gather | Op::GroupedMm { .. } => routing::saves(self),
             _ => &[],
         }
     }
@@ -488,6 +547,16 @@ impl Op {
             Op::Split { .. } => Back::Split,
             Op::Cat { dim } => Back::Cat(*dim),
             Op::View { kind, .. } => kind.back(in_ndim, same_shape),
+            // (a sum over everything keeps the materialized gradient the presets' recorded
+            // traces show)
+            Op::Reduce {
+                mean: false,
+                dims,
+                keepdim,
+            } if !dims.is_all() => Back::Expand {
+                dims: *dims,
+                keepdim: *keepdim,
+            },
             _ => Back::Alloc,
         }
     }
@@ -515,9 +584,10 @@ impl Op {
             // cumsum of an integer or bool input: its int64 copy; a scan of a single row
             // (every other dimension 1) runs cub's device scan, whose temporary storage comes
             // from the caching allocator (the H200 traces: 1,279 bytes for 200 int64 items)
-            (Op::Cumsum { dim }, Some((shape, dtype))) => {
+            (Op::Cumsum { dim, dtype: to }, Some((shape, dtype))) => {
                 let mut steps = Vec::new();
-                if !dtype.is_floating() && *dtype != DType::I64 {
+                let copies = cumsum_copies(*dtype, *to);
+                if copies {
                     steps.push(Step::Alloc {
                         shape: shape.to_vec(),
                         dtype: DType::I64,
@@ -529,18 +599,20 @@ impl Op {
                 let numel: usize = shape.iter().product();
                 if numel > 1 && numel == n {
                     let at = steps.len();
+                    let width = to.unwrap_or(DType::I64).size() as usize;
                     steps.push(Step::Alloc {
-                        shape: vec![nn::cub_scan_temp(n, nn::SCAN_TILE)],
+                        shape: vec![nn::cub_scan_temp_width(n, nn::SCAN_TILE, width)],
                         dtype: DType::U8,
                         category: crate::trace::Category::Temporary,
                     });
                     steps.push(Step::Free(at));
                 }
-                if !steps.is_empty() && !dtype.is_floating() && *dtype != DType::I64 {
+                if copies {
                     steps.push(Step::Free(0));
                 }
                 steps
             }
+            (Op::Sort { .. }, _) => routing::forward_scratch(self, ins),
             (
                 Op::Softmax {
                     safe: true, dim, ..
@@ -615,14 +687,16 @@ impl Op {
                 let b = ins.get(1)?;
                 broadcast(first.0, b.0).map(|s| ((s, DType::Bool), vec![]))
             }
-            Op::Cumsum { dim } => super::layout::wrap_dim(*dim, first.0.len()).map(|_| {
-                let dtype = if first.1.is_floating() {
-                    first.1
-                } else {
-                    DType::I64
-                };
-                ((first.0.to_vec(), dtype), vec![])
-            }),
+            Op::Cumsum { dim, dtype: to } => {
+                super::layout::wrap_dim(*dim, first.0.len()).map(|_| {
+                    let dtype = match to {
+                        Some(d) => *d,
+                        None if first.1.is_floating() => first.1,
+                        None => DType::I64,
+                    };
+                    ((first.0.to_vec(), dtype), vec![])
+                })
+            }
             Op::Logical { dim, .. } => match dim {
                 None => Ok(((Vec::new(), DType::Bool), vec![])),
                 Some(d) => super::layout::wrap_dim(*d, first.0.len()).map(|d| {
@@ -698,9 +772,24 @@ impl Op {
             Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. } => {
                 return vision::outputs(self, ins)
             }
+            Op::Topk { .. }
+            | Op::Sort { .. }
+            | Op::Gather
+            | Op::Histc { .. }
+            | Op::FloorDiv { .. }
+            | Op::GroupedMm { .. } => return routing::outputs(self, ins),
             _ => return None,
         };
         Some(r)
+    }
+}
+
+/// Whether cumsum takes a copy of its input in the type it sums in: an integer or bool input
+/// sums in int64 unless `to` names the type; a copy when that differs from the input's.
+fn cumsum_copies(input: DType, to: Option<DType>) -> bool {
+    match to {
+        Some(t) => t != input,
+        None => !input.is_floating() && input != DType::I64,
     }
 }
 

@@ -10,6 +10,13 @@ fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, Strin
     let inputs = tensors(b);
     let op = match name {
         "embedding" => Op::Embedding { strided: false },
+        "masked_fill_" => {
+            return Ok(Made::MaskedFillInPlace {
+                x: inputs[0],
+                mask: inputs[1],
+                value: b.float(2).ok_or("masked_fill_ expects (mask, value)")?,
+            })
+        }
         "masked_fill" => Op::MaskedFill {
             value: b.float(2).ok_or("masked_fill expects (mask, value)")?,
         },
@@ -58,6 +65,13 @@ pub(super) static ENTRIES: &[Entry] = &[
         doc: "x where mask is false, value where true (use -inf for attention masks)",
         make,
     },
+    Entry {
+        name: "masked_fill_",
+        form: Form::Method,
+        params: &[X, Param::Tensor("mask"), Param::Float("value", None)],
+        doc: "in place: value where mask is true; in the autograd graph too (keeps the mask; its backward masks a new gradient)",
+        make,
+    },
 ];
 
 // Note [embedding backward]
@@ -77,13 +91,21 @@ const MAX_BLOCK: usize = 1024;
 /// The temporary storage of cub's decoupled look-back scans as PyTorch 2.11 calls them over
 /// `n` 8-byte items in tiles of `tile` items: 16 bytes of tile state per tile plus 32 padding
 /// tiles, and a 256-byte block, each aligned to 256 bytes, plus 255 for the base's alignment.
+/// Items of 4 bytes take 8 bytes of tile state ([`cub_scan_temp_width`]: 1,023 bytes for the
+/// int32 cumsum of a few experts' counts on the H200).
 /// The tile sizes are inferred from the H200 traces, not read from cub: `unique_by_key` took
 /// 1,279 bytes for 4,096 to 16,384 items (tiles of at least 1,024), `exclusive_sum` 1,279
 /// bytes for 2 to 8,192 items and 1,535 for 16,384 (tiles of 512 to 1,023; 896 is the sm90
 /// tuning's 128 threads of 7 items at 8 bytes).
 pub(super) fn cub_scan_temp(n: usize, tile: usize) -> usize {
+    cub_scan_temp_width(n, tile, 8)
+}
+
+/// [`cub_scan_temp`] for items of `width` bytes (tile state: a value and a status word, each
+/// as wide as the item).
+pub(super) fn cub_scan_temp_width(n: usize, tile: usize, width: usize) -> usize {
     let align = |b: usize| b.div_ceil(256) * 256;
-    255 + 256 + align((n.div_ceil(tile).max(1) + 32) * 16)
+    255 + 256 + align((n.div_ceil(tile).max(1) + 32) * 2 * width.clamp(4, 8))
 }
 const UNIQUE_TILE: usize = 1024;
 pub(super) const SCAN_TILE: usize = 896;
@@ -95,8 +117,14 @@ pub(super) const SCAN_TILE: usize = 896;
 /// The tile is the sm90 tuning's 384 threads of 23 items at 4 bytes, scaled to the width.
 /// (On the H200: 83,455 bytes for 4,096 int64 pairs, 150,015 for 8,192, 283,135 for 16,384.)
 pub fn radix_sort_pairs_temp(n: usize, width: usize) -> usize {
+    radix_sort_pairs_temp_bits(n, width, width * 8)
+}
+
+/// [`radix_sort_pairs_temp`] over the key's low `bits` only (a pass per 8 bits): PyTorch's
+/// `index_put_` sorts its linear indices over the bits of the largest one.
+pub fn radix_sort_pairs_temp_bits(n: usize, width: usize, bits: usize) -> usize {
     let align = |b: usize| b.div_ceil(256) * 256;
-    let passes = (width * 8).div_ceil(8);
+    let passes = bits.div_ceil(8).max(1);
     let items = (23 * 4 / width.max(1)).clamp(1, 46);
     let tile = 384 * items;
     let tiles = n.div_ceil(tile).max(1);

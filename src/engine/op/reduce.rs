@@ -58,6 +58,11 @@ impl DimList {
         Ok(out)
     }
 
+    /// Whether it names every dimension (an empty list).
+    pub fn is_all(&self) -> bool {
+        self.len == 0
+    }
+
     /// Which of `ndim` dimensions are reduced (PyTorch's errors for a bad or repeated one).
     pub fn reduced(&self, ndim: usize) -> Result<Vec<bool>, LayoutError> {
         if self.len == 0 {

@@ -206,6 +206,15 @@ pub enum Made<T> {
     },
     /// `torch.stack(tensors, dim)`: each unsqueezed at `dim` (a view), then `cat` along it.
     Stack { xs: Vec<T>, dim: i64 },
+    /// An op that gives its caller its extras too: `topk`, `sort` (values, indices).
+    Multi {
+        op: Op,
+        inputs: smallvec::SmallVec<[T; 4]>,
+    },
+    /// `x.index_put_(indices, values)` outside autograd.
+    IndexPut { x: T, indices: T, values: T },
+    /// `x.masked_fill_(mask, value)`.
+    MaskedFillInPlace { x: T, mask: T, value: f64 },
     /// `x.repeat_interleave(repeats, dim)` with a number of repeats: `unsqueeze(dim + 1)`,
     /// `expand`, then `flatten(dim, dim + 1)`, which copies.
     RepeatInterleave { x: T, repeats: i64, dim: i64 },
@@ -273,6 +282,7 @@ pub fn all_entries() -> impl Iterator<Item = &'static Entry> {
         .chain(super::softmax::ENTRIES)
         .chain(super::norm::ENTRIES)
         .chain(super::nn::ENTRIES)
+        .chain(super::routing::ENTRIES)
         .chain(super::view::ENTRIES)
         .chain(super::vision::ENTRIES)
 }

@@ -212,6 +212,26 @@ pub(crate) struct LlamaConfig {
     /// `max_position_embeddings`: the longest context the model was trained for (RoPE itself
     /// has no limit; gpumem warns past it).
     pub max_positions: Option<u64>,
+    /// Mixtral's and Qwen3-MoE's sparse MLP blocks (None: every layer's MLP is dense).
+    pub moe: Option<Moe>,
+}
+
+/// A mixture-of-experts MLP as transformers 5.17 builds it: a router (`gate`, [E, H]), the
+/// experts' fused `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I], run by the default
+/// `grouped_mm` experts implementation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    pub experts: u64,
+    pub top_k: u64,
+    /// Each expert's intermediate size.
+    pub intermediate: u64,
+    /// The top-k weights divided by their sum (Mixtral always; Qwen3-MoE's `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Mixtral makes the router before the experts; Qwen3-MoE the experts first.
+    pub router_first: bool,
+    /// Which layers have the sparse block (Qwen3-MoE's `decoder_sparse_step` and
+    /// `mlp_only_layers`; the others a dense MLP of `intermediate_size`).
+    pub sparse: Vec<bool>,
 }
 
 /// A config's special tokens (`bos_token_id`, `eos_token_id`, `pad_token_id`): `generate`
@@ -271,7 +291,7 @@ fn tokens(
 /// A model family's config.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Family {
-    Llama(LlamaConfig),
+    Llama(Box<LlamaConfig>),
     Gpt2(super::config_gpt2_bert::Gpt2Config),
     Bert(super::config_gpt2_bert::BertConfig),
 }
@@ -295,20 +315,20 @@ pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, Stri
     match m.get("model_type") {
         Some(Value::String(s)) if s == "gpt2" => gpt2(m, path).map(Family::Gpt2),
         Some(Value::String(s)) if s == "bert" => bert(m, path).map(Family::Bert),
-        _ => llama(m, path).map(Family::Llama),
+        _ => llama(m, path).map(|c| Family::Llama(Box::new(c))),
     }
 }
 
 /// The refusal of a `model_type` gpumem has no model of.
 fn not_modelled(path: &Path, model_type: &str) -> String {
-    if matches!(model_type, "mixtral" | "qwen3_moe" | "qwen2_moe") {
+    if matches!(model_type, "qwen2_moe" | "deepseek_v2" | "deepseek_v3" | "olmoe" | "gpt_oss") {
         return format!(
-            "{}: model_type \"{model_type}\": its mixture-of-experts layers (the router and the grouped experts) are not modelled yet",
+            "{}: model_type \"{model_type}\": its mixture-of-experts layers (its router and shared experts) are not modelled yet (mixtral and qwen3_moe are)",
             path.display()
         );
     }
     format!(
-        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, gpt2 and bert)",
+        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt2 and bert)",
         path.display()
     )
 }
@@ -325,16 +345,19 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             ))
         }
     };
-    let qwen3 = model_type == "qwen3";
+    let mixtral = model_type == "mixtral";
+    let qwen3_moe = model_type == "qwen3_moe";
+    let qwen3 = model_type == "qwen3" || qwen3_moe;
     let gemma2 = model_type == "gemma2";
     let gemma3 = model_type == "gemma3_text";
     let gemma = model_type == "gemma" || gemma2 || gemma3;
     let phi3 = model_type == "phi3";
     // (Qwen3's and Gemma's rotary embeddings cast as Qwen2's does)
     let qwen2 = model_type == "qwen2" || qwen3 || gemma;
-    let mistral = model_type == "mistral";
+    let mistral = model_type == "mistral" || mixtral;
     match model_type {
-        "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "phi3" => {}
+        "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "phi3"
+        | "mixtral" | "qwen3_moe" => {}
         other => return Err(not_modelled(path, other)),
     }
     const MODELLED: &[&str] = &[
@@ -376,6 +399,17 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "_sliding_window_pattern",
         "rope_local_base_freq",
         "cache_implementation",
+        // mixtral and qwen3_moe
+        "num_local_experts",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "output_router_logits",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
     ];
     known_keys(m, path, model_type, MODELLED, &[])?;
     let arch = match model_type {
@@ -386,6 +420,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         "gemma3_text" => "Gemma3ForCausalLM",
         "phi3" => "Phi3ForCausalLM",
         "mistral" => "MistralForCausalLM",
+        "mixtral" => "MixtralForCausalLM",
+        "qwen3_moe" => "Qwen3MoeForCausalLM",
         _ => "LlamaForCausalLM",
     };
     check_architectures(m, path, model_type, &[arch])?;
@@ -567,6 +603,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         }
     } else if mistral {
         match m.get("sliding_window") {
+            None if mixtral => None,
             None => Some(4096),
             Some(Value::Null) => None,
             Some(_) => Some(int("sliding_window", 1)?),
@@ -662,7 +699,13 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         ));
     }
     let dtype = config_dtype(m);
+    let moe = if mixtral || qwen3_moe {
+        Some(moe(m, path, mixtral, layers)?)
+    } else {
+        None
+    };
     Ok(LlamaConfig {
+        moe,
         vocab: int(
             "vocab_size",
             match model_type {
@@ -715,6 +758,8 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
             "mistral" => "mistral",
             "gemma" => "gemma",
             "phi3" => "phi3",
+            "mixtral" => "mixtral",
+            "qwen3_moe" => "qwen3_moe",
             _ => "llama",
         },
         qk_norm: qwen3 || gemma3,
@@ -740,6 +785,74 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
         } else {
             tokens(m, path, Some(1), Some(2))?
         },
+    })
+}
+
+/// The sparse MLP of a `mixtral` or `qwen3_moe` config of `layers` layers.
+fn moe(m: &Map<String, Value>, path: &Path, mixtral: bool, layers: u64) -> Result<Moe, String> {
+    let shown = path.display();
+    let int = |k: &str, d: u64| int(m, path, k, d);
+    let experts_key = if m.contains_key("num_experts") && !mixtral {
+        "num_experts"
+    } else {
+        "num_local_experts"
+    };
+    // MixtralConfig's defaults: 8 experts, 2 per token; Qwen3MoeConfig's: 128 and 8
+    let experts = int(experts_key, if mixtral { 8 } else { 128 })?;
+    let top_k = int("num_experts_per_tok", if mixtral { 2 } else { 8 })?;
+    if top_k == 0 || top_k > experts {
+        return Err(format!(
+            "{shown}: num_experts_per_tok ({top_k}) must be between 1 and {experts_key} ({experts})"
+        ));
+    }
+    if flag(m, path, "output_router_logits", false)? {
+        return Err(format!(
+            "{shown}: output_router_logits = true (the router's auxiliary loss) is not modelled yet; false is"
+        ));
+    }
+    if prob(m, path, "router_jitter_noise", 0.0)? != 0.0 {
+        return Err(format!(
+            "{shown}: router_jitter_noise above 0 is not modelled yet (its noise is a tensor per step); 0.0 is"
+        ));
+    }
+    let intermediate = if mixtral {
+        int("intermediate_size", 14336)?
+    } else {
+        int("moe_intermediate_size", 768)?
+    };
+    let step = if mixtral {
+        1
+    } else {
+        int("decoder_sparse_step", 1)?
+    };
+    let only: Vec<u64> = match m.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64().filter(|&l| l < layers).ok_or_else(|| {
+                    format!("{shown}: 'mlp_only_layers' must list layer indices below {layers}, found {v}")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(format!(
+                "{shown}: 'mlp_only_layers' must be a list of layer indices, found {other}"
+            ))
+        }
+    };
+    if mixtral && !only.is_empty() {
+        return Err(format!("{shown}: 'mlp_only_layers' is not a mixtral key"));
+    }
+    Ok(Moe {
+        experts,
+        top_k,
+        intermediate,
+        norm_topk: mixtral || flag(m, path, "norm_topk_prob", false)?,
+        router_first: mixtral,
+        sparse: (0..layers)
+            .map(|l| !only.contains(&l) && (l + 1) % step.max(1) == 0)
+            .collect(),
     })
 }
 

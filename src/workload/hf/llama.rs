@@ -1,6 +1,7 @@
 //! `LlamaForCausalLM` (transformers 5.17; `Qwen2ForCausalLM`, `MistralForCausalLM`,
-//! `Qwen3ForCausalLM`, `GemmaForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM` and
-//! `Phi3ForCausalLM` with their differences, below) as line-language statements: the parameters in the
+//! `Qwen3ForCausalLM`, `GemmaForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`,
+//! `Phi3ForCausalLM`, `MixtralForCausalLM` and `Qwen3MoeForCausalLM` with their differences,
+//! below) as line-language statements: the parameters in the
 //! order `model.to(device)` moves them, and the training loop of hf_models.py, op for op as
 //! the H200 traces show transformers running it:
 //!
@@ -41,6 +42,9 @@
 //!   rest, and `gate_up_proj` chunked in two.
 //! - LongRoPE: each rotary forward first compares the largest position with the original
 //!   context (`dynamic_rope_update`).
+//! - Mixtral and Qwen3-MoE (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`): Mistral's and
+//!   Qwen3's attention, and on their sparse layers the router and the `grouped_mm` experts
+//!   ([`super::moe`]).
 //!
 //! Locals die where Python's do: a function's at its return, in the order it named them.
 
@@ -97,7 +101,11 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
                 p.push((format!("l{l}_{var}_b"), m(path), "bias", vec![out]));
             }
         };
+        let sparse = c.moe.as_ref().filter(|moe| moe.sparse[l as usize]);
         for (name, path, out, inp) in linears(c) {
+            if sparse.is_some() && matches!(name, "gate" | "up" | "down") {
+                continue;
+            }
             let bias = match name {
                 "gate" | "up" | "down" => c.mlp_bias,
                 "o" => c.o_bias,
@@ -118,6 +126,22 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
                     "weight",
                     vec![hd],
                 ));
+            }
+        }
+        if let Some(moe) = sparse {
+            // MixtralSparseMoeBlock makes its router first, Qwen3MoeSparseMoeBlock its experts
+            let (e, i) = (moe.experts, moe.intermediate);
+            let router = (format!("l{l}_router_w"), m("mlp.gate"), "weight", vec![e, h]);
+            let experts = [
+                (format!("l{l}_gu_w"), m("mlp.experts"), "gate_up_proj", vec![e, 2 * i, h]),
+                (format!("l{l}_dn_w"), m("mlp.experts"), "down_proj", vec![e, h, i]),
+            ];
+            if moe.router_first {
+                p.push(router);
+                p.extend(experts);
+            } else {
+                p.extend(experts);
+                p.push(router);
             }
         }
         p.push((format!("l{l}_ln1"), m("input_layernorm"), "weight", vec![h]));
@@ -814,6 +838,12 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             "x",
             ind,
         );
+    }
+    if let Some(moe) = c.moe.as_ref().filter(|moe| moe.sparse[l as usize]) {
+        super::moe::sparse_moe(s, c, moe, (b, t), l, ind);
+        at(s, ind, &block, "h = residual + d0");
+        line(s, "del d0, residual, h_in");
+        return;
     }
     if c.phi3 {
         // Phi3MLP: `gate, up = gate_up_proj(x).chunk(2, -1)`, `up * act(gate)`, down_proj

@@ -10,7 +10,9 @@
 //! `phi3` ([`llama`]), `gpt2` ([`gpt2`]), `bert` ([`bert`]); the loop around them, the
 //! causal-LM loss and peft's LoRA linear in [`train`]; `mode = "generate"` and its
 //! `[generate]` table, `model.generate` for the decoder families, in [`generate`].
-//! Mixture-of-experts (`mixtral`, `qwen3_moe`) and multimodal configs are refused by name.
+//! Mixture-of-experts configs (`mixtral`, `qwen3_moe`) run in float32 with sdpa (training,
+//! inference, generation; their bf16, checkpointed and eager runs are refused by name, not
+//! recorded yet); multimodal configs are refused by name.
 
 mod bert;
 mod config;
@@ -19,6 +21,7 @@ mod generate;
 mod gpt2;
 mod llama;
 mod masks;
+mod moe;
 mod norms;
 mod train;
 
@@ -362,6 +365,31 @@ pub(crate) fn expand(
                         c.sliding_window.unwrap_or(0),
                         c.model_type
                     ),
+                )?;
+            }
+        }
+    }
+    if let config::Family::Llama(c) = &cfg {
+        // the experts are matched against PyTorch in float32 with sdpa (training and
+        // inference); bf16 runs grouped_mm's CUTLASS kernel and casts the router's weights,
+        // checkpointing recomputes topk and sort, eager attention is Mixtral's own: none
+        // recorded yet
+        if c.moe.is_some() {
+            let what = if run.checkpointing {
+                Some(("gradient_checkpointing", "gradient checkpointing"))
+            } else if run.eager {
+                Some(("attention", "eager attention"))
+            } else if run.bf16_autocast {
+                Some(("precision", "bf16 autocast"))
+            } else if run.bf16_weights {
+                Some(("dtype", "bf16 weights"))
+            } else {
+                None
+            };
+            if let Some((key, what)) = what {
+                unsupported(
+                    key,
+                    &format!("{what} with mixture-of-experts layers ({})", c.model_type),
                 )?;
             }
         }

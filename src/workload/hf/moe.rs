@@ -1,0 +1,85 @@
+//! A sparse mixture-of-experts block (Mixtral's, Qwen3-MoE's) as line-language statements:
+//! the router and transformers 5.17's default `grouped_mm` experts, op for op as the H200
+//! traces of fixtures/hf2 show them.
+
+use std::fmt::Write as _;
+
+use super::LlamaConfig;
+use crate::workload::preset::at;
+
+/// A sparse MoE block of layer `l` over the normed `x` of `rows` tokens, into `d0`: the router
+/// (`linear`, `softmax`, `topk`, Mixtral's `/= sum`), then transformers 5.17's
+/// `grouped_mm_experts_forward`: the (token, expert) pairs sorted by expert, the tokens
+/// gathered in that order, the per-expert counts (`histc` of their int32 ids) and offsets
+/// (`cumsum`), the sentinel mask (ids past the last expert, for expert parallelism) filled
+/// in, the fused gate/up product, `silu(gate) * up`, the down product, each masked, the
+/// routing weights, the pairs put back in token order and summed over the top k. Locals die
+/// at each function's return, in the order Python named them.
+pub(super) fn sparse_moe(
+    s: &mut String,
+    c: &LlamaConfig,
+    moe: &super::config::Moe,
+    (b, t): (u64, u64),
+    l: u64,
+    ind: &str,
+) {
+    let rows = b * t;
+    let m = |x: &str| format!("model.layers.{l}.{x}");
+    let p = |x: &str| format!("l{l}_{x}");
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let (h, e, k) = (c.hidden, moe.experts, moe.top_k);
+    let pairs = rows * k;
+    let router = m("mlp.gate");
+    let ex = m("mlp.experts");
+    at(s, ind, &m("mlp"), &format!("xf = x.view(-1, {h})"));
+    at(s, ind, &router, &format!("rl = linear(xf, {})", p("router_w")));
+    at(s, ind, &router, "rp = rl.softmax(-1)");
+    at(s, ind, &router, &format!("tv, ti = topk(rp, {k}, -1)"));
+    if moe.norm_topk {
+        at(s, ind, &router, "ts = tv.sum(-1, keepdim=true)");
+        at(s, ind, &router, "tv.div_(ts)");
+        line(s, "del ts");
+    }
+    line(s, "del rp");
+    at(s, ind, &ex, "sw = tv.reshape(-1)");
+    at(s, ind, &ex, "ei = ti.reshape(-1)");
+    at(s, ind, &ex, "eg, perm = sort(ei)");
+    at(s, ind, &ex, &format!("pk = floor_divide(perm, {k})"));
+    at(s, ind, &ex, "hs = index(xf, pk)");
+    line(s, "del pk");
+    at(s, ind, &ex, "swg = index(sw, perm)");
+    at(s, ind, &ex, "hi = eg.to(dtype=int32)");
+    at(s, ind, &ex, &format!("cnt = histc(hi, {e}, 0, {})", e - 1));
+    at(s, ind, &ex, "offs = cumsum(cnt, 0, dtype=int32)");
+    at(s, ind, &ex, &format!("sm = ge(eg, {e}).unsqueeze(-1)"));
+    // (`expert_ids_g.clamp_(max=E - 1)`: in place on an integer tensor, nothing allocated)
+    at(s, ind, &ex, "hs.masked_fill_(sm, 0.0)");
+    at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p("gu_w")));
+    at(s, ind, &ex, "g0 = grouped_mm(hs, wt, offs)");
+    line(s, "del wt");
+    at(s, ind, &ex, "gu = g0.masked_fill(sm, 0.0)");
+    line(s, "del g0");
+    at(s, ind, &ex, "ga, up = gu.chunk(2, dim=-1)");
+    at(s, ind, &m("mlp.experts.act_fn"), "gs = ga.silu()");
+    at(s, ind, &ex, "gp = gs * up");
+    line(s, "del gs, ga, up");
+    at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p("dn_w")));
+    at(s, ind, &ex, "d1 = grouped_mm(gp, wt, offs)");
+    line(s, "del wt");
+    at(s, ind, &ex, "dm = d1.masked_fill(sm, 0.0)");
+    line(s, "del d1");
+    at(s, ind, &ex, "wo = dm * swg.unsqueeze(-1)");
+    at(s, ind, &ex, &format!("inv = empty({pairs}, dtype=int64)"));
+    at(s, ind, &ex, &format!("ar = arange({pairs})"));
+    at(s, ind, &ex, "inv.index_put_(perm, ar)");
+    line(s, "del ar");
+    at(s, ind, &ex, "wi = index(wo, inv)");
+    line(s, "del wo");
+    at(s, ind, &ex, &format!("fo = wi.view({rows}, {k}, {h}).sum(dim=1)"));
+    line(s, "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, gu, gp, dm, wi, inv");
+    at(s, ind, &m("mlp"), &format!("d0 = fo.view({b}, {t}, {h})"));
+    line(s, "del fo, xf, x, rl, tv, ti");
+}
+
