@@ -422,3 +422,64 @@ fn batch_norm_updates_the_running_statistics() {
     }
     d.release(y);
 }
+
+/// An integer tensor of `vals` (indices, offsets), outside the graph.
+fn ints(d: &mut Dev, shape: &[usize], dtype: DType, vals: &[f64]) -> TensorId {
+    let t = d
+        .factory_fill(shape, dtype, false, Category::Input, Fill::Empty)
+        .unwrap();
+    d.write(t, vals).unwrap();
+    t
+}
+
+/// A mixture of experts' ops: topk and sort (their values' gradient scattered back), row
+/// gathers with repeated rows (accumulated), the grouped product through a transposed
+/// weight (both gradients), `x /= x.sum(-1, keepdim)` in place and `masked_fill_` in the
+/// graph.
+#[test]
+fn routing_ops_match_finite_differences() {
+    use crate::engine::op::InPlace;
+    check("topk", &[(vec![3, 5], true)], &|d, i| {
+        let v = d.multi(&Op::Topk { k: 2, dim: -1 }, &[i[0]]).unwrap();
+        d.release(v[1]);
+        v[0]
+    });
+    check("sort", &[(vec![2, 4], true)], &|d, i| {
+        let v = d.multi(&Op::Sort { dim: 0 }, &[i[0]]).unwrap();
+        d.release(v[1]);
+        v[0]
+    });
+    check("index", &[(vec![5, 3], true)], &|d, i| {
+        let idx = ints(d, &[6], DType::I64, &[4.0, 0.0, 4.0, 2.0, 1.0, 4.0]);
+        let y = d.apply(&Op::Gather, &[i[0], idx]).unwrap();
+        d.release(idx);
+        y
+    });
+    check(
+        "grouped_mm",
+        &[(vec![6, 3], true), (vec![2, 4, 3], true)],
+        &|d, i| {
+            let offs = ints(d, &[2], DType::I32, &[2.0, 6.0]);
+            let l = d.info(i[1]).layout.transpose(-2, -1).unwrap();
+            let wt = d.permute_op(crate::engine::op::ViewKind::Transpose, i[1], l, vec![0, 2, 1]);
+            let y = d.grouped_mm(i[0], wt, offs).unwrap();
+            d.release(offs);
+            d.release(wt);
+            y
+        },
+    );
+    check("div_ by its own sum", &[(vec![3, 2], true)], &|d, i| {
+        let t = d.scalar(Binary::Mul, i[0], 2.0, false).unwrap();
+        let s = d.reduce(false, t, Some(-1), true).unwrap();
+        d.inplace(InPlace::Tensor(Binary::Div), t, Some(s)).unwrap();
+        d.release(s);
+        t
+    });
+    check("masked_fill_", &[(vec![2, 3], true)], &|d, i| {
+        let t = d.scalar(Binary::Mul, i[0], 3.0, false).unwrap();
+        let m = ints(d, &[2, 3], DType::Bool, &[1.0, 0.0, 0.0, 1.0, 0.0, 1.0]);
+        d.inplace(InPlace::MaskedFill(0.0), t, Some(m)).unwrap();
+        d.release(m);
+        t
+    });
+}

@@ -11,7 +11,8 @@
 //!
 //! Kernel families: [`elementwise`] (factories, unary, binary, casts, in-place, dropout),
 //! [`linalg`] (matmul, linear), [`nn`] (norms, softmax, losses, embedding, reductions,
-//! gradient plumbing), [`attention`], [`optim`]; [`rng`] is the documented generator.
+//! gradient plumbing), [`attention`], [`optim`], [`routing`] (a mixture of experts: topk, sort,
+//! row gathers, histc, grouped_mm); [`rng`] is the documented generator.
 
 mod attention;
 #[cfg(test)]
@@ -20,6 +21,7 @@ mod elementwise;
 mod linalg;
 mod nn;
 mod optim;
+mod routing;
 pub mod rng;
 mod scratch;
 mod vision;
@@ -438,6 +440,16 @@ impl Device for CpuDevice {
                 Op::Conv2d(_) | Op::BatchNorm(_) | Op::MaxPool2d(_) | Op::AdaptiveAvgPool2d { .. },
                 _,
             ) => vision::launch(self, l),
+            (
+                Op::Topk { .. }
+                | Op::Sort { .. }
+                | Op::Gather
+                | Op::IndexPut
+                | Op::Histc { .. }
+                | Op::FloorDiv { .. }
+                | Op::GroupedMm { .. },
+                _,
+            ) => routing::launch(self, l),
             _ => nn::launch(self, l),
         }
     }
