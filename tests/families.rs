@@ -437,3 +437,132 @@ fn fit_stops_where_the_model_stops_and_says_so() {
         .expect("the checkpointing row");
     assert!(ckpt.to_string().contains("4095"), "{ckpt}");
 }
+
+/// Mixtral's and Qwen3-MoE's keys: what is not modelled is refused naming the key or flag
+/// (the router's auxiliary loss, its jitter, a dense layer past the last, more experts per
+/// token than experts, bf16 and checkpointing until recorded); what is modelled runs (LoRA on
+/// the attention with the experts frozen, generation, a dense layer among sparse ones).
+#[test]
+fn moe_keys_run_or_are_refused_by_name() {
+    let s = common::Scratch::new("families-moe");
+    let mutate = |case: &str, key: &str, value: serde_json::Value, file: &str| {
+        let p = common::root().join(format!("fixtures/hf2/cases/{case}.config.json"));
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v[key] = value;
+        s.write(file, &v.to_string())
+    };
+    let mix = "mixtral_2l_b2_s512_adamw_fp32";
+    let q3 = "qwen3moe_2l_b2_s512_adamw_fp32";
+    for (case, key, value) in [
+        (mix, "output_router_logits", serde_json::json!(true)),
+        (mix, "router_jitter_noise", serde_json::json!(0.1)),
+        (q3, "mlp_only_layers", serde_json::json!([5])),
+        (q3, "num_experts_per_tok", serde_json::json!(17)),
+        (mix, "num_local_experts", serde_json::json!(0)),
+    ] {
+        let f = mutate(case, key, value, &format!("{key}.json"));
+        let out = common::at_root(&["run", f.to_str().unwrap(), "--batch", "1", "--seq", "16"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert!(err.contains(key), "{key} named: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let cfg = |case: &str| format!("fixtures/hf2/cases/{case}.config.json");
+    let (mixc, q3c) = (cfg(mix), cfg(q3));
+    for (args, named) in [
+        (vec!["--dtype", "bf16"], "dtype"),
+        (vec!["--gradient-checkpointing"], "gradient_checkpointing"),
+        (vec!["--attention", "eager"], "attention"),
+    ] {
+        let mut a = vec!["run", mixc.as_str(), "--batch", "1", "--seq", "16"];
+        a.extend(args);
+        let out = common::at_root(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{named}: {err}");
+        assert!(
+            err.contains(named) && err.contains("mixture-of-experts"),
+            "{err}"
+        );
+    }
+    // Qwen3-MoE with layer 1 dense: its MLP is Qwen3MoeMLP (gate_proj, up_proj, down_proj of
+    // intermediate_size), the others sparse; LoRA on every linear wraps that MLP too
+    let dense = mutate(q3, "mlp_only_layers", serde_json::json!([1]), "dense.json");
+    let dense = dense.to_str().unwrap();
+    for args in [
+        vec!["run", dense, "--batch", "1", "--seq", "16", "--json"],
+        vec![
+            "run",
+            dense,
+            "--batch",
+            "1",
+            "--seq",
+            "16",
+            "--json",
+            "--lora-r",
+            "8",
+            "--lora-targets",
+            "all-linear",
+        ],
+        vec![
+            "run",
+            mixc.as_str(),
+            "--batch",
+            "1",
+            "--seq",
+            "16",
+            "--json",
+            "--lora-r",
+            "8",
+        ],
+        vec![
+            "run",
+            mixc.as_str(),
+            "--batch",
+            "1",
+            "--seq",
+            "16",
+            "--json",
+            "--mode",
+            "generate",
+            "--new-tokens",
+            "4",
+        ],
+    ] {
+        let out = common::at_root(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // the dense layer's MLP is there: more parameters than with every layer sparse of the
+    // same experts, by its three linears
+    let params = |f: &str| -> u64 {
+        let out = common::at_root(&[
+            "run",
+            f,
+            "--batch",
+            "1",
+            "--seq",
+            "16",
+            "--json",
+            "--iterations",
+            "1",
+        ]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        u(&v["iterations"][0]["start"])
+    };
+    let sparse_all = params(&q3c);
+    let with_dense = params(dense);
+    // (hidden 1024, intermediate 3072: 3 * 1024 * 3072 floats in; 2 * 16 * 768 * 1024 + 16 *
+    // 1024 floats of experts and router out)
+    let dense_mlp = 3 * 1024 * 3072 * 4;
+    let experts = (16 * 2 * 768 * 1024 + 16 * 1024 * 768 + 16 * 1024) * 4;
+    assert_eq!(
+        with_dense as i64 - sparse_all as i64,
+        dense_mlp as i64 - experts as i64,
+        "{with_dense} vs {sparse_all}"
+    );
+}

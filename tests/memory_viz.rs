@@ -226,7 +226,12 @@ fn issue37_torch_json_export_compressed_keeps_shared_frames_small() {
             .arg("--json")
             .output()
             .unwrap();
-        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let mut v: Value = serde_json::from_slice(&o.stdout).unwrap();
         for k in ["file", "format", "name", "per_device"] {
             v.as_object_mut().unwrap().remove(k);

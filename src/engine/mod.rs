@@ -28,11 +28,11 @@ pub mod dtype;
 pub mod exec;
 pub mod graph;
 pub mod inplace;
-pub mod routing;
 pub mod layout;
 pub mod op;
 pub mod optim;
 pub mod reduction;
+pub mod routing;
 pub mod tensor;
 pub mod workspace;
 

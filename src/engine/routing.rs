@@ -23,9 +23,7 @@ impl<S: Device> Tensors<S> {
         indices: TensorId,
         values: TensorId,
     ) -> Result<(), EngineError> {
-        if self.grad_enabled
-            && (self.info(x).requires_grad || self.info(values).requires_grad)
-        {
+        if self.grad_enabled && (self.info(x).requires_grad || self.info(values).requires_grad) {
             return Err(EngineError::Invalid(
                 "index_put_ of a tensor in the autograd graph is not modelled: run it under no_grad".into(),
             ));

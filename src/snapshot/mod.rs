@@ -357,7 +357,10 @@ fn read_and_convert(
     let n = f.read(&mut head).map_err(read_err)?;
     // the name without its extensions: `ft.json.gz` is `ft`
     let mut stem = path.with_extension("");
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz")) {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+    {
         stem = stem.with_extension("");
     }
     let name = stem

@@ -461,7 +461,12 @@ fn routing_ops_match_finite_differences() {
         &|d, i| {
             let offs = ints(d, &[2], DType::I32, &[2.0, 6.0]);
             let l = d.info(i[1]).layout.transpose(-2, -1).unwrap();
-            let wt = d.permute_op(crate::engine::op::ViewKind::Transpose, i[1], l, vec![0, 2, 1]);
+            let wt = d.permute_op(
+                crate::engine::op::ViewKind::Transpose,
+                i[1],
+                l,
+                vec![0, 2, 1],
+            );
             let y = d.grouped_mm(i[0], wt, offs).unwrap();
             d.release(offs);
             d.release(wt);

@@ -21,8 +21,8 @@ mod elementwise;
 mod linalg;
 mod nn;
 mod optim;
-mod routing;
 pub mod rng;
+mod routing;
 mod scratch;
 mod vision;
 

@@ -24,7 +24,11 @@ fn dim_last(b: &Buffer, dim: usize) -> Layout {
     b.layout.permute(&perm).expect("a permutation")
 }
 
-pub(super) fn load_moved(d: &CpuDevice, b: &Buffer, dim: usize) -> Result<(Scratch, Layout), String> {
+pub(super) fn load_moved(
+    d: &CpuDevice,
+    b: &Buffer,
+    dim: usize,
+) -> Result<(Scratch, Layout), String> {
     let l = dim_last(b, dim);
     let v = d.load(&Buffer {
         addr: b.addr,
@@ -34,7 +38,12 @@ pub(super) fn load_moved(d: &CpuDevice, b: &Buffer, dim: usize) -> Result<(Scrat
     Ok((v, l))
 }
 
-pub(super) fn store_moved(d: &mut CpuDevice, b: &Buffer, dim: usize, v: &[f64]) -> Result<(), String> {
+pub(super) fn store_moved(
+    d: &mut CpuDevice,
+    b: &Buffer,
+    dim: usize,
+    v: &[f64],
+) -> Result<(), String> {
     let l = dim_last(b, dim);
     d.store(
         &Buffer {

@@ -19,7 +19,9 @@ fn row(i: f64, rows: usize, what: &str) -> Result<usize, String> {
     let i = i as i64;
     let r = if i < 0 { i + rows as i64 } else { i };
     if r < 0 || r as usize >= rows {
-        return Err(format!("{what}: index {i} is out of bounds for a dimension of size {rows}"));
+        return Err(format!(
+            "{what}: index {i} is out of bounds for a dimension of size {rows}"
+        ));
     }
     Ok(r as usize)
 }

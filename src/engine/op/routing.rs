@@ -27,7 +27,8 @@ fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, Strin
     let op = match name {
         "topk" => {
             let k = b.int(1).ok_or("topk expects k")?;
-            let k = usize::try_from(k).map_err(|_| format!("selected index k out of range ({k})"))?;
+            let k =
+                usize::try_from(k).map_err(|_| format!("selected index k out of range ({k})"))?;
             return Ok(Made::Multi {
                 op: Op::Topk {
                     k,
@@ -53,7 +54,9 @@ fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, Strin
                 .ok_or_else(|| format!("torch.histc: bins must be > 0, but got {bins}"))?;
             let (min, max) = (b.float(2).unwrap_or(0.0), b.float(3).unwrap_or(0.0));
             if min > max {
-                return Err(format!("torch.histc: max must be larger than min (min {min}, max {max})"));
+                return Err(format!(
+                    "torch.histc: max must be larger than min (min {min}, max {max})"
+                ));
             }
             Op::Histc { bins, min, max }
         }
@@ -198,8 +201,12 @@ pub(super) fn outputs(op: &Op, ins: &[MetaRef]) -> Option<Result<(Meta, Extras),
             }
             Ok(((s.clone(), first.1), vec![(s, DType::I64)]))
         }),
-        Op::Sort { dim } => wrap_dim(*dim, first.0.len().max(1))
-            .map(|_| ((first.0.to_vec(), first.1), vec![(first.0.to_vec(), DType::I64)])),
+        Op::Sort { dim } => wrap_dim(*dim, first.0.len().max(1)).map(|_| {
+            (
+                (first.0.to_vec(), first.1),
+                vec![(first.0.to_vec(), DType::I64)],
+            )
+        }),
         Op::Gather => {
             let idx = ins.get(1)?;
             if idx.1.is_floating() || idx.1 == DType::Bool || idx.0.len() != 1 {
@@ -291,7 +298,10 @@ pub(super) fn grad_plan(op: &Op, inputs: &[Meta]) -> super::GradPlan {
     match op {
         Op::Gather => {
             let n = inputs.get(1).map_or(0, |m| m.0.iter().product());
-            let rows = inputs.first().and_then(|m| m.0.first().copied()).unwrap_or(0);
+            let rows = inputs
+                .first()
+                .and_then(|m| m.0.first().copied())
+                .unwrap_or(0);
             super::GradPlan {
                 scratch: index_put_scratch(n, rows),
                 ..super::GradPlan::default()
@@ -323,7 +333,10 @@ mod tests {
                 .collect()
         };
         // Mixtral's 1,024 tokens to 2 experts, Qwen3-MoE's to 4
-        assert_eq!(allocs(2048, 1024), [16384; 5].iter().copied().chain([1]).collect::<Vec<_>>());
+        assert_eq!(
+            allocs(2048, 1024),
+            [16384; 5].iter().copied().chain([1]).collect::<Vec<_>>()
+        );
         assert_eq!(allocs(4096, 1024).last(), Some(&71167));
         assert_eq!(allocs(2048, 2048).last(), Some(&1));
     }

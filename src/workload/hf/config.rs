@@ -321,7 +321,10 @@ pub(super) fn family(m: &Map<String, Value>, path: &Path) -> Result<Family, Stri
 
 /// The refusal of a `model_type` gpumem has no model of.
 fn not_modelled(path: &Path, model_type: &str) -> String {
-    if matches!(model_type, "qwen2_moe" | "deepseek_v2" | "deepseek_v3" | "olmoe" | "gpt_oss") {
+    if matches!(
+        model_type,
+        "qwen2_moe" | "deepseek_v2" | "deepseek_v3" | "olmoe" | "gpt_oss"
+    ) {
         return format!(
             "{}: model_type \"{model_type}\": its mixture-of-experts layers (its router and shared experts) are not modelled yet (mixtral and qwen3_moe are)",
             path.display()

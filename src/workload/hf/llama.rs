@@ -131,10 +131,25 @@ fn params(c: &LlamaConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
         if let Some(moe) = sparse {
             // MixtralSparseMoeBlock makes its router first, Qwen3MoeSparseMoeBlock its experts
             let (e, i) = (moe.experts, moe.intermediate);
-            let router = (format!("l{l}_router_w"), m("mlp.gate"), "weight", vec![e, h]);
+            let router = (
+                format!("l{l}_router_w"),
+                m("mlp.gate"),
+                "weight",
+                vec![e, h],
+            );
             let experts = [
-                (format!("l{l}_gu_w"), m("mlp.experts"), "gate_up_proj", vec![e, 2 * i, h]),
-                (format!("l{l}_dn_w"), m("mlp.experts"), "down_proj", vec![e, h, i]),
+                (
+                    format!("l{l}_gu_w"),
+                    m("mlp.experts"),
+                    "gate_up_proj",
+                    vec![e, 2 * i, h],
+                ),
+                (
+                    format!("l{l}_dn_w"),
+                    m("mlp.experts"),
+                    "down_proj",
+                    vec![e, h, i],
+                ),
             ];
             if moe.router_first {
                 p.push(router);
@@ -201,9 +216,12 @@ fn linears(c: &LlamaConfig) -> Vec<(&'static str, &'static str, u64, u64)> {
 /// The module names `[model.lora] target_modules` may name for this config's family (with
 /// `attention`, the attention's projections only).
 pub(crate) fn lora_targets(c: &LlamaConfig, attention: bool) -> Vec<&'static str> {
+    // (a sparse block's router and experts are no `nn.Linear`: peft's LoRA does not wrap them)
+    let dense_mlp = c.moe.as_ref().is_none_or(|m| m.sparse.iter().any(|s| !s));
     linears(c)
         .into_iter()
         .filter(|(_, path, ..)| !attention || path.starts_with("self_attn."))
+        .filter(|(_, path, ..)| dense_mlp || !path.starts_with("mlp."))
         .map(|(_, path, ..)| path.rsplit('.').next().unwrap_or(path))
         .collect()
 }
@@ -216,9 +234,10 @@ fn lora_params(c: &LlamaConfig, r: &Run) -> Vec<(String, String, Vec<u64>, bool)
     };
     let mut v = Vec::new();
     for layer in 0..c.layers {
+        let sparse = c.moe.as_ref().is_some_and(|m| m.sparse[layer as usize]);
         for (name, path, out, inp) in linears(c) {
             let module = path.rsplit('.').next().unwrap_or(path);
-            if !l.targets.iter().any(|t| t == module) {
+            if !l.targets.iter().any(|t| t == module) || (sparse && path.starts_with("mlp.")) {
                 continue;
             }
             let m = format!("model.layers.{layer}.{path}");

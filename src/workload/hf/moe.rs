@@ -34,7 +34,12 @@ pub(super) fn sparse_moe(
     let router = m("mlp.gate");
     let ex = m("mlp.experts");
     at(s, ind, &m("mlp"), &format!("xf = x.view(-1, {h})"));
-    at(s, ind, &router, &format!("rl = linear(xf, {})", p("router_w")));
+    at(
+        s,
+        ind,
+        &router,
+        &format!("rl = linear(xf, {})", p("router_w")),
+    );
     at(s, ind, &router, "rp = rl.softmax(-1)");
     at(s, ind, &router, &format!("tv, ti = topk(rp, {k}, -1)"));
     if moe.norm_topk {
@@ -56,7 +61,12 @@ pub(super) fn sparse_moe(
     at(s, ind, &ex, &format!("sm = ge(eg, {e}).unsqueeze(-1)"));
     // (`expert_ids_g.clamp_(max=E - 1)`: in place on an integer tensor, nothing allocated)
     at(s, ind, &ex, "hs.masked_fill_(sm, 0.0)");
-    at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p("gu_w")));
+    at(
+        s,
+        ind,
+        &ex,
+        &format!("wt = {}.transpose(-2, -1)", p("gu_w")),
+    );
     at(s, ind, &ex, "g0 = grouped_mm(hs, wt, offs)");
     line(s, "del wt");
     at(s, ind, &ex, "gu = g0.masked_fill(sm, 0.0)");
@@ -65,7 +75,12 @@ pub(super) fn sparse_moe(
     at(s, ind, &m("mlp.experts.act_fn"), "gs = ga.silu()");
     at(s, ind, &ex, "gp = gs * up");
     line(s, "del gs, ga, up");
-    at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p("dn_w")));
+    at(
+        s,
+        ind,
+        &ex,
+        &format!("wt = {}.transpose(-2, -1)", p("dn_w")),
+    );
     at(s, ind, &ex, "d1 = grouped_mm(gp, wt, offs)");
     line(s, "del wt");
     at(s, ind, &ex, "dm = d1.masked_fill(sm, 0.0)");
@@ -77,9 +92,16 @@ pub(super) fn sparse_moe(
     line(s, "del ar");
     at(s, ind, &ex, "wi = index(wo, inv)");
     line(s, "del wo");
-    at(s, ind, &ex, &format!("fo = wi.view({rows}, {k}, {h}).sum(dim=1)"));
-    line(s, "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, gu, gp, dm, wi, inv");
+    at(
+        s,
+        ind,
+        &ex,
+        &format!("fo = wi.view({rows}, {k}, {h}).sum(dim=1)"),
+    );
+    line(
+        s,
+        "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, gu, gp, dm, wi, inv",
+    );
     at(s, ind, &m("mlp"), &format!("d0 = fo.view({b}, {t}, {h})"));
     line(s, "del fo, xf, x, rl, tv, ti");
 }
-
