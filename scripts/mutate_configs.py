@@ -2,10 +2,11 @@
 ones): every key set in turn to -1, 0, 2**40, a string, null, a list, a map, 1.5 and true.
 Each run must end with exit 0, 1 or 2, never a panic or a hang (20 s each).
 
-Usage: python3 scripts/mutate_configs.py   (from the repository root, after cargo build --release)
+Usage: python3 scripts/mutate_configs.py [CONFIG ...]   (from the repository root, after
+cargo build --release; by default the hf2 cases and a few published configs)
 """
-import glob, json, os, subprocess, tempfile
-cfgs = glob.glob('fixtures/hf2/cases/*.config.json') + [f'fixtures/hf/configs/{n}.config.json' for n in ['gemma-2-2b','gemma-3-1b','phi-3-mini-4k','phi-4','qwen3-0.6b','gemma-7b']]
+import glob, json, os, subprocess, sys, tempfile
+cfgs = sys.argv[1:] or glob.glob('fixtures/hf2/cases/*.config.json') + [f'fixtures/hf/configs/{n}.config.json' for n in ['gemma-2-2b','gemma-3-1b','phi-3-mini-4k','phi-4','qwen3-0.6b','gemma-7b','mixtral-8x7b-v0.1','qwen3-30b-a3b']] + glob.glob('fixtures/moe/*.config.json')
 vals = [-1, 0, 2**40, "x", None, [], {}, 1.5, True]
 bad = []
 n = 0
