@@ -42,6 +42,12 @@ rec mixtral_t_lora_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn
 rec mixtral_t_aux_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX, \"output_router_logits\": true}, \"attn\": \"sdpa\", $T"
 rec mixtral_t_generate_bf16 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $G"
 rec qwen3moe_t_generate_bf16 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $G"
+# sort and the index_put_ backward past cub's single tile (4,096 pairs: 1,024 tokens x 4; 8,192:
+# 2,048 x 4), checkpointing (topk and sort recomputed), bf16 weights without LoRA (grouped_mm's
+# CUTLASS kernel, the router's casts)
+rec qwen3moe_t_s1024_fp32 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 1024, \"opt\": \"adamw\""
+rec mixtral_t_ckpt_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"ckpt\": true"
+rec mixtral_t_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\""
 rec qwen3moe_t_eager_experts_fp32 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $T, \"experts\": \"eager\""
 rec gpt2_tut_b4_s512_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\""
 rec gpt2_tut_b4_s512_ckpt_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\", \"ckpt\": true"
