@@ -485,6 +485,23 @@ fn moe_keys_run_or_are_refused_by_name() {
             "{err}"
         );
     }
+    // a published config's own bf16 torch_dtype: the refusal names --dtype and how to run it,
+    // not a line of the workload gpumem writes around the config
+    let out = common::at_root(&[
+        "run",
+        "fixtures/hf/configs/mixtral-8x7b-v0.1.config.json",
+        "--batch",
+        "1",
+        "--seq",
+        "16",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--dtype:") && err.contains("--dtype fp32"),
+        "{err}"
+    );
+    assert!(!err.contains("line 4"), "{err}");
     // Qwen3-MoE with layer 1 dense: its MLP is Qwen3MoeMLP (gate_proj, up_proj, down_proj of
     // intermediate_size), the others sparse; LoRA on every linear wraps that MLP too
     let dense = mutate(q3, "mlp_only_layers", serde_json::json!([1]), "dense.json");

@@ -180,6 +180,17 @@ fn flag_error(e: Error, text: &str, config: &Path) -> Error {
     if key == "hf_config" {
         return e;
     }
+    // a refusal located at a table's header ([model] when the key came from the config's
+    // own defaults) names its key in quotes: the flag that sets it
+    let key = if key.starts_with('[') {
+        message
+            .split('\'')
+            .skip(1)
+            .find(|k| KEY_FLAGS.iter().any(|(f, _)| f == k))
+            .unwrap_or(key)
+    } else {
+        key
+    };
     // [model.lora]'s keys are reported at the table
     let key = match key {
         "lora" => ["target_modules", "alpha", "dropout"]

@@ -387,10 +387,18 @@ pub(crate) fn expand(
                 None
             };
             if let Some((key, what)) = what {
-                unsupported(
-                    key,
-                    &format!("{what} with mixture-of-experts layers ({})", c.model_type),
-                )?;
+                // (bf16 from the config's own torch_dtype: say how to run it in float32)
+                let from_config = key == "dtype" && model.get("dtype").is_none();
+                let what = format!(
+                    "{what}{} with mixture-of-experts layers ({})",
+                    if from_config {
+                        " (the config's torch_dtype; 'dtype' = \"fp32\", or --dtype fp32, runs it in float32)"
+                    } else {
+                        ""
+                    },
+                    c.model_type
+                );
+                unsupported(key, &what)?;
             }
         }
     }
