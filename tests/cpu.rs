@@ -167,6 +167,8 @@ const HEAVY: &[&str] = &[
     // the 2026 families' cases (fixtures/hf2): vocabularies of 150,000-260,000 and billions of
     // multiply-adds per iteration
     "hf2/",
+    // DDP around llama_s (fixtures/dist1): GPT-2-sized work
+    "dist1/",
     // torchvision's ResNets: GPT-2-sized convolutions (tests/vision.rs trains a 32-pixel
     // resnet18 on cpu)
     "vision/",

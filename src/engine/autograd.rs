@@ -458,6 +458,9 @@ impl<S: Device> Tensors<S> {
             c?
         };
         self.info_mut(leaf).grad = Some(grad);
+        if let Some(log) = &mut self.grad_ready {
+            log.push(leaf);
+        }
         Ok(())
     }
 

@@ -79,6 +79,9 @@ impl From<OutOfMemory> for EngineError {
 /// Tensors and storages over one device's allocator.
 #[derive(Debug, Clone)]
 pub struct Tensors<S: Device> {
+    /// Leaves in the order their gradient became final in backward, while `Some` (DDP's
+    /// autograd hooks record it in its first iteration to rebuild its buckets).
+    pub grad_ready: Option<Vec<TensorId>>,
     pub alloc: CachingAllocator<S>,
     storages: Vec<Storage>,
     free_storages: Vec<u32>,
@@ -148,6 +151,7 @@ impl<S: Device> Tensors<S> {
             checkpoint: Default::default(),
             storage_serials: 0,
             draws: 0,
+            grad_ready: None,
             computes: alloc.source().computes(),
             alloc,
         }

@@ -98,6 +98,16 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
     ),
     rt("synchronize()", "torch.cuda.synchronize()", rt_synchronize),
     rt(
+        "ddp_init(params, buffers=[], bucket_cap_mb=25)",
+        "DistributedDataParallel around the parameters (world size 1): one gradient bucket of them all; the first backward's order rebuilds the buckets",
+        rt_ddp_init,
+    ),
+    rt(
+        "ddp_forward()",
+        "DDP's work before a forward: the buckets rebuilt once after the first backward, the buffers flattened for their broadcast",
+        rt_ddp_forward,
+    ),
+    rt(
         "sgd(params, lr=0.001, momentum=0, weight_decay=0, foreach=true)",
         "torch.optim.SGD",
         rt_optimizer,
@@ -166,6 +176,14 @@ fn rt_optimizer(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Va
 
 fn rt_detach(me: &mut Runner, _span: Span, recv: &Value, _a: &Args) -> Flow<Value> {
     Ok(Value::Tensor(me.dev.detach(tensor_of(recv))))
+}
+
+fn rt_ddp_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    me.ddp_init(span, a)
+}
+
+fn rt_ddp_forward(me: &mut Runner, span: Span, _recv: &Value, _a: &Args) -> Flow<Value> {
+    me.ddp_forward(span)
 }
 
 fn rt_keep(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {

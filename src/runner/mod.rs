@@ -101,6 +101,8 @@ struct Runner {
     run_peak: u64,
     run_peak_reserved: u64,
     optimizers: Vec<crate::engine::optim::Optimizer>,
+    /// `ddp_init`'s DistributedDataParallel: its buckets and what rebuilds them.
+    ddp: Option<ddp::Ddp>,
     /// The tag stack of the current iteration (or of setup), under which phases go.
     iter_stack: StackId,
     /// The runtime function being called (the optimizer constructors share one).
@@ -226,6 +228,7 @@ pub fn run_on(
         run_peak: 0,
         run_peak_reserved: 0,
         optimizers: Vec::new(),
+        ddp: None,
         iter_stack: StackId::ROOT,
         calling: "",
         scope_tags: vec![None; names.scopes],
@@ -1024,6 +1027,7 @@ fn bop_name(op: BinOp) -> &'static str {
 
 mod bind;
 mod builtins;
+mod ddp;
 mod files;
 pub mod remedies;
 

@@ -34,6 +34,7 @@ struct RawFile {
     model: Option<Spanned<Table>>,
     train: Option<Spanned<Table>>,
     generate: Option<Spanned<Table>>,
+    distributed: Option<Spanned<Table>>,
     params: Option<Spanned<Table>>,
     check: Option<Spanned<Table>>,
     data: Option<Spanned<Table>>,
@@ -79,7 +80,8 @@ fn toml_error(index: &LineIndex<'_>, e: &toml::de::Error) -> SyntaxError {
         Some((key, rest)) if rest.contains("`workload`") => format!(
             "unknown table or key '{key}' at the top level: a workload file has [workload] \
              (setup and body, with integer [params]), or [model] and [train] (a preset), \
-             and an optional [check] (tolerances and budgets for gpumem check); every key goes \
+             an optional [distributed] (data-parallel training of a Hugging Face config) and \
+             an optional [check] (tolerances and budgets for gpumem check); every key goes \
              in one of them"
         ),
         Some((key, _)) => format!(
@@ -199,6 +201,17 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                 let t = train_t.get_or_insert_with(Table::new);
                 override_preset(&mut model_t, t, overrides, &kind);
             }
+            let distributed_t = raw
+                .distributed
+                .as_ref()
+                .map(|t| (t.get_ref().clone(), index.span(t.span().start)));
+            if let (Some((_, at)), false) = (&distributed_t, super::hf::is_hf(&model_t)) {
+                return Err(SyntaxError::new(
+                    *at,
+                    "[distributed] is modelled for a Hugging Face config (hf_config in [model]) \
+                     only, for now: remove it, or measure the model from its config.json",
+                ));
+            }
             if let (Some((_, at)), false) = (&generate_t, super::hf::is_hf(&model_t)) {
                 return Err(SyntaxError::new(
                     *at,
@@ -213,6 +226,7 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                     train_t.as_ref(),
                     train_at,
                     generate_t.as_ref().map(|(t, at)| (t, *at)),
+                    distributed_t.as_ref().map(|(t, at)| (t, *at)),
                     base,
                     &span_of,
                 )?
@@ -224,6 +238,13 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
             Some((model_at, expanded))
         }
         None => {
+            if let Some(t) = &raw.distributed {
+                return Err(SyntaxError::new(
+                    index.span(t.span().start),
+                    "[distributed] wraps a model: add a [model] table with hf_config = \
+                     \"config.json\", or remove [distributed]",
+                ));
+            }
             if let Some(t) = &raw.generate {
                 return Err(SyntaxError::new(
                     index.span(t.span().start),

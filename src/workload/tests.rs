@@ -491,8 +491,9 @@ const ERRORS: &[(&str, &str)] = &[
         "title = \"x\"\n[workload]\nname = \"x\"\n",
         "fixtures/x.toml: line 1 column 1: unknown table or key 'title' at the top level: a \
          workload file has [workload] (setup and body, with integer [params]), or [model] and \
-         [train] (a preset), and an optional [check] (tolerances and budgets for gpumem check); \
-         every key goes in one of them",
+         [train] (a preset), an optional [distributed] (data-parallel training of a Hugging \
+         Face config) and an optional [check] (tolerances and budgets for gpumem check); every \
+         key goes in one of them",
     ),
     (
         "[workload]\nname = \"x\"\nbody = \"f()\"\n[workload.extra]\nk = 1\n",

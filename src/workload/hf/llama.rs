@@ -345,6 +345,21 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         }
         list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
+    if let Some(d) = &r.ddp {
+        // `DistributedDataParallel(model)`: its trainable parameters and registered buffers
+        // (Gemma's embed_scale, the rotary embedding's inv_freq and original_inv_freq)
+        let buffers = if c.gemma {
+            "embed_scale, inv_freq, original_inv_freq"
+        } else {
+            "inv_freq, original_inv_freq"
+        };
+        let _ = writeln!(
+            s,
+            "ddp_init([{}], [{buffers}], bucket_cap_mb={})",
+            list.join(", "),
+            d.bucket_cap_mb
+        );
+    }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     s
 }

@@ -114,7 +114,28 @@ pub const TRAIN_KEYS: &[&str] = &[
     "precision",
     "mode",
     "grad_accum",
+    "labels",
 ];
+
+/// The keys of `[distributed]`.
+pub const DISTRIBUTED_KEYS: &[&str] = &[
+    "world_size",
+    "strategy",
+    "gradient_as_bucket_view",
+    "bucket_cap_mb",
+    "param_dtype",
+    "reduce_dtype",
+    "reshard_after_forward",
+    "cpu_offload",
+];
+
+/// `[distributed] strategy = "ddp"`: `DistributedDataParallel` around the model.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Ddp {
+    /// `bucket_cap_mb` (PyTorch's default 25): the buckets rebuilt after the first backward
+    /// close once they reach it (the first at 1 MiB).
+    pub bucket_cap_mb: u64,
+}
 
 /// The LoRA that the out-of-memory remedies try in place of a full fine-tune: r 16 on the
 /// attention's four projections (alpha 32, no dropout), as `[model.lora]` holds it.
@@ -145,6 +166,12 @@ pub(crate) struct Run {
     pub bf16_weights: bool,
     pub checkpointing: bool,
     pub lora: Option<Lora>,
+    /// `[train] labels = "input_ids"`: the inputs themselves are the labels
+    /// (`model(input_ids=x, labels=x)`, the loss read off the output: `out.loss.backward()`,
+    /// `del out, x`); the default `"clone"` is hf_models.py's `x.clone()` and its `loss` name.
+    pub labels_are_inputs: bool,
+    /// `[distributed]` (DDP).
+    pub ddp: Option<Ddp>,
 }
 
 /// Is this `[model]` table a Hugging Face one?
@@ -161,6 +188,7 @@ pub(crate) fn expand(
     train: Option<&Table>,
     train_at: Span,
     generate: Option<(&Table, Span)>,
+    distributed: Option<(&Table, Span)>,
     base: &Path,
     span: &dyn Fn(usize) -> Span,
 ) -> PResult<Expanded> {
@@ -228,6 +256,8 @@ pub(crate) fn expand(
         checkpointing: m.flag("gradient_checkpointing")?,
         lora: lora(&m)?,
         generate: None,
+        labels_are_inputs: t.choice("labels", "clone", &["clone", "input_ids"])? == "input_ids",
+        ddp: None,
     };
     run.generate = generate_table(&run, &t, generate, span)?;
     let micro = u64::from(run.iterations).saturating_mul(run.grad_accum);
@@ -401,6 +431,9 @@ pub(crate) fn expand(
                 unsupported(key, &what)?;
             }
         }
+    }
+    if let Some((table, at)) = distributed {
+        run.ddp = Some(distributed_run(table, at, span, &run, family)?);
     }
     if family == "bert" && run.checkpointing {
         unsupported(
@@ -651,4 +684,102 @@ fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
         targets: Vec::new(),
         spec,
     }))
+}
+
+/// `[distributed]`: what gpumem models of it (DDP at world size 1, as recorded on the H200),
+/// each other key or value refused naming it.
+fn distributed_run(
+    table: &Table,
+    at: Span,
+    span: &dyn Fn(usize) -> Span,
+    run: &Run,
+    family: &str,
+) -> PResult<Ddp> {
+    let d = Reader {
+        table,
+        name: "distributed",
+        at,
+        absent: false,
+        span,
+    };
+    d.check_keys(DISTRIBUTED_KEYS, "")?;
+    let refuse = |key: &str, why: String| -> PResult<Ddp> {
+        let place = table.get(key).map_or(at, |v| d.pos(v));
+        Err(SyntaxError::new(place, why))
+    };
+    let strategy = d.choice(
+        "strategy",
+        "ddp",
+        &["ddp", "fsdp2", "zero1", "zero2", "zero3"],
+    )?;
+    if table.get("strategy").is_none() {
+        return refuse(
+            "strategy",
+            "[distributed] needs a strategy: strategy = \"ddp\" (fsdp2 and zero1/2/3 are not modelled yet)".into(),
+        );
+    }
+    if strategy != "ddp" {
+        return refuse(
+            "strategy",
+            format!("[distributed] strategy = \"{strategy}\" is not modelled yet (\"ddp\" is)"),
+        );
+    }
+    for key in [
+        "param_dtype",
+        "reduce_dtype",
+        "reshard_after_forward",
+        "cpu_offload",
+    ] {
+        if table.contains_key(key) {
+            return refuse(
+                key,
+                format!("'{key}' is a setting of fsdp2 (and cpu_offload of zero): DDP has none; remove it"),
+            );
+        }
+    }
+    let world = d.int(
+        "world_size",
+        Some(1),
+        "the number of ranks, e.g. world_size = 8",
+    )?;
+    if world != 1 {
+        return refuse(
+            "world_size",
+            format!(
+                "world_size = {world}: DDP is matched against PyTorch at world size 1 (one H200, \
+                 NCCL); larger worlds are not recorded yet (each rank's caching allocator holds the \
+                 same as at world size 1, beside NCCL's own buffers): set world_size = 1"
+            ),
+        );
+    }
+    if d.flag("gradient_as_bucket_view")? {
+        return refuse(
+            "gradient_as_bucket_view",
+            "gradient_as_bucket_view = true (the gradients as views of the buckets) is not modelled yet; false, PyTorch's default, is".into(),
+        );
+    }
+    let cap = d.int(
+        "bucket_cap_mb",
+        Some(25),
+        "megabytes per bucket, e.g. bucket_cap_mb = 25",
+    )?;
+    if cap == 0 {
+        return refuse("bucket_cap_mb", "bucket_cap_mb must be at least 1".into());
+    }
+    if family != "llama" {
+        return refuse(
+            "strategy",
+            format!("DDP around a {family} model is not modelled yet (the llama families are)"),
+        );
+    }
+    if run.mode != "train" {
+        return refuse(
+            "strategy",
+            format!(
+                "DDP in {} mode is not modelled: it wraps training",
+                run.mode
+            ),
+        );
+    }
+    Ok(Ddp { bucket_cap_mb: cap })
 }

@@ -1,7 +1,9 @@
 //! The loop of ../shared/tools/hf_models.py around a family's forward: the batch, the
 //! forward (under `no_grad` in inference), `loss.backward()`, `del out` (the output's logits,
 //! cache and loss, then the batch), and the optimizer's step; transformers' causal-LM loss; and
-//! the small writers the families share.
+//! the small writers the families share. With `[train] labels = "input_ids"` the inputs are the
+//! labels and the loss is read off the output (`out.loss.backward()`, `del out, x`: the loss
+//! goes first); under `[distributed]`, DDP's work opens each forward (`ddp_forward()`).
 
 use std::fmt::Write as _;
 
@@ -49,8 +51,19 @@ fn micro_batch(
         s,
         "input_ids = zeros({b}, {t}, dtype=int64, from=\"data:input_ids\")"
     );
-    let _ = writeln!(s, "{labels}");
+    // `model(input_ids=x, labels=x)`: the labels are the inputs themselves
+    let same = r.labels_are_inputs && labels == CLONED_LABELS;
+    if same {
+        let _ = writeln!(s, "labels = input_ids");
+    } else {
+        let _ = writeln!(s, "{labels}");
+    }
     let _ = writeln!(s, "phase \"forward\" {{");
+    if r.ddp.is_some() {
+        let _ = writeln!(s, "  scope \"DistributedDataParallel\" {{");
+        let _ = writeln!(s, "    ddp_forward()");
+        let _ = writeln!(s, "  }}");
+    }
     let train = r.mode == "train";
     if train {
         forward(s, "  ");
@@ -84,11 +97,17 @@ fn micro_batch(
             }
         })
         .collect();
+    // (`out.loss.backward(); del out`: the output's loss goes first, with its logits and
+    // cache; a separate `loss` name keeps it to its own `del`)
+    let loss_first = same && !scaled;
+    if train && loss_first {
+        let _ = writeln!(s, "del loss");
+    }
     let _ = writeln!(s, "del logits");
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));
     }
-    if train {
+    if train && !loss_first {
         let _ = writeln!(s, "del loss");
     }
     if scaled {

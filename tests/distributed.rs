@@ -1,0 +1,141 @@
+//! Issue 39: data-parallel training per rank. DDP at world size 1 against PyTorch 2.11 on an
+//! H200 (fixtures/dist1: ../shared/groundtruth/dist1's case, its allocator trace and gpumem's
+//! workload), and what `[distributed]` refuses.
+
+mod common;
+
+use common::{run_json, u};
+use serde_json::Value;
+
+use gpumem::commands::compare_torch::FIELDS;
+
+const CASE: &str = "ddp_llama_s_adamw_fp32";
+
+/// Every allocation and free of the three iterations in PyTorch's order and sizes: the
+/// buffers' broadcast before each forward, the buckets rebuilt before the second (their
+/// indices and sizes as int32 tensors, the first iteration's bucket freed, the new ones in the
+/// order the first backward made the gradients final), and the training itself.
+#[test]
+fn ddp_allocates_and_frees_as_pytorch_does() {
+    let p = common::root().join(format!("fixtures/dist1/traces/events_{CASE}.json"));
+    let t: Vec<(String, i64)> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let g = common::allocator_events(&format!("fixtures/dist1/workloads/{CASE}.toml"));
+    let first = g.iter().zip(&t).position(|(a, b)| a != b);
+    assert_eq!(first, None, "first difference at event {first:?}");
+    assert_eq!(g.len(), t.len(), "event count");
+}
+
+/// Every recorded field: the model with its first bucket (and the construction's broadcast
+/// groups, cached), reserved memory exact in every iteration; allocated memory exact through
+/// the first backward, then within 0.3% (best-fit ties between blocks of equal size, which the
+/// driver's address placement breaks: issue 38's point 4).
+#[test]
+fn ddp_matches_pytorch_per_iteration() {
+    let (code, g) = run_json(&["run", &format!("fixtures/dist1/workloads/{CASE}.toml")]);
+    assert_eq!(code, Some(0), "{g}");
+    let p = common::root().join(format!("fixtures/dist1/cases/dist1_{CASE}.json"));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let t = &doc["cases"][0];
+    let (gi, ti) = (
+        g["iterations"].as_array().unwrap(),
+        t["iterations"].as_array().unwrap(),
+    );
+    assert_eq!(gi.len(), ti.len());
+    assert_eq!(u(&gi[0]["start"]), u(&t["after_model_allocated"]));
+    let mut worst = 0f64;
+    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
+        for &f in FIELDS.iter() {
+            if b.get(f).is_none() {
+                continue;
+            }
+            let (x, y) = (u(&a[f]), u(&b[f]));
+            if f.contains("reserved")
+                || (k == 0 && ["start", "after_forward", "after_backward"].contains(&f))
+            {
+                assert_eq!(x, y, "iteration {k} {f}");
+            } else {
+                worst = worst.max((x as f64 - y as f64).abs() / y as f64);
+            }
+        }
+    }
+    assert!(worst <= 0.003, "allocated off by {:.4}%", worst * 100.0);
+}
+
+/// What `[distributed]` does not model yet is refused naming its key; DDP's own keys run.
+#[test]
+fn distributed_keys_run_or_are_refused_by_name() {
+    let s = common::Scratch::new("distributed");
+    let base = std::fs::read_to_string(
+        common::root().join(format!("fixtures/dist1/workloads/{CASE}.toml")),
+    )
+    .unwrap()
+    .replace(
+        "../cases/llama_s.config.json",
+        common::root()
+            .join("fixtures/dist1/cases/llama_s.config.json")
+            .to_str()
+            .unwrap(),
+    )
+    .replace("batch = 4", "batch = 1")
+    .replace("seq = 1024", "seq = 64")
+    .replace("iterations = 3", "iterations = 2");
+    for (extra, key) in [
+        ("strategy = \"fsdp2\"\n", "strategy"),
+        ("world_size = 8\n", "world_size"),
+        (
+            "gradient_as_bucket_view = true\n",
+            "gradient_as_bucket_view",
+        ),
+        ("param_dtype = \"bf16\"\n", "param_dtype"),
+        ("bucket_cap_mb = 0\n", "bucket_cap_mb"),
+        ("bucket_size = 4\n", "bucket_size"),
+    ] {
+        let text = base
+            .replace("world_size = 1\nstrategy = \"ddp\"\n", "")
+            .replace(
+                "[distributed]\n",
+                &format!(
+                    "[distributed]\n{}{extra}",
+                    if key == "strategy" || key == "world_size" {
+                        ""
+                    } else {
+                        "strategy = \"ddp\"\n"
+                    }
+                ),
+            );
+        let text = if key == "world_size" {
+            text.replace("[distributed]\n", "[distributed]\nstrategy = \"ddp\"\n")
+        } else {
+            text
+        };
+        let w = s.write(&format!("{key}.toml"), &text);
+        let out = common::at_root(&["run", w.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert!(err.contains(key), "{key} named: {err}");
+    }
+    // a preset is refused, as is [distributed] without a model
+    let preset = s.write(
+        "preset.toml",
+        "[model]\nkind = \"mlp\"\n[train]\nbatch = 2\n[distributed]\nstrategy = \"ddp\"\n",
+    );
+    let out = common::at_root(&["run", preset.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[distributed]"));
+    // a smaller cap rebuilds more buckets: more allocations before the second forward
+    let small = s.write(
+        "cap.toml",
+        &base.replace(
+            "strategy = \"ddp\"\n",
+            "strategy = \"ddp\"\nbucket_cap_mb = 2\n",
+        ),
+    );
+    let default = s.write("default.toml", &base);
+    let allocs = |w: &std::path::Path| {
+        common::allocator_events(w.to_str().unwrap())
+            .iter()
+            .filter(|(a, _)| a == "a")
+            .count()
+    };
+    assert!(allocs(&small) > allocs(&default) + 5);
+}
