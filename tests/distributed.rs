@@ -139,3 +139,31 @@ fn distributed_keys_run_or_are_refused_by_name() {
     };
     assert!(allocs(&small) > allocs(&default) + 5);
 }
+
+/// `--ddp` on a bare config: DDP's first bucket and broadcast groups on top of the same run
+/// (the first iteration starts a bucket's worth of parameters higher), `--bucket-cap-mb`
+/// only with it, a bad cap named by its flag.
+#[test]
+fn ddp_flag_on_a_bare_config() {
+    let cfg = "fixtures/dist1/cases/llama_s.config.json";
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let (code, plain) = run_json(&args(&[]));
+    assert_eq!(code, Some(0), "{plain}");
+    let (code, ddp) = run_json(&args(&["--ddp"]));
+    assert_eq!(code, Some(0), "{ddp}");
+    let params = 622_923_776u64;
+    assert_eq!(
+        u(&ddp["iterations"][0]["start"]),
+        u(&plain["iterations"][0]["start"]) + params
+    );
+    let out = common::at_root(&args(&["--bucket-cap-mb", "4"]));
+    assert_eq!(out.status.code(), Some(2));
+    let out = common::at_root(&args(&["--ddp", "--bucket-cap-mb", "0"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--bucket-cap-mb"), "{err}");
+}

@@ -171,7 +171,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -222,6 +222,10 @@ _gpumem() {
                     return 0
                     ;;
                 --lora-targets)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -327,7 +331,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__diff)
-            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --top --markdown --json --device --verbose --color --help"
+            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -381,6 +385,10 @@ _gpumem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --top)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -431,7 +439,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -486,6 +494,10 @@ _gpumem() {
                     return 0
                     ;;
                 --lora-targets)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -803,7 +815,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -858,6 +870,10 @@ _gpumem() {
                     return 0
                     ;;
                 --lora-targets)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

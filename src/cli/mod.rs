@@ -207,6 +207,15 @@ pub struct ModelArgs {
     /// for the model type (q_proj,v_proj; Phi-3's qkv_proj).
     #[arg(long, value_name = "NAMES", requires = "lora_r")]
     pub lora_targets: Option<String>,
+
+    /// With a bare config: train inside DistributedDataParallel (`[distributed] strategy =
+    /// "ddp"`, world size 1): its broadcast at construction and its gradient buckets.
+    #[arg(long)]
+    pub ddp: bool,
+
+    /// With --ddp: `[distributed] bucket_cap_mb` (PyTorch's default 25).
+    #[arg(long, value_name = "MB", requires = "ddp")]
+    pub bucket_cap_mb: Option<u64>,
 }
 
 /// Run a workload on the simulated device and show where the memory went.

@@ -261,6 +261,14 @@ fn config_flags(
             lora.push(("target_modules".into(), value.to_string()));
         }
     }
+    let mut distributed = Vec::new();
+    if args.ddp {
+        given.push("--ddp");
+        distributed.push(("strategy".to_string(), q("ddp")));
+        if let Some(mb) = args.bucket_cap_mb {
+            distributed.push(("bucket_cap_mb".to_string(), mb.to_string()));
+        }
+    }
     if given.is_empty() {
         return Ok(());
     }
@@ -268,7 +276,7 @@ fn config_flags(
         return Err(Error::usage(
             given[0],
             format!(
-                "{} sets a bare Hugging Face config's key; {} is a workload file: set it in its [model] or [train] table",
+                "{} sets a bare Hugging Face config's key; {} is a workload file: set it in its [model], [train] or [distributed] table",
                 given[0],
                 workload.display()
             ),
@@ -277,6 +285,7 @@ fn config_flags(
     o.hf_model = model;
     o.hf_lora = lora;
     o.hf_train = train;
+    o.hf_distributed = distributed;
     Ok(())
 }
 

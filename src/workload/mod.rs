@@ -147,6 +147,8 @@ const KEY_FLAGS: &[(&str, &str)] = &[
     ("dropout", "--lora-dropout"),
     ("target_modules", "--lora-targets"),
     ("iterations", "--iterations"),
+    ("strategy", "--ddp"),
+    ("bucket_cap_mb", "--bucket-cap-mb"),
 ];
 
 /// An error located in a bare config's generated workload (`text`), which the user never
@@ -280,12 +282,17 @@ fn config_workload(path: &Path, o: &Overrides) -> Option<String> {
     } else {
         format!("\n[model.lora]\n{}", lines(&o.hf_lora))
     };
+    let distributed = if o.hf_distributed.is_empty() {
+        String::new()
+    } else {
+        format!("\n[distributed]\n{}", lines(&o.hf_distributed))
+    };
     Some(format!(
         "[workload]\nname = {}\n\n[model]\nhf_config = {quoted}\n{}{lora}\n[train]\nbatch = 1\nseq = 1\n{}",
         toml::Value::String(format!("{name} (Hugging Face config)")),
         lines(&o.hf_model),
         lines(&o.hf_train)
-    ))
+    ) + &distributed)
 }
 
 /// Parses the text of a workload file; `path` is only used in error messages.

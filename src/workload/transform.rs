@@ -41,6 +41,7 @@ pub struct Overrides {
     pub hf_model: Vec<(String, String)>,
     pub hf_lora: Vec<(String, String)>,
     pub hf_train: Vec<(String, String)>,
+    pub hf_distributed: Vec<(String, String)>,
 }
 
 impl Overrides {
