@@ -315,6 +315,14 @@ pub(crate) fn expand(
         l.resolve(&linears, &attention, default, family)
             .map_err(|msg| SyntaxError::new(value_at(&m, "lora"), msg))?;
     }
+    // bf16 from the config's own torch_dtype: how to run it in float32 instead
+    let dtype_hint = |key: &str| {
+        if key == "dtype" && model.get("dtype").is_none() {
+            " (the config's torch_dtype; 'dtype' = \"fp32\", or --dtype fp32, runs it in float32)"
+        } else {
+            ""
+        }
+    };
     let unsupported = |key: &str, what: &str| -> PResult<()> {
         Err(SyntaxError::new(
             value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
@@ -376,22 +384,15 @@ pub(crate) fn expand(
             // sdpa (Mistral, Gemma-3), plain or with LoRA, and Gemma-2's eager attention
             let what = if run.mode == "generate" {
                 Some(("mode", "generation"))
-            } else if run.checkpointing {
-                Some(("gradient_checkpointing", "gradient checkpointing"))
-            } else if run.eager && !c.sandwich {
-                Some(("attention", "eager attention"))
-            } else if run.bf16_autocast {
-                Some(("precision", "bf16 autocast"))
-            } else if run.bf16_weights {
-                Some(("dtype", "bf16 weights"))
             } else {
-                None
+                beyond_recorded(&run, c.sandwich)
             };
             if let Some((key, what)) = what {
                 unsupported(
                     key,
                     &format!(
-                        "{what} with a sliding window (sliding_window = {} of {})",
+                        "{what}{} with a sliding window (sliding_window = {} of {})",
+                        dtype_hint(key),
                         c.sliding_window.unwrap_or(0),
                         c.model_type
                     ),
@@ -405,27 +406,10 @@ pub(crate) fn expand(
         // checkpointing recomputes topk and sort, eager attention is Mixtral's own: none
         // recorded yet
         if c.moe.is_some() {
-            let what = if run.checkpointing {
-                Some(("gradient_checkpointing", "gradient checkpointing"))
-            } else if run.eager {
-                Some(("attention", "eager attention"))
-            } else if run.bf16_autocast {
-                Some(("precision", "bf16 autocast"))
-            } else if run.bf16_weights {
-                Some(("dtype", "bf16 weights"))
-            } else {
-                None
-            };
-            if let Some((key, what)) = what {
-                // (bf16 from the config's own torch_dtype: say how to run it in float32)
-                let from_config = key == "dtype" && model.get("dtype").is_none();
+            if let Some((key, what)) = beyond_recorded(&run, false) {
                 let what = format!(
                     "{what}{} with mixture-of-experts layers ({})",
-                    if from_config {
-                        " (the config's torch_dtype; 'dtype' = \"fp32\", or --dtype fp32, runs it in float32)"
-                    } else {
-                        ""
-                    },
+                    dtype_hint(key),
                     c.model_type
                 );
                 unsupported(key, &what)?;
@@ -684,6 +668,23 @@ fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
         targets: Vec::new(),
         spec,
     }))
+}
+
+/// The first setting of `run` beyond what the sliding windows and the experts were recorded
+/// with (float32 training or inference with sdpa; `eager_ok`: Gemma-2's eager attention too),
+/// as (key, what).
+fn beyond_recorded(run: &Run, eager_ok: bool) -> Option<(&'static str, &'static str)> {
+    if run.checkpointing {
+        Some(("gradient_checkpointing", "gradient checkpointing"))
+    } else if run.eager && !eager_ok {
+        Some(("attention", "eager attention"))
+    } else if run.bf16_autocast {
+        Some(("precision", "bf16 autocast"))
+    } else if run.bf16_weights {
+        Some(("dtype", "bf16 weights"))
+    } else {
+        None
+    }
 }
 
 /// `[distributed]`: what gpumem models of it (DDP at world size 1, as recorded on the H200),

@@ -61,30 +61,20 @@ pub(super) fn sparse_moe(
     at(s, ind, &ex, &format!("sm = ge(eg, {e}).unsqueeze(-1)"));
     // (`expert_ids_g.clamp_(max=E - 1)`: in place on an integer tensor, nothing allocated)
     at(s, ind, &ex, "hs.masked_fill_(sm, 0.0)");
-    at(
-        s,
-        ind,
-        &ex,
-        &format!("wt = {}.transpose(-2, -1)", p("gu_w")),
-    );
-    at(s, ind, &ex, "g0 = grouped_mm(hs, wt, offs)");
-    line(s, "del wt");
-    at(s, ind, &ex, "gu = g0.masked_fill(sm, 0.0)");
-    line(s, "del g0");
+    // `_grouped_linear` of `x` by a parameter's `transpose(-2, -1)`, masked out of place
+    let grouped = |s: &mut String, w: &str, x: &str, y: &str| {
+        at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p(w)));
+        at(s, ind, &ex, &format!("g0 = grouped_mm({x}, wt, offs)"));
+        line(s, "del wt");
+        at(s, ind, &ex, &format!("{y} = g0.masked_fill(sm, 0.0)"));
+        line(s, "del g0");
+    };
+    grouped(s, "gu_w", "hs", "gu");
     at(s, ind, &ex, "ga, up = gu.chunk(2, dim=-1)");
     at(s, ind, &m("mlp.experts.act_fn"), "gs = ga.silu()");
     at(s, ind, &ex, "gp = gs * up");
     line(s, "del gs, ga, up");
-    at(
-        s,
-        ind,
-        &ex,
-        &format!("wt = {}.transpose(-2, -1)", p("dn_w")),
-    );
-    at(s, ind, &ex, "d1 = grouped_mm(gp, wt, offs)");
-    line(s, "del wt");
-    at(s, ind, &ex, "dm = d1.masked_fill(sm, 0.0)");
-    line(s, "del d1");
+    grouped(s, "dn_w", "gp", "dm");
     at(s, ind, &ex, "wo = dm * swg.unsqueeze(-1)");
     at(s, ind, &ex, &format!("inv = empty({pairs}, dtype=int64)"));
     at(s, ind, &ex, &format!("ar = arange({pairs})"));
