@@ -33,6 +33,7 @@ pub mod op;
 pub mod optim;
 pub mod reduction;
 pub mod routing;
+pub mod sdpa;
 pub mod tensor;
 pub mod workspace;
 
