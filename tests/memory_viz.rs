@@ -220,19 +220,8 @@ fn issue37_torch_json_export_compressed_keeps_shared_frames_small() {
         .unwrap();
     assert!(unpacked == plain, "the gzip holds another document");
     let figures = |f: &Path| -> Value {
-        let o = gpumem()
-            .arg("summary")
-            .arg(f)
-            .arg("--json")
-            .output()
-            .unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let mut v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let (code, mut v) = common::run_json(&["summary", f.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{v}");
         for k in ["file", "format", "name", "per_device"] {
             v.as_object_mut().unwrap().remove(k);
         }

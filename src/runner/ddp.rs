@@ -90,7 +90,14 @@ fn tensors(span: Span, v: Option<&Value>, what: &str) -> Flow<Vec<TensorId>> {
 }
 
 impl Runner {
-    /// A flat tensor of `bytes` of `dtype` under tag `what`.
+    /// Each tensor's bytes and dtype, in order.
+    fn ddp_sizes<'a>(&self, ts: impl IntoIterator<Item = &'a TensorId>) -> Vec<(u64, DType)> {
+        ts.into_iter()
+            .map(|&t| (self.dev.nbytes(t), self.dev.dtype(t)))
+            .collect()
+    }
+
+    /// A flat tensor of `bytes` of `dtype` (tagged `ddp`).
     fn ddp_flat(&mut self, span: Span, bytes: u64, dtype: DType, cat: Category) -> Flow<TensorId> {
         let n = (bytes / dtype.size().max(1)) as usize;
         self.op(span, "ddp", |d| {
@@ -116,26 +123,14 @@ impl Runner {
         // `_sync_module_states`: the parameters, then the buffers, broadcast from rank 0 in
         // groups of at least 250 MiB (`take_tensors`: a group closes once it holds its
         // limit), each flattened into one tensor that goes before the next is made
-        let states: Vec<(u64, DType)> = params
-            .iter()
-            .chain(&buffers)
-            .map(|&t| (self.dev.nbytes(t), self.dev.dtype(t)))
-            .collect();
+        let states = self.ddp_sizes(params.iter().chain(&buffers));
         for (bytes, dtype) in assign(&states, BROADCAST_BYTES, BROADCAST_BYTES) {
             let flat = self.ddp_flat(span, bytes, dtype, Category::Temporary)?;
             self.dev.release(flat);
         }
         // the first iteration's bucket: every parameter, per dtype
-        let mut per: Vec<(u64, DType)> = Vec::new();
-        for &p in &params {
-            let (bytes, dtype) = (self.dev.nbytes(p), self.dev.dtype(p));
-            match per.iter_mut().find(|(_, d)| *d == dtype) {
-                Some(e) => e.0 += bytes,
-                None => per.push((bytes, dtype)),
-            }
-        }
         let mut buckets = Vec::new();
-        for (bytes, dtype) in per {
+        for (bytes, dtype) in assign(&self.ddp_sizes(&params), u64::MAX, u64::MAX) {
             buckets.push(self.ddp_flat(span, bytes, dtype, Category::Gradient)?);
         }
         self.dev.grad_ready = Some(Vec::new());
@@ -171,11 +166,7 @@ impl Runner {
                     order.push(t);
                 }
             }
-            let sizes: Vec<(u64, DType)> = order
-                .iter()
-                .map(|&p| (self.dev.nbytes(p), self.dev.dtype(p)))
-                .collect();
-            let plan = assign(&sizes, FIRST_BUCKET_BYTES, ddp.cap_bytes);
+            let plan = assign(&self.ddp_sizes(&order), FIRST_BUCKET_BYTES, ddp.cap_bytes);
             // `_sync_bucket_indices`: the indices (and their count) and the bucket sizes as
             // int32 tensors, broadcast from rank 0
             let idx = self.ddp_flat(
@@ -198,15 +189,7 @@ impl Runner {
             ddp.rebuilt = true;
         }
         // `_sync_module_buffers`: the buffers flattened per dtype to be broadcast
-        let mut per: Vec<(u64, DType)> = Vec::new();
-        for &b in &ddp.buffers {
-            let (bytes, dtype) = (self.dev.nbytes(b), self.dev.dtype(b));
-            match per.iter_mut().find(|(_, d)| *d == dtype) {
-                Some(e) => e.0 += bytes,
-                None => per.push((bytes, dtype)),
-            }
-        }
-        for (bytes, dtype) in per {
+        for (bytes, dtype) in assign(&self.ddp_sizes(&ddp.buffers), u64::MAX, u64::MAX) {
             let flat = self.ddp_flat(span, bytes, dtype, Category::Temporary)?;
             self.dev.release(flat);
         }
