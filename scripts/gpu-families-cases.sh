@@ -15,8 +15,13 @@ P3W='"vocab_size": 32064, "hidden_size": 1024, "intermediate_size": 2816, "num_h
 P4='"vocab_size": 100352, "hidden_size": 1280, "intermediate_size": 4480, "num_hidden_layers": 2, "num_attention_heads": 10, "num_key_value_heads": 2, "pad_token_id": 100349'
 MX='"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2'
 QM='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 768, "num_experts": 16, "num_experts_per_tok": 4, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128'
+# ONLY=REGEX records the matching names; a case is not started after the epoch second END_AT
+# (default: 540 s after the start).
+END_AT=${END_AT:-$(( $(date +%s) + 540 ))}
 rec() { # name lora_targets json
   local n=$1 t=$2 j=$3
+  if [[ -n ${ONLY:-} && ! $n =~ $ONLY ]]; then return; fi
+  if (( $(date +%s) > END_AT )); then echo "$n: skipped (deadline)"; return; fi
   SNAP=$n LORA_TARGETS=$t timeout 300 python3 scripts/hf_record.py "$D" "{\"name\": \"$n\", $j}" 2>&1 | tail -2
 }
 T='"batch": 2, "seq": 512, "opt": "adamw"'
@@ -61,6 +66,6 @@ for m in ("transformers.integrations.moe",):
         print(m, e)
 PY
 cp /opt/torch/.venv/lib/python3.12/site-packages/transformers/integrations/moe.py "$D/moe_py.txt" 2>/dev/null
-for f in "$D"/snapshot_*.pickle; do xz -6 -T0 "$f"; done
+for f in "$D"/snapshot_*.pickle; do [ -e "$f" ] || continue; xz -6 -T0 "$f"; done
 ls -la "$D" | tail -n +2 | awk '{print $5, $9}'
-tar -C "$D" -cJf "$OUT/cases.tar.xz" .
+tar -C "$D" -cJf "$OUT/cases${TAG:-}.tar.xz" .
