@@ -235,6 +235,11 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
             } else {
                 preset::expand(&model_t, model_at, train_t.as_ref(), train_at, &span_of)?
             };
+            tracing::trace!(
+                setup = %expanded.setup,
+                body = %expanded.body,
+                "the script gpumem wrote for the [model] table"
+            );
             Some((model_at, expanded))
         }
         None => {
