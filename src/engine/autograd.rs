@@ -294,13 +294,17 @@ impl<S: Device> Tensors<S> {
             pending: leaf_pending,
             buffers: HashMap::new(),
         };
-        let r = self.run_ready(
+        let mut r = self.run_ready(
             &mut ready,
             &mut buffers,
             &mut pending,
             &mut leaves,
             retain_graph,
         );
+        // the callbacks queued on the engine (FSDP's) run before backward returns
+        if r.is_ok() && self.fsdp.is_some() {
+            r = self.fsdp_final_callback();
+        }
         for (_, slots) in buffers.drain() {
             for g in slots.into_iter().flatten() {
                 self.release(g);
@@ -324,6 +328,10 @@ impl<S: Device> Tensors<S> {
         retain_graph: bool,
     ) -> Result<(), EngineError> {
         while let Some(n) = ready.pop() {
+            let seq = self.nodes[n.0 as usize].seq;
+            if self.fsdp.is_some() {
+                self.fsdp_before_node(n)?;
+            }
             let mut grads = buffers.remove(&n).expect("a ready node has its gradient");
             let op = self.nodes[n.0 as usize].op.name();
             self.alloc
@@ -331,7 +339,14 @@ impl<S: Device> Tensors<S> {
                 .push_tag(&format!("{op}_backward"));
             let out = self.run_node(n, &mut grads, retain_graph);
             self.alloc.recorder_mut().pop_tag();
-            let out = match out {
+            // (FSDP's post-backward is the function of its alias node)
+            let out = match out.and_then(|o| {
+                if self.fsdp.is_some() {
+                    self.fsdp_after_node(n, seq).map(|()| o)
+                } else {
+                    Ok(o)
+                }
+            }) {
                 Ok(out) => out,
                 Err(e) => {
                     for g in grads.into_iter().flatten() {

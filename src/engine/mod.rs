@@ -20,12 +20,14 @@
 //! - [`reduction`]: the reduction kernel's staging buffer and semaphores, by its launch rule.
 //! - [`autocast`]: casts and the cast cache of `torch.autocast`.
 //! - [`optim`]: SGD, momentum, Adam and AdamW: state, temporaries, updates.
+//! - [`fsdp`]: FSDP2's sharded and unsharded parameters and the hooks that move between them.
 
 pub mod autocast;
 pub mod autograd;
 pub mod checkpoint;
 pub mod dtype;
 pub mod exec;
+pub mod fsdp;
 pub mod graph;
 pub mod inplace;
 pub mod layout;

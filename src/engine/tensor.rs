@@ -114,6 +114,11 @@ pub struct Tensors<S: Device> {
     pub(crate) autocast: Autocast,
     /// Activation-checkpoint regions.
     pub(crate) checkpoint: Checkpoints,
+    /// FSDP2's parameter groups and hooks, once `fully_shard` ran.
+    pub(crate) fsdp: Option<Box<super::fsdp::Fsdp>>,
+    /// The stream new storages are allocated on (0, the default stream, but inside a side
+    /// stream's work: FSDP's reduce-scatter output); the allocator keeps pools per stream.
+    pub(crate) stream: crate::alloc::StreamId,
     /// Storages made so far (each one's serial).
     storage_serials: u64,
     /// Random draws made so far (factories, dropout): each draw's seed, so a data device
@@ -149,6 +154,8 @@ impl<S: Device> Tensors<S> {
             peak: (0, [0; Category::ALL.len()]),
             autocast: Default::default(),
             checkpoint: Default::default(),
+            fsdp: None,
+            stream: 0,
             storage_serials: 0,
             draws: 0,
             grad_ready: None,
@@ -207,7 +214,7 @@ impl<S: Device> Tensors<S> {
         let rec = self.alloc.recorder_mut();
         rec.push_static(category.tag());
         let before = self.alloc.stats().allocated_bytes.all().current;
-        let r = self.alloc.malloc(nbytes, 0);
+        let r = self.alloc.malloc(nbytes, self.stream);
         self.alloc.recorder_mut().pop_tag();
         let addr = r?;
         let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
@@ -597,6 +604,64 @@ impl<S: Device> Tensors<S> {
         if let Some(b) = base {
             self.release(b);
         }
+    }
+
+    /// `untyped_storage().resize_(0)` (FSDP's `free_storage`): the storage's memory goes back
+    /// to the allocator now; its tensors stay, sized but without memory, until
+    /// [`Self::storage_regrow`]. Nothing is freed again when they go.
+    pub(crate) fn storage_drop(&mut self, t: TensorId) {
+        let sid = self.info(t).storage as usize;
+        let s = &mut self.storages[sid];
+        if s.addr == 0 {
+            return;
+        }
+        let (addr, block, category) = (s.addr, s.block, s.category);
+        s.addr = 0;
+        s.block = 0;
+        self.by_category[category as usize] -= block;
+        self.alloc
+            .free(addr)
+            .expect("a live storage's address is allocated");
+    }
+
+    /// `untyped_storage().resize_(n)` back from zero (FSDP's `alloc_storage`): fresh memory
+    /// for the storage of `t`, sized by its layout and dtype now, under `category`.
+    pub(crate) fn storage_regrow(
+        &mut self,
+        t: TensorId,
+        category: Category,
+    ) -> Result<(), EngineError> {
+        let sid = self.info(t).storage as usize;
+        if self.storages[sid].addr != 0 {
+            return Ok(());
+        }
+        let (shape, dtype) = (self.shape(t).to_vec(), self.dtype(t));
+        let nbytes = crate::engine::layout::storage_nbytes(&shape, dtype.size())?;
+        let rec = self.alloc.recorder_mut();
+        rec.push_static(category.tag());
+        let before = self.alloc.stats().allocated_bytes.all().current;
+        let r = self.alloc.malloc(nbytes, self.stream);
+        self.alloc.recorder_mut().pop_tag();
+        let addr = r?;
+        let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
+        self.by_category[category as usize] += block;
+        let allocated = self.alloc.stats().allocated_bytes.all().current as u64;
+        if allocated > self.peak.0 {
+            self.peak = (allocated, self.by_category);
+        }
+        let s = &mut self.storages[sid];
+        s.addr = addr;
+        s.nbytes = nbytes;
+        s.block = block;
+        s.category = category;
+        Ok(())
+    }
+
+    /// Changes the dtype of a tensor whose storage holds no memory now (FSDP's unsharded
+    /// parameter in the mixed-precision policy's `param_dtype`).
+    pub(crate) fn retype_dropped(&mut self, t: TensorId, dtype: DType) {
+        debug_assert_eq!(self.storage_of(t).0, 0, "only a dropped storage is retyped");
+        self.info_mut(t).dtype = dtype;
     }
 
     /// `contiguous()`: the tensor itself (another handle) when already contiguous, else a copy.

@@ -108,6 +108,26 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_ddp_forward,
     ),
     rt(
+        "fsdp_init(groups, root=-1, param_dtype=none, reduce_dtype=none, reshard_after_forward=true, world_size=1)",
+        "FSDP2's fully_shard on each group of parameters (the root's last): each gets a shard, the module's parameter its unsharded form, without memory until a forward",
+        rt_fsdp_init,
+    ),
+    rt(
+        "fsdp_sharded(params)",
+        "the sharded parameters of FSDP-managed ones (what model.parameters() yields after fully_shard: give them to the optimizer)",
+        rt_fsdp_sharded,
+    ),
+    rt(
+        "fsdp_pre_forward(group, x=none)",
+        "FSDP2's forward pre-hook of a group: unshards it; returns x through the hook that reduces the group's gradients in backward",
+        rt_fsdp_pre_forward,
+    ),
+    rt(
+        "fsdp_post_forward(group, out)",
+        "FSDP2's forward post-hook: reshards a layer's group; the group unshards again in backward before out's node",
+        rt_fsdp_post_forward,
+    ),
+    rt(
         "sgd(params, lr=0.001, momentum=0, weight_decay=0, foreach=true)",
         "torch.optim.SGD",
         rt_optimizer,
@@ -184,6 +204,22 @@ fn rt_ddp_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Val
 
 fn rt_ddp_forward(me: &mut Runner, span: Span, _recv: &Value, _a: &Args) -> Flow<Value> {
     me.ddp_forward(span)
+}
+
+fn rt_fsdp_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    me.fsdp_init(span, a)
+}
+
+fn rt_fsdp_sharded(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    me.fsdp_sharded(span, a)
+}
+
+fn rt_fsdp_pre_forward(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    me.fsdp_pre_forward(span, a)
+}
+
+fn rt_fsdp_post_forward(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    me.fsdp_post_forward(span, a)
 }
 
 fn rt_keep(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {

@@ -899,6 +899,7 @@ mod bind;
 mod builtins;
 mod ddp;
 mod files;
+mod fsdp;
 pub mod remedies;
 
 #[cfg(test)]

@@ -502,17 +502,22 @@ fn gpt_setup(g: &Gpt, optimizer: &str) -> String {
 }
 
 pub(super) fn optimizer_line(s: &mut String, optimizer: &str, list: &str) {
+    optimizer_over(s, optimizer, &format!("[{list}]"));
+}
+
+/// [`optimizer_line`] over a list expression (`fsdp_sharded([...])`).
+pub(super) fn optimizer_over(s: &mut String, optimizer: &str, params: &str) {
     match optimizer {
         "none" => {}
         // the learning rates of ../shared/tools/reference_models.py; the rest PyTorch's defaults
         "sgd" => {
-            let _ = writeln!(s, "opt = sgd([{list}], lr=0.001)");
+            let _ = writeln!(s, "opt = sgd({params}, lr=0.001)");
         }
         "sgd_momentum" => {
-            let _ = writeln!(s, "opt = sgd([{list}], lr=0.001, momentum=0.9)");
+            let _ = writeln!(s, "opt = sgd({params}, lr=0.001, momentum=0.9)");
         }
         other => {
-            let _ = writeln!(s, "opt = {other}([{list}], lr=0.0001, foreach=true)");
+            let _ = writeln!(s, "opt = {other}({params}, lr=0.0001, foreach=true)");
         }
     }
 }

@@ -279,7 +279,12 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     let mut s = String::new();
     let ps = params(c);
     // `model.to(torch.bfloat16)`: every parameter and floating buffer in bf16
-    let dt = if r.bf16_weights { ", dtype=bf16" } else { "" };
+    // (under FSDP2 the model is built in float32; fully_shard casts what the layers use)
+    let dt = if r.bf16_weights && r.fsdp.is_none() {
+        ", dtype=bf16"
+    } else {
+        ""
+    };
     // peft freezes the base model
     let trainable = r.lora.is_none();
     for (var, path, name, shape) in &ps {
@@ -359,6 +364,39 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
             list.join(", "),
             d.bucket_cap_mb
         );
+    }
+    if let Some(f) = &r.fsdp {
+        // `fully_shard(layer)` for each decoder layer, then `fully_shard(model)`: the root
+        // group holds the parameters left (the embedding, the final norm, lm_head)
+        let mut groups: Vec<Vec<&str>> = (0..c.layers).map(|_| Vec::new()).collect();
+        let mut root = Vec::new();
+        for &v in &list {
+            let layer = v
+                .strip_prefix('l')
+                .and_then(|rest| rest.split_once('_'))
+                .and_then(|(n, _)| n.parse::<usize>().ok())
+                .filter(|&n| n < groups.len());
+            match layer {
+                Some(n) => groups[n].push(v),
+                None => root.push(v),
+            }
+        }
+        groups.push(root);
+        let groups: Vec<String> = groups.iter().map(|g| format!("[{}]", g.join(", "))).collect();
+        let mut opts = String::new();
+        if f.param_bf16 {
+            opts.push_str(", param_dtype=bf16");
+        }
+        if let Some(rd) = f.reduce_dtype {
+            let _ = write!(opts, ", reduce_dtype={rd}");
+        }
+        if !f.reshard_after_forward {
+            opts.push_str(", reshard_after_forward=false");
+        }
+        let _ = writeln!(s, "fsdp_init([{}]{opts})", groups.join(", "));
+        let sharded = format!("fsdp_sharded([{}])", list.join(", "));
+        crate::workload::preset::optimizer_over(&mut s, r.optimizer, &sharded);
+        return s;
     }
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     s
@@ -601,6 +639,16 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
             let _ = writeln!(s, "{ind}checkpoint(sin{k}, cos{k}, cache_position) {{");
             layer(s, c, r, call, l, &format!("{ind}  "));
             let _ = writeln!(s, "{ind}}}");
+        } else if r.fsdp.is_some() && r.mode == "train" {
+            // FSDP2's hooks around the layer: unshard (the input through the post-backward
+            // hook), then reshard
+            // (the decoder loop's own name for the input holds it until the layer's call,
+            // hooks included, returns)
+            line(s, "h_caller = h");
+            line(s, &format!("h = fsdp_pre_forward({l}, h)"));
+            layer(s, c, r, call, l, ind);
+            line(s, &format!("fsdp_post_forward({l}, h)"));
+            line(s, "del h_caller");
         } else {
             layer(s, c, r, call, l, ind);
         }

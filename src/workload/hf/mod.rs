@@ -137,6 +137,22 @@ pub(crate) struct Ddp {
     pub bucket_cap_mb: u64,
 }
 
+/// `[distributed] strategy = "fsdp2"`: `fully_shard` on each decoder layer, then the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fsdp2 {
+    /// `MixedPrecisionPolicy(param_dtype=torch.bfloat16)`: the layers compute in bf16.
+    pub param_bf16: bool,
+    /// `reduce_dtype` as the script names it (`float32`), if given.
+    pub reduce_dtype: Option<&'static str>,
+    pub reshard_after_forward: bool,
+}
+
+/// What `[distributed]` asks for.
+enum Distributed {
+    Ddp(Ddp),
+    Fsdp2(Fsdp2),
+}
+
 /// The LoRA that the out-of-memory remedies try in place of a full fine-tune: r 16 on the
 /// attention's four projections (alpha 32, no dropout), as `[model.lora]` holds it.
 pub(crate) fn attention_lora() -> Value {
@@ -170,8 +186,10 @@ pub(crate) struct Run {
     /// (`model(input_ids=x, labels=x)`, the loss read off the output: `out.loss.backward()`,
     /// `del out, x`); the default `"clone"` is hf_models.py's `x.clone()` and its `loss` name.
     pub labels_are_inputs: bool,
-    /// `[distributed]` (DDP).
+    /// `[distributed]` with DDP.
     pub ddp: Option<Ddp>,
+    /// `[distributed]` with FSDP2.
+    pub fsdp: Option<Fsdp2>,
 }
 
 /// Is this `[model]` table a Hugging Face one?
@@ -258,6 +276,7 @@ pub(crate) fn expand(
         generate: None,
         labels_are_inputs: t.choice("labels", "clone", &["clone", "input_ids"])? == "input_ids",
         ddp: None,
+        fsdp: None,
     };
     run.generate = generate_table(&run, &t, generate, span)?;
     let micro = u64::from(run.iterations).saturating_mul(run.grad_accum);
@@ -417,7 +436,15 @@ pub(crate) fn expand(
         }
     }
     if let Some((table, at)) = distributed {
-        run.ddp = Some(distributed_run(table, at, span, &run, family)?);
+        match distributed_run(table, at, span, &run, family)? {
+            Distributed::Ddp(d) => run.ddp = Some(d),
+            Distributed::Fsdp2(f) => {
+                // the layers compute with the unsharded parameters in param_dtype, as with
+                // bf16 weights (the buffers stay float32)
+                run.bf16_weights |= f.param_bf16;
+                run.fsdp = Some(f);
+            }
+        }
     }
     if family == "bert" && run.checkpointing {
         unsupported(
@@ -695,7 +722,7 @@ fn distributed_run(
     span: &dyn Fn(usize) -> Span,
     run: &Run,
     family: &str,
-) -> PResult<Ddp> {
+) -> PResult<Distributed> {
     let d = Reader {
         table,
         name: "distributed",
@@ -704,7 +731,7 @@ fn distributed_run(
         span,
     };
     d.check_keys(DISTRIBUTED_KEYS, "")?;
-    let refuse = |key: &str, why: String| -> PResult<Ddp> {
+    let refuse = |key: &str, why: String| -> PResult<Distributed> {
         let place = table.get(key).map_or(at, |v| d.pos(v));
         Err(SyntaxError::new(place, why))
     };
@@ -716,26 +743,27 @@ fn distributed_run(
     if table.get("strategy").is_none() {
         return refuse(
             "strategy",
-            "[distributed] needs a strategy: strategy = \"ddp\" (fsdp2 and zero1/2/3 are not modelled yet)".into(),
+            "[distributed] needs a strategy: strategy = \"ddp\" or \"fsdp2\" (zero1/2/3 are not modelled yet)".into(),
         );
     }
-    if strategy != "ddp" {
+    if strategy != "ddp" && strategy != "fsdp2" {
         return refuse(
             "strategy",
-            format!("[distributed] strategy = \"{strategy}\" is not modelled yet (\"ddp\" is)"),
+            format!("[distributed] strategy = \"{strategy}\" is not modelled yet (\"ddp\" and \"fsdp2\" are)"),
         );
     }
-    for key in [
-        "param_dtype",
-        "reduce_dtype",
-        "reshard_after_forward",
-        "cpu_offload",
-    ] {
-        if table.contains_key(key) {
-            return refuse(
-                key,
-                format!("'{key}' is a setting of fsdp2 (and cpu_offload of zero): DDP has none; remove it"),
-            );
+    let (fsdp_keys, ddp_keys) = (
+        ["param_dtype", "reduce_dtype", "reshard_after_forward", "cpu_offload"],
+        ["gradient_as_bucket_view", "bucket_cap_mb"],
+    );
+    let (foreign, owner): (&[&str], &str) = if strategy == "ddp" {
+        (&fsdp_keys, "fsdp2 (and cpu_offload of zero): DDP has none")
+    } else {
+        (&ddp_keys, "DDP: FSDP2 has no buckets")
+    };
+    for key in foreign {
+        if table.contains_key(*key) {
+            return refuse(key, format!("'{key}' is a setting of {owner}; remove it"));
         }
     }
     let world = d.int(
@@ -747,11 +775,29 @@ fn distributed_run(
         return refuse(
             "world_size",
             format!(
-                "world_size = {world}: DDP is matched against PyTorch at world size 1 (one H200, \
-                 NCCL); larger worlds are not recorded yet (each rank's caching allocator holds the \
-                 same as at world size 1, beside NCCL's own buffers): set world_size = 1"
+                "world_size = {world}: {} is matched against PyTorch at world size 1 (one H200, \
+                 NCCL); larger worlds are not recorded yet: set world_size = 1",
+                if strategy == "ddp" { "DDP" } else { "FSDP2" }
             ),
         );
+    }
+    if family != "llama" {
+        return refuse(
+            "strategy",
+            format!("{strategy} around a {family} model is not modelled yet (the llama families are)"),
+        );
+    }
+    if run.mode != "train" {
+        return refuse(
+            "strategy",
+            format!(
+                "{strategy} in {} mode is not modelled: it wraps training",
+                run.mode
+            ),
+        );
+    }
+    if strategy == "fsdp2" {
+        return fsdp2_run(&d, table, at, run).map(Distributed::Fsdp2);
     }
     if d.flag("gradient_as_bucket_view")? {
         return refuse(
@@ -767,20 +813,56 @@ fn distributed_run(
     if cap == 0 {
         return refuse("bucket_cap_mb", "bucket_cap_mb must be at least 1".into());
     }
-    if family != "llama" {
+    Ok(Distributed::Ddp(Ddp { bucket_cap_mb: cap }))
+}
+
+/// The FSDP2 keys of `[distributed]`: `param_dtype`, `reduce_dtype`, `reshard_after_forward`,
+/// `cpu_offload`; what is not modelled yet refused naming its key.
+fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp2> {
+    let refuse = |key: &str, why: String| -> PResult<Fsdp2> {
+        let place = table.get(key).map_or(at, |v| d.pos(v));
+        Err(SyntaxError::new(place, why))
+    };
+    let param = d.choice("param_dtype", "fp32", &["fp32", "bf16"])?;
+    let reduce = d.choice("reduce_dtype", "fp32", &["fp32", "bf16"])?;
+    let reduce_given = table.contains_key("reduce_dtype");
+    if reduce == "bf16" || (param == "bf16" && !reduce_given) {
         return refuse(
-            "strategy",
-            format!("DDP around a {family} model is not modelled yet (the llama families are)"),
+            if reduce_given { "reduce_dtype" } else { "param_dtype" },
+            "FSDP2 reducing gradients in bf16 (reduce_dtype = \"bf16\", or param_dtype = \"bf16\" \
+             without a reduce_dtype, which reduces in param_dtype) is not modelled yet: add \
+             reduce_dtype = \"fp32\""
+                .into(),
         );
     }
-    if run.mode != "train" {
+    if d.flag("cpu_offload")? {
         return refuse(
-            "strategy",
-            format!(
-                "DDP in {} mode is not modelled: it wraps training",
-                run.mode
-            ),
+            "cpu_offload",
+            "FSDP2 with cpu_offload = true (CPUOffloadPolicy) is not modelled yet".into(),
         );
     }
-    Ok(Ddp { bucket_cap_mb: cap })
+    let reshard = match table.get("reshard_after_forward") {
+        None => true,
+        Some(_) => d.flag("reshard_after_forward")?,
+    };
+    if run.bf16_weights || run.bf16_autocast || run.lora.is_some() || run.checkpointing {
+        let (key, what) = if run.lora.is_some() {
+            ("lora", "LoRA")
+        } else if run.checkpointing {
+            ("gradient_checkpointing", "gradient checkpointing")
+        } else if run.bf16_autocast {
+            ("precision", "bf16 autocast")
+        } else {
+            ("dtype", "bf16 weights (use param_dtype = \"bf16\" for FSDP2's mixed precision)")
+        };
+        return Err(SyntaxError::new(
+            at,
+            format!("FSDP2 with {what} is not modelled yet ({key})"),
+        ));
+    }
+    Ok(Fsdp2 {
+        param_bf16: param == "bf16",
+        reduce_dtype: reduce_given.then_some("float32"),
+        reshard_after_forward: reshard,
+    })
 }

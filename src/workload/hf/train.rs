@@ -64,9 +64,21 @@ fn micro_batch(
         let _ = writeln!(s, "    ddp_forward()");
         let _ = writeln!(s, "  }}");
     }
+    if r.fsdp.is_some() {
+        // the root group's (the last) forward pre-hook
+        let _ = writeln!(s, "  scope \"FSDP\" {{");
+        let _ = writeln!(s, "    fsdp_pre_forward(-1)");
+        let _ = writeln!(s, "  }}");
+    }
     let train = r.mode == "train";
     if train {
         forward(s, "  ");
+        if r.fsdp.is_some() {
+            // the root's forward post-hook, on the model's output (the loss first)
+            let _ = writeln!(s, "  scope \"FSDP\" {{");
+            let _ = writeln!(s, "    fsdp_post_forward(-1, loss)");
+            let _ = writeln!(s, "  }}");
+        }
     } else {
         // `with torch.no_grad(): out = model(input_ids=x)`: no labels, no loss
         let _ = writeln!(s, "  no_grad {{");

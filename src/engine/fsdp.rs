@@ -1,0 +1,465 @@
+//! FSDP2 (`fully_shard`) as PyTorch 2.11 runs it, for memory: each parameter group's sharded
+//! parameters (what the optimizer steps), its unsharded parameters (what the module computes
+//! with, their storage resized to zero between uses), and the hooks that move between the two:
+//! the unshard before a group's forward and backward, the reshard after them, and the
+//! reduce-scatter of the gradients after the group's backward.
+//!
+//! What each step allocates and frees follows `torch/distributed/fsdp/_fully_shard/`
+//! (`_fsdp_param_group.py`, `_fsdp_param.py`, `_fsdp_collectives.py`) and the H200 trace of
+//! ../shared/groundtruth/dist1 (world size 1):
+//!
+//! - `fully_shard(module)` (`FSDPParam._init_sharded_param`): per parameter of the group, in
+//!   order, a new zeroed shard padded along dim 0 to a multiple of the world size, the rank's
+//!   chunk copied in; the original parameters go when `fully_shard` returns (its list of them,
+//!   last first). The module's parameter becomes the unsharded one, without memory.
+//! - unshard (`wait_for_unshard`; at world size 1 there is no all-gather, each parameter's
+//!   output is filled from its shard directly): per parameter, with a `param_dtype` the shard
+//!   cast to it, the previous parameter's cast freed, then the unsharded storage regrown
+//!   (`alloc_storage`); the last cast goes as the hook returns.
+//! - reshard (`free_storage`): each unsharded storage resized to zero, in order: after the
+//!   group's forward (`reshard_after_forward`, the root's too: its forward ends with the loss)
+//!   and after its backward.
+//! - post-backward (`post_backward`, `foreach_reduce`): the unsharded gradients taken, the
+//!   group resharded, the previous group's reduce-scatter input freed, the reduce-scatter input
+//!   allocated (the padded gradients in `reduce_dtype`), `_chunk_cat`'s packed metadata copied
+//!   to the device and freed, the unsharded gradients freed last first (`del`), the output (the
+//!   shard's gradients) allocated in the reduce-scatter stream (its own pool): each sharded parameter's `.grad` is a view of it, so it goes
+//!   with the last of them (`zero_grad`). The input is kept until the next group's
+//!   post-backward, or the end of backward.
+//! - the pre-backward hook runs before the node that made the group's output; the post-backward
+//!   one when the gradient of the group's input is complete (`RegisterPostBackwardFunction`, an
+//!   alias node made at the group's forward); the root's post-backward, in the final callback,
+//!   frees the last reduce-scatter input.
+
+use super::dtype::DType;
+use super::graph::NodeId;
+use super::layout::Layout;
+use super::op::ViewKind;
+use super::tensor::{Category, EngineError, TensorId, Tensors};
+use crate::backend::Device;
+
+/// `_chunk_cat`'s CUDA kernel: bytes of a thread block's tile (128 threads x 16 bytes).
+const CHUNK_CAT_TILE: u64 = 128 * 16;
+
+/// The stream FSDP2's reduce-scatter output is allocated on (`comm_ctx.reduce_scatter_stream`).
+const REDUCE_SCATTER_STREAM: crate::alloc::StreamId = 1;
+
+/// How FSDP2 wraps the model: the `MixedPrecisionPolicy` and `reshard_after_forward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsdpPolicy {
+    pub world_size: u64,
+    /// `param_dtype` (None: the parameters' own).
+    pub param_dtype: Option<DType>,
+    /// `reduce_dtype` (None: the parameter dtype the gradients come in).
+    pub reduce_dtype: Option<DType>,
+    pub reshard_after_forward: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    /// The module's parameters: unsharded, their storage dropped between uses.
+    params: Vec<TensorId>,
+    /// The sharded parameters (the optimizer's).
+    sharded: Vec<TensorId>,
+    /// The root group (the parameters outside every wrapped layer): its post-backward runs in
+    /// backward's final callback.
+    root: bool,
+    unsharded: bool,
+    /// The node that made the group's output, with its sequence number: the pre-backward hook.
+    pre_backward: Option<(NodeId, u64)>,
+    /// The alias node on the group's input: the post-backward hook.
+    post_backward: Option<(NodeId, u64)>,
+}
+
+/// The FSDP2 state of a model.
+#[derive(Debug, Clone)]
+pub struct Fsdp {
+    policy: FsdpPolicy,
+    groups: Vec<Group>,
+    /// The last reduce-scatter input, kept until the next post-backward or the end of backward.
+    rs_input: Option<TensorId>,
+}
+
+/// Padded shard shape: dim 0 split in `world` chunks, each the size of the first.
+fn shard_shape(shape: &[usize], world: u64) -> Vec<usize> {
+    let mut s = shape.to_vec();
+    if let Some(d0) = s.first_mut() {
+        *d0 = d0.div_ceil(world.max(1) as usize);
+    }
+    s
+}
+
+/// Bytes of `_chunk_cat`'s packed int64 metadata for gradients of these shapes into a buffer of
+/// `dst` bytes per element, in `world` chunks: the source pointers, the block of each tile, the
+/// start bytes and start blocks (one more each), the actual and padded sizes, and the blocks per
+/// tensor.
+pub fn chunk_cat_metadata_bytes(shapes: &[Vec<usize>], dst: u64, world: u64) -> u64 {
+    let n = shapes.len() as u64;
+    let blocks: u64 = shapes
+        .iter()
+        .map(|s| {
+            let d0 = s.first().copied().unwrap_or(1) as u64;
+            let trailing: u64 = s.iter().skip(1).map(|&d| d as u64).product();
+            let padded_chunk = d0.div_ceil(world.max(1)) * trailing * dst;
+            padded_chunk.div_ceil(CHUNK_CAT_TILE)
+        })
+        .sum();
+    8 * (6 * n + 2 + blocks)
+}
+
+impl<S: Device> Tensors<S> {
+    /// `fully_shard` on each group in turn (the layers, then the root: the parameters left),
+    /// `groups` holding the module's parameters (float, leaves): each gets its shard, then
+    /// becomes the unsharded parameter, its memory gone until the first unshard.
+    pub fn fsdp_init(
+        &mut self,
+        groups: Vec<Vec<TensorId>>,
+        root: usize,
+        policy: FsdpPolicy,
+    ) -> Result<(), EngineError> {
+        if self.fsdp.is_some() {
+            return Err(EngineError::Invalid(
+                "fully_shard: the model is sharded already".into(),
+            ));
+        }
+        let mut out = Vec::new();
+        for (gi, params) in groups.into_iter().enumerate() {
+            let mut sharded = Vec::new();
+            for &p in &params {
+                let shape = shard_shape(self.shape(p), policy.world_size);
+                let dtype = self.dtype(p);
+                let sh = self.tagged("fsdp.shard", |d| {
+                    d.factory_fill(
+                        &shape,
+                        dtype,
+                        false,
+                        Category::Parameter,
+                        super::op::Fill::Zeros,
+                    )
+                })?;
+                self.set_requires_grad(sh, self.info(p).requires_grad);
+                sharded.push(sh);
+            }
+            // the original parameters go with fully_shard's list of them, last first
+            for &p in params.iter().rev() {
+                self.storage_drop(p);
+                if let Some(dt) = policy.param_dtype {
+                    self.retype_dropped(p, dt);
+                }
+            }
+            for &p in &params {
+                self.retain(p);
+            }
+            out.push(Group {
+                params,
+                sharded,
+                root: gi == root,
+                unsharded: false,
+                pre_backward: None,
+                post_backward: None,
+            });
+        }
+        self.fsdp = Some(Box::new(Fsdp {
+            policy,
+            groups: out,
+            rs_input: None,
+        }));
+        Ok(())
+    }
+
+    /// How many parameter groups FSDP2 wraps (0 before `fsdp_init`).
+    pub fn fsdp_groups(&self) -> usize {
+        self.fsdp.as_ref().map_or(0, |f| f.groups.len())
+    }
+
+    /// The sharded parameter of a parameter FSDP manages (the optimizer's), else itself.
+    pub fn fsdp_sharded(&self, p: TensorId) -> TensorId {
+        let Some(f) = &self.fsdp else { return p };
+        for g in &f.groups {
+            if let Some(i) = g.params.iter().position(|&q| q == p) {
+                return g.sharded[i];
+            }
+        }
+        p
+    }
+
+    /// Runs `f` with `tag` pushed on the allocator's tag stack.
+    fn tagged<T>(
+        &mut self,
+        tag: &str,
+        f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        self.alloc.recorder_mut().push_tag(tag);
+        let r = f(self);
+        self.alloc.recorder_mut().pop_tag();
+        r
+    }
+
+    fn fsdp_group(&self, g: usize) -> Result<&Group, EngineError> {
+        self.fsdp
+            .as_ref()
+            .and_then(|f| f.groups.get(g))
+            .ok_or_else(|| EngineError::Invalid(format!("no FSDP group {g}")))
+    }
+
+    /// The group's forward pre-hook: unshard, and (in grad mode) its input through the
+    /// post-backward alias node. Returns what the module computes on.
+    pub fn fsdp_pre_forward(
+        &mut self,
+        g: usize,
+        input: Option<TensorId>,
+    ) -> Result<Option<TensorId>, EngineError> {
+        self.fsdp_group(g)?;
+        self.fsdp_unshard(g)?;
+        let Some(x) = input else { return Ok(None) };
+        if !self.grad_enabled || !self.info(x).requires_grad {
+            return Ok(Some(self.retain(x)));
+        }
+        let layout = self.info(x).layout.clone();
+        let out = self.view_op(ViewKind::Alias, x, layout, Layout::contiguous(&[]));
+        let hook = self.info(out).grad_fn.map(|n| (n, self.nodes[n.0 as usize].seq));
+        if let Some(f) = &mut self.fsdp {
+            f.groups[g].post_backward = hook;
+        }
+        Ok(Some(out))
+    }
+
+    /// The group's forward post-hook: reshard (with `reshard_after_forward`, the root too), and
+    /// the pre-backward hook on the node that made `output`.
+    pub fn fsdp_post_forward(&mut self, g: usize, output: TensorId) -> Result<(), EngineError> {
+        self.fsdp_group(g)?;
+        if self.fsdp.as_ref().is_some_and(|f| f.policy.reshard_after_forward) {
+            self.fsdp_reshard(g);
+        }
+        let hook = self
+            .info(output)
+            .grad_fn
+            .filter(|_| self.grad_enabled)
+            .map(|n| (n, self.nodes[n.0 as usize].seq));
+        if let Some(f) = &mut self.fsdp {
+            f.groups[g].pre_backward = hook;
+        }
+        Ok(())
+    }
+
+    /// Unshard (world size 1: each output filled from its shard, cast first to `param_dtype`).
+    fn fsdp_unshard(&mut self, g: usize) -> Result<(), EngineError> {
+        let (params, sharded, cast) = {
+            let f = self.fsdp.as_ref().expect("checked");
+            let gr = &f.groups[g];
+            if gr.unsharded {
+                return Ok(());
+            }
+            (gr.params.clone(), gr.sharded.clone(), f.policy.param_dtype)
+        };
+        self.tagged("fsdp.unshard", |d| {
+            let mut prev: Option<TensorId> = None;
+            for (&p, &s) in params.iter().zip(&sharded) {
+                let input = match cast {
+                    Some(dt) if dt != d.dtype(s) => {
+                        let shape = d.shape(s).to_vec();
+                        Some(d.empty(&shape, dt, Category::Temporary)?)
+                    }
+                    _ => None,
+                };
+                if let Some(old) = prev.take() {
+                    d.release(old);
+                }
+                prev = input;
+                d.storage_regrow(p, Category::Parameter)?;
+            }
+            if let Some(old) = prev {
+                d.release(old);
+            }
+            Ok(())
+        })?;
+        if let Some(f) = &mut self.fsdp {
+            f.groups[g].unsharded = true;
+        }
+        Ok(())
+    }
+
+    /// Reshard: each unsharded parameter's storage resized to zero, in order.
+    fn fsdp_reshard(&mut self, g: usize) {
+        let Some(f) = &mut self.fsdp else { return };
+        let gr = &mut f.groups[g];
+        if !gr.unsharded {
+            return;
+        }
+        gr.unsharded = false;
+        let params = gr.params.clone();
+        for p in params {
+            self.storage_drop(p);
+        }
+    }
+
+    /// Backward is about to run node `n`: a group's pre-backward hook unshards it.
+    pub(crate) fn fsdp_before_node(&mut self, n: NodeId) -> Result<(), EngineError> {
+        let seq = self.nodes[n.0 as usize].seq;
+        let hit = self.fsdp.as_ref().and_then(|f| {
+            f.groups
+                .iter()
+                .position(|g| g.pre_backward == Some((n, seq)))
+        });
+        if let Some(g) = hit {
+            if let Some(f) = &mut self.fsdp {
+                f.groups[g].pre_backward = None;
+            }
+            self.fsdp_unshard(g)?;
+        }
+        Ok(())
+    }
+
+    /// Backward ran node `n`: a group's post-backward alias node reduces its gradients.
+    pub(crate) fn fsdp_after_node(&mut self, n: NodeId, seq: u64) -> Result<(), EngineError> {
+        let hit = self.fsdp.as_ref().and_then(|f| {
+            f.groups
+                .iter()
+                .position(|g| g.post_backward == Some((n, seq)))
+        });
+        if let Some(g) = hit {
+            if let Some(f) = &mut self.fsdp {
+                f.groups[g].post_backward = None;
+            }
+            self.fsdp_post_backward(g)?;
+        }
+        Ok(())
+    }
+
+    /// The final callback of backward: the groups still unsharded (the root) reduce their
+    /// gradients, then the last reduce-scatter input goes.
+    pub(crate) fn fsdp_final_callback(&mut self) -> Result<(), EngineError> {
+        let n = self.fsdp.as_ref().map_or(0, |f| f.groups.len());
+        // `all_states`: the root's state first, then the others in module order
+        let root = self
+            .fsdp
+            .as_ref()
+            .and_then(|f| f.groups.iter().position(|g| g.root));
+        let order = root.into_iter().chain((0..n).filter(|&g| Some(g) != root));
+        for g in order.collect::<Vec<_>>() {
+            let unsharded = self.fsdp.as_ref().is_some_and(|f| f.groups[g].unsharded);
+            if unsharded {
+                self.fsdp_post_backward(g)?;
+            }
+            if let Some(f) = &mut self.fsdp {
+                f.groups[g].pre_backward = None;
+                f.groups[g].post_backward = None;
+            }
+        }
+        if let Some(t) = self.fsdp.as_mut().and_then(|f| f.rs_input.take()) {
+            self.release(t);
+        }
+        Ok(())
+    }
+
+    /// `post_backward`: reshard, then `foreach_reduce` into the sharded parameters' `.grad`.
+    fn fsdp_post_backward(&mut self, g: usize) -> Result<(), EngineError> {
+        let (params, sharded, policy) = {
+            let f = self.fsdp.as_ref().expect("checked");
+            let gr = &f.groups[g];
+            (gr.params.clone(), gr.sharded.clone(), f.policy)
+        };
+        let mut with_grad = Vec::new();
+        for (i, &p) in params.iter().enumerate() {
+            if let Some(gt) = self.info_mut(p).grad.take() {
+                with_grad.push((i, gt));
+            }
+        }
+        self.fsdp_reshard(g);
+        if with_grad.is_empty() {
+            return Ok(());
+        }
+        self.tagged("fsdp.reduce_scatter", |d| {
+            if let Some(t) = d.fsdp.as_mut().and_then(|f| f.rs_input.take()) {
+                d.release(t);
+            }
+            let grad_dtype = d.dtype(with_grad[0].1);
+            let reduce = policy.reduce_dtype.unwrap_or(grad_dtype);
+            let shard_numel: usize = with_grad
+                .iter()
+                .map(|&(i, _)| d.info(sharded[i]).layout.numel())
+                .sum();
+            let world = policy.world_size as usize;
+            let input = d.empty(&[shard_numel * world], reduce, Category::Temporary)?;
+            // `torch._chunk_cat(grads, dim=0, num_chunks=world, out=input)`
+            let shapes: Vec<Vec<usize>> = with_grad
+                .iter()
+                .map(|&(_, gt)| d.shape(gt).to_vec())
+                .collect();
+            let meta = chunk_cat_metadata_bytes(&shapes, reduce.size(), policy.world_size);
+            let m = d.empty(&[meta as usize], DType::U8, Category::Temporary)?;
+            d.release(m);
+            // `del unsharded_grads`: a list, freed last first
+            for &(_, gt) in with_grad.iter().rev() {
+                d.release(gt);
+            }
+            // (allocated in the reduce-scatter stream: its own pool)
+            let was = std::mem::replace(&mut d.stream, REDUCE_SCATTER_STREAM);
+            let output = d.empty(&[shard_numel], reduce, Category::Gradient);
+            d.stream = was;
+            let output = output?;
+            let mut offset = 0usize;
+            for &(i, _) in &with_grad {
+                let s = sharded[i];
+                let mut l = Layout::contiguous(d.shape(s));
+                l.offset = offset;
+                offset += l.numel();
+                if reduce != d.dtype(s) {
+                    d.release(output);
+                    return Err(EngineError::Invalid(format!(
+                        "FSDP2 with reduce_dtype {} and {} parameters is not modelled yet",
+                        reduce.name(),
+                        d.dtype(s).name()
+                    )));
+                }
+                let v = d.view_with(output, l);
+                match d.grad(s) {
+                    None => d.info_mut(s).grad = Some(v),
+                    Some(old) => {
+                        // gradient accumulation: added into the existing shard gradient
+                        let r = d.launch(&super::op::Op::Accumulate, &[v], &[old]);
+                        d.release(v);
+                        r?;
+                    }
+                }
+            }
+            d.release(output);
+            if let Some(f) = &mut d.fsdp {
+                f.rs_input = Some(input);
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `_chunk_cat`'s device copy of its metadata in the H200 trace of an FSDP2 Llama layer
+    /// (q, k, v, o, gate, up, down, two norms; bf16 gradients into float32) and of its root
+    /// (embedding, final norm, lm_head).
+    #[test]
+    fn chunk_cat_metadata_matches_the_h200_trace() {
+        let layer = vec![
+            vec![1024, 1024],
+            vec![256, 1024],
+            vec![256, 1024],
+            vec![1024, 1024],
+            vec![2816, 1024],
+            vec![2816, 1024],
+            vec![1024, 2816],
+            vec![1024],
+            vec![1024],
+        ];
+        assert_eq!(chunk_cat_metadata_bytes(&layer, 4, 1), 176_608);
+        let root = vec![vec![32000, 1024], vec![1024], vec![32000, 1024]];
+        assert_eq!(chunk_cat_metadata_bytes(&root, 4, 1), 1_024_176);
+    }
+
+    #[test]
+    fn shards_pad_dim0_to_the_world_size() {
+        assert_eq!(shard_shape(&[10, 3], 4), vec![3, 3]);
+        assert_eq!(shard_shape(&[1024], 1), vec![1024]);
+    }
+}
