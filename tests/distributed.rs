@@ -11,18 +11,57 @@ use gpumem::commands::compare_torch::FIELDS;
 
 const CASE: &str = "ddp_llama_s_adamw_fp32";
 
+/// FSDP2 around the same Llama: bf16 parameters, float32 reduction.
+const FSDP2_BF16: &str = "fsdp2_llama_s_adamw_bf16mp";
+
+/// The case's allocations and frees (the three iterations) against PyTorch's, in order.
+fn events_match(case: &str) {
+    let p = common::root().join(format!("fixtures/dist1/traces/events_{case}.json"));
+    let t: Vec<(String, i64)> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let g = common::allocator_events(&format!("fixtures/dist1/workloads/{case}.toml"));
+    let first = g.iter().zip(&t).position(|(a, b)| a != b);
+    assert_eq!(first, None, "{case}: first difference at event {first:?}");
+    assert_eq!(g.len(), t.len(), "{case}: event count");
+}
+
+/// The case's recorded fields: `exact` names those that must be equal to the byte (by
+/// iteration and field); the others may be off by `tolerance` (a fraction).
+fn fields_match(case: &str, exact: &dyn Fn(usize, &str) -> bool, tolerance: f64) {
+    let (code, g) = run_json(&["run", &format!("fixtures/dist1/workloads/{case}.toml")]);
+    assert_eq!(code, Some(0), "{g}");
+    let p = common::root().join(format!("fixtures/dist1/cases/dist1_{case}.json"));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let t = &doc["cases"][0];
+    let (gi, ti) = (
+        g["iterations"].as_array().unwrap(),
+        t["iterations"].as_array().unwrap(),
+    );
+    assert_eq!(gi.len(), ti.len());
+    assert_eq!(u(&gi[0]["start"]), u(&t["after_model_allocated"]), "{case}: after the model");
+    let mut worst = 0f64;
+    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
+        for &f in FIELDS.iter() {
+            if b.get(f).is_none() {
+                continue;
+            }
+            let (x, y) = (u(&a[f]), u(&b[f]));
+            if exact(k, f) {
+                assert_eq!(x, y, "{case}: iteration {k} {f}");
+            } else {
+                worst = worst.max((x as f64 - y as f64).abs() / y as f64);
+            }
+        }
+    }
+    assert!(worst <= tolerance, "{case}: allocated off by {:.4}%", worst * 100.0);
+}
+
 /// Every allocation and free of the three iterations in PyTorch's order and sizes: the
 /// buffers' broadcast before each forward, the buckets rebuilt before the second (their
 /// indices and sizes as int32 tensors, the first iteration's bucket freed, the new ones in the
 /// order the first backward made the gradients final), and the training itself.
 #[test]
 fn ddp_allocates_and_frees_as_pytorch_does() {
-    let p = common::root().join(format!("fixtures/dist1/traces/events_{CASE}.json"));
-    let t: Vec<(String, i64)> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let g = common::allocator_events(&format!("fixtures/dist1/workloads/{CASE}.toml"));
-    let first = g.iter().zip(&t).position(|(a, b)| a != b);
-    assert_eq!(first, None, "first difference at event {first:?}");
-    assert_eq!(g.len(), t.len(), "event count");
+    events_match(CASE);
 }
 
 /// Every recorded field: the model with its first bucket (and the construction's broadcast
@@ -31,34 +70,26 @@ fn ddp_allocates_and_frees_as_pytorch_does() {
 /// driver's address placement breaks: issue 38's point 4).
 #[test]
 fn ddp_matches_pytorch_per_iteration() {
-    let (code, g) = run_json(&["run", &format!("fixtures/dist1/workloads/{CASE}.toml")]);
-    assert_eq!(code, Some(0), "{g}");
-    let p = common::root().join(format!("fixtures/dist1/cases/dist1_{CASE}.json"));
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let t = &doc["cases"][0];
-    let (gi, ti) = (
-        g["iterations"].as_array().unwrap(),
-        t["iterations"].as_array().unwrap(),
-    );
-    assert_eq!(gi.len(), ti.len());
-    assert_eq!(u(&gi[0]["start"]), u(&t["after_model_allocated"]));
-    let mut worst = 0f64;
-    for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
-        for &f in FIELDS.iter() {
-            if b.get(f).is_none() {
-                continue;
-            }
-            let (x, y) = (u(&a[f]), u(&b[f]));
-            if f.contains("reserved")
-                || (k == 0 && ["start", "after_forward", "after_backward"].contains(&f))
-            {
-                assert_eq!(x, y, "iteration {k} {f}");
-            } else {
-                worst = worst.max((x as f64 - y as f64).abs() / y as f64);
-            }
-        }
-    }
-    assert!(worst <= 0.003, "allocated off by {:.4}%", worst * 100.0);
+    let exact = |k: usize, f: &str| {
+        f.contains("reserved") || (k == 0 && ["start", "after_forward", "after_backward"].contains(&f))
+    };
+    fields_match(CASE, &exact, 0.003);
+}
+
+/// FSDP2 with bf16 parameters: each layer's parameters cast and unsharded before its forward
+/// and again before its backward, resharded after both (the root's too), the gradients
+/// reduced into the float32 shards (the output in the reduce-scatter stream's own pool): every
+/// event in PyTorch's order and sizes.
+#[test]
+fn fsdp2_allocates_and_frees_as_pytorch_does() {
+    events_match(FSDP2_BF16);
+}
+
+/// ... and every recorded field of the three iterations equal to the byte: the shards'
+/// blocks after `fully_shard` (the model built in float32 first), the peaks, reserved memory.
+#[test]
+fn fsdp2_matches_pytorch_to_the_byte() {
+    fields_match(FSDP2_BF16, &|_, _| true, 0.0);
 }
 
 /// What `[distributed]` does not model yet is refused naming its key; DDP's own keys run.
@@ -80,7 +111,7 @@ fn distributed_keys_run_or_are_refused_by_name() {
     .replace("seq = 1024", "seq = 64")
     .replace("iterations = 3", "iterations = 2");
     for (extra, key) in [
-        ("strategy = \"fsdp2\"\n", "strategy"),
+        ("strategy = \"zero1\"\n", "strategy"),
         ("world_size = 8\n", "world_size"),
         (
             "gradient_as_bucket_view = true\n",
