@@ -14,6 +14,9 @@ const CASE: &str = "ddp_llama_s_adamw_fp32";
 /// FSDP2 around the same Llama: bf16 parameters, float32 reduction.
 const FSDP2_BF16: &str = "fsdp2_llama_s_adamw_bf16mp";
 
+/// FSDP2 in float32 with `CPUOffloadPolicy(pin_memory=True)`.
+const FSDP2_OFFLOAD: &str = "fsdp2_llama_s_adamw_fp32_offload";
+
 /// The case's allocations and frees (the three iterations) against PyTorch's, in order.
 fn events_match(case: &str) {
     let p = common::root().join(format!("fixtures/dist1/traces/events_{case}.json"));
@@ -83,6 +86,16 @@ fn ddp_matches_pytorch_per_iteration() {
 #[test]
 fn fsdp2_allocates_and_frees_as_pytorch_does() {
     events_match(FSDP2_BF16);
+}
+
+/// With CPU offload: the model built on the host and moved to the device group by group at
+/// `fully_shard` (segments the run then reuses), each shard copied to the device before its
+/// unshard, the reduced gradients sent back (the device output freed at once), the optimizer's
+/// step on the host: every event, and every field to the byte.
+#[test]
+fn fsdp2_with_cpu_offload_matches_pytorch() {
+    events_match(FSDP2_OFFLOAD);
+    fields_match(FSDP2_OFFLOAD, &|_, _| true, 0.0);
 }
 
 /// ... and every recorded field of the three iterations equal to the byte: the shards'

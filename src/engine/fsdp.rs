@@ -8,10 +8,12 @@
 //! (`_fsdp_param_group.py`, `_fsdp_param.py`, `_fsdp_collectives.py`) and the H200 trace of
 //! ../shared/groundtruth/dist1 (world size 1):
 //!
-//! - `fully_shard(module)` (`FSDPParam._init_sharded_param`): per parameter of the group, in
-//!   order, a new zeroed shard padded along dim 0 to a multiple of the world size, the rank's
-//!   chunk copied in; the original parameters go when `fully_shard` returns (its list of them,
-//!   last first). The module's parameter becomes the unsharded one, without memory.
+//! - `fully_shard(module)`: the group's parameters (the root's buffers after them) moved to the
+//!   device when on the host (`_move_states_to_device`); then per parameter, in order
+//!   (`FSDPParam._init_sharded_param`), a new zeroed shard padded along dim 0 to a multiple of
+//!   the world size, the rank's chunk copied in (with offload, copied to pinned host memory and
+//!   the device shard freed); the original parameters go when `fully_shard` returns (its list
+//!   of them, last first). The module's parameter becomes the unsharded one, without memory.
 //! - unshard (`wait_for_unshard`; at world size 1 there is no all-gather, each parameter's
 //!   output is filled from its shard directly): per parameter, with a `param_dtype` the shard
 //!   cast to it, the previous parameter's cast freed, then the unsharded storage regrown
@@ -26,6 +28,11 @@
 //!   shard's gradients) allocated in the reduce-scatter stream (its own pool): each sharded parameter's `.grad` is a view of it, so it goes
 //!   with the last of them (`zero_grad`). The input is kept until the next group's
 //!   post-backward, or the end of backward.
+//! - with CPU offload (`CPUOffloadPolicy(pin_memory=True)`): the model is built on the host,
+//!   the shards live in pinned host memory; each unshard copies a shard to the device first
+//!   (freed once cast, or as the next parameter's comes); the reduce-scatter output goes back
+//!   to the host (the device copy freed as `post_backward` returns), and the optimizer's state
+//!   and step stay there.
 //! - the pre-backward hook runs before the node that made the group's output; the post-backward
 //!   one when the gradient of the group's input is complete (`RegisterPostBackwardFunction`, an
 //!   alias node made at the group's forward); the root's post-backward, in the final callback,
@@ -53,6 +60,9 @@ pub struct FsdpPolicy {
     /// `reduce_dtype` (None: the parameter dtype the gradients come in).
     pub reduce_dtype: Option<DType>,
     pub reshard_after_forward: bool,
+    /// `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer's
+    /// step on the host.
+    pub offload: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -115,6 +125,7 @@ impl<S: Device> Tensors<S> {
         &mut self,
         groups: Vec<Vec<TensorId>>,
         root: usize,
+        buffers: &[TensorId],
         policy: FsdpPolicy,
     ) -> Result<(), EngineError> {
         if self.fsdp.is_some() {
@@ -124,18 +135,39 @@ impl<S: Device> Tensors<S> {
         }
         let mut out = Vec::new();
         for (gi, params) in groups.into_iter().enumerate() {
+            // `_move_states_to_device`: what is on the host comes to the device first (the
+            // root's buffers after its parameters)
+            let moved: Vec<TensorId> = if gi == root {
+                params.iter().chain(buffers).copied().collect()
+            } else {
+                params.clone()
+            };
+            for t in moved {
+                if self.is_host(t) {
+                    self.storage_drop(t);
+                    let cat = self.storage_of(t).2;
+                    self.tagged("fsdp.init", |d| d.storage_regrow(t, cat))?;
+                }
+            }
             let mut sharded = Vec::new();
             for &p in &params {
                 let shape = shard_shape(self.shape(p), policy.world_size);
                 let dtype = self.dtype(p);
                 let sh = self.tagged("fsdp.shard", |d| {
-                    d.factory_fill(
+                    let sh = d.factory_fill(
                         &shape,
                         dtype,
                         false,
                         Category::Parameter,
                         super::op::Fill::Zeros,
-                    )
+                    )?;
+                    if !policy.offload {
+                        return Ok(sh);
+                    }
+                    // `padded_sharded_param.cpu().pin_memory()`: the device shard goes
+                    let h = d.host_empty(&shape, dtype, Category::Parameter);
+                    d.release(sh);
+                    h
                 })?;
                 self.set_requires_grad(sh, self.info(p).requires_grad);
                 sharded.push(sh);
@@ -244,23 +276,38 @@ impl<S: Device> Tensors<S> {
 
     /// Unshard (world size 1: each output filled from its shard, cast first to `param_dtype`).
     fn fsdp_unshard(&mut self, g: usize) -> Result<(), EngineError> {
-        let (params, sharded, cast) = {
+        let (params, sharded, cast, offload) = {
             let f = self.fsdp.as_ref().expect("checked");
             let gr = &f.groups[g];
             if gr.unsharded {
                 return Ok(());
             }
-            (gr.params.clone(), gr.sharded.clone(), f.policy.param_dtype)
+            (
+                gr.params.clone(),
+                gr.sharded.clone(),
+                f.policy.param_dtype,
+                f.policy.offload,
+            )
         };
         self.tagged("fsdp.unshard", |d| {
             let mut prev: Option<TensorId> = None;
             for (&p, &s) in params.iter().zip(&sharded) {
+                let shape = d.shape(s).to_vec();
+                // with offload, the shard copied to the device first
+                let copied = if offload {
+                    Some(d.empty(&shape, d.dtype(s), Category::Temporary)?)
+                } else {
+                    None
+                };
                 let input = match cast {
                     Some(dt) if dt != d.dtype(s) => {
-                        let shape = d.shape(s).to_vec();
-                        Some(d.empty(&shape, dt, Category::Temporary)?)
+                        let c = d.empty(&shape, dt, Category::Temporary);
+                        if let Some(t) = copied {
+                            d.release(t);
+                        }
+                        Some(c?)
                     }
-                    _ => None,
+                    _ => copied,
                 };
                 if let Some(old) = prev.take() {
                     d.release(old);
@@ -412,7 +459,20 @@ impl<S: Device> Tensors<S> {
                         d.dtype(s).name()
                     )));
                 }
-                let v = d.view_with(output, l);
+                let mut v = d.view_with(output, l);
+                if policy.offload {
+                    // `new_sharded_grad.to(cpu, non_blocking=True)`: into pinned host memory
+                    let shape = d.shape(s).to_vec();
+                    let h = d.host_empty(&shape, reduce, Category::Gradient);
+                    d.release(v);
+                    v = match h {
+                        Ok(h) => h,
+                        Err(e) => {
+                            d.release(output);
+                            return Err(e);
+                        }
+                    };
+                }
                 match d.grad(s) {
                     None => d.info_mut(s).grad = Some(v),
                     Some(old) => {

@@ -58,7 +58,7 @@ impl Optimizer {
                 let p = self.params[i];
                 let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
                 for _ in 0..self.kind.states() {
-                    let s = d.empty(&shape, dtype, Category::OptimizerState)?;
+                    let s = d.empty_beside(p, &shape, dtype, Category::OptimizerState)?;
                     self.state[i].push(s);
                     // exp_avg and exp_avg_sq start at zeros (a momentum buffer is the first
                     // gradient, which the update writes)
@@ -89,7 +89,7 @@ impl Optimizer {
                 for &i in &with_grad {
                     let p = self.params[i];
                     let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
-                    match d.empty(&shape, dtype, Category::Temporary) {
+                    match d.empty_beside(p, &shape, dtype, Category::Temporary) {
                         Ok(t) => temps.push(t),
                         Err(e) => {
                             for t in temps {
@@ -107,8 +107,8 @@ impl Optimizer {
                 for &i in &with_grad {
                     let p = self.params[i];
                     let (shape, dtype) = (d.shape(p).to_vec(), d.dtype(p));
-                    let sqrt = d.empty(&shape, dtype, Category::Temporary)?;
-                    let denom = d.empty(&shape, dtype, Category::Temporary);
+                    let sqrt = d.empty_beside(p, &shape, dtype, Category::Temporary)?;
+                    let denom = d.empty_beside(p, &shape, dtype, Category::Temporary);
                     d.release(sqrt);
                     d.release(denom?);
                 }

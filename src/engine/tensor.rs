@@ -38,6 +38,9 @@ struct Storage {
     region: Option<u32>,
     /// Unique over the device's life (a storage slot is reused; its serial is not).
     serial: u64,
+    /// In the host's pinned memory, not the device's (FSDP2's offloaded shards, their
+    /// gradients and optimizer state): no allocator event, counted in `host_bytes`.
+    host: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -116,6 +119,8 @@ pub struct Tensors<S: Device> {
     pub(crate) checkpoint: Checkpoints,
     /// FSDP2's parameter groups and hooks, once `fully_shard` ran.
     pub(crate) fsdp: Option<Box<super::fsdp::Fsdp>>,
+    /// Bytes of pinned host memory tensors hold now, and the most they held.
+    pub(crate) host_bytes: (u64, u64),
     /// The stream new storages are allocated on (0, the default stream, but inside a side
     /// stream's work: FSDP's reduce-scatter output); the allocator keeps pools per stream.
     pub(crate) stream: crate::alloc::StreamId,
@@ -156,6 +161,7 @@ impl<S: Device> Tensors<S> {
             checkpoint: Default::default(),
             fsdp: None,
             stream: 0,
+            host_bytes: (0, 0),
             storage_serials: 0,
             draws: 0,
             grad_ready: None,
@@ -233,6 +239,7 @@ impl<S: Device> Tensors<S> {
             version: 0,
             region: self.checkpoint.current,
             serial: self.storage_serials,
+            host: false,
         };
         // (a cuBLAS workspace belongs to its thread's handle, not to the region's forward)
         if let (Some(r), false) = (self.checkpoint.current, category == Category::Workspace) {
@@ -258,6 +265,70 @@ impl<S: Device> Tensors<S> {
         let t = self.new_tensor(sid, dtype, false);
         self.tensors[t.0 as usize].layout.set_contiguous(shape);
         Ok(t)
+    }
+
+    /// A new contiguous tensor in pinned host memory (`torch.empty(..., pin_memory=True)`):
+    /// no allocator event; its bytes count in [`Self::host_memory`].
+    pub fn host_empty(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
+        self.host_bytes.0 += nbytes;
+        self.host_bytes.1 = self.host_bytes.1.max(self.host_bytes.0);
+        let storage = Storage {
+            addr: 0,
+            nbytes,
+            block: 0,
+            refs: 0,
+            category,
+            live: true,
+            version: 0,
+            region: None,
+            serial: self.storage_serials,
+            host: true,
+        };
+        self.storage_serials += 1;
+        let sid = match self.free_storages.pop() {
+            Some(i) => {
+                self.storages[i as usize] = storage;
+                i
+            }
+            None => {
+                self.storages.push(storage);
+                (self.storages.len() - 1) as u32
+            }
+        };
+        let t = self.new_tensor(sid, dtype, false);
+        self.tensors[t.0 as usize].layout.set_contiguous(shape);
+        Ok(t)
+    }
+
+    /// Whether the tensor lives in host memory.
+    pub fn is_host(&self, t: TensorId) -> bool {
+        self.storages[self.info(t).storage as usize].host
+    }
+
+    /// A new contiguous tensor where `beside` lives (the host or the device).
+    pub fn empty_beside(
+        &mut self,
+        beside: TensorId,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        if self.is_host(beside) {
+            self.host_empty(shape, dtype, category)
+        } else {
+            self.empty(shape, dtype, category)
+        }
+    }
+
+    /// Pinned host memory held now and at most so far (bytes).
+    pub fn host_memory(&self) -> (u64, u64) {
+        self.host_bytes
     }
 
     /// A new tensor over `storage`, its layout left to the caller to set. The slot's record
@@ -584,7 +655,13 @@ impl<S: Device> Tensors<S> {
         }
         let s = &mut self.storages[sid as usize];
         s.refs -= 1;
-        if s.refs == 0 {
+        if s.refs == 0 && s.host {
+            s.live = false;
+            s.host = false;
+            let n = s.nbytes;
+            self.host_bytes.0 -= n;
+            self.free_storages.push(sid);
+        } else if s.refs == 0 {
             s.live = false;
             let addr = s.addr;
             if let (Some(r), Some(made)) = (self.checkpoint.current, s.region) {
@@ -612,6 +689,13 @@ impl<S: Device> Tensors<S> {
     pub(crate) fn storage_drop(&mut self, t: TensorId) {
         let sid = self.info(t).storage as usize;
         let s = &mut self.storages[sid];
+        if s.host {
+            // (a host storage's memory goes back to the host)
+            s.host = false;
+            let n = s.nbytes;
+            self.host_bytes.0 -= n;
+            return;
+        }
         if s.addr == 0 {
             return;
         }

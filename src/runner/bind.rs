@@ -33,7 +33,7 @@ impl Runner {
         };
         let mut next = 0usize;
         for (k, _) in &a.kw {
-            if *k != "from" && !e.params.iter().any(|p| p.name() == *k) {
+            if *k != "from" && *k != "device" && !e.params.iter().any(|p| p.name() == *k) {
                 return script(
                     span,
                     format!(
@@ -253,6 +253,16 @@ impl Runner {
         let mut b = Bound::default();
         self.bind(&mut b, span, e, recv, a)?;
         let made = (e.make)(e.name, &b).or_else(|m| script(span, m))?;
+        if a.kw("device").is_some() && !matches!(made, Made::Factory { .. }) {
+            return script(
+                span,
+                format!(
+                    "{} got an unexpected keyword argument 'device' (only factories take one; {})",
+                    e.name,
+                    e.signature()
+                ),
+            );
+        }
         match made {
             Made::Op { op, inputs } => self
                 .op(span, e.name, |d| match op.autocast() {
@@ -276,11 +286,46 @@ impl Runner {
                 } else {
                     Category::Input
                 };
+                // `device="cpu"`: pinned host memory, no device allocation (FSDP2's offloaded
+                // model is built there)
+                let host = match a.kw("device") {
+                    None => false,
+                    Some(Value::Str(d)) if d == "cuda" => false,
+                    Some(Value::Str(d)) if d == "cpu" => {
+                        if self.dev.computes() {
+                            return script(
+                                span,
+                                "device=\"cpu\" tensors are modelled on the simulated device \
+                                 only, for now: run with --device sim",
+                            );
+                        }
+                        true
+                    }
+                    Some(other) => {
+                        return script(
+                            span,
+                            format!(
+                                "{}'s device must be \"cuda\" (the default) or \"cpu\", not {}",
+                                e.name,
+                                match other {
+                                    Value::Str(s) => format!("\"{s}\""),
+                                    v => v.kind().to_string(),
+                                }
+                            ),
+                        )
+                    }
+                };
                 if frozen {
                     self.dev.alloc.recorder_mut().push_static("frozen");
                 }
                 let t = self.op(span, e.name, |d| {
-                    d.factory_fill(&shape, dtype, requires_grad, cat, fill)
+                    if host {
+                        let t = d.host_empty(&shape, dtype, cat)?;
+                        d.set_requires_grad(t, requires_grad);
+                        Ok(t)
+                    } else {
+                        d.factory_fill(&shape, dtype, requires_grad, cat, fill)
+                    }
                 });
                 if frozen {
                     self.dev.alloc.recorder_mut().pop_tag();

@@ -108,8 +108,8 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_ddp_forward,
     ),
     rt(
-        "fsdp_init(groups, root=-1, param_dtype=none, reduce_dtype=none, reshard_after_forward=true, world_size=1)",
-        "FSDP2's fully_shard on each group of parameters (the root's last): each gets a shard, the module's parameter its unsharded form, without memory until a forward",
+        "fsdp_init(groups, root=-1, buffers=[], param_dtype=none, reduce_dtype=none, reshard_after_forward=true, offload=false, world_size=1)",
+        "FSDP2's fully_shard on each group of parameters (the root's last): each gets a shard, the module's parameter its unsharded form, without memory until a forward; what is on the host (device=\"cpu\"), the root's buffers too, moves to the device first; offload: CPUOffloadPolicy (shards, gradients and the step in pinned host memory)",
         rt_fsdp_init,
     ),
     rt(

@@ -51,8 +51,8 @@ fn group_arg(me: &Runner, span: Span, a: &Args, fun: &str) -> Flow<usize> {
 }
 
 impl Runner {
-    /// `fsdp_init(groups, root=-1, param_dtype=none, reduce_dtype=none,
-    /// reshard_after_forward=true, world_size=1)`.
+    /// `fsdp_init(groups, root=-1, buffers=[], param_dtype=none, reduce_dtype=none,
+    /// reshard_after_forward=true, offload=false, world_size=1)`.
     pub(super) fn fsdp_init(&mut self, span: Span, a: &Args) -> Flow<Value> {
         if self.dev.computes() {
             return script(
@@ -90,13 +90,19 @@ impl Runner {
         let reshard_after_forward = a
             .kw("reshard_after_forward")
             .map_or(true, |v| v.as_i64() != Some(0));
+        let offload = a.kw("offload").is_some_and(|v| v.as_i64() == Some(1));
         let policy = FsdpPolicy {
+            offload,
             world_size,
             param_dtype: dtype_arg(span, a, "param_dtype")?,
             reduce_dtype: dtype_arg(span, a, "reduce_dtype")?,
             reshard_after_forward,
         };
-        self.op(span, "fully_shard", |d| d.fsdp_init(groups, root, policy))?;
+        let buffers = match a.kw("buffers") {
+            None => Vec::new(),
+            Some(v) => tensor_list(span, v, "fsdp_init's buffers")?,
+        };
+        self.op(span, "fully_shard", |d| d.fsdp_init(groups, root, &buffers, policy))?;
         Ok(Value::None)
     }
 

@@ -287,6 +287,13 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     };
     // peft freezes the base model
     let trainable = r.lora.is_none();
+    // (with FSDP2's CPU offload the model stays on the host: fully_shard moves only the
+    // buffers to the device)
+    let dev = if r.fsdp.as_ref().is_some_and(|f| f.cpu_offload) {
+        ", device=\"cpu\""
+    } else {
+        ""
+    };
     for (var, path, name, shape) in &ps {
         param(
             &mut s,
@@ -295,7 +302,7 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
             name,
             shape,
             "randn",
-            &format!("{dt}, requires_grad={trainable}"),
+            &format!("{dt}, requires_grad={trainable}{dev}"),
         );
     }
     if c.gemma {
@@ -303,15 +310,15 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         let _ = writeln!(s, "scope \"model.embed_tokens\" {{");
         let _ = writeln!(
             s,
-            "  embed_scale = full([], fill_value={:?}{dt})",
+            "  embed_scale = full([], fill_value={:?}{dt}{dev})",
             (c.hidden as f64).sqrt()
         );
         let _ = writeln!(s, "}}");
     }
     // the rotary embedding's buffers: inv_freq and original_inv_freq
     let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
-    let _ = writeln!(s, "  inv_freq = zeros({}{dt})", c.head_dim / 2);
-    let _ = writeln!(s, "  original_inv_freq = zeros({}{dt})", c.head_dim / 2);
+    let _ = writeln!(s, "  inv_freq = zeros({}{dt}{dev})", c.head_dim / 2);
+    let _ = writeln!(s, "  original_inv_freq = zeros({}{dt}{dev})", c.head_dim / 2);
     let _ = writeln!(s, "}}");
     let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
     if c.tie_embeddings {
@@ -320,7 +327,7 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         let _ = writeln!(s, "scope \"lm_head\" {{");
         let _ = writeln!(
             s,
-            "  lm_head = randn({}, {}{dt}, requires_grad={trainable}, from=\"lm_head.weight\")",
+            "  lm_head = randn({}, {}{dt}, requires_grad={trainable}{dev}, from=\"lm_head.weight\")",
             c.vocab, c.hidden
         );
         let _ = writeln!(s, "}}");
@@ -392,6 +399,15 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         }
         if !f.reshard_after_forward {
             opts.push_str(", reshard_after_forward=false");
+        }
+        if f.cpu_offload {
+            // (the model was built on the host: the root moves the buffers too)
+            let buffers = if c.gemma {
+                "embed_scale, inv_freq, original_inv_freq"
+            } else {
+                "inv_freq, original_inv_freq"
+            };
+            let _ = write!(opts, ", buffers=[{buffers}], offload=true");
         }
         let _ = writeln!(s, "fsdp_init([{}]{opts})", groups.join(", "));
         let sharded = format!("fsdp_sharded([{}])", list.join(", "));

@@ -145,6 +145,8 @@ pub(crate) struct Fsdp2 {
     /// `reduce_dtype` as the script names it (`float32`), if given.
     pub reduce_dtype: Option<&'static str>,
     pub reshard_after_forward: bool,
+    /// `CPUOffloadPolicy(pin_memory=True)`: the model built on the host, the shards kept there.
+    pub cpu_offload: bool,
 }
 
 /// What `[distributed]` asks for.
@@ -835,12 +837,7 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
                 .into(),
         );
     }
-    if d.flag("cpu_offload")? {
-        return refuse(
-            "cpu_offload",
-            "FSDP2 with cpu_offload = true (CPUOffloadPolicy) is not modelled yet".into(),
-        );
-    }
+    let cpu_offload = d.flag("cpu_offload")?;
     let reshard = match table.get("reshard_after_forward") {
         None => true,
         Some(_) => d.flag("reshard_after_forward")?,
@@ -864,5 +861,6 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
         param_bf16: param == "bf16",
         reduce_dtype: reduce_given.then_some("float32"),
         reshard_after_forward: reshard,
+        cpu_offload,
     })
 }
