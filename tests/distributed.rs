@@ -211,3 +211,55 @@ fn ddp_flag_on_a_bare_config() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--bucket-cap-mb"), "{err}");
 }
+
+/// `--fsdp2` and its flags on a bare config: each runs or is refused naming its flag; the
+/// report carries NCCL's memory outside the allocator (named, with its source) and, with CPU
+/// offload, the host memory the shards, gradients and optimizer state take.
+#[test]
+fn fsdp2_flags_on_a_bare_config() {
+    let cfg = "fixtures/dist1/cases/llama_s.config.json";
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let params = 622_923_776u64;
+    let (code, plain) = run_json(&args(&[]));
+    assert_eq!(code, Some(0), "{plain}");
+    assert_eq!(plain["outside_allocator"].as_array().unwrap().len(), 0);
+    assert_eq!(u(&plain["host_memory_peak"]), 0);
+    let (code, f) = run_json(&args(&["--fsdp2"]));
+    assert_eq!(code, Some(0), "{f}");
+    let nccl = &f["outside_allocator"][0];
+    assert_eq!(u(&nccl["bytes"]), 558 << 20, "{nccl}");
+    assert!(nccl["source"].as_str().unwrap().contains("measured"), "{nccl}");
+    assert!(u(&f["driver"]["process_used"]) >= u(&f["driver"]["reserved"]) + (558 << 20));
+    // the shards are the model's parameters (the unsharded ones hold nothing between uses)
+    assert!(u(&f["iterations"][0]["start"]) >= params);
+    assert_eq!(u(&f["host_memory_peak"]), 0);
+    // CPU offload: only the buffers on the device between iterations, the rest on the host
+    let (code, off) = run_json(&args(&["--fsdp2", "--cpu-offload"]));
+    assert_eq!(code, Some(0), "{off}");
+    assert_eq!(u(&off["iterations"][0]["start"]), 1024);
+    assert!(u(&off["host_memory_peak"]) >= 4 * params, "{}", off["host_memory_peak"]);
+    // keeping each layer unsharded from forward to backward costs more than resharding it
+    let (code, keep) = run_json(&args(&["--fsdp2", "--no-reshard-after-forward"]));
+    assert_eq!(code, Some(0), "{keep}");
+    assert!(
+        u(&keep["peak"]["peak_allocated"]) > u(&f["peak"]["peak_allocated"]),
+        "{} vs {}",
+        keep["peak"]["peak_allocated"],
+        f["peak"]["peak_allocated"]
+    );
+    for (extra, flag) in [
+        (&["--fsdp2", "--param-dtype", "bf16"][..], "--param-dtype"),
+        (&["--fsdp2", "--reduce-dtype", "bf16"][..], "--reduce-dtype"),
+        (&["--param-dtype", "bf16"][..], "--fsdp2"),
+        (&["--fsdp2", "--ddp"][..], "--ddp"),
+    ] {
+        let out = common::at_root(&args(extra));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+}

@@ -171,7 +171,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -227,6 +227,14 @@ _gpumem() {
                     ;;
                 --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --param-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --reduce-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
                     return 0
                     ;;
                 --device)
@@ -331,7 +339,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__diff)
-            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --top --markdown --json --device --verbose --color --help"
+            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -389,6 +397,14 @@ _gpumem() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --param-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --reduce-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
                 --top)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -439,7 +455,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -499,6 +515,14 @@ _gpumem() {
                     ;;
                 --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --param-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --reduce-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
                     return 0
                     ;;
                 --device)
@@ -815,7 +839,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -875,6 +899,14 @@ _gpumem() {
                     ;;
                 --bucket-cap-mb)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --param-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
+                    return 0
+                    ;;
+                --reduce-dtype)
+                    COMPREPLY=($(compgen -W "fp32 bf16" -- "${cur}"))
                     return 0
                     ;;
                 --device)

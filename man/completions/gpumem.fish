@@ -67,6 +67,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-alpha -d 'Wit
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l device -d 'Where to run, instead of the workload\'s `device`: `sim`, the simulated device (the default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory at the same addresses: the same allocator figures, plus each iteration\'s loss), or `cuda` (segments from the NVIDIA driver of the first GPU, at its addresses, with NVML\'s view of the process; no kernels yet, so nothing is computed)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l capacity -d 'Device memory of the simulated GPU instead of the workload\'s (e.g. 24GiB, 80GiB)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l iterations -d 'Iterations of the body instead of the workload\'s' -r
@@ -85,6 +89,9 @@ always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l ddp -d 'With a bare config: train inside DistributedDataParallel (`[distributed] strategy = "ddp"`, world size 1): its broadcast at construction and its gradient buckets'
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l fsdp2 -d 'With a bare config: train under FSDP2 (`[distributed] strategy = "fsdp2"`, world size 1): `fully_shard` on each decoder layer, then the root; each group unsharded for its forward and backward, its gradients reduce-scattered into the shards'
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l no-reshard-after-forward -d 'With --fsdp2: keep each layer\'s parameters unsharded from its forward to its backward (`reshard_after_forward=False`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l cpu-offload -d 'With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer\'s step on the host'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s q -l quiet -d 'Print only the verdict line (fits, or does not and by how much) and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l json -d 'Print one JSON object (iterations, marks, peak breakdown, memory_stats, oom)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l torch-style -d 'With the text output: PyTorch\'s memory_summary() text instead of the table'
@@ -126,6 +133,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-alpha -d 'W
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l tolerance -d 'A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%). Repeatable; beats the workload\'s [check] table and the baseline\'s settings' -r
@@ -138,6 +149,9 @@ always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l ddp -d 'With a bare config: train inside DistributedDataParallel (`[distributed] strategy = "ddp"`, world size 1): its broadcast at construction and its gradient buckets'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l fsdp2 -d 'With a bare config: train under FSDP2 (`[distributed] strategy = "fsdp2"`, world size 1): `fully_shard` on each decoder layer, then the root; each group unsharded for its forward and backward, its gradients reduce-scattered into the shards'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l no-reshard-after-forward -d 'With --fsdp2: keep each layer\'s parameters unsharded from its forward to its backward (`reshard_after_forward=False`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l cpu-offload -d 'With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer\'s step on the host'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -s q -l quiet -d 'Print only the verdict line (passed, or what failed) and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l update -d 'Write the baseline instead of checking: record every input\'s metrics (creating the file if needed), keep other entries and every entry\'s "check" settings; exit 0. (Tolerances and budgets are set in the workload\'s [check] table or the entry\'s "check" object, not recorded from the command line.)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l allow-new -d 'Pass inputs that have no baseline entry (reported as new) instead of failing them'
@@ -176,6 +190,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-alpha -d 'Wi
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l top -d 'How many sites to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l device -d 'For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one with the longest trace)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''
@@ -183,6 +201,9 @@ always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l ddp -d 'With a bare config: train inside DistributedDataParallel (`[distributed] strategy = "ddp"`, world size 1): its broadcast at construction and its gradient buckets'
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l fsdp2 -d 'With a bare config: train under FSDP2 (`[distributed] strategy = "fsdp2"`, world size 1): `fully_shard` on each decoder layer, then the root; each group unsharded for its forward and backward, its gradients reduce-scattered into the shards'
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l no-reshard-after-forward -d 'With --fsdp2: keep each layer\'s parameters unsharded from its forward to its backward (`reshard_after_forward=False`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l cpu-offload -d 'With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer\'s step on the host'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Print markdown tables (for a pull-request comment)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
@@ -210,6 +231,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-alpha -d 'Wit
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
+bf16\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r
@@ -220,6 +245,9 @@ always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l gradient-checkpointing -d 'With a bare config: checkpoint every decoder layer (`[model] gradient_checkpointing`)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l ddp -d 'With a bare config: train inside DistributedDataParallel (`[distributed] strategy = "ddp"`, world size 1): its broadcast at construction and its gradient buckets'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l fsdp2 -d 'With a bare config: train under FSDP2 (`[distributed] strategy = "fsdp2"`, world size 1): `fully_shard` on each decoder layer, then the root; each group unsharded for its forward and backward, its gradients reduce-scattered into the shards'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-reshard-after-forward -d 'With --fsdp2: keep each layer\'s parameters unsharded from its forward to its backward (`reshard_after_forward=False`)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l cpu-offload -d 'With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer\'s step on the host'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s q -l quiet -d 'Print only the verdict line and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-remedies -d 'Only the workload as it is, no remedies'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l exact -d 'With `--param new_tokens`: always simulate at the boundary, however long that takes (by default a boundary that would take more than a few seconds to simulate is estimated from the KV cache\'s growth, and marked so)'

@@ -84,6 +84,21 @@ pub struct RunOutcome {
     pub grads: Vec<NamedValues>,
     /// What the driver's view (nvidia-smi, NVML) of the process was at the end of the run.
     pub driver: Option<DriverView>,
+    /// Device memory outside the caching allocator that the run's setup adds (NCCL's, for a
+    /// distributed run), each figure with its source; included in `driver`'s `process_used`.
+    pub outside: Vec<Outside>,
+    /// The most host memory the run's tensors held (FSDP2's CPU offload: the shards and
+    /// their gradients pinned, the optimizer's state), in bytes.
+    pub host_memory_peak: u64,
+}
+
+/// Device memory the process holds outside the caching allocator, by what holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Outside {
+    pub what: &'static str,
+    pub bytes: u64,
+    /// Where the figure comes from.
+    pub source: &'static str,
 }
 
 /// The process's device memory as nvidia-smi shows it, against what the allocator reserved.

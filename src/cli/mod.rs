@@ -216,6 +216,31 @@ pub struct ModelArgs {
     /// With --ddp: `[distributed] bucket_cap_mb` (PyTorch's default 25).
     #[arg(long, value_name = "MB", requires = "ddp")]
     pub bucket_cap_mb: Option<u64>,
+
+    /// With a bare config: train under FSDP2 (`[distributed] strategy = "fsdp2"`, world size
+    /// 1): `fully_shard` on each decoder layer, then the root; each group unsharded for its
+    /// forward and backward, its gradients reduce-scattered into the shards.
+    #[arg(long, conflicts_with = "ddp")]
+    pub fsdp2: bool,
+
+    /// With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or
+    /// bf16 (then give --reduce-dtype fp32).
+    #[arg(long, value_name = "DTYPE", requires = "fsdp2", value_parser = ["fp32", "bf16"])]
+    pub param_dtype: Option<String>,
+
+    /// With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet).
+    #[arg(long, value_name = "DTYPE", requires = "fsdp2", value_parser = ["fp32", "bf16"])]
+    pub reduce_dtype: Option<String>,
+
+    /// With --fsdp2: keep each layer's parameters unsharded from its forward to its backward
+    /// (`reshard_after_forward=False`).
+    #[arg(long, requires = "fsdp2")]
+    pub no_reshard_after_forward: bool,
+
+    /// With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the
+    /// optimizer's step on the host.
+    #[arg(long, requires = "fsdp2")]
+    pub cpu_offload: bool,
 }
 
 /// Run a workload on the simulated device and show where the memory went.

@@ -269,6 +269,22 @@ fn config_flags(
             distributed.push(("bucket_cap_mb".to_string(), mb.to_string()));
         }
     }
+    if args.fsdp2 {
+        given.push("--fsdp2");
+        distributed.push(("strategy".to_string(), q("fsdp2")));
+        if let Some(d) = &args.param_dtype {
+            distributed.push(("param_dtype".to_string(), q(d)));
+        }
+        if let Some(d) = &args.reduce_dtype {
+            distributed.push(("reduce_dtype".to_string(), q(d)));
+        }
+        if args.no_reshard_after_forward {
+            distributed.push(("reshard_after_forward".to_string(), "false".into()));
+        }
+        if args.cpu_offload {
+            distributed.push(("cpu_offload".to_string(), "true".into()));
+        }
+    }
     if given.is_empty() {
         return Ok(());
     }

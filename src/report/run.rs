@@ -167,14 +167,31 @@ pub fn write_text(
                 format_bytes(outside)
             )
         } else {
-            format!(
+            let others: u64 = r.outside.iter().map(|o| o.bytes).sum();
+            let mut line = format!(
                 "expected in nvidia-smi for this process at the end: {} = {} reserved + {} for \
                  PyTorch's CUDA context and libraries (measured with PyTorch 2.11 on an H200)",
                 format_bytes(d.process_used),
                 format_bytes(d.reserved),
-                format_bytes(outside)
-            )
+                format_bytes(outside.saturating_sub(others))
+            );
+            for o in &r.outside {
+                line.push_str(&format!(" + {} for {}", format_bytes(o.bytes), o.what));
+            }
+            line
         };
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    }
+    for o in &r.outside {
+        let line = format!("  {}: {}", o.what, o.source);
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    }
+    if r.host_memory_peak > 0 {
+        let line = format!(
+            "host memory: {} at most (not device memory: the offloaded shards and their \
+             gradients, pinned; the optimizer's state and step)",
+            format_bytes(r.host_memory_peak)
+        );
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
     Ok(())
@@ -225,6 +242,8 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         })),
         "memory_stats": r.stats.to_flat(),
         "driver": r.driver,
+        "outside_allocator": r.outside,
+        "host_memory_peak": r.host_memory_peak,
     })
 }
 

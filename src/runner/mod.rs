@@ -351,16 +351,27 @@ pub fn run_on(
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
     peak.by_category
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let measured = crate::backend::Device::name(r.dev.alloc.source()) == "cuda";
+    let mut outside = Vec::new();
+    if (r.ddp.is_some() || r.dev.fsdp_groups() > 0) && !measured {
+        outside.push(crate::analysis::record::Outside {
+            what: "NCCL (communicator and buffers, world size 1)",
+            bytes: NCCL_WORLD_SIZE_1,
+            source: NCCL_SOURCE,
+        });
+    }
     let driver = crate::alloc::SegmentSource::process_used(r.dev.alloc.source()).map(|used| {
         let reserved = r.dev.alloc.stats().reserved_bytes.all().current as u64;
         crate::analysis::record::DriverView {
-            process_used: used,
+            process_used: used + outside.iter().map(|o| o.bytes).sum::<u64>(),
             reserved,
-            measured: crate::backend::Device::name(r.dev.alloc.source()) == "cuda",
+            measured,
         }
     });
     Ok(RunOutcome {
         driver,
+        outside,
+        host_memory_peak: r.dev.host_memory().1,
         name: workload.name.clone(),
         capacity,
         alloc_conf: (
@@ -889,6 +900,16 @@ impl Runner {
         r.map_err(|e| engine_err(span, e))
     }
 }
+
+/// What a process group with NCCL adds to the process's device memory at world size 1 on an
+/// H200 (PyTorch 2.11, NCCL 2.28): 558 MiB, the same for DDP and for FSDP2 (560 MiB with CPU
+/// offload).
+const NCCL_WORLD_SIZE_1: u64 = 558 << 20;
+
+/// Where [`NCCL_WORLD_SIZE_1`] comes from.
+const NCCL_SOURCE: &str = "measured on an H200 (PyTorch 2.11): nvidia-smi's figure less reserved \
+    at the end of ../shared/groundtruth/dist1's DDP and FSDP2 runs (1,308.8 and 1,324.8 MiB), \
+    less the same for the same model without a process group (750.8 and 766.8 MiB)";
 
 /// The most iterations a `for` loop runs (a decode loop of a million tokens is far beyond
 /// any real one).

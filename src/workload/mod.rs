@@ -147,8 +147,12 @@ const KEY_FLAGS: &[(&str, &str)] = &[
     ("dropout", "--lora-dropout"),
     ("target_modules", "--lora-targets"),
     ("iterations", "--iterations"),
-    ("strategy", "--ddp"),
+    ("strategy", "--ddp or --fsdp2"),
     ("bucket_cap_mb", "--bucket-cap-mb"),
+    ("param_dtype", "--param-dtype"),
+    ("reduce_dtype", "--reduce-dtype"),
+    ("reshard_after_forward", "--no-reshard-after-forward"),
+    ("cpu_offload", "--cpu-offload"),
 ];
 
 /// An error located in a bare config's generated workload (`text`), which the user never

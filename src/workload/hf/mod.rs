@@ -833,7 +833,7 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
             if reduce_given { "reduce_dtype" } else { "param_dtype" },
             "FSDP2 reducing gradients in bf16 (reduce_dtype = \"bf16\", or param_dtype = \"bf16\" \
              without a reduce_dtype, which reduces in param_dtype) is not modelled yet: add \
-             reduce_dtype = \"fp32\""
+             reduce_dtype = \"fp32\" (--reduce-dtype fp32)"
                 .into(),
         );
     }
