@@ -125,7 +125,7 @@ fn distributed_keys_run_or_are_refused_by_name() {
     .replace("iterations = 3", "iterations = 2");
     for (extra, key) in [
         ("strategy = \"zero1\"\n", "strategy"),
-        ("world_size = 8\n", "world_size"),
+        ("world_size = 0\n", "world_size"),
         (
             "gradient_as_bucket_view = true\n",
             "gradient_as_bucket_view",
@@ -252,8 +252,8 @@ fn fsdp2_flags_on_a_bare_config() {
         f["peak"]["peak_allocated"]
     );
     for (extra, flag) in [
-        (&["--fsdp2", "--param-dtype", "bf16"][..], "--param-dtype"),
-        (&["--fsdp2", "--reduce-dtype", "bf16"][..], "--reduce-dtype"),
+        (&["--fsdp2", "--param-dtype", "bf16", "--lora-r", "8"][..], "LoRA"),
+        (&["--fsdp2", "--reduce-dtype", "fp16"][..], "--reduce-dtype"),
         (&["--param-dtype", "bf16"][..], "--fsdp2"),
         (&["--fsdp2", "--ddp"][..], "--ddp"),
     ] {
@@ -262,4 +262,36 @@ fn fsdp2_flags_on_a_bare_config() {
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
         assert!(err.contains(flag), "{extra:?}: {err}");
     }
+}
+
+/// Above world size 1 each rank holds a 1/N shard (padded): the model between iterations
+/// shrinks with N, while the all-gathers (input and output in the copy-in stream, the copy-out's
+/// metadata) add allocations; the model is built on the meta device (no full copy first).
+#[test]
+fn fsdp2_shards_shrink_with_the_world_size() {
+    let cfg = "fixtures/dist1/cases/llama_s.config.json";
+    let run = |w: &'static str| {
+        let (code, v) = run_json(&[
+            "run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32", "--fsdp2",
+            "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--world-size", w,
+        ]);
+        assert_eq!(code, Some(0), "{v}");
+        v
+    };
+    let params = 622_923_776f64;
+    let (one, two, eight) = (run("1"), run("2"), run("8"));
+    for (v, n) in [(&one, 1.0), (&two, 2.0), (&eight, 8.0)] {
+        let start = u(&v["iterations"][0]["start"]) as f64;
+        assert!(
+            start >= params / n && start <= params / n * 1.05,
+            "world size {n}: {start} for {params} of parameters"
+        );
+    }
+    assert!(u(&eight["peak"]["peak_allocated"]) < u(&two["peak"]["peak_allocated"]));
+    assert!(u(&two["peak"]["peak_allocated"]) < u(&one["peak"]["peak_allocated"]));
+    // the 70B benchmark's rank fits its shards (80 layers' worth, 1/64 each) and runs
+    let (code, big) = run_json(&["run", "fixtures/perf/fsdp2_llama70b_ws64.toml", "--iterations", "1"]);
+    assert_eq!(code, Some(0), "{big}");
+    let start = u(&big["iterations"][0]["start"]) as f64;
+    assert!(start < 70.6e9 * 4.0 / 64.0 * 1.05, "{start}");
 }

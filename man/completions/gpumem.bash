@@ -171,7 +171,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -226,6 +226,10 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --world-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -339,7 +343,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__diff)
-            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --top --markdown --json --device --verbose --color --help"
+            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -394,6 +398,10 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --world-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -455,7 +463,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -514,6 +522,10 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --world-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -839,7 +851,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -898,6 +910,10 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --world-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

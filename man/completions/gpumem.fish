@@ -67,9 +67,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-alpha -d 'Wit
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l world-size -d 'With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1). Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on the meta device when N > 1' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l device -d 'Where to run, instead of the workload\'s `device`: `sim`, the simulated device (the default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory at the same addresses: the same allocator figures, plus each iteration\'s loss), or `cuda` (segments from the NVIDIA driver of the first GPU, at its addresses, with NVML\'s view of the process; no kernels yet, so nothing is computed)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l capacity -d 'Device memory of the simulated GPU instead of the workload\'s (e.g. 24GiB, 80GiB)' -r
@@ -133,9 +134,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-alpha -d 'W
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l world-size -d 'With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1). Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on the meta device when N > 1' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
@@ -190,9 +192,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-alpha -d 'Wi
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l world-size -d 'With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1). Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on the meta device when N > 1' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l top -d 'How many sites to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l device -d 'For a snapshot of several GPUs: the device to show (the N of cuda:N; default: the one with the longest trace)' -r
@@ -231,9 +234,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-alpha -d 'Wit
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-dropout -d 'With --lora-r: `[model.lora] dropout`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l lora-targets -d 'With --lora-r: the targeted linears, comma-separated (`[model.lora] target_modules`), or `all-linear` (peft\'s: every linear of the layers) or `attention` (the attention\'s projections: q_proj,k_proj,v_proj,o_proj, or Phi-3\'s qkv_proj,o_proj). Default: peft\'s for the model type (q_proj,v_proj; Phi-3\'s qkv_proj)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l bucket-cap-mb -d 'With --ddp: `[distributed] bucket_cap_mb` (PyTorch\'s default 25)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l world-size -d 'With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1). Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on the meta device when N > 1' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or bf16 (then give --reduce-dtype fp32)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet)' -r -f -a "fp32\t''
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda` (segments from the NVIDIA driver; see `gpumem run --help`)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB); default: the workload\'s capacity, or 80 GiB' -r

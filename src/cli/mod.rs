@@ -223,12 +223,19 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "ddp")]
     pub fsdp2: bool,
 
+    /// With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1).
+    /// Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on
+    /// the meta device when N > 1.
+    #[arg(long, value_name = "N")]
+    pub world_size: Option<u64>,
+
     /// With --fsdp2: `MixedPrecisionPolicy(param_dtype=...)`: fp32 (none, the default) or
     /// bf16 (then give --reduce-dtype fp32).
     #[arg(long, value_name = "DTYPE", requires = "fsdp2", value_parser = ["fp32", "bf16"])]
     pub param_dtype: Option<String>,
 
-    /// With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 (bf16 is not modelled yet).
+    /// With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default:
+    /// param_dtype).
     #[arg(long, value_name = "DTYPE", requires = "fsdp2", value_parser = ["fp32", "bf16"])]
     pub reduce_dtype: Option<String>,
 

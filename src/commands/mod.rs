@@ -269,6 +269,15 @@ fn config_flags(
             distributed.push(("bucket_cap_mb".to_string(), mb.to_string()));
         }
     }
+    if let Some(n) = args.world_size {
+        if !args.ddp && !args.fsdp2 {
+            return Err(Error::usage(
+                "--world-size",
+                "--world-size needs a strategy: add --ddp or --fsdp2",
+            ));
+        }
+        distributed.push(("world_size".to_string(), n.to_string()));
+    }
     if args.fsdp2 {
         given.push("--fsdp2");
         distributed.push(("strategy".to_string(), q("fsdp2")));

@@ -51,6 +51,15 @@ const CHUNK_CAT_TILE: u64 = 128 * 16;
 /// The stream FSDP2's reduce-scatter output is allocated on (`comm_ctx.reduce_scatter_stream`).
 const REDUCE_SCATTER_STREAM: crate::alloc::StreamId = 1;
 
+/// The stream FSDP2's all-gather input and output are allocated on
+/// (`comm_ctx.all_gather_copy_in_stream`; world size > 1).
+const ALL_GATHER_COPY_IN_STREAM: crate::alloc::StreamId = 2;
+
+/// An H200's streaming multiprocessors and threads per multiprocessor: `split_with_sizes_copy`
+/// sizes its grid by them.
+const H200_SMS: u64 = 132;
+const H200_THREADS_PER_SM: u64 = 2048;
+
 /// How FSDP2 wraps the model: the `MixedPrecisionPolicy` and `reshard_after_forward`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsdpPolicy {
@@ -79,6 +88,10 @@ struct Group {
     pre_backward: Option<(NodeId, u64)>,
     /// The alias node on the group's input: the post-backward hook.
     post_backward: Option<(NodeId, u64)>,
+    /// The all-gather output of an unshard issued and not yet copied out (world size > 1).
+    all_gather: Option<TensorId>,
+    /// Its indices in the post-forward order (the backward prefetch's targets).
+    post_forward_indices: Vec<usize>,
 }
 
 /// The FSDP2 state of a model.
@@ -88,6 +101,11 @@ pub struct Fsdp {
     groups: Vec<Group>,
     /// The last reduce-scatter input, kept until the next post-backward or the end of backward.
     rs_input: Option<TensorId>,
+    /// In forward, the previous group's all-gather output, freed after the next group's
+    /// all-gather (`comm_ctx.all_gather_state`, world size > 1).
+    all_gather_state: Option<TensorId>,
+    /// The groups in the order their forward ended.
+    post_forward_order: Vec<usize>,
 }
 
 /// Padded shard shape: dim 0 split in `world` chunks, each the size of the first.
@@ -115,6 +133,26 @@ pub fn chunk_cat_metadata_bytes(shapes: &[Vec<usize>], dst: u64, world: u64) -> 
         })
         .sum();
     8 * (6 * n + 2 + blocks)
+}
+
+/// Bytes of `split_with_sizes_copy`'s packed int64 metadata (its CUDA fast path) copying an
+/// all-gather output of `world` chunks into parameters taking `splits` bytes of each chunk:
+/// the destination and source addresses, the chunk sizes, the split of each block and the
+/// blocks' running sums. Blocks are sized so the grid stays within twice what the device holds
+/// at once.
+pub fn split_copy_metadata_bytes(splits: &[u64], world: u64) -> u64 {
+    let n = splits.len() as u64;
+    let tile = CHUNK_CAT_TILE;
+    let first: u64 = splits.iter().map(|&b| b.div_ceil(tile)).sum();
+    let max_blocks = H200_SMS * H200_THREADS_PER_SM / 128 * 2;
+    let iter_factor = (first * world).div_ceil(max_blocks).max(1);
+    let chunks_per_block = ((iter_factor as f64).sqrt().ceil() as u64).clamp(1, world.max(1));
+    let iters_per_chunk = iter_factor.div_ceil(chunks_per_block);
+    let blocks: u64 = splits
+        .iter()
+        .map(|&b| b.div_ceil(tile * iters_per_chunk))
+        .sum();
+    8 * (4 * n + 1 + blocks)
 }
 
 impl<S: Device> Tensors<S> {
@@ -189,12 +227,16 @@ impl<S: Device> Tensors<S> {
                 unsharded: false,
                 pre_backward: None,
                 post_backward: None,
+                all_gather: None,
+                post_forward_indices: Vec::new(),
             });
         }
         self.fsdp = Some(Box::new(Fsdp {
             policy,
             groups: out,
             rs_input: None,
+            all_gather_state: None,
+            post_forward_order: Vec::new(),
         }));
         Ok(())
     }
@@ -243,6 +285,7 @@ impl<S: Device> Tensors<S> {
     ) -> Result<Option<TensorId>, EngineError> {
         self.fsdp_group(g)?;
         self.fsdp_unshard(g)?;
+        self.fsdp_wait_for_unshard(g, true)?;
         let Some(x) = input else { return Ok(None) };
         if !self.grad_enabled || !self.info(x).requires_grad {
             return Ok(Some(self.retain(x)));
@@ -259,9 +302,20 @@ impl<S: Device> Tensors<S> {
     /// The group's forward post-hook: reshard (with `reshard_after_forward`, the root too), and
     /// the pre-backward hook on the node that made `output`.
     pub fn fsdp_post_forward(&mut self, g: usize, output: TensorId) -> Result<(), EngineError> {
-        self.fsdp_group(g)?;
+        let root = self.fsdp_group(g)?.root;
         if self.fsdp.as_ref().is_some_and(|f| f.policy.reshard_after_forward) {
             self.fsdp_reshard(g);
+        }
+        if let Some(f) = &mut self.fsdp {
+            let i = f.post_forward_order.len();
+            f.post_forward_order.push(g);
+            f.groups[g].post_forward_indices.push(i);
+        }
+        if root {
+            // the root's post-forward flushes the last all-gather output
+            if let Some(t) = self.fsdp.as_mut().and_then(|f| f.all_gather_state.take()) {
+                self.release(t);
+            }
         }
         let hook = self
             .info(output)
@@ -274,9 +328,59 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
-    /// Unshard (world size 1: each output filled from its shard, cast first to `param_dtype`).
+    /// `unshard`: at world size 1 nothing (the copy is `wait_for_unshard`'s); above it the
+    /// all-gather is issued, in the copy-in stream: the shards cast into one flat input with
+    /// a `param_dtype` (or each copied to the device with offload), the output of every rank's
+    /// shards, then the input freed.
     fn fsdp_unshard(&mut self, g: usize) -> Result<(), EngineError> {
-        let (params, sharded, cast, offload) = {
+        let (sharded, cast, offload, world) = {
+            let f = self.fsdp.as_ref().expect("checked");
+            let gr = &f.groups[g];
+            if gr.unsharded || gr.all_gather.is_some() || f.policy.world_size == 1 {
+                return Ok(());
+            }
+            (
+                gr.sharded.clone(),
+                f.policy.param_dtype,
+                f.policy.offload,
+                f.policy.world_size as usize,
+            )
+        };
+        let numel: usize = sharded.iter().map(|&s| self.info(s).layout.numel()).sum();
+        let orig = self.dtype(sharded[0]);
+        let dtype = cast.unwrap_or(orig);
+        let was = std::mem::replace(&mut self.stream, ALL_GATHER_COPY_IN_STREAM);
+        let r = self.tagged("fsdp.all_gather", |d| {
+            let mut inputs = Vec::new();
+            if offload {
+                for &s in &sharded {
+                    let shape = d.shape(s).to_vec();
+                    inputs.push(d.empty(&shape, orig, Category::Temporary)?);
+                }
+            } else if dtype != orig {
+                inputs.push(d.empty(&[numel], dtype, Category::Temporary)?);
+            }
+            let out = d.empty(&[numel * world], dtype, Category::Temporary);
+            for t in inputs {
+                d.release(t);
+            }
+            out
+        });
+        self.stream = was;
+        let out = r?;
+        if let Some(f) = &mut self.fsdp {
+            f.groups[g].all_gather = Some(out);
+        }
+        Ok(())
+    }
+
+    /// `wait_for_unshard`: the unsharded parameters regrown and filled. At world size 1 from
+    /// each shard (cast first to `param_dtype`, copied first with offload); above it from the
+    /// all-gather output (`split_with_sizes_copy`, its packed metadata on the device a
+    /// moment), the output then freed, or in forward kept until the next group's all-gather
+    /// has been copied out (the previous one freed first).
+    fn fsdp_wait_for_unshard(&mut self, g: usize, forward: bool) -> Result<(), EngineError> {
+        let (params, sharded, cast, offload, world, pending) = {
             let f = self.fsdp.as_ref().expect("checked");
             let gr = &f.groups[g];
             if gr.unsharded {
@@ -287,41 +391,69 @@ impl<S: Device> Tensors<S> {
                 gr.sharded.clone(),
                 f.policy.param_dtype,
                 f.policy.offload,
+                f.policy.world_size,
+                gr.all_gather,
             )
         };
+        if forward {
+            if let Some(t) = self.fsdp.as_mut().and_then(|f| f.all_gather_state.take()) {
+                self.release(t);
+            }
+        }
         self.tagged("fsdp.unshard", |d| {
-            let mut prev: Option<TensorId> = None;
-            for (&p, &s) in params.iter().zip(&sharded) {
-                let shape = d.shape(s).to_vec();
-                // with offload, the shard copied to the device first
-                let copied = if offload {
-                    Some(d.empty(&shape, d.dtype(s), Category::Temporary)?)
-                } else {
-                    None
-                };
-                let input = match cast {
-                    Some(dt) if dt != d.dtype(s) => {
-                        let c = d.empty(&shape, dt, Category::Temporary);
-                        if let Some(t) = copied {
-                            d.release(t);
+            let Some(out) = pending else {
+                // world size 1
+                let mut prev: Option<TensorId> = None;
+                for (&p, &s) in params.iter().zip(&sharded) {
+                    let shape = d.shape(s).to_vec();
+                    // with offload, the shard copied to the device first
+                    let copied = if offload {
+                        Some(d.empty(&shape, d.dtype(s), Category::Temporary)?)
+                    } else {
+                        None
+                    };
+                    let input = match cast {
+                        Some(dt) if dt != d.dtype(s) => {
+                            let c = d.empty(&shape, dt, Category::Temporary);
+                            if let Some(t) = copied {
+                                d.release(t);
+                            }
+                            Some(c?)
                         }
-                        Some(c?)
+                        _ => copied,
+                    };
+                    if let Some(old) = prev.take() {
+                        d.release(old);
                     }
-                    _ => copied,
-                };
-                if let Some(old) = prev.take() {
+                    prev = input;
+                    d.storage_regrow(p, Category::Parameter)?;
+                }
+                if let Some(old) = prev {
                     d.release(old);
                 }
-                prev = input;
-                d.storage_regrow(p, Category::Parameter)?;
+                return Ok(());
+            };
+            let elem = d.dtype(out).size();
+            let mut splits = Vec::new();
+            for (&p, &s) in params.iter().zip(&sharded) {
+                let n = d.info(s).layout.numel() as u64;
+                splits.push(n * elem);
+                d.storage_regrow_bytes(p, n * world * elem, Category::Parameter)?;
             }
-            if let Some(old) = prev {
-                d.release(old);
-            }
+            let meta = split_copy_metadata_bytes(&splits, world);
+            let m = d.empty(&[meta as usize], DType::U8, Category::Temporary)?;
+            d.release(m);
             Ok(())
         })?;
         if let Some(f) = &mut self.fsdp {
             f.groups[g].unsharded = true;
+            if let Some(out) = f.groups[g].all_gather.take() {
+                if forward {
+                    f.all_gather_state = Some(out);
+                } else {
+                    self.release(out);
+                }
+            }
         }
         Ok(())
     }
@@ -353,6 +485,16 @@ impl<S: Device> Tensors<S> {
                 f.groups[g].pre_backward = None;
             }
             self.fsdp_unshard(g)?;
+            self.fsdp_wait_for_unshard(g, false)?;
+            // `_backward_prefetch`: the group whose forward ended before this one's
+            let target = self.fsdp.as_mut().and_then(|f| {
+                let i = f.groups[g].post_forward_indices.pop()?;
+                let t = i.checked_sub(1)?;
+                f.post_forward_order.get(t).copied()
+            });
+            if let Some(t) = target {
+                self.fsdp_unshard(t)?;
+            }
         }
         Ok(())
     }
@@ -395,6 +537,12 @@ impl<S: Device> Tensors<S> {
         }
         if let Some(t) = self.fsdp.as_mut().and_then(|f| f.rs_input.take()) {
             self.release(t);
+        }
+        if let Some(f) = &mut self.fsdp {
+            f.post_forward_order.clear();
+            for gr in &mut f.groups {
+                gr.post_forward_indices.clear();
+            }
         }
         Ok(())
     }
@@ -441,8 +589,20 @@ impl<S: Device> Tensors<S> {
                 d.release(gt);
             }
             // (allocated in the reduce-scatter stream: its own pool)
+            // (allocated in the reduce-scatter stream: its own pool), then cast there to the
+            // parameters' dtype if it differs (the reduce-dtype output freed as
+            // `foreach_reduce` returns)
+            let orig = d.dtype(sharded[with_grad[0].0]);
             let was = std::mem::replace(&mut d.stream, REDUCE_SCATTER_STREAM);
-            let output = d.empty(&[shard_numel], reduce, Category::Gradient);
+            let reduced = d.empty(&[shard_numel], reduce, Category::Gradient);
+            let output = match reduced {
+                Ok(r) if reduce != orig => {
+                    let c = d.empty(&[shard_numel], orig, Category::Gradient);
+                    d.release(r);
+                    c
+                }
+                other => other,
+            };
             d.stream = was;
             let output = output?;
             let mut offset = 0usize;
@@ -451,19 +611,11 @@ impl<S: Device> Tensors<S> {
                 let mut l = Layout::contiguous(d.shape(s));
                 l.offset = offset;
                 offset += l.numel();
-                if reduce != d.dtype(s) {
-                    d.release(output);
-                    return Err(EngineError::Invalid(format!(
-                        "FSDP2 with reduce_dtype {} and {} parameters is not modelled yet",
-                        reduce.name(),
-                        d.dtype(s).name()
-                    )));
-                }
                 let mut v = d.view_with(output, l);
                 if policy.offload {
                     // `new_sharded_grad.to(cpu, non_blocking=True)`: into pinned host memory
                     let shape = d.shape(s).to_vec();
-                    let h = d.host_empty(&shape, reduce, Category::Gradient);
+                    let h = d.host_empty(&shape, orig, Category::Gradient);
                     d.release(v);
                     v = match h {
                         Ok(h) => h,

@@ -306,6 +306,23 @@ impl<S: Device> Tensors<S> {
         Ok(t)
     }
 
+    /// A new contiguous tensor on the meta device (`torch.device("meta")`): shape and dtype,
+    /// no memory anywhere; a storage that can grow on the device later (FSDP2's sharding of a
+    /// model built on meta).
+    pub fn meta_empty(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let t = self.host_empty(shape, dtype, category)?;
+        let sid = self.info(t).storage as usize;
+        let n = self.storages[sid].nbytes;
+        self.storages[sid].host = false;
+        self.host_bytes.0 -= n;
+        Ok(t)
+    }
+
     /// Whether the tensor lives in host memory.
     pub fn is_host(&self, t: TensorId) -> bool {
         self.storages[self.info(t).storage as usize].host
@@ -715,12 +732,23 @@ impl<S: Device> Tensors<S> {
         t: TensorId,
         category: Category,
     ) -> Result<(), EngineError> {
+        let (shape, dtype) = (self.shape(t).to_vec(), self.dtype(t));
+        let nbytes = crate::engine::layout::storage_nbytes(&shape, dtype.size())?;
+        self.storage_regrow_bytes(t, nbytes, category)
+    }
+
+    /// [`Self::storage_regrow`] to `nbytes` (a view of a larger buffer: FSDP's unsharded
+    /// parameter over its padded all-gather output).
+    pub(crate) fn storage_regrow_bytes(
+        &mut self,
+        t: TensorId,
+        nbytes: u64,
+        category: Category,
+    ) -> Result<(), EngineError> {
         let sid = self.info(t).storage as usize;
         if self.storages[sid].addr != 0 {
             return Ok(());
         }
-        let (shape, dtype) = (self.shape(t).to_vec(), self.dtype(t));
-        let nbytes = crate::engine::layout::storage_nbytes(&shape, dtype.size())?;
         let rec = self.alloc.recorder_mut();
         rec.push_static(category.tag());
         let before = self.alloc.stats().allocated_bytes.all().current;

@@ -287,25 +287,27 @@ impl Runner {
                     Category::Input
                 };
                 // `device="cpu"`: pinned host memory, no device allocation (FSDP2's offloaded
-                // model is built there)
+                // model is built there); `device="meta"`: no memory at all
                 let host = match a.kw("device") {
-                    None => false,
-                    Some(Value::Str(d)) if d == "cuda" => false,
-                    Some(Value::Str(d)) if d == "cpu" => {
+                    None => None,
+                    Some(Value::Str(d)) if d == "cuda" => None,
+                    Some(Value::Str(d)) if d == "cpu" || d == "meta" => {
                         if self.dev.computes() {
                             return script(
                                 span,
-                                "device=\"cpu\" tensors are modelled on the simulated device \
-                                 only, for now: run with --device sim",
+                                format!(
+                                    "device=\"{d}\" tensors are modelled on the simulated device \
+                                     only, for now: run with --device sim"
+                                ),
                             );
                         }
-                        true
+                        Some(d.as_str())
                     }
                     Some(other) => {
                         return script(
                             span,
                             format!(
-                                "{}'s device must be \"cuda\" (the default) or \"cpu\", not {}",
+                                "{}'s device must be \"cuda\" (the default), \"cpu\" or \"meta\", not {}",
                                 e.name,
                                 match other {
                                     Value::Str(s) => format!("\"{s}\""),
@@ -319,13 +321,13 @@ impl Runner {
                     self.dev.alloc.recorder_mut().push_static("frozen");
                 }
                 let t = self.op(span, e.name, |d| {
-                    if host {
-                        let t = d.host_empty(&shape, dtype, cat)?;
-                        d.set_requires_grad(t, requires_grad);
-                        Ok(t)
-                    } else {
-                        d.factory_fill(&shape, dtype, requires_grad, cat, fill)
-                    }
+                    let t = match host {
+                        Some("cpu") => d.host_empty(&shape, dtype, cat)?,
+                        Some(_) => d.meta_empty(&shape, dtype, cat)?,
+                        None => return d.factory_fill(&shape, dtype, requires_grad, cat, fill),
+                    };
+                    d.set_requires_grad(t, requires_grad);
+                    Ok(t)
                 });
                 if frozen {
                     self.dev.alloc.recorder_mut().pop_tag();

@@ -79,13 +79,8 @@ impl Runner {
             _ => return script(span, "fsdp_init's root must index one of the groups"),
         };
         let world_size = match a.kw("world_size").and_then(Value::as_i64).unwrap_or(1) {
-            1 => 1,
-            w => {
-                return script(
-                    span,
-                    format!("fsdp_init: world size {w} is not modelled yet (only 1)"),
-                )
-            }
+            w @ 1..=65_536 => w as u64,
+            w => return script(span, format!("fsdp_init's world_size must be 1 to 65,536, not {w}")),
         };
         let reshard_after_forward = a
             .kw("reshard_after_forward")

@@ -153,6 +153,7 @@ const KEY_FLAGS: &[(&str, &str)] = &[
     ("reduce_dtype", "--reduce-dtype"),
     ("reshard_after_forward", "--no-reshard-after-forward"),
     ("cpu_offload", "--cpu-offload"),
+    ("world_size", "--world-size"),
 ];
 
 /// An error located in a bare config's generated workload (`text`), which the user never

@@ -289,8 +289,15 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     let trainable = r.lora.is_none();
     // (with FSDP2's CPU offload the model stays on the host: fully_shard moves only the
     // buffers to the device)
-    let dev = if r.fsdp.as_ref().is_some_and(|f| f.cpu_offload) {
-        ", device=\"cpu\""
+    let dev = match &r.fsdp {
+        Some(f) if f.cpu_offload => ", device=\"cpu\"",
+        // (built on meta: fully_shard, then `to_empty` makes only the shards)
+        Some(f) if f.meta_init => ", device=\"meta\"",
+        _ => "",
+    };
+    // (the buffers are made on the device either way, except with offload)
+    let bdev = if r.fsdp.as_ref().is_some_and(|f| f.cpu_offload) {
+        dev
     } else {
         ""
     };
@@ -310,15 +317,15 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         let _ = writeln!(s, "scope \"model.embed_tokens\" {{");
         let _ = writeln!(
             s,
-            "  embed_scale = full([], fill_value={:?}{dt}{dev})",
+            "  embed_scale = full([], fill_value={:?}{dt}{bdev})",
             (c.hidden as f64).sqrt()
         );
         let _ = writeln!(s, "}}");
     }
     // the rotary embedding's buffers: inv_freq and original_inv_freq
     let _ = writeln!(s, "scope \"model.rotary_emb\" {{");
-    let _ = writeln!(s, "  inv_freq = zeros({}{dt}{dev})", c.head_dim / 2);
-    let _ = writeln!(s, "  original_inv_freq = zeros({}{dt}{dev})", c.head_dim / 2);
+    let _ = writeln!(s, "  inv_freq = zeros({}{dt}{bdev})", c.head_dim / 2);
+    let _ = writeln!(s, "  original_inv_freq = zeros({}{dt}{bdev})", c.head_dim / 2);
     let _ = writeln!(s, "}}");
     let mut list: Vec<&str> = ps.iter().map(|(v, ..)| v.as_str()).collect();
     if c.tie_embeddings {
@@ -399,6 +406,9 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         }
         if !f.reshard_after_forward {
             opts.push_str(", reshard_after_forward=false");
+        }
+        if f.world_size > 1 {
+            let _ = write!(opts, ", world_size={}", f.world_size);
         }
         if f.cpu_offload {
             // (the model was built on the host: the root moves the buffers too)

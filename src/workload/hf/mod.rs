@@ -126,6 +126,7 @@ pub const DISTRIBUTED_KEYS: &[&str] = &[
     "param_dtype",
     "reduce_dtype",
     "reshard_after_forward",
+    "init",
     "cpu_offload",
 ];
 
@@ -135,6 +136,8 @@ pub(crate) struct Ddp {
     /// `bucket_cap_mb` (PyTorch's default 25): the buckets rebuilt after the first backward
     /// close once they reach it (the first at 1 MiB).
     pub bucket_cap_mb: u64,
+    /// Ranks: each holds what rank 0 holds (the replicas are alike).
+    pub world_size: u64,
 }
 
 /// `[distributed] strategy = "fsdp2"`: `fully_shard` on each decoder layer, then the root.
@@ -147,6 +150,11 @@ pub(crate) struct Fsdp2 {
     pub reshard_after_forward: bool,
     /// `CPUOffloadPolicy(pin_memory=True)`: the model built on the host, the shards kept there.
     pub cpu_offload: bool,
+    /// Ranks sharding the parameters (each rank holds a 1/world_size shard, padded).
+    pub world_size: u64,
+    /// `init = "meta"`: the model built on the meta device and its shards materialized
+    /// (`to_empty`) after `fully_shard`, as large models are; else built on the device first.
+    pub meta_init: bool,
 }
 
 /// What `[distributed]` asks for.
@@ -755,7 +763,7 @@ fn distributed_run(
         );
     }
     let (fsdp_keys, ddp_keys) = (
-        ["param_dtype", "reduce_dtype", "reshard_after_forward", "cpu_offload"],
+        ["param_dtype", "reduce_dtype", "reshard_after_forward", "cpu_offload", "init"],
         ["gradient_as_bucket_view", "bucket_cap_mb"],
     );
     let (foreign, owner): (&[&str], &str) = if strategy == "ddp" {
@@ -773,14 +781,10 @@ fn distributed_run(
         Some(1),
         "the number of ranks, e.g. world_size = 8",
     )?;
-    if world != 1 {
+    if world == 0 || world > 65_536 {
         return refuse(
             "world_size",
-            format!(
-                "world_size = {world}: {} is matched against PyTorch at world size 1 (one H200, \
-                 NCCL); larger worlds are not recorded yet: set world_size = 1",
-                if strategy == "ddp" { "DDP" } else { "FSDP2" }
-            ),
+            format!("world_size = {world}: the number of ranks is 1 to 65,536"),
         );
     }
     if family != "llama" {
@@ -799,7 +803,19 @@ fn distributed_run(
         );
     }
     if strategy == "fsdp2" {
-        return fsdp2_run(&d, table, at, run).map(Distributed::Fsdp2);
+        let mut f = fsdp2_run(&d, table, at, run)?;
+        f.world_size = world;
+        let init = d.choice("init", if world > 1 { "meta" } else { "cuda" }, &["cuda", "meta"])?;
+        if init == "meta" && f.cpu_offload {
+            return refuse(
+                "init",
+                "init = \"meta\" with cpu_offload is not modelled yet (the offloaded model is \
+                 built on the host): remove init"
+                    .into(),
+            );
+        }
+        f.meta_init = init == "meta" && !f.cpu_offload;
+        return Ok(Distributed::Fsdp2(f));
     }
     if d.flag("gradient_as_bucket_view")? {
         return refuse(
@@ -815,28 +831,18 @@ fn distributed_run(
     if cap == 0 {
         return refuse("bucket_cap_mb", "bucket_cap_mb must be at least 1".into());
     }
-    Ok(Distributed::Ddp(Ddp { bucket_cap_mb: cap }))
+    Ok(Distributed::Ddp(Ddp {
+        bucket_cap_mb: cap,
+        world_size: world,
+    }))
 }
 
 /// The FSDP2 keys of `[distributed]`: `param_dtype`, `reduce_dtype`, `reshard_after_forward`,
 /// `cpu_offload`; what is not modelled yet refused naming its key.
 fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp2> {
-    let refuse = |key: &str, why: String| -> PResult<Fsdp2> {
-        let place = table.get(key).map_or(at, |v| d.pos(v));
-        Err(SyntaxError::new(place, why))
-    };
     let param = d.choice("param_dtype", "fp32", &["fp32", "bf16"])?;
     let reduce = d.choice("reduce_dtype", "fp32", &["fp32", "bf16"])?;
     let reduce_given = table.contains_key("reduce_dtype");
-    if reduce == "bf16" || (param == "bf16" && !reduce_given) {
-        return refuse(
-            if reduce_given { "reduce_dtype" } else { "param_dtype" },
-            "FSDP2 reducing gradients in bf16 (reduce_dtype = \"bf16\", or param_dtype = \"bf16\" \
-             without a reduce_dtype, which reduces in param_dtype) is not modelled yet: add \
-             reduce_dtype = \"fp32\" (--reduce-dtype fp32)"
-                .into(),
-        );
-    }
     let cpu_offload = d.flag("cpu_offload")?;
     let reshard = match table.get("reshard_after_forward") {
         None => true,
@@ -859,8 +865,10 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
     }
     Ok(Fsdp2 {
         param_bf16: param == "bf16",
-        reduce_dtype: reduce_given.then_some("float32"),
+        reduce_dtype: reduce_given.then_some(if reduce == "bf16" { "bf16" } else { "float32" }),
         reshard_after_forward: reshard,
         cpu_offload,
+        world_size: 1,
+        meta_init: false,
     })
 }
