@@ -295,3 +295,26 @@ fn fsdp2_shards_shrink_with_the_world_size() {
     let start = u(&big["iterations"][0]["start"]) as f64;
     assert!(start < 70.6e9 * 4.0 / 64.0 * 1.05, "{start}");
 }
+
+/// The diagnosis of a wrapped model's out-of-memory tries the sharding remedies, each re-run:
+/// DDP to FSDP2; under FSDP2, CPU offload and twice the ranks.
+#[test]
+fn sharding_remedies_are_tried_for_distributed_runs() {
+    let names = |w: &str, cap: &str| -> Vec<(String, u64)> {
+        let (code, v) = run_json(&["run", w, "--capacity", cap]);
+        assert_eq!(code, Some(0), "{v}");
+        v["oom"]["remedies"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no remedies: {v}"))
+            .iter()
+            .map(|r| (r["name"].as_str().unwrap().to_string(), u(&r["peak_reserved"])))
+            .collect()
+    };
+    let ddp = names(&format!("fixtures/dist1/workloads/{CASE}.toml"), "9GiB");
+    assert!(ddp.iter().any(|(n, r)| n == "FSDP2" && *r > 0), "{ddp:?}");
+    let fsdp = names(&format!("fixtures/dist1/workloads/{FSDP2_BF16}.toml"), "5GiB");
+    for want in ["CPU offload", "world size 2"] {
+        assert!(fsdp.iter().any(|(n, r)| n == want && *r > 0), "{want}: {fsdp:?}");
+    }
+    assert!(!fsdp.iter().any(|(n, _)| n == "FSDP2"), "{fsdp:?}");
+}

@@ -152,6 +152,9 @@ pub enum RemedyKind {
     Checkpointing,
     /// A smaller batch with gradient accumulation to the same samples per optimizer step.
     GradAccum,
+    /// Sharding the model differently: DDP to FSDP2, resharding after forward, CPU offload,
+    /// more ranks.
+    Sharding,
     Bf16Autocast,
     /// The weights in bf16.
     Bf16Weights,
@@ -184,7 +187,8 @@ impl RemedyKind {
             RemedyKind::KeepItem
             | RemedyKind::NoGrad
             | RemedyKind::Checkpointing
-            | RemedyKind::GradAccum => RemedyTier::MemoryOnly,
+            | RemedyKind::GradAccum
+            | RemedyKind::Sharding => RemedyTier::MemoryOnly,
             RemedyKind::Bf16Autocast
             | RemedyKind::Bf16Weights
             | RemedyKind::Lora

@@ -193,6 +193,66 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             }
         }
     }
+    // a wrapped model's sharding remedies, each re-run like the others
+    if let Some(d) = p.and_then(|p| p.distributed.as_ref()) {
+        let set = |pairs: &[(&str, &str)], name: &str, change: &str, kind| Remedy {
+            name: name.into(),
+            change: change.into(),
+            overrides: Overrides {
+                distributed_set: base
+                    .distributed_set
+                    .iter()
+                    .cloned()
+                    .chain(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+                    .collect(),
+                ..base.clone()
+            },
+            kind,
+        };
+        if d.strategy == "ddp" {
+            hf_remedies.push(set(
+                &[
+                    ("strategy", "\"fsdp2\""),
+                    ("bucket_cap_mb", ""),
+                    ("gradient_as_bucket_view", ""),
+                ],
+                "FSDP2",
+                "fully_shard each decoder layer and the model instead of DistributedDataParallel",
+                RemedyKind::Sharding,
+            ));
+        } else {
+            if !d.reshard_after_forward {
+                hf_remedies.push(set(
+                    &[("reshard_after_forward", "true")],
+                    "reshard after forward",
+                    "fully_shard(..., reshard_after_forward=True): each layer regathered in backward",
+                    RemedyKind::Sharding,
+                ));
+            }
+            if !d.cpu_offload {
+                hf_remedies.push(set(
+                    &[("cpu_offload", "true")],
+                    "CPU offload",
+                    "fully_shard(..., offload_policy=CPUOffloadPolicy()): shards, gradients and the step on the host",
+                    RemedyKind::Sharding,
+                ));
+            }
+            let more = (d.world_size * 2).to_string();
+            hf_remedies.push(Remedy {
+                name: format!("world size {more}"),
+                change: format!("{more} ranks instead of {}: smaller shards", d.world_size),
+                ..set(&[("world_size", more.as_str())], "", "", RemedyKind::Sharding)
+            });
+            if !d.param_bf16 {
+                hf_remedies.push(set(
+                    &[("param_dtype", "\"bf16\""), ("reduce_dtype", "\"fp32\"")],
+                    "FSDP2 bf16 parameters",
+                    "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+                    RemedyKind::Bf16Weights,
+                ));
+            }
+        }
+    }
     out.extend(
         hf_remedies
             .into_iter()

@@ -201,10 +201,26 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                 let t = train_t.get_or_insert_with(Table::new);
                 override_preset(&mut model_t, t, overrides, &kind);
             }
-            let distributed_t = raw
+            let mut distributed_t = raw
                 .distributed
                 .as_ref()
                 .map(|t| (t.get_ref().clone(), index.span(t.span().start)));
+            // the sharding remedies: keys of [distributed] set over the workload's
+            if let Some((t, _)) = &mut distributed_t {
+                for (k, v) in &overrides.distributed_set {
+                    if v.is_empty() {
+                        // (an empty value removes the key)
+                        t.remove(k.as_str());
+                        continue;
+                    }
+                    if let Ok(mut one) = format!("v = {v}").parse::<toml::Table>() {
+                        if let Some(val) = one.remove("v") {
+                            let range = t.get(k.as_str()).map_or(0..0, |old| old.span());
+                            t.insert(k.clone(), Spanned::new(range, val));
+                        }
+                    }
+                }
+            }
             if let (Some((_, at)), false) = (&distributed_t, super::hf::is_hf(&model_t)) {
                 return Err(SyntaxError::new(
                     *at,

@@ -79,6 +79,19 @@ pub struct PresetInfo {
     pub bf16_weights: bool,
     /// A generation's KV cache, where the model generates.
     pub kv_cache: Option<KvCacheInfo>,
+    /// `[distributed]`, where the model is wrapped: what the sharding remedies may change.
+    pub distributed: Option<DistributedInfo>,
+}
+
+/// A wrapped model's `[distributed]` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributedInfo {
+    /// `ddp` or `fsdp2`.
+    pub strategy: &'static str,
+    pub world_size: u64,
+    pub reshard_after_forward: bool,
+    pub cpu_offload: bool,
+    pub param_bf16: bool,
 }
 
 /// How a generation's KV cache grows: bytes per token, what the prompt holds, and the
@@ -137,6 +150,7 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
         full_finetune: false,
         bf16_weights: false,
         kv_cache: None,
+        distributed: None,
         can_autocast: true,
     }
 }

@@ -42,6 +42,9 @@ pub struct Overrides {
     pub hf_lora: Vec<(String, String)>,
     pub hf_train: Vec<(String, String)>,
     pub hf_distributed: Vec<(String, String)>,
+    /// `[distributed]` keys set over the workload's own (TOML values; an empty one removes the
+    /// key): the sharding remedies.
+    pub distributed_set: Vec<(String, String)>,
 }
 
 impl Overrides {

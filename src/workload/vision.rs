@@ -186,6 +186,7 @@ pub(crate) fn expand(
             full_finetune: false,
             bf16_weights: false,
             kv_cache: None,
+            distributed: None,
             can_autocast: true,
         },
         weights: None,

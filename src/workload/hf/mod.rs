@@ -520,6 +520,23 @@ pub(crate) fn expand(
         mode: run.mode,
         keep_tensor: false,
         full_finetune: run.mode == "train" && run.lora.is_none(),
+        distributed: match (&run.ddp, &run.fsdp) {
+            (Some(d), _) => Some(super::preset::DistributedInfo {
+                strategy: "ddp",
+                world_size: d.world_size,
+                reshard_after_forward: true,
+                cpu_offload: false,
+                param_bf16: false,
+            }),
+            (None, Some(f)) => Some(super::preset::DistributedInfo {
+                strategy: "fsdp2",
+                world_size: f.world_size,
+                reshard_after_forward: f.reshard_after_forward,
+                cpu_offload: f.cpu_offload,
+                param_bf16: f.param_bf16,
+            }),
+            (None, None) => None,
+        },
         bf16_weights: run.bf16_weights,
         kv_cache: match &cfg {
             config::Family::Llama(c) if run.mode == "generate" => {
