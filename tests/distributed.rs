@@ -294,6 +294,10 @@ fn fsdp2_shards_shrink_with_the_world_size() {
     assert_eq!(code, Some(0), "{big}");
     let start = u(&big["iterations"][0]["start"]) as f64;
     assert!(start < 70.6e9 * 4.0 / 64.0 * 1.05, "{start}");
+    // (built on the meta device: nothing on the host either) and every rank alike
+    assert_eq!(u(&big["host_memory_peak"]), 0);
+    assert_eq!(u(&big["ranks"]["world_size"]), 64);
+    assert_eq!(big["ranks"]["strategy"], "fsdp2");
 }
 
 /// The diagnosis of a wrapped model's out-of-memory tries the sharding remedies, each re-run:

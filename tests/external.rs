@@ -217,6 +217,38 @@ fn issue15_several_files_give_a_table_of_ranks() {
         "{text}"
     );
     assert!(text.contains("selectn_04d383_snapshot.pickle"), "{text}");
+    // --capacity: the rows over it, highest first, and the first to run out (the highest peak)
+    let peaks: Vec<u64> = rows.iter().map(|r| u(&r["peak_reserved_bytes"])).collect();
+    let mut sorted = peaks.clone();
+    sorted.sort_unstable();
+    let cap = (sorted[sorted.len() / 2] >> 20) << 20;
+    let out = gpumem()
+        .arg("summary")
+        .args(&paths)
+        .args(["--json", "--capacity", &format!("{}MiB", cap >> 20)])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let over: Vec<usize> = v["over_capacity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| u(i) as usize)
+        .collect();
+    let want: Vec<usize> = (0..peaks.len()).filter(|&i| peaks[i] > cap).collect();
+    assert_eq!(over.len(), want.len(), "{over:?} vs {want:?}");
+    assert!(over.iter().all(|i| want.contains(i)));
+    let first = u(&v["first_to_run_out"]) as usize;
+    assert_eq!(peaks[first], *sorted.last().unwrap());
+    // one snapshot has its own verdict: --capacity is refused naming itself
+    let out = gpumem()
+        .arg("summary")
+        .arg(&paths[0])
+        .args(["--capacity", "1GiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
 }
 
 /// The sites of a summary's `live_by_site`.

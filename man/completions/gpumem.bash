@@ -999,7 +999,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__summary)
-            opts="-q -v -h --quiet --device --stacks --iteration-marker --top --json --fail-on --verbose --color --help"
+            opts="-q -v -h --quiet --device --stacks --iteration-marker --top --capacity --json --fail-on --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1014,6 +1014,10 @@ _gpumem() {
                     return 0
                     ;;
                 --top)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --capacity)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

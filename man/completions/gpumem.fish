@@ -102,6 +102,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s h -l help -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l device -d 'Show only this device (the N of cuda:N) of a snapshot that holds several' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l iteration-marker -d 'Iterations are the calls of this function (e.g. train_step, or train.py:42): one starts at each allocation made inside a call, after allocations made outside. Beats the Optimizer.step annotations and repetition; for traces that have neither' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites to list' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l capacity -d 'With several files (one per rank): the ranks whose peak reserved memory exceeds this capacity ("80GiB"), and the rank that runs out first as memory shrinks (the highest peak reserved). Reserved memory only: NCCL\'s buffers and the CUDA context come on top' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l fail-on -d 'Exit 1 when the snapshot shows one of these: `oom`, `leak`' -r -f -a "oom\t''
 leak\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''

@@ -87,6 +87,8 @@ pub struct RunOutcome {
     /// Device memory outside the caching allocator that the run's setup adds (NCCL's, for a
     /// distributed run), each figure with its source; included in `driver`'s `process_used`.
     pub outside: Vec<Outside>,
+    /// A distributed run's ranks: (strategy, world size); every rank holds what rank 0 does.
+    pub ranks: Option<(&'static str, u64)>,
     /// The most host memory the run's tensors held (FSDP2's CPU offload: the shards and
     /// their gradients pinned, the optimizer's state), in bytes.
     pub host_memory_peak: u64,

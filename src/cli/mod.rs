@@ -606,6 +606,12 @@ pub struct SummaryArgs {
     )]
     pub top: usize,
 
+    /// With several files (one per rank): the ranks whose peak reserved memory exceeds this
+    /// capacity ("80GiB"), and the rank that runs out first as memory shrinks (the highest peak
+    /// reserved). Reserved memory only: NCCL's buffers and the CUDA context come on top.
+    #[arg(long, value_name = "BYTES")]
+    pub capacity: Option<String>,
+
     /// Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...).
     #[arg(long)]
     pub json: bool,

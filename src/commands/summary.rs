@@ -18,6 +18,13 @@ pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         return Err(Error::usage("--top", "must be at least 1"));
     }
     if let [one] = args.snapshots.as_slice() {
+        if args.capacity.is_some() {
+            return Err(Error::usage(
+                "--capacity",
+                "--capacity checks the ranks of several snapshots (gpumem summary rank*.pickle \
+                 --capacity 80GiB); one snapshot's own verdict is in its report",
+            ));
+        }
         return one_file(args, one, out);
     }
     ranks(args, out)
@@ -156,12 +163,27 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
     }
     let spread = summary::spread(&rows);
+    let capacity = match &args.capacity {
+        None => None,
+        Some(c) => Some(
+            crate::units::parse_capacity(c).map_err(|m| Error::usage("--capacity", m))?,
+        ),
+    };
+    let over = capacity.map(|c| report::summary::over_capacity(&rows, c));
     if args.json {
-        let v = report::summary::ranks_json(&rows, &spread);
+        let mut v = report::summary::ranks_json(&rows, &spread);
+        if let (Some(c), Some(o)) = (capacity, &over) {
+            v["capacity"] = serde_json::json!(c);
+            v["over_capacity"] = serde_json::json!(o);
+            v["first_to_run_out"] = serde_json::json!(report::summary::first_to_run_out(&rows));
+        }
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
         report::summary::write_ranks(out, &rows, &spread)?;
+        if let (Some(c), Some(o)) = (capacity, &over) {
+            report::summary::write_over_capacity(out, &rows, c, o)?;
+        }
     }
     let ooms = rows.iter().map(|r| r.ooms).sum();
     let leaks = rows.iter().map(|r| r.leaks).sum();

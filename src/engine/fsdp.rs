@@ -241,6 +241,11 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
+    /// FSDP2's world size (None before `fsdp_init`).
+    pub fn fsdp_world_size(&self) -> Option<u64> {
+        self.fsdp.as_ref().map(|f| f.policy.world_size)
+    }
+
     /// How many parameter groups FSDP2 wraps (0 before `fsdp_init`).
     pub fn fsdp_groups(&self) -> usize {
         self.fsdp.as_ref().map_or(0, |f| f.groups.len())

@@ -275,9 +275,22 @@ impl<S: Device> Tensors<S> {
         dtype: DType,
         category: Category,
     ) -> Result<TensorId, EngineError> {
-        let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
-        self.host_bytes.0 += nbytes;
+        let t = self.memoryless(shape, dtype, category, true)?;
+        let n = self.storages[self.info(t).storage as usize].nbytes;
+        self.host_bytes.0 += n;
         self.host_bytes.1 = self.host_bytes.1.max(self.host_bytes.0);
+        Ok(t)
+    }
+
+    /// A tensor whose storage holds no device memory: on the host (`host`) or nowhere (meta).
+    fn memoryless(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        host: bool,
+    ) -> Result<TensorId, EngineError> {
+        let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
         let storage = Storage {
             addr: 0,
             nbytes,
@@ -288,7 +301,7 @@ impl<S: Device> Tensors<S> {
             version: 0,
             region: None,
             serial: self.storage_serials,
-            host: true,
+            host,
         };
         self.storage_serials += 1;
         let sid = match self.free_storages.pop() {
@@ -315,12 +328,7 @@ impl<S: Device> Tensors<S> {
         dtype: DType,
         category: Category,
     ) -> Result<TensorId, EngineError> {
-        let t = self.host_empty(shape, dtype, category)?;
-        let sid = self.info(t).storage as usize;
-        let n = self.storages[sid].nbytes;
-        self.storages[sid].host = false;
-        self.host_bytes.0 -= n;
-        Ok(t)
+        self.memoryless(shape, dtype, category, false)
     }
 
     /// Whether the tensor lives in host memory.

@@ -186,6 +186,18 @@ pub fn write_text(
         let line = format!("  {}: {}", o.what, o.source);
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
+    if let Some((strategy, world)) = r.ranks {
+        let why = if strategy == "ddp" {
+            "DDP's replicas hold the same model, buckets and activations"
+        } else {
+            "FSDP2 pads every rank's shard to the same size"
+        };
+        let line = format!(
+            "ranks: {world}, each alike ({why}): every figure above is every rank's, NCCL's \
+             included (measured at world size 1); under --capacity they run out together"
+        );
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    }
     if r.host_memory_peak > 0 {
         let line = format!(
             "host memory: {} at most (not device memory: the offloaded shards and their \
@@ -244,6 +256,14 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "driver": r.driver,
         "outside_allocator": r.outside,
         "host_memory_peak": r.host_memory_peak,
+        "ranks": r.ranks.map(|(strategy, world)| json!({
+            "strategy": strategy,
+            "world_size": world,
+            "alike": true,
+            "peak_allocated": r.peak.peak_allocated,
+            "peak_reserved": r.peak.peak_reserved,
+            "outside_allocator": r.outside.iter().map(|o| o.bytes).sum::<u64>(),
+        })),
     })
 }
 

@@ -422,6 +422,60 @@ pub fn write_ranks(
     Ok(())
 }
 
+/// The rows whose peak reserved memory exceeds `capacity`, highest first.
+pub fn over_capacity(rows: &[DeviceRow], capacity: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].peak_reserved_bytes.is_some_and(|p| p > capacity))
+        .collect();
+    v.sort_by_key(|&i| std::cmp::Reverse(rows[i].peak_reserved_bytes));
+    v
+}
+
+/// The row that runs out first as the capacity shrinks: the highest peak reserved.
+pub fn first_to_run_out(rows: &[DeviceRow]) -> Option<usize> {
+    (0..rows.len())
+        .filter(|&i| rows[i].peak_reserved_bytes.is_some())
+        .max_by_key(|&i| (rows[i].peak_reserved_bytes, std::cmp::Reverse(i)))
+}
+
+/// The capacity check of several ranks in a sentence or two.
+pub fn write_over_capacity(
+    out: &mut dyn Write,
+    rows: &[DeviceRow],
+    capacity: u64,
+    over: &[usize],
+) -> std::io::Result<()> {
+    let name = |i: usize| format!("#{i} {} cuda:{}", rows[i].file, rows[i].device);
+    if over.is_empty() {
+        write!(out, "every rank's peak reserved fits in {}", b(capacity))?;
+    } else {
+        let list: Vec<String> = over
+            .iter()
+            .map(|&i| format!("{} ({})", name(i), opt(rows[i].peak_reserved_bytes)))
+            .collect();
+        write!(
+            out,
+            "{} of {} over {} at their peak reserved: {}",
+            over.len(),
+            rows.len(),
+            b(capacity),
+            list.join(", ")
+        )?;
+    }
+    if let Some(i) = first_to_run_out(rows) {
+        write!(
+            out,
+            "; the first to run out as memory shrinks: {} (the highest peak reserved, {})",
+            name(i),
+            opt(rows[i].peak_reserved_bytes)
+        )?;
+    }
+    writeln!(
+        out,
+        ". (Reserved memory only: NCCL's buffers and the CUDA context come on top.)"
+    )
+}
+
 pub fn ranks_json(rows: &[DeviceRow], spread: &[Spread]) -> Value {
     let rows: Vec<Value> = rows
         .iter()

@@ -32,6 +32,8 @@ pub(super) struct Ddp {
     buckets: Vec<TensorId>,
     cap_bytes: u64,
     rebuilt: bool,
+    /// Ranks (each a replica alike).
+    pub(super) world_size: u64,
 }
 
 /// Parameters in `order` (each once, those never ready after the rest) grouped into buckets:
@@ -105,7 +107,7 @@ impl Runner {
         })
     }
 
-    /// `ddp_init(params, buffers=[], bucket_cap_mb=25)`.
+    /// `ddp_init(params, buffers=[], bucket_cap_mb=25, world_size=1)`.
     pub(super) fn ddp_init(&mut self, span: Span, a: &Args) -> Flow<Value> {
         if self.ddp.is_some() {
             return script(span, "ddp_init: the model is wrapped already");
@@ -142,6 +144,7 @@ impl Runner {
             buckets,
             cap_bytes: (cap_mb * (1u64 << 20) as f64) as u64,
             rebuilt: false,
+            world_size: a.kw("world_size").and_then(Value::as_i64).unwrap_or(1).max(1) as u64,
         });
         Ok(Value::None)
     }

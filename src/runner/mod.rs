@@ -371,6 +371,11 @@ pub fn run_on(
     Ok(RunOutcome {
         driver,
         outside,
+        ranks: match (&r.ddp, r.dev.fsdp_world_size()) {
+            (Some(d), _) => Some(("ddp", d.world_size)),
+            (None, Some(w)) => Some(("fsdp2", w)),
+            (None, None) => None,
+        },
         host_memory_peak: r.dev.host_memory().1,
         name: workload.name.clone(),
         capacity,

@@ -372,9 +372,14 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         } else {
             "inv_freq, original_inv_freq"
         };
+        let ws = if d.world_size > 1 {
+            format!(", world_size={}", d.world_size)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "ddp_init([{}], [{buffers}], bucket_cap_mb={})",
+            "ddp_init([{}], [{buffers}], bucket_cap_mb={}{ws})",
             list.join(", "),
             d.bucket_cap_mb
         );
