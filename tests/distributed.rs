@@ -40,7 +40,11 @@ fn fields_match(case: &str, exact: &dyn Fn(usize, &str) -> bool, tolerance: f64)
         t["iterations"].as_array().unwrap(),
     );
     assert_eq!(gi.len(), ti.len());
-    assert_eq!(u(&gi[0]["start"]), u(&t["after_model_allocated"]), "{case}: after the model");
+    assert_eq!(
+        u(&gi[0]["start"]),
+        u(&t["after_model_allocated"]),
+        "{case}: after the model"
+    );
     let mut worst = 0f64;
     for (k, (a, b)) in gi.iter().zip(ti).enumerate() {
         for &f in FIELDS.iter() {
@@ -55,7 +59,11 @@ fn fields_match(case: &str, exact: &dyn Fn(usize, &str) -> bool, tolerance: f64)
             }
         }
     }
-    assert!(worst <= tolerance, "{case}: allocated off by {:.4}%", worst * 100.0);
+    assert!(
+        worst <= tolerance,
+        "{case}: allocated off by {:.4}%",
+        worst * 100.0
+    );
 }
 
 /// Every allocation and free of the three iterations in PyTorch's order and sizes: the
@@ -74,7 +82,8 @@ fn ddp_allocates_and_frees_as_pytorch_does() {
 #[test]
 fn ddp_matches_pytorch_per_iteration() {
     let exact = |k: usize, f: &str| {
-        f.contains("reserved") || (k == 0 && ["start", "after_forward", "after_backward"].contains(&f))
+        f.contains("reserved")
+            || (k == 0 && ["start", "after_forward", "after_backward"].contains(&f))
     };
     fields_match(CASE, &exact, 0.003);
 }
@@ -232,7 +241,10 @@ fn fsdp2_flags_on_a_bare_config() {
     assert_eq!(code, Some(0), "{f}");
     let nccl = &f["outside_allocator"][0];
     assert_eq!(u(&nccl["bytes"]), 558 << 20, "{nccl}");
-    assert!(nccl["source"].as_str().unwrap().contains("measured"), "{nccl}");
+    assert!(
+        nccl["source"].as_str().unwrap().contains("measured"),
+        "{nccl}"
+    );
     assert!(u(&f["driver"]["process_used"]) >= u(&f["driver"]["reserved"]) + (558 << 20));
     // the shards are the model's parameters (the unsharded ones hold nothing between uses)
     assert!(u(&f["iterations"][0]["start"]) >= params);
@@ -241,7 +253,11 @@ fn fsdp2_flags_on_a_bare_config() {
     let (code, off) = run_json(&args(&["--fsdp2", "--cpu-offload"]));
     assert_eq!(code, Some(0), "{off}");
     assert_eq!(u(&off["iterations"][0]["start"]), 1024);
-    assert!(u(&off["host_memory_peak"]) >= 4 * params, "{}", off["host_memory_peak"]);
+    assert!(
+        u(&off["host_memory_peak"]) >= 4 * params,
+        "{}",
+        off["host_memory_peak"]
+    );
     // keeping each layer unsharded from forward to backward costs more than resharding it
     let (code, keep) = run_json(&args(&["--fsdp2", "--no-reshard-after-forward"]));
     assert_eq!(code, Some(0), "{keep}");
@@ -252,7 +268,10 @@ fn fsdp2_flags_on_a_bare_config() {
         f["peak"]["peak_allocated"]
     );
     for (extra, flag) in [
-        (&["--fsdp2", "--param-dtype", "bf16", "--lora-r", "8"][..], "LoRA"),
+        (
+            &["--fsdp2", "--param-dtype", "bf16", "--lora-r", "8"][..],
+            "LoRA",
+        ),
         (&["--fsdp2", "--reduce-dtype", "fp16"][..], "--reduce-dtype"),
         (&["--param-dtype", "bf16"][..], "--fsdp2"),
         (&["--fsdp2", "--ddp"][..], "--ddp"),
@@ -272,8 +291,21 @@ fn fsdp2_shards_shrink_with_the_world_size() {
     let cfg = "fixtures/dist1/cases/llama_s.config.json";
     let run = |w: &'static str| {
         let (code, v) = run_json(&[
-            "run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32", "--fsdp2",
-            "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--world-size", w,
+            "run",
+            cfg,
+            "--batch",
+            "1",
+            "--seq",
+            "64",
+            "--dtype",
+            "fp32",
+            "--fsdp2",
+            "--param-dtype",
+            "bf16",
+            "--reduce-dtype",
+            "fp32",
+            "--world-size",
+            w,
         ]);
         assert_eq!(code, Some(0), "{v}");
         v
@@ -290,7 +322,12 @@ fn fsdp2_shards_shrink_with_the_world_size() {
     assert!(u(&eight["peak"]["peak_allocated"]) < u(&two["peak"]["peak_allocated"]));
     assert!(u(&two["peak"]["peak_allocated"]) < u(&one["peak"]["peak_allocated"]));
     // the 70B benchmark's rank fits its shards (80 layers' worth, 1/64 each) and runs
-    let (code, big) = run_json(&["run", "fixtures/perf/fsdp2_llama70b_ws64.toml", "--iterations", "1"]);
+    let (code, big) = run_json(&[
+        "run",
+        "fixtures/perf/fsdp2_llama70b_ws64.toml",
+        "--iterations",
+        "1",
+    ]);
     assert_eq!(code, Some(0), "{big}");
     let start = u(&big["iterations"][0]["start"]) as f64;
     assert!(start < 70.6e9 * 4.0 / 64.0 * 1.05, "{start}");
@@ -311,14 +348,25 @@ fn sharding_remedies_are_tried_for_distributed_runs() {
             .as_array()
             .unwrap_or_else(|| panic!("no remedies: {v}"))
             .iter()
-            .map(|r| (r["name"].as_str().unwrap().to_string(), u(&r["peak_reserved"])))
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    u(&r["peak_reserved"]),
+                )
+            })
             .collect()
     };
     let ddp = names(&format!("fixtures/dist1/workloads/{CASE}.toml"), "9GiB");
     assert!(ddp.iter().any(|(n, r)| n == "FSDP2" && *r > 0), "{ddp:?}");
-    let fsdp = names(&format!("fixtures/dist1/workloads/{FSDP2_BF16}.toml"), "5GiB");
+    let fsdp = names(
+        &format!("fixtures/dist1/workloads/{FSDP2_BF16}.toml"),
+        "5GiB",
+    );
     for want in ["CPU offload", "world size 2"] {
-        assert!(fsdp.iter().any(|(n, r)| n == want && *r > 0), "{want}: {fsdp:?}");
+        assert!(
+            fsdp.iter().any(|(n, r)| n == want && *r > 0),
+            "{want}: {fsdp:?}"
+        );
     }
     assert!(!fsdp.iter().any(|(n, _)| n == "FSDP2"), "{fsdp:?}");
 }

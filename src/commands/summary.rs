@@ -165,9 +165,9 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
     let spread = summary::spread(&rows);
     let capacity = match &args.capacity {
         None => None,
-        Some(c) => Some(
-            crate::units::parse_capacity(c).map_err(|m| Error::usage("--capacity", m))?,
-        ),
+        Some(c) => {
+            Some(crate::units::parse_capacity(c).map_err(|m| Error::usage("--capacity", m))?)
+        }
     };
     let over = capacity.map(|c| report::summary::over_capacity(&rows, c));
     if args.json {

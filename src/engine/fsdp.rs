@@ -39,7 +39,8 @@
 //!   frees the last reduce-scatter input.
 
 use super::dtype::DType;
-use super::graph::NodeId;
+pub use super::graph::FsdpPolicy;
+use super::graph::{Fsdp, FsdpGroup as Group, NodeId};
 use super::layout::Layout;
 use super::op::ViewKind;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
@@ -59,54 +60,6 @@ const ALL_GATHER_COPY_IN_STREAM: crate::alloc::StreamId = 2;
 /// sizes its grid by them.
 const H200_SMS: u64 = 132;
 const H200_THREADS_PER_SM: u64 = 2048;
-
-/// How FSDP2 wraps the model: the `MixedPrecisionPolicy` and `reshard_after_forward`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FsdpPolicy {
-    pub world_size: u64,
-    /// `param_dtype` (None: the parameters' own).
-    pub param_dtype: Option<DType>,
-    /// `reduce_dtype` (None: the parameter dtype the gradients come in).
-    pub reduce_dtype: Option<DType>,
-    pub reshard_after_forward: bool,
-    /// `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer's
-    /// step on the host.
-    pub offload: bool,
-}
-
-#[derive(Debug, Clone)]
-struct Group {
-    /// The module's parameters: unsharded, their storage dropped between uses.
-    params: Vec<TensorId>,
-    /// The sharded parameters (the optimizer's).
-    sharded: Vec<TensorId>,
-    /// The root group (the parameters outside every wrapped layer): its post-backward runs in
-    /// backward's final callback.
-    root: bool,
-    unsharded: bool,
-    /// The node that made the group's output, with its sequence number: the pre-backward hook.
-    pre_backward: Option<(NodeId, u64)>,
-    /// The alias node on the group's input: the post-backward hook.
-    post_backward: Option<(NodeId, u64)>,
-    /// The all-gather output of an unshard issued and not yet copied out (world size > 1).
-    all_gather: Option<TensorId>,
-    /// Its indices in the post-forward order (the backward prefetch's targets).
-    post_forward_indices: Vec<usize>,
-}
-
-/// The FSDP2 state of a model.
-#[derive(Debug, Clone)]
-pub struct Fsdp {
-    policy: FsdpPolicy,
-    groups: Vec<Group>,
-    /// The last reduce-scatter input, kept until the next post-backward or the end of backward.
-    rs_input: Option<TensorId>,
-    /// In forward, the previous group's all-gather output, freed after the next group's
-    /// all-gather (`comm_ctx.all_gather_state`, world size > 1).
-    all_gather_state: Option<TensorId>,
-    /// The groups in the order their forward ended.
-    post_forward_order: Vec<usize>,
-}
 
 /// Padded shard shape: dim 0 split in `world` chunks, each the size of the first.
 fn shard_shape(shape: &[usize], world: u64) -> Vec<usize> {
@@ -297,7 +250,10 @@ impl<S: Device> Tensors<S> {
         }
         let layout = self.info(x).layout.clone();
         let out = self.view_op(ViewKind::Alias, x, layout, Layout::contiguous(&[]));
-        let hook = self.info(out).grad_fn.map(|n| (n, self.nodes[n.0 as usize].seq));
+        let hook = self
+            .info(out)
+            .grad_fn
+            .map(|n| (n, self.nodes[n.0 as usize].seq));
         if let Some(f) = &mut self.fsdp {
             f.groups[g].post_backward = hook;
         }
@@ -308,7 +264,11 @@ impl<S: Device> Tensors<S> {
     /// the pre-backward hook on the node that made `output`.
     pub fn fsdp_post_forward(&mut self, g: usize, output: TensorId) -> Result<(), EngineError> {
         let root = self.fsdp_group(g)?.root;
-        if self.fsdp.as_ref().is_some_and(|f| f.policy.reshard_after_forward) {
+        if self
+            .fsdp
+            .as_ref()
+            .is_some_and(|f| f.policy.reshard_after_forward)
+        {
             self.fsdp_reshard(g);
         }
         if let Some(f) = &mut self.fsdp {

@@ -1,10 +1,11 @@
 //! What the engine records besides storages, as plain data: tensor and node ids, the autograd
 //! graph (nodes, their edges and saved tensors), activation-checkpoint regions with the tapes
-//! their recompute replays, and the autocast region with its cast cache.
+//! their recompute replays, the autocast region with its cast cache, and FSDP2's groups
+//! (their sharded and unsharded parameters, hooks and pending collectives).
 //!
 //! The behaviour lives above: [`super::tensor`] (storages and views), [`super::autograd`]
-//! (backward), [`super::checkpoint`], [`super::autocast`]. This module imports none of them, so
-//! the engine's modules form no cycle.
+//! (backward), [`super::checkpoint`], [`super::autocast`], [`super::fsdp`]. This module imports
+//! none of them, so the engine's modules form no cycle.
 
 use std::collections::BTreeMap;
 
@@ -131,4 +132,52 @@ pub struct Autocast {
     /// Nesting depth of autocast regions.
     pub depth: u32,
     pub(crate) cache: BTreeMap<TensorId, TensorId>,
+}
+
+/// How FSDP2 wraps the model: the `MixedPrecisionPolicy` and `reshard_after_forward`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsdpPolicy {
+    pub world_size: u64,
+    /// `param_dtype` (None: the parameters' own).
+    pub param_dtype: Option<DType>,
+    /// `reduce_dtype` (None: the parameter dtype the gradients come in).
+    pub reduce_dtype: Option<DType>,
+    pub reshard_after_forward: bool,
+    /// `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer's
+    /// step on the host.
+    pub offload: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FsdpGroup {
+    /// The module's parameters: unsharded, their storage dropped between uses.
+    pub params: Vec<TensorId>,
+    /// The sharded parameters (the optimizer's).
+    pub sharded: Vec<TensorId>,
+    /// The root group (the parameters outside every wrapped layer): its post-backward runs in
+    /// backward's final callback.
+    pub root: bool,
+    pub unsharded: bool,
+    /// The node that made the group's output, with its sequence number: the pre-backward hook.
+    pub pre_backward: Option<(NodeId, u64)>,
+    /// The alias node on the group's input: the post-backward hook.
+    pub post_backward: Option<(NodeId, u64)>,
+    /// The all-gather output of an unshard issued and not yet copied out (world size > 1).
+    pub all_gather: Option<TensorId>,
+    /// Its indices in the post-forward order (the backward prefetch's targets).
+    pub post_forward_indices: Vec<usize>,
+}
+
+/// The FSDP2 state of a model.
+#[derive(Debug, Clone)]
+pub(crate) struct Fsdp {
+    pub policy: FsdpPolicy,
+    pub groups: Vec<FsdpGroup>,
+    /// The last reduce-scatter input, kept until the next post-backward or the end of backward.
+    pub rs_input: Option<TensorId>,
+    /// In forward, the previous group's all-gather output, freed after the next group's
+    /// all-gather (`comm_ctx.all_gather_state`, world size > 1).
+    pub all_gather_state: Option<TensorId>,
+    /// The groups in the order their forward ended.
+    pub post_forward_order: Vec<usize>,
 }

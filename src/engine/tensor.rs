@@ -118,7 +118,7 @@ pub struct Tensors<S: Device> {
     /// Activation-checkpoint regions.
     pub(crate) checkpoint: Checkpoints,
     /// FSDP2's parameter groups and hooks, once `fully_shard` ran.
-    pub(crate) fsdp: Option<Box<super::fsdp::Fsdp>>,
+    pub(crate) fsdp: Option<Box<super::graph::Fsdp>>,
     /// Bytes of pinned host memory tensors hold now, and the most they held.
     pub(crate) host_bytes: (u64, u64),
     /// The stream new storages are allocated on (0, the default stream, but inside a side

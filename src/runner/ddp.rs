@@ -144,7 +144,11 @@ impl Runner {
             buckets,
             cap_bytes: (cap_mb * (1u64 << 20) as f64) as u64,
             rebuilt: false,
-            world_size: a.kw("world_size").and_then(Value::as_i64).unwrap_or(1).max(1) as u64,
+            world_size: a
+                .kw("world_size")
+                .and_then(Value::as_i64)
+                .unwrap_or(1)
+                .max(1) as u64,
         });
         Ok(Value::None)
     }

@@ -14,11 +14,17 @@ fn tensor_list(span: Span, v: &Value, what: &str) -> Flow<Vec<TensorId>> {
             .iter()
             .map(|i| match i {
                 Value::Tensor(t) => Ok(*t),
-                other => script(span, format!("{what} must hold tensors, not {}", other.kind())),
+                other => script(
+                    span,
+                    format!("{what} must hold tensors, not {}", other.kind()),
+                ),
             })
             .collect(),
         Value::Tensor(t) => Ok(vec![*t]),
-        other => script(span, format!("{what} must be a list of tensors, not {}", other.kind())),
+        other => script(
+            span,
+            format!("{what} must be a list of tensors, not {}", other.kind()),
+        ),
     }
 }
 
@@ -30,7 +36,10 @@ fn dtype_arg(span: Span, a: &Args, key: &str) -> Flow<Option<DType>> {
             Some(d) => Ok(Some(d)),
             None => script(span, format!("fsdp_init's {key}: unknown dtype \"{s}\"")),
         },
-        Some(other) => script(span, format!("fsdp_init's {key} must be a dtype, not {}", other.kind())),
+        Some(other) => script(
+            span,
+            format!("fsdp_init's {key} must be a dtype, not {}", other.kind()),
+        ),
     }
 }
 
@@ -45,7 +54,10 @@ fn group_arg(me: &Runner, span: Span, a: &Args, fun: &str) -> Flow<usize> {
         Some(g) if g < 0 && g >= -n => Ok((n + g) as usize),
         _ => script(
             span,
-            format!("{fun}'s first argument is a group's index: 0 to {} (or -1, the root)", n - 1),
+            format!(
+                "{fun}'s first argument is a group's index: 0 to {} (or -1, the root)",
+                n - 1
+            ),
         ),
     }
 }
@@ -61,10 +73,16 @@ impl Runner {
             );
         }
         let Some(groups_v) = a.pos.first().or(a.kw("groups")) else {
-            return script(span, "fsdp_init needs its parameter groups: a list of lists of tensors");
+            return script(
+                span,
+                "fsdp_init needs its parameter groups: a list of lists of tensors",
+            );
         };
         let Value::List(gs) = groups_v else {
-            return script(span, "fsdp_init's groups must be a list of lists of tensors");
+            return script(
+                span,
+                "fsdp_init's groups must be a list of lists of tensors",
+            );
         };
         let mut groups = Vec::new();
         for g in gs {
@@ -80,11 +98,16 @@ impl Runner {
         };
         let world_size = match a.kw("world_size").and_then(Value::as_i64).unwrap_or(1) {
             w @ 1..=65_536 => w as u64,
-            w => return script(span, format!("fsdp_init's world_size must be 1 to 65,536, not {w}")),
+            w => {
+                return script(
+                    span,
+                    format!("fsdp_init's world_size must be 1 to 65,536, not {w}"),
+                )
+            }
         };
         let reshard_after_forward = a
             .kw("reshard_after_forward")
-            .map_or(true, |v| v.as_i64() != Some(0));
+            .is_none_or(|v| v.as_i64() != Some(0));
         let offload = a.kw("offload").is_some_and(|v| v.as_i64() == Some(1));
         let policy = FsdpPolicy {
             offload,
@@ -97,7 +120,9 @@ impl Runner {
             None => Vec::new(),
             Some(v) => tensor_list(span, v, "fsdp_init's buffers")?,
         };
-        self.op(span, "fully_shard", |d| d.fsdp_init(groups, root, &buffers, policy))?;
+        self.op(span, "fully_shard", |d| {
+            d.fsdp_init(groups, root, &buffers, policy)
+        })?;
         Ok(Value::None)
     }
 
@@ -128,7 +153,10 @@ impl Runner {
             Some(other) => {
                 return script(
                     span,
-                    format!("fsdp_pre_forward's input must be a tensor, not {}", other.kind()),
+                    format!(
+                        "fsdp_pre_forward's input must be a tensor, not {}",
+                        other.kind()
+                    ),
                 )
             }
         };

@@ -241,7 +241,12 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             hf_remedies.push(Remedy {
                 name: format!("world size {more}"),
                 change: format!("{more} ranks instead of {}: smaller shards", d.world_size),
-                ..set(&[("world_size", more.as_str())], "", "", RemedyKind::Sharding)
+                ..set(
+                    &[("world_size", more.as_str())],
+                    "",
+                    "",
+                    RemedyKind::Sharding,
+                )
             });
             if !d.param_bf16 {
                 hf_remedies.push(set(

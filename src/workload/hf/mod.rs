@@ -20,6 +20,7 @@ mod config_gpt2_bert;
 mod generate;
 mod gpt2;
 mod llama;
+mod llama_setup;
 mod masks;
 mod moe;
 mod norms;
@@ -311,8 +312,8 @@ pub(crate) fn expand(
         let (linears, attention, default, family): (Vec<&str>, Vec<&str>, &[&str], &str) =
             match &cfg {
                 config::Family::Llama(c) => (
-                    llama::lora_targets(c, false),
-                    llama::lora_targets(c, true),
+                    llama_setup::lora_targets(c, false),
+                    llama_setup::lora_targets(c, true),
                     if c.phi3 {
                         &["qkv_proj"]
                     } else {
@@ -491,7 +492,7 @@ pub(crate) fn expand(
     let (setup, body) = match &cfg {
         config::Family::Llama(c) if run.mode == "generate" => {
             let g = run.generate.as_ref().expect("checked with the mode");
-            (llama::setup(c, &run), generate::body(c, &run, g))
+            (llama_setup::setup(c, &run), generate::body(c, &run, g))
         }
         config::Family::Llama(c) => llama::expand(c, &run),
         config::Family::Gpt2(c) => gpt2::expand(c, &run),
@@ -780,7 +781,13 @@ fn distributed_run(
         );
     }
     let (fsdp_keys, ddp_keys) = (
-        ["param_dtype", "reduce_dtype", "reshard_after_forward", "cpu_offload", "init"],
+        [
+            "param_dtype",
+            "reduce_dtype",
+            "reshard_after_forward",
+            "cpu_offload",
+            "init",
+        ],
         ["gradient_as_bucket_view", "bucket_cap_mb"],
     );
     let (foreign, owner): (&[&str], &str) = if strategy == "ddp" {
@@ -807,7 +814,9 @@ fn distributed_run(
     if family != "llama" {
         return refuse(
             "strategy",
-            format!("{strategy} around a {family} model is not modelled yet (the llama families are)"),
+            format!(
+                "{strategy} around a {family} model is not modelled yet (the llama families are)"
+            ),
         );
     }
     if run.mode != "train" {
@@ -822,7 +831,11 @@ fn distributed_run(
     if strategy == "fsdp2" {
         let mut f = fsdp2_run(&d, table, at, run)?;
         f.world_size = world;
-        let init = d.choice("init", if world > 1 { "meta" } else { "cuda" }, &["cuda", "meta"])?;
+        let init = d.choice(
+            "init",
+            if world > 1 { "meta" } else { "cuda" },
+            &["cuda", "meta"],
+        )?;
         if init == "meta" && f.cpu_offload {
             return refuse(
                 "init",
@@ -873,7 +886,10 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
         } else if run.bf16_autocast {
             ("precision", "bf16 autocast")
         } else {
-            ("dtype", "bf16 weights (use param_dtype = \"bf16\" for FSDP2's mixed precision)")
+            (
+                "dtype",
+                "bf16 weights (use param_dtype = \"bf16\" for FSDP2's mixed precision)",
+            )
         };
         return Err(SyntaxError::new(
             at,
