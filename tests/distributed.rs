@@ -136,7 +136,7 @@ fn distributed_keys_run_or_are_refused_by_name() {
         ("strategy = \"zero1\"\n", "strategy"),
         ("world_size = 0\n", "world_size"),
         (
-            "gradient_as_bucket_view = true\n",
+            "gradient_as_bucket_view = 1\n",
             "gradient_as_bucket_view",
         ),
         ("param_dtype = \"bf16\"\n", "param_dtype"),

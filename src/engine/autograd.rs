@@ -476,6 +476,15 @@ impl<S: Device> Tensors<S> {
         if let Some(log) = &mut self.grad_ready {
             log.push(leaf);
         }
+        // DDP's reducer hook with gradient_as_bucket_view: the gradient copied into the
+        // bucket, the bucket's view made the gradient
+        if let Some(&view) = self.grad_views.as_ref().and_then(|m| m.get(&leaf)) {
+            let r = self.launch(&Op::Copy, &[grad], &[view]);
+            self.release(grad);
+            let v = self.retain(view);
+            self.info_mut(leaf).grad = Some(v);
+            r?;
+        }
         Ok(())
     }
 

@@ -85,6 +85,9 @@ pub struct Tensors<S: Device> {
     /// Leaves in the order their gradient became final in backward, while `Some` (DDP's
     /// autograd hooks record it in its first iteration to rebuild its buckets).
     pub grad_ready: Option<Vec<TensorId>>,
+    /// DDP's `gradient_as_bucket_view`: per parameter, its view of a bucket; once its gradient
+    /// is final it is copied in and the view becomes its `.grad` (the gradient freed).
+    pub grad_views: Option<std::collections::HashMap<TensorId, TensorId>>,
     pub alloc: CachingAllocator<S>,
     storages: Vec<Storage>,
     free_storages: Vec<u32>,
@@ -165,6 +168,7 @@ impl<S: Device> Tensors<S> {
             storage_serials: 0,
             draws: 0,
             grad_ready: None,
+            grad_views: None,
             computes: alloc.source().computes(),
             alloc,
         }

@@ -98,7 +98,7 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
     ),
     rt("synchronize()", "torch.cuda.synchronize()", rt_synchronize),
     rt(
-        "ddp_init(params, buffers=[], bucket_cap_mb=25, world_size=1)",
+        "ddp_init(params, buffers=[], bucket_cap_mb=25, gradient_as_bucket_view=false, world_size=1)",
         "DistributedDataParallel around the parameters (every rank alike; world_size labels the run): one gradient bucket of them all; the first backward's order rebuilds the buckets",
         rt_ddp_init,
     ),

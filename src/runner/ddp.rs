@@ -32,6 +32,8 @@ pub(super) struct Ddp {
     buckets: Vec<TensorId>,
     cap_bytes: u64,
     rebuilt: bool,
+    /// `gradient_as_bucket_view`: the gradients are views of the buckets.
+    bucket_view: bool,
     /// Ranks (each a replica alike).
     pub(super) world_size: u64,
 }
@@ -92,6 +94,32 @@ fn tensors(span: Span, v: Option<&Value>, what: &str) -> Flow<Vec<TensorId>> {
 }
 
 impl Runner {
+    /// The parameters' views of the buckets (`gradient_as_bucket_view`): in `order`, each
+    /// bucket of a dtype filled in turn; the previous views go (a gradient that is one keeps
+    /// its bucket).
+    fn ddp_bucket_views(&mut self, order: &[TensorId], buckets: &[TensorId]) {
+        if let Some(old) = self.dev.grad_views.take() {
+            for (_, v) in old {
+                self.dev.release(v);
+            }
+        }
+        let mut map = std::collections::HashMap::new();
+        let mut fill: Vec<(TensorId, usize)> = buckets.iter().map(|&b| (b, 0)).collect();
+        for &p in order {
+            let (dtype, numel) = (self.dev.dtype(p), self.dev.info(p).layout.numel());
+            let slot = fill.iter_mut().find(|(b, used)| {
+                self.dev.dtype(*b) == dtype && used + numel <= self.dev.info(*b).layout.numel()
+            });
+            let Some((b, used)) = slot else { continue };
+            let mut l = crate::engine::Layout::contiguous(self.dev.shape(p));
+            l.offset = *used;
+            *used += numel;
+            let v = self.dev.view_with(*b, l);
+            map.insert(p, v);
+        }
+        self.dev.grad_views = Some(map);
+    }
+
     /// Each tensor's bytes and dtype, in order.
     fn ddp_sizes<'a>(&self, ts: impl IntoIterator<Item = &'a TensorId>) -> Vec<(u64, DType)> {
         ts.into_iter()
@@ -107,7 +135,8 @@ impl Runner {
         })
     }
 
-    /// `ddp_init(params, buffers=[], bucket_cap_mb=25, world_size=1)`.
+    /// `ddp_init(params, buffers=[], bucket_cap_mb=25, gradient_as_bucket_view=false,
+    /// world_size=1)`.
     pub(super) fn ddp_init(&mut self, span: Span, a: &Args) -> Flow<Value> {
         if self.ddp.is_some() {
             return script(span, "ddp_init: the model is wrapped already");
@@ -136,6 +165,10 @@ impl Runner {
             buckets.push(self.ddp_flat(span, bytes, dtype, Category::Gradient)?);
         }
         self.dev.grad_ready = Some(Vec::new());
+        let bucket_view = a.kw("gradient_as_bucket_view").is_some_and(|v| v.as_i64() == Some(1));
+        if bucket_view {
+            self.ddp_bucket_views(&params, &buckets);
+        }
         let params = params.into_iter().map(|p| self.dev.retain(p)).collect();
         let buffers = buffers.into_iter().map(|b| self.dev.retain(b)).collect();
         self.ddp = Some(Ddp {
@@ -144,6 +177,7 @@ impl Runner {
             buckets,
             cap_bytes: (cap_mb * (1u64 << 20) as f64) as u64,
             rebuilt: false,
+            bucket_view,
             world_size: a
                 .kw("world_size")
                 .and_then(Value::as_i64)
@@ -186,6 +220,12 @@ impl Runner {
                 self.ddp_flat(span, 4 * plan.len() as u64, DType::I32, Category::Temporary)?;
             self.dev.release(counts);
             self.dev.release(idx);
+            // the old buckets go with their views (`buckets_.clear()`), before the new ones
+            if let Some(old) = self.dev.grad_views.take() {
+                for (_, v) in old {
+                    self.dev.release(v);
+                }
+            }
             for b in std::mem::take(&mut ddp.buckets) {
                 self.dev.release(b);
             }
@@ -194,6 +234,10 @@ impl Runner {
                 ddp.buckets.push(b);
             }
             ddp.rebuilt = true;
+            if ddp.bucket_view {
+                let buckets = ddp.buckets.clone();
+                self.ddp_bucket_views(&order, &buckets);
+            }
         }
         // `_sync_module_buffers`: the buffers flattened per dtype to be broadcast
         for (bytes, dtype) in assign(&self.ddp_sizes(&ddp.buffers), u64::MAX, u64::MAX) {

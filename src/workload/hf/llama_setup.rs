@@ -287,11 +287,14 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         } else {
             "inv_freq, original_inv_freq"
         };
-        let ws = if d.world_size > 1 {
+        let mut ws = if d.world_size > 1 {
             format!(", world_size={}", d.world_size)
         } else {
             String::new()
         };
+        if d.bucket_view {
+            ws.push_str(", gradient_as_bucket_view=true");
+        }
         let _ = writeln!(
             s,
             "ddp_init([{}], [{buffers}], bucket_cap_mb={}{ws})",

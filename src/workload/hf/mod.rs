@@ -139,6 +139,8 @@ pub(crate) struct Ddp {
     pub bucket_cap_mb: u64,
     /// Ranks: each holds what rank 0 holds (the replicas are alike).
     pub world_size: u64,
+    /// `gradient_as_bucket_view`: the gradients become views of the buckets.
+    pub bucket_view: bool,
 }
 
 /// `[distributed] strategy = "fsdp2"`: `fully_shard` on each decoder layer, then the root.
@@ -847,12 +849,7 @@ fn distributed_run(
         f.meta_init = init == "meta" && !f.cpu_offload;
         return Ok(Distributed::Fsdp2(f));
     }
-    if d.flag("gradient_as_bucket_view")? {
-        return refuse(
-            "gradient_as_bucket_view",
-            "gradient_as_bucket_view = true (the gradients as views of the buckets) is not modelled yet; false, PyTorch's default, is".into(),
-        );
-    }
+    let bucket_view = d.flag("gradient_as_bucket_view")?;
     let cap = d.int(
         "bucket_cap_mb",
         Some(25),
@@ -864,6 +861,7 @@ fn distributed_run(
     Ok(Distributed::Ddp(Ddp {
         bucket_cap_mb: cap,
         world_size: world,
+        bucket_view,
     }))
 }
 
