@@ -97,6 +97,39 @@ fn fsdp2_allocates_and_frees_as_pytorch_does() {
     events_match(FSDP2_BF16);
 }
 
+/// Configurations recorded after gpumem modelled them (scripts/dist_record.py): a smaller DDP
+/// run, DDP with `gradient_as_bucket_view`, FSDP2 in float32, without resharding after
+/// forward (bf16 and float32) and bf16 with CPU offload. Every field of every iteration to
+/// the byte; every event in order, but for the bucket views, where PyTorch frees each
+/// weight's autograd gradient (replaced by its bucket view) one node later than gpumem
+/// (`TBackward0` between the product and `AccumulateGrad` waits for newer ready nodes): the
+/// same allocations, 192 local reorderings of those frees.
+#[test]
+fn further_world_size_1_configurations_match_pytorch() {
+    for case in [
+        "ddp_llama_s_b2_s256_adamw_fp32",
+        "fsdp2_llama_s_adamw_fp32",
+        "fsdp2_llama_s_adamw_bf16mp_noreshard",
+        "fsdp2_llama_s_adamw_fp32_noreshard",
+        "fsdp2_llama_s_adamw_bf16mp_offload",
+    ] {
+        events_match(case);
+        fields_match(case, &|_, _| true, 0.0);
+    }
+    let case = "ddp_llama_s_adamw_fp32_bucketview";
+    fields_match(case, &|_, _| true, 0.0);
+    let p = common::root().join(format!("fixtures/dist1/traces/events_{case}.json"));
+    let t: Vec<(String, i64)> = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let g = common::allocator_events(&format!("fixtures/dist1/workloads/{case}.toml"));
+    let allocs = |v: &[(String, i64)]| {
+        let mut a: Vec<i64> = v.iter().filter(|e| e.0 == "a").map(|e| e.1).collect();
+        a.sort_unstable();
+        a
+    };
+    assert_eq!(g.len(), t.len(), "{case}: event count");
+    assert_eq!(allocs(&g), allocs(&t), "{case}: the same allocations");
+}
+
 /// With CPU offload: the model built on the host and moved to the device group by group at
 /// `fully_shard` (segments the run then reuses), each shard copied to the device before its
 /// unshard, the reduced gradients sent back (the device output freed at once), the optimizer's
