@@ -265,19 +265,37 @@ pub(super) fn outputs(op: &Op, ins: &[MetaRef]) -> Option<Result<(Meta, Extras),
     Some(r)
 }
 
-/// What the family's kernels take and give back inside: sort's int64 per element.
+/// Past this many elements along its dim, CUDA's `sort` leaves its in-place bitonic sort for
+/// cub's radix sort of (key, index) pairs (`sort_out_stable_cuda`).
+const SORT_IN_PLACE_MAX: usize = 4096;
+
+/// What the family's kernels take and give back inside: sort's int64 per element, and past
+/// [`SORT_IN_PLACE_MAX`] cub's radix-sort storage meanwhile (150,015 bytes for 8,192 int64
+/// keys on the H200).
 pub(super) fn forward_scratch(op: &Op, ins: &[MetaRef]) -> Vec<super::Step> {
     match (op, ins.first()) {
-        (Op::Sort { .. }, Some(x)) => {
+        (Op::Sort { dim }, Some(x)) => {
             let n: usize = x.0.iter().product();
-            vec![
-                super::Step::Alloc {
-                    shape: vec![n],
-                    dtype: DType::I64,
+            let len = wrap_dim(*dim, x.0.len().max(1))
+                .ok()
+                .and_then(|d| x.0.get(d).copied())
+                .unwrap_or(n);
+            let mut steps = vec![super::Step::Alloc {
+                shape: vec![n],
+                dtype: DType::I64,
+                category: crate::trace::Category::Temporary,
+            }];
+            if len > SORT_IN_PLACE_MAX {
+                let temp = super::nn::radix_sort_pairs_temp(n, x.1.size().max(1) as usize);
+                steps.push(super::Step::Alloc {
+                    shape: vec![temp],
+                    dtype: DType::U8,
                     category: crate::trace::Category::Temporary,
-                },
-                super::Step::Free(0),
-            ]
+                });
+                steps.push(super::Step::Free(1));
+            }
+            steps.push(super::Step::Free(0));
+            steps
         }
         _ => Vec::new(),
     }
