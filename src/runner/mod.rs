@@ -204,6 +204,20 @@ pub fn run_on(
     };
     let alloc = crate::alloc::CachingAllocator::new(conf, device);
     let dev = Tensors::new(alloc);
+    // FSDP2 (its shards on the host or the meta device, storages resized to nothing) is
+    // modelled for memory only
+    let fsdp = workload
+        .preset
+        .as_ref()
+        .and_then(|p| p.distributed.as_ref())
+        .is_some_and(|d| d.strategy == "fsdp2");
+    if fsdp && dev.computes() {
+        let e = "FSDP2 is modelled on the simulated device only, for now: run it with --device sim";
+        return Err(match target.device.as_deref().or(opts.device.as_deref()) {
+            Some(_) => Error::usage("--device", e),
+            None => Error::input(path.to_path_buf(), "device", e),
+        });
+    }
     // weights and batches matter only where values are computed
     let open = |p: &Option<PathBuf>, key: &str| -> Result<Option<files::TensorFile>, Error> {
         match p {

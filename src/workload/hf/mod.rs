@@ -452,6 +452,23 @@ pub(crate) fn expand(
         match distributed_run(table, at, span, &run, family)? {
             Distributed::Ddp(d) => run.ddp = Some(d),
             Distributed::Fsdp2(f) => {
+                let refused = if run.lora.is_some() {
+                    Some(("lora", "FSDP2 with LoRA"))
+                } else if run.checkpointing {
+                    Some(("gradient_checkpointing", "FSDP2 with gradient checkpointing"))
+                } else if run.bf16_autocast {
+                    Some(("precision", "FSDP2 under bf16 autocast"))
+                } else if run.bf16_weights {
+                    Some((
+                        "dtype",
+                        "FSDP2 around bf16 weights (param_dtype = \"bf16\" is FSDP2's mixed precision)",
+                    ))
+                } else {
+                    None
+                };
+                if let Some((key, what)) = refused {
+                    unsupported(key, what)?;
+                }
                 // the layers compute with the unsharded parameters in param_dtype, as with
                 // bf16 weights (the buffers stay float32)
                 run.bf16_weights |= f.param_bf16;
@@ -831,7 +848,7 @@ fn distributed_run(
         );
     }
     if strategy == "fsdp2" {
-        let mut f = fsdp2_run(&d, table, at, run)?;
+        let mut f = fsdp2_run(&d, table)?;
         f.world_size = world;
         let init = d.choice(
             "init",
@@ -866,8 +883,8 @@ fn distributed_run(
 }
 
 /// The FSDP2 keys of `[distributed]`: `param_dtype`, `reduce_dtype`, `reshard_after_forward`,
-/// `cpu_offload`; what is not modelled yet refused naming its key.
-fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp2> {
+/// `cpu_offload` (`world_size` and `init` are read by the caller).
+fn fsdp2_run(d: &Reader<'_>, table: &Table) -> PResult<Fsdp2> {
     let param = d.choice("param_dtype", "fp32", &["fp32", "bf16"])?;
     let reduce = d.choice("reduce_dtype", "fp32", &["fp32", "bf16"])?;
     let reduce_given = table.contains_key("reduce_dtype");
@@ -876,24 +893,8 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table, at: Span, run: &Run) -> PResult<Fsdp
         None => true,
         Some(_) => d.flag("reshard_after_forward")?,
     };
-    if run.bf16_weights || run.bf16_autocast || run.lora.is_some() || run.checkpointing {
-        let (key, what) = if run.lora.is_some() {
-            ("lora", "LoRA")
-        } else if run.checkpointing {
-            ("gradient_checkpointing", "gradient checkpointing")
-        } else if run.bf16_autocast {
-            ("precision", "bf16 autocast")
-        } else {
-            (
-                "dtype",
-                "bf16 weights (use param_dtype = \"bf16\" for FSDP2's mixed precision)",
-            )
-        };
-        return Err(SyntaxError::new(
-            at,
-            format!("FSDP2 with {what} is not modelled yet ({key})"),
-        ));
-    }
+    // (LoRA, checkpointing, autocast and bf16 weights under FSDP2 are refused in `expand`,
+    // at their own keys)
     Ok(Fsdp2 {
         param_bf16: param == "bf16",
         reduce_dtype: reduce_given.then_some(if reduce == "bf16" { "bf16" } else { "float32" }),
