@@ -168,10 +168,7 @@ fn distributed_keys_run_or_are_refused_by_name() {
     for (extra, key) in [
         ("strategy = \"zero1\"\n", "strategy"),
         ("world_size = 0\n", "world_size"),
-        (
-            "gradient_as_bucket_view = 1\n",
-            "gradient_as_bucket_view",
-        ),
+        ("gradient_as_bucket_view = 1\n", "gradient_as_bucket_view"),
         ("param_dtype = \"bf16\"\n", "param_dtype"),
         ("bucket_cap_mb = 0\n", "bucket_cap_mb"),
         ("bucket_size = 4\n", "bucket_size"),

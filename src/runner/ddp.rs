@@ -165,7 +165,9 @@ impl Runner {
             buckets.push(self.ddp_flat(span, bytes, dtype, Category::Gradient)?);
         }
         self.dev.grad_ready = Some(Vec::new());
-        let bucket_view = a.kw("gradient_as_bucket_view").is_some_and(|v| v.as_i64() == Some(1));
+        let bucket_view = a
+            .kw("gradient_as_bucket_view")
+            .is_some_and(|v| v.as_i64() == Some(1));
         if bucket_view {
             self.ddp_bucket_views(&params, &buckets);
         }

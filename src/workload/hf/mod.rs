@@ -455,7 +455,10 @@ pub(crate) fn expand(
                 let refused = if run.lora.is_some() {
                     Some(("lora", "FSDP2 with LoRA"))
                 } else if run.checkpointing {
-                    Some(("gradient_checkpointing", "FSDP2 with gradient checkpointing"))
+                    Some((
+                        "gradient_checkpointing",
+                        "FSDP2 with gradient checkpointing",
+                    ))
                 } else if run.bf16_autocast {
                     Some(("precision", "FSDP2 under bf16 autocast"))
                 } else if run.bf16_weights {
