@@ -40,7 +40,8 @@ pub(super) fn sparse_moe(
         &router,
         &format!("rl = linear(xf, {})", p("router_w")),
     );
-    at(s, ind, &router, "rp = rl.softmax(-1)");
+    // (`softmax(router_logits.float())`: a copy in float32 from bf16, gone once used)
+    at(s, ind, &router, "rp = rl.float().softmax(-1)");
     at(s, ind, &router, &format!("tv, ti = topk(rp, {k}, -1)"));
     if moe.norm_topk {
         at(s, ind, &router, "ts = tv.sum(-1, keepdim=true)");
