@@ -256,6 +256,11 @@ impl<S: Device> Tensors<S> {
             self.checkpoint.regions[r as usize].tape.push(ev);
         }
         self.storage_serials += 1;
+        Ok(self.contiguous_over(storage, shape, dtype))
+    }
+
+    /// A contiguous tensor of `shape` over a new storage slot holding `storage`.
+    fn contiguous_over(&mut self, storage: Storage, shape: &[usize], dtype: DType) -> TensorId {
         let sid = match self.free_storages.pop() {
             Some(i) => {
                 self.storages[i as usize] = storage;
@@ -268,7 +273,7 @@ impl<S: Device> Tensors<S> {
         };
         let t = self.new_tensor(sid, dtype, false);
         self.tensors[t.0 as usize].layout.set_contiguous(shape);
-        Ok(t)
+        t
     }
 
     /// A new contiguous tensor in pinned host memory (`torch.empty(..., pin_memory=True)`):
@@ -308,19 +313,7 @@ impl<S: Device> Tensors<S> {
             host,
         };
         self.storage_serials += 1;
-        let sid = match self.free_storages.pop() {
-            Some(i) => {
-                self.storages[i as usize] = storage;
-                i
-            }
-            None => {
-                self.storages.push(storage);
-                (self.storages.len() - 1) as u32
-            }
-        };
-        let t = self.new_tensor(sid, dtype, false);
-        self.tensors[t.0 as usize].layout.set_contiguous(shape);
-        Ok(t)
+        Ok(self.contiguous_over(storage, shape, dtype))
     }
 
     /// A new contiguous tensor on the meta device (`torch.device("meta")`): shape and dtype,
