@@ -1,6 +1,15 @@
-"""Records further world-size-1 distributed cases on the GPU machine with ../shared/tools/dist1.py
-(carried in gpu_carry/): the same loop and output files, with more configurations than dist1.py
-lists. Usage: python3 dist_record.py OUTDIR CASE ; python3 dist_record.py --list"""
+"""Records DDP and FSDP2 cases on the GPU machine: every rank's per-iteration figures, its
+snapshot with Python stacks and NVML's used memory, at any world size (one process per GPU
+under torchrun; NCCL; NVLink multicast off as the GPU tool's notes require). The cases are
+../shared/tools/dist1.py's (carried in gpu_carry/) and more; at world size 1 without torchrun
+dist1.py's own loop runs, so its records compare with ../shared/groundtruth/dist1.
+
+Usage:
+  python3 dist_record.py OUTDIR CASE                     (world size 1, dist1.py's loop)
+  torchrun --nproc-per-node N dist_record.py OUTDIR CASE (every rank: dist1_CASE_wN_rR.json,
+                                                          snapshot_CASE_wN_rR.pickle)
+  python3 dist_record.py --list
+"""
 import os
 import sys
 
@@ -20,9 +29,104 @@ dist1.CASES.update({
     "fsdp2_llama_s_adamw_fp32_noreshard": dict(wrap="fsdp2", batch=4, seq=1024, reshard=False),
 })
 
+
+def any_world(out, name):
+    """One rank of a torchrun job: dist1.py's loop with this rank's device and the job's world
+    size, the model built on the meta device for FSDP2 (to_empty after sharding, as large
+    models are) and on the device for DDP."""
+    import json
+    import pickle
+    import time
+    import torch
+    import torch.distributed as dist
+    import transformers as T
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    kw = dist1.CASES[name]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(**dist1.LLAMA_S)
+    cfg._attn_implementation = "sdpa"
+    base = torch.cuda.memory_allocated()
+    if kw["wrap"] == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(T.LlamaForCausalLM(cfg).to(dev), device_ids=[local],
+                    gradient_as_bucket_view=kw.get("bucket_view", False))
+    else:
+        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy, OffloadPolicy
+        mpp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+               if kw.get("mp") else MixedPrecisionPolicy())
+        off = CPUOffloadPolicy(pin_memory=True) if kw.get("offload") else OffloadPolicy()
+        with torch.device("meta"):
+            model = T.LlamaForCausalLM(cfg)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mpp, reshard_after_forward=kw.get("reshard", True), offload_policy=off)
+        fully_shard(model, mp_policy=mpp, reshard_after_forward=kw.get("reshard", True), offload_policy=off)
+        model.to_empty(device="cpu" if kw.get("offload") else dev)
+        model.model.rotary_emb.inv_freq = model.model.rotary_emb.inv_freq.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    torch.cuda.synchronize()
+    after_model = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    rows = []
+    for it in range(3):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.time()
+        r = {"iter": it, "start": torch.cuda.memory_allocated()}
+        x = torch.randint(0, dist1.LLAMA_S["vocab_size"], (kw["batch"], kw["seq"]), device=dev)
+        out_ = model(input_ids=x, labels=x)
+        r["after_forward"] = torch.cuda.memory_allocated()
+        out_.loss.backward()
+        r["after_backward"] = torch.cuda.memory_allocated()
+        del out_, x
+        opt.step()
+        r["after_step"] = torch.cuda.memory_allocated()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        r["seconds"] = time.time() - t
+        r["end"] = torch.cuda.memory_allocated()
+        r["peak_allocated"] = torch.cuda.max_memory_allocated()
+        r["peak_reserved"] = torch.cuda.max_memory_reserved()
+        r["reserved_end"] = torch.cuda.memory_reserved()
+        rows.append(r)
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    tag = f"{name}_w{world}_r{rank}"
+    with open(os.path.join(out, f"snapshot_{tag}.pickle"), "wb") as f:
+        pickle.dump(snap, f)
+    free, total = torch.cuda.mem_get_info()
+    nvml = None
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(local)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid():
+                nvml = p.usedGpuMemory
+    except Exception as e:  # the figure is optional: mem_get_info stands in
+        nvml = f"unavailable: {e}"
+    res = {"name": name, "config": kw, "model": dist1.LLAMA_S, "rank": rank, "world_size": world,
+           "base_allocated": base, "after_model_allocated": after_model, "iterations": rows,
+           "memory_stats_end": dict(torch.cuda.memory_stats()), "driver_used_bytes_end": total - free,
+           "nvml_process_used_end": nvml}
+    with open(os.path.join(out, f"dist1_{tag}.json"), "w") as f:
+        json.dump({"torch_version": torch.__version__, "world_size": world, "cases": [res]}, f, indent=1)
+    print(tag, [(r["peak_allocated"], r["peak_reserved"]) for r in rows], "driver_used", total - free, flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     dist1.sys.argv = sys.argv
     if sys.argv[1:2] == ["--list"]:
         print(" ".join(dist1.CASES))
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        any_world(sys.argv[1], sys.argv[2])
     else:
         dist1.main()
