@@ -221,18 +221,7 @@ impl<S: Device> Tensors<S> {
         category: Category,
     ) -> Result<TensorId, EngineError> {
         let nbytes = crate::engine::layout::storage_nbytes(shape, dtype.size())?;
-        let rec = self.alloc.recorder_mut();
-        rec.push_static(category.tag());
-        let before = self.alloc.stats().allocated_bytes.all().current;
-        let r = self.alloc.malloc(nbytes, self.stream);
-        self.alloc.recorder_mut().pop_tag();
-        let addr = r?;
-        let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
-        self.by_category[category as usize] += block;
-        let allocated = self.alloc.stats().allocated_bytes.all().current as u64;
-        if allocated > self.peak.0 {
-            self.peak = (allocated, self.by_category);
-        }
+        let (addr, block) = self.malloc_counted(nbytes, category)?;
         let storage = Storage {
             addr,
             nbytes,
@@ -351,6 +340,28 @@ impl<S: Device> Tensors<S> {
     /// Pinned host memory held now and at most so far (bytes).
     pub fn host_memory(&self) -> (u64, u64) {
         self.host_bytes
+    }
+
+    /// `nbytes` from the allocator on the current stream under `category`'s tag, counted in
+    /// the category and the peak: the block's address and the bytes it took.
+    fn malloc_counted(
+        &mut self,
+        nbytes: u64,
+        category: Category,
+    ) -> Result<(u64, u64), EngineError> {
+        let rec = self.alloc.recorder_mut();
+        rec.push_static(category.tag());
+        let before = self.alloc.stats().allocated_bytes.all().current;
+        let r = self.alloc.malloc(nbytes, self.stream);
+        self.alloc.recorder_mut().pop_tag();
+        let addr = r?;
+        let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
+        self.by_category[category as usize] += block;
+        let allocated = self.alloc.stats().allocated_bytes.all().current as u64;
+        if allocated > self.peak.0 {
+            self.peak = (allocated, self.by_category);
+        }
+        Ok((addr, block))
     }
 
     /// A new tensor over `storage`, its layout left to the caller to set. The slot's record
@@ -754,18 +765,7 @@ impl<S: Device> Tensors<S> {
         if self.storages[sid].addr != 0 {
             return Ok(());
         }
-        let rec = self.alloc.recorder_mut();
-        rec.push_static(category.tag());
-        let before = self.alloc.stats().allocated_bytes.all().current;
-        let r = self.alloc.malloc(nbytes, self.stream);
-        self.alloc.recorder_mut().pop_tag();
-        let addr = r?;
-        let block = (self.alloc.stats().allocated_bytes.all().current - before) as u64;
-        self.by_category[category as usize] += block;
-        let allocated = self.alloc.stats().allocated_bytes.all().current as u64;
-        if allocated > self.peak.0 {
-            self.peak = (allocated, self.by_category);
-        }
+        let (addr, block) = self.malloc_counted(nbytes, category)?;
         let s = &mut self.storages[sid];
         s.addr = addr;
         s.nbytes = nbytes;
