@@ -10,19 +10,29 @@ use serde_json::Value;
 
 use gpumem::commands::compare_torch::FIELDS;
 
-/// (case, exact): `exact` cases match every field of every iteration to the byte and
-/// allocate and free as PyTorch did, event for event.
-const CASES: &[(&str, bool)] = &[
-    ("qwen3_06b_4l_b2_s512_adamw_fp32", true),
-    ("gemma_2b_2l_b2_s512_adamw_fp32", true),
-    ("phi3_mini_2l_b2_s512_adamw_fp32", true),
-    ("gemma3_1b_4l_b2_s512_adamw_fp32", true),
-    ("gemma2_2b_2l_b2_s512_adamw_fp32_eager", true),
-    ("mixtral_2l_b2_s512_adamw_fp32", true),
-    ("qwen3moe_2l_b2_s512_adamw_fp32", true),
+/// (case, exact, events): `exact` cases match every field of every iteration to the byte;
+/// `events` cases allocate and free as PyTorch did, event for event.
+const CASES: &[(&str, bool, bool)] = &[
+    ("qwen3_06b_4l_b2_s512_adamw_fp32", true, true),
+    ("gemma_2b_2l_b2_s512_adamw_fp32", true, true),
+    ("phi3_mini_2l_b2_s512_adamw_fp32", true, true),
+    ("gemma3_1b_4l_b2_s512_adamw_fp32", true, true),
+    ("gemma2_2b_2l_b2_s512_adamw_fp32_eager", true, true),
+    ("mixtral_2l_b2_s512_adamw_fp32", true, true),
+    ("qwen3moe_2l_b2_s512_adamw_fp32", true, true),
     // 8,192 routed pairs a layer: cub's radix sort past sort's in-place limit, index_put_'s
     // onesweep storage (recorded after it was modelled, scripts/gpu-families-cases.sh)
-    ("qwen3moe_t_s1024_fp32", true),
+    ("qwen3moe_t_s1024_fp32", true, true),
+    // bf16 weights: CUTLASS's grouped GEMM scratch per product, the float32 routing weights;
+    // the same events as the snapshot's run, whose own figures were not recorded: the
+    // figures' run placed one block differently (a best-fit tie, 512 KiB more allocated)
+    ("mixtral_t_bf16w", false, true),
+    // LoRA over bf16 weights: cuDNN's attention backward writes a frozen key's gradient too
+    ("mixtral_t_lora_bf16w", true, true),
+    // bf16 generation: the decode steps switch the experts to batched_mm
+    ("mixtral_t_generate_bf16", true, true),
+    // Qwen3-MoE's router hands back bf16 weights; its rotary embedding expands first
+    ("qwen3moe_t_generate_bf16", true, true),
 ];
 
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated
@@ -34,7 +44,7 @@ fn differences(name: &str) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
 #[test]
 fn new_families_match_pytorch() {
     let mut report = Vec::new();
-    for &(name, exact) in CASES {
+    for &(name, exact, _) in CASES {
         let (diffs, alloc, reserved) = differences(name);
         report.push(format!(
             "{name}: {} fields differ; worst allocated {:.4}%, reserved {:.4}% beyond 2 MiB",
@@ -59,8 +69,8 @@ fn new_families_match_pytorch() {
 /// autograd's backward (gradients laid out as TensorIterator lays them out) and AdamW.
 #[test]
 fn new_families_allocate_and_free_as_pytorch_does() {
-    for &(name, exact) in CASES {
-        if !exact {
+    for &(name, _, events) in CASES {
+        if !events {
             continue;
         }
         let p = common::root().join(format!("fixtures/hf2/traces/events_{name}.json"));
@@ -119,6 +129,8 @@ const MUST_RUN: &[(&str, &str)] = &[
     ("llama-3.1-8b", "generate"),
     ("llama-3.2-1b", "LoRA bf16"),
     ("llama-3.2-1b", "generate"),
+    ("mixtral-8x7b-v0.1", "LoRA bf16"),
+    ("mixtral-8x7b-v0.1", "generate"),
     ("mistral-7b-v0.3", "LoRA bf16"),
     ("mistral-7b-v0.3", "generate"),
     ("phi-4", "LoRA bf16"),
@@ -129,6 +141,8 @@ const MUST_RUN: &[(&str, &str)] = &[
     ("qwen2.5-7b", "generate"),
     ("qwen3-0.6b", "LoRA bf16"),
     ("qwen3-0.6b", "generate"),
+    ("qwen3-30b-a3b", "LoRA bf16"),
+    ("qwen3-30b-a3b", "generate"),
     ("qwen3-8b", "LoRA bf16"),
     ("qwen3-8b", "generate"),
     ("smollm2-1.7b", "LoRA bf16"),
@@ -443,7 +457,7 @@ fn fit_stops_where_the_model_stops_and_says_so() {
 
 /// Mixtral's and Qwen3-MoE's keys: what is not modelled is refused naming the key or flag
 /// (the router's auxiliary loss, its jitter, a dense layer past the last, more experts per
-/// token than experts, bf16 and checkpointing until recorded); what is modelled runs (LoRA on
+/// token than experts, bf16 autocast and checkpointing until recorded); what is modelled runs (LoRA on
 /// the attention with the experts frozen, generation, a dense layer among sparse ones).
 #[test]
 fn moe_keys_run_or_are_refused_by_name() {
@@ -474,7 +488,7 @@ fn moe_keys_run_or_are_refused_by_name() {
     let cfg = |case: &str| format!("fixtures/hf2/cases/{case}.config.json");
     let (mixc, q3c) = (cfg(mix), cfg(q3));
     for (args, named) in [
-        (vec!["--dtype", "bf16"], "dtype"),
+        (vec!["--precision", "bf16-autocast"], "precision"),
         (vec!["--gradient-checkpointing"], "gradient_checkpointing"),
         (vec!["--attention", "eager"], "attention"),
     ] {
@@ -488,8 +502,8 @@ fn moe_keys_run_or_are_refused_by_name() {
             "{err}"
         );
     }
-    // a published config's own bf16 torch_dtype: the refusal names --dtype and how to run it,
-    // not a line of the workload gpumem writes around the config
+    // a published config's own bf16 torch_dtype runs (bf16 experts are modelled): Mixtral
+    // 8x7B's 93 GB of weights do not fit 80 GiB, said in the verdict
     let out = common::at_root(&[
         "run",
         "fixtures/hf/configs/mixtral-8x7b-v0.1.config.json",
@@ -497,14 +511,14 @@ fn moe_keys_run_or_are_refused_by_name() {
         "1",
         "--seq",
         "16",
+        "--capacity",
+        "80GiB",
+        "--no-remedies",
+        "-q",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("--dtype:") && err.contains("--dtype fp32"),
-        "{err}"
-    );
-    assert!(!err.contains("line 4"), "{err}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.starts_with("does not fit on 80.00 GiB"), "{said}");
     // Qwen3-MoE with layer 1 dense: its MLP is Qwen3MoeMLP (gate_proj, up_proj, down_proj of
     // intermediate_size), the others sparse; LoRA on every linear wraps that MLP too
     let dense = mutate(q3, "mlp_only_layers", serde_json::json!([1]), "dense.json");

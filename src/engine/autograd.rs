@@ -745,10 +745,15 @@ impl<S: Device> Tensors<S> {
         if plan.reversed {
             order.reverse();
         }
+        let mut unneeded = Vec::new();
         let r = (|| {
             for slot in order {
                 let e = &next[slot];
                 if *e == Edge::None {
+                    if plan.every_input {
+                        let (shape, dtype) = &meta[slot];
+                        unneeded.push(self.empty(shape, *dtype, Category::Temporary)?);
+                    }
                     continue;
                 }
                 let (shape, dtype) = &meta[slot];
@@ -783,6 +788,7 @@ impl<S: Device> Tensors<S> {
                     g
                 };
                 made.push((*e, g));
+                self.run_scratch(&plan.each_scratch)?;
                 if plan.cublas {
                     self.ensure_cublas_workspace(false)?;
                 }
@@ -800,6 +806,9 @@ impl<S: Device> Tensors<S> {
             }
             self.run_scratch(&plan.scratch)
         })();
+        for g in unneeded {
+            self.release(g);
+        }
         // (the copy is the input of this node's function: it goes after the function returns)
         self.release_recomputed(n);
         release_copy(self, copied);

@@ -138,6 +138,15 @@ impl<S: Device> Tensors<S> {
         let (out_meta, extras) = op
             .simple_outputs(metas)
             .ok_or_else(|| EngineError::Invalid(format!("{} has its own rule", op.name())))??;
+        if matches!(op, Op::Clamp { .. })
+            && self.grad_enabled
+            && inputs.iter().any(|&t| self.info(t).requires_grad)
+        {
+            return Err(EngineError::Invalid(
+                "clamp of a tensor in the autograd graph is not modelled: run it under no_grad"
+                    .into(),
+            ));
+        }
         let scratch = op.forward_scratch(metas);
         // dropout's kernel takes its mask before its output
         let first = match (&op, extras.first()) {

@@ -56,10 +56,9 @@ const REDUCE_SCATTER_STREAM: crate::alloc::StreamId = 1;
 /// (`comm_ctx.all_gather_copy_in_stream`; world size > 1).
 const ALL_GATHER_COPY_IN_STREAM: crate::alloc::StreamId = 2;
 
-/// An H200's streaming multiprocessors and threads per multiprocessor: `split_with_sizes_copy`
-/// sizes its grid by them.
-const H200_SMS: u64 = 132;
-const H200_THREADS_PER_SM: u64 = 2048;
+/// `split_with_sizes_copy` sizes its grid by the device's multiprocessors and threads.
+const H200_SMS: u64 = super::SMS as u64;
+const H200_THREADS_PER_SM: u64 = super::THREADS_PER_SM as u64;
 
 /// Padded shard shape: dim 0 split in `world` chunks, each the size of the first.
 fn shard_shape(shape: &[usize], world: u64) -> Vec<usize> {

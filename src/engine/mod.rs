@@ -40,5 +40,11 @@ pub mod tensor;
 pub mod workspace;
 
 pub use dtype::DType;
+
+/// The device whose launch configurations the kernels' scratch follows (an H200, where the
+/// ground truth was recorded): its streaming multiprocessors and resident threads per
+/// multiprocessor. Grid sizes, and with them some buffers' sizes, are computed from these.
+pub const SMS: usize = 132;
+pub const THREADS_PER_SM: usize = 2048;
 pub use layout::{Layout, LayoutError};
 pub use tensor::{Category, EngineError, TensorId, Tensors};

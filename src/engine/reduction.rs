@@ -10,9 +10,8 @@
 //! Checked on the H200 against 13 sums of 2-D to 5-D tensors (PyTorch 2.11), and against the
 //! Hugging Face traces (an RMSNorm weight's gradient: a 4 MiB buffer and 16 bytes).
 
-/// The GPU the launch configuration is computed for.
-const SMS: usize = 132;
-const THREADS_PER_SM: usize = 2048;
+// the GPU the launch configuration is computed for
+use super::{SMS, THREADS_PER_SM};
 const WARP: usize = 32;
 const MAX_THREADS: usize = 512;
 const MIN_VALUES_PER_THREAD: usize = 16;

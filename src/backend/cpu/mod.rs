@@ -447,6 +447,7 @@ impl Device for CpuDevice {
                 | Op::IndexPut
                 | Op::Histc { .. }
                 | Op::FloorDiv { .. }
+                | Op::Clamp { .. }
                 | Op::GroupedMm { .. },
                 _,
             ) => routing::launch(self, l),

@@ -136,6 +136,15 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
             let v: Scratch = x.iter().map(|a| (a / value).floor()).collect();
             d.store(out, &v)
         }
+        (Op::Clamp { min, max }, Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            // (torch.clamp: the max wins where min > max; NaN stays NaN)
+            let v: Scratch = x
+                .iter()
+                .map(|&a| if a.is_nan() { a } else { a.max(*min).min(*max) })
+                .collect();
+            d.store(out, &v)
+        }
         (Op::GroupedMm { .. }, Pass::Forward) => {
             let x = d.load(&l.inputs[0])?;
             let w = d.load(&l.inputs[1])?;

@@ -117,6 +117,7 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
         // cuDNN with grouped heads writes its gradients in the inputs' own [B, H, T, D] order
         // (the H200 traces: their views back to the projections' rows copy them)
         bthd: !(cudnn && grouped),
+        every_input: cudnn,
         scratch,
         ..GradPlan::default()
     }

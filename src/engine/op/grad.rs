@@ -95,6 +95,12 @@ pub struct GradPlan {
     /// The kernel's scratch after the gradients, in order; all of it is freed before the
     /// backward returns.
     pub scratch: Vec<Step>,
+    /// The kernel writes a gradient for every input, needed or not (cuDNN's attention
+    /// backward: a frozen key's too); those no input takes go right after the scratch.
+    pub every_input: bool,
+    /// Scratch each gradient's own kernel takes and gives back right after making it (a bf16
+    /// grouped_mm's CUTLASS arguments and workspace), for every gradient made.
+    pub each_scratch: Vec<Step>,
     /// The input whose gradient is laid out as the input is, a view with its last two
     /// dimensions transposed (grouped_mm's weight, a parameter's `transpose(-2, -1)`): made
     /// contiguous with those two swapped, then viewed transposed.

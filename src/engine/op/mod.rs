@@ -292,6 +292,11 @@ pub enum Op {
     FloorDiv {
         value: f64,
     },
+    /// `x.clamp(min, max)` with Python numbers (outside autograd).
+    Clamp {
+        min: f64,
+        max: f64,
+    },
     /// `torch._grouped_mm(x, w, offs)`; `w_t`: the weight is a view with its last two
     /// dimensions transposed (its gradient is made in that layout).
     GroupedMm {
@@ -405,6 +410,7 @@ impl Op {
             Op::IndexPut => "index_put_",
             Op::Histc { .. } => "histc",
             Op::FloorDiv { .. } => "floor_divide",
+            Op::Clamp { .. } => "clamp",
             Op::GroupedMm { .. } => "grouped_mm",
         }
     }
@@ -450,6 +456,7 @@ impl Op {
             Op::IndexPut => "index_put",
             Op::Histc { .. } => "histc",
             Op::FloorDiv { .. } => "floor_divide",
+            Op::Clamp { .. } => "clamp",
             Op::GroupedMm { .. } => "grouped_mm",
         })
     }
@@ -612,7 +619,7 @@ impl Op {
                 }
                 steps
             }
-            (Op::Sort { .. }, _) => routing::forward_scratch(self, ins),
+            (Op::Sort { .. } | Op::GroupedMm { .. }, _) => routing::forward_scratch(self, ins),
             (
                 Op::Softmax {
                     safe: true, dim, ..
@@ -777,6 +784,7 @@ impl Op {
             | Op::Gather
             | Op::Histc { .. }
             | Op::FloorDiv { .. }
+            | Op::Clamp { .. }
             | Op::GroupedMm { .. } => return routing::outputs(self, ins),
             _ => return None,
         };

@@ -82,9 +82,9 @@ const DIRECT_MAX_INDICES: usize = 3072;
 /// Rows one partial sum covers in `embedding_backward_cuda_kernel` (`NROWS_PER_THREAD`).
 const ROWS_PER_PARTIAL: usize = 10;
 
-/// SMs of the device (an H200) and the blocks per SM under which the kernel accumulates the
-/// partial sums with atomics (`MAX_ATOMIC_ACCUM_BLOCKS_PER_SM`) instead of a second pass.
-const SMS: usize = 132;
+use crate::engine::SMS;
+/// The blocks per SM (of [`SMS`]) under which the kernel accumulates the partial sums with
+/// atomics (`MAX_ATOMIC_ACCUM_BLOCKS_PER_SM`) instead of a second pass.
 const ATOMIC_BLOCKS_PER_SM: usize = 4;
 const MAX_BLOCK: usize = 1024;
 

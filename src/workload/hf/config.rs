@@ -229,6 +229,9 @@ pub struct Moe {
     pub norm_topk: bool,
     /// Mixtral makes the router before the experts; Qwen3-MoE the experts first.
     pub router_first: bool,
+    /// Qwen3-MoE's router hands back its top-k weights in the logits' dtype
+    /// (`router_top_value.to(router_logits.dtype)`); Mixtral's stay float32.
+    pub weights_in_logits_dtype: bool,
     /// Which layers have the sparse block (Qwen3-MoE's `decoder_sparse_step` and
     /// `mlp_only_layers`; the others a dense MLP of `intermediate_size`).
     pub sparse: Vec<bool>,
@@ -355,8 +358,9 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let gemma3 = model_type == "gemma3_text";
     let gemma = model_type == "gemma" || gemma2 || gemma3;
     let phi3 = model_type == "phi3";
-    // (Qwen3's and Gemma's rotary embeddings cast as Qwen2's does)
-    let qwen2 = model_type == "qwen2" || qwen3 || gemma;
+    // (Qwen3's and Gemma's rotary embeddings cast as Qwen2's does; Qwen3-MoE's expands
+    // first, as llama's: its bf16 generation on the H200)
+    let qwen2 = model_type == "qwen2" || (qwen3 && !qwen3_moe) || gemma;
     let mistral = model_type == "mistral" || mixtral;
     match model_type {
         "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "phi3"
@@ -853,6 +857,7 @@ fn moe(m: &Map<String, Value>, path: &Path, mixtral: bool, layers: u64) -> Resul
         intermediate,
         norm_topk: mixtral || flag(m, path, "norm_topk_prob", false)?,
         router_first: mixtral,
+        weights_in_logits_dtype: !mixtral,
         sparse: (0..layers)
             .map(|l| !only.contains(&l) && (l + 1) % step.max(1) == 0)
             .collect(),

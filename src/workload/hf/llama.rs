@@ -619,7 +619,8 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         );
     }
     if let Some(moe) = c.moe.as_ref().filter(|moe| moe.sparse[l as usize]) {
-        super::moe::sparse_moe(s, c, moe, (b, t), l, ind);
+        let decode = call.cache == Cache::Append;
+        super::moe::sparse_moe(s, c, moe, (b, t), l, (r.bf16_weights, decode), ind);
         at(s, ind, &block, "h = residual + d0");
         line(s, "del d0, residual, h_in");
         return;

@@ -433,12 +433,16 @@ pub(crate) fn expand(
         }
     }
     if let config::Family::Llama(c) = &cfg {
-        // the experts are matched against PyTorch in float32 with sdpa (training and
-        // inference); bf16 runs grouped_mm's CUTLASS kernel and casts the router's weights,
-        // checkpointing recomputes topk and sort, eager attention is Mixtral's own: none
-        // recorded yet
+        // the experts are matched against PyTorch with sdpa in float32 and in bf16 weights
+        // (training, LoRA, inference and generation, whose decode steps switch to
+        // batched_mm); checkpointing recomputes topk and sort, bf16 autocast leaves the
+        // experts' inputs in float32, eager attention is Mixtral's own: none recorded yet
+        let bf16_weights_only = Run {
+            bf16_weights: false,
+            ..run.clone()
+        };
         if c.moe.is_some() {
-            if let Some((key, what)) = beyond_recorded(&run, false) {
+            if let Some((key, what)) = beyond_recorded(&bf16_weights_only, false) {
                 let what = format!(
                     "{what}{} with mixture-of-experts layers ({})",
                     dtype_hint(key),

@@ -21,6 +21,7 @@ pub(super) fn sparse_moe(
     moe: &super::config::Moe,
     (b, t): (u64, u64),
     l: u64,
+    (bf16, decode): (bool, bool),
     ind: &str,
 ) {
     let rows = b * t;
@@ -48,7 +49,17 @@ pub(super) fn sparse_moe(
         at(s, ind, &router, "tv.div_(ts)");
         line(s, "del ts");
     }
+    if bf16 && moe.weights_in_logits_dtype {
+        // (the float32 weights go as the name is taken: autograd keeps nothing of them)
+        at(s, ind, &router, "tv = tv.to(dtype=bf16)");
+    }
     line(s, "del rp");
+    if decode {
+        batched_experts(s, (&p, &ex), (rows, h, e, k), bf16, ind);
+        at(s, ind, &m("mlp"), &format!("d0 = fo.view({b}, {t}, {h})"));
+        line(s, "del fo, xf, rl, tv, ti, x");
+        return;
+    }
     at(s, ind, &ex, "sw = tv.reshape(-1)");
     at(s, ind, &ex, "ei = ti.reshape(-1)");
     at(s, ind, &ex, "eg, perm = sort(ei)");
@@ -63,19 +74,24 @@ pub(super) fn sparse_moe(
     // (`expert_ids_g.clamp_(max=E - 1)`: in place on an integer tensor, nothing allocated)
     at(s, ind, &ex, "hs.masked_fill_(sm, 0.0)");
     // `_grouped_linear` of `x` by a parameter's `transpose(-2, -1)`, masked out of place
-    let grouped = |s: &mut String, w: &str, x: &str, y: &str| {
+    // (5.17 reuses one name along the chain: without autograd's references, the gate/up
+    // output goes once gated, the gated rows once the down product has them)
+    let grouped = |s: &mut String, w: &str, x: &str, y: &str, drop_input: bool| {
         at(s, ind, &ex, &format!("wt = {}.transpose(-2, -1)", p(w)));
         at(s, ind, &ex, &format!("g0 = grouped_mm({x}, wt, offs)"));
         line(s, "del wt");
+        if drop_input {
+            line(s, &format!("del {x}"));
+        }
         at(s, ind, &ex, &format!("{y} = g0.masked_fill(sm, 0.0)"));
         line(s, "del g0");
     };
-    grouped(s, "gu_w", "hs", "gu");
+    grouped(s, "gu_w", "hs", "gu", false);
     at(s, ind, &ex, "ga, up = gu.chunk(2, dim=-1)");
     at(s, ind, &m("mlp.experts.act_fn"), "gs = ga.silu()");
     at(s, ind, &ex, "gp = gs * up");
-    line(s, "del gs, ga, up");
-    grouped(s, "dn_w", "gp", "dm");
+    line(s, "del gs, ga, up, gu");
+    grouped(s, "dn_w", "gp", "dm", true);
     at(s, ind, &ex, "wo = dm * swg.unsqueeze(-1)");
     at(s, ind, &ex, &format!("inv = empty({pairs}, dtype=int64)"));
     at(s, ind, &ex, &format!("ar = arange({pairs})"));
@@ -89,10 +105,83 @@ pub(super) fn sparse_moe(
         &ex,
         &format!("fo = wi.view({rows}, {k}, {h}).sum(dim=1)"),
     );
-    line(
+    // Mixtral's routing weights are float32: in bf16 so are its weighted rows and their sum, cast
+    // back to the hidden states' dtype on return (`.to(hidden_states.dtype)`), the float32
+    // sum going with the function's other locals
+    let out = if bf16 {
+        at(s, ind, &ex, "fb = fo.to(dtype=bf16)");
+        line(
+            s,
+            "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, dm, wi, inv, fo",
+        );
+        "fb"
+    } else {
+        line(
+            s,
+            "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, dm, wi, inv",
+        );
+        "fo"
+    };
+    at(
         s,
-        "del sw, ei, eg, perm, hs, swg, hi, cnt, offs, sm, gu, gp, dm, wi, inv",
+        ind,
+        &m("mlp"),
+        &format!("d0 = {out}.view({b}, {t}, {h})"),
     );
-    at(s, ind, &m("mlp"), &format!("d0 = fo.view({b}, {t}, {h})"));
-    line(s, "del fo, xf, x, rl, tv, ti");
+    line(s, &format!("del {out}, xf, rl, tv, ti, x"));
+}
+
+/// transformers 5.17's `batched_mm_experts_forward`, which generation switches the
+/// `grouped_mm` experts to for its decode steps on a GPU: each (token, expert) pair's row
+/// copied out, the pairs' expert ids clamped (`eid`) (for expert parallelism's sentinels), each pair's
+/// expert weights gathered (`gate_up_proj[ids]`: the whole matrices, per pair) and applied by
+/// `bmm`, the gathered gate/up weights going once the down ones are taken, the routing weights
+/// (float32) applied and the pairs summed per token, cast back in bf16. Leaves `fo`.
+fn batched_experts(
+    s: &mut String,
+    (p, ex): (&dyn Fn(&str) -> String, &str),
+    (rows, h, e, k): (u64, u64, u64, u64),
+    bf16: bool,
+    ind: &str,
+) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let pairs = rows * k;
+    at(
+        s,
+        ind,
+        ex,
+        &format!("hs = xf.unsqueeze(1).expand({rows}, {k}, {h}).reshape({pairs}, {h})"),
+    );
+    at(s, ind, ex, "sw = tv.reshape(-1)");
+    at(
+        s,
+        ind,
+        ex,
+        &format!("eid = ti.reshape(-1).clamp(0, {})", e - 1),
+    );
+    at(s, ind, ex, &format!("wg = index({}, eid)", p("gu_w")));
+    at(s, ind, ex, "gu = matmul(wg, hs.unsqueeze(-1)).squeeze(-1)");
+    at(s, ind, ex, "ga, up = gu.chunk(2, dim=-1)");
+    at(s, ind, &format!("{ex}.act_fn"), "gs = ga.silu()");
+    at(s, ind, ex, "gp = gs * up");
+    line(s, "del gs, ga, up, gu");
+    at(s, ind, ex, &format!("wd = index({}, eid)", p("dn_w")));
+    line(s, "del wg");
+    at(s, ind, ex, "dm = matmul(wd, gp.unsqueeze(-1)).squeeze(-1)");
+    line(s, "del gp");
+    at(s, ind, ex, "wo = dm * sw.unsqueeze(-1)");
+    at(
+        s,
+        ind,
+        ex,
+        &format!("fs = wo.view({rows}, {k}, {h}).sum(dim=1)"),
+    );
+    if bf16 {
+        at(s, ind, ex, "fo = fs.to(dtype=bf16)");
+    } else {
+        line(s, "fo = fs");
+    }
+    line(s, "del hs, sw, eid, wd, dm, wo, fs");
 }
