@@ -161,7 +161,8 @@ impl<S: Device> Tensors<S> {
             // Inside a (non-reentrant) checkpoint, the saved-tensor hooks keep nothing made in
             // the region: such a tensor goes as soon as nothing else holds it, and backward
             // recomputes it. What came from outside (the region's inputs, parameters) stays.
-            self.drop_region_saved(NodeId(id), r, true);
+            let first_out = outputs.first().map(|&o| self.storage_serial(o));
+            self.drop_region_saved(NodeId(id), r, true, first_out);
         }
     }
 
@@ -170,10 +171,17 @@ impl<S: Device> Tensors<S> {
     /// checkpoint region drops and recomputes it like any saved tensor.
     pub(crate) fn save_extra(&mut self, node: NodeId, t: TensorId, role: Role) {
         let region = self.nodes[node.0 as usize].region;
-        if region.is_some() && self.made_in_region(t) == region {
+        if let Some(r) = region.filter(|&r| self.made_in_region(t) == Some(r)) {
             // a checkpoint's pack hook keeps only what is needed to recompute it
-            let key = (self.storage_serial(t), role, self.info(t).layout.clone());
+            let serial = self.storage_serial(t);
+            let key = (serial, role, self.info(t).layout.clone());
             self.node_mut(node).deferred.push(key);
+            self.checkpoint.regions[r as usize]
+                .tape
+                .push(super::graph::TapeEvent::Saved {
+                    serial,
+                    before: None,
+                });
             self.release(t);
             return;
         }
@@ -507,7 +515,11 @@ impl<S: Device> Tensors<S> {
         retain_graph: bool,
     ) -> Result<Vec<(Edge, TensorId)>, EngineError> {
         let _ = retain_graph;
-        if let Some(r) = self.nodes[n.0 as usize].region {
+        // a checkpoint recomputes its region when a node unpacks what it saved there: nodes
+        // that saved nothing (a view's backward copying an expanded gradient) run before it
+        let node = &self.nodes[n.0 as usize];
+        let unpacks = !node.saved.is_empty() || !node.deferred.is_empty();
+        if let (Some(r), true) = (node.region, unpacks) {
             self.recompute_region(r)?;
         }
         let stale = {

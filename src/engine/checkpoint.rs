@@ -11,13 +11,20 @@ use std::collections::HashMap;
 use super::dtype::DType;
 use super::graph::{NodeId, Region, Saved, TapeEvent, TapeRef};
 use super::layout::Layout;
+use super::op::Role;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
 impl<S: Device> Tensors<S> {
     /// Releases what node `n` saved that was made in region `r` (or recomputed for it),
     /// remembering it for the recompute when `defer`.
-    pub(crate) fn drop_region_saved(&mut self, n: NodeId, r: u32, defer: bool) {
+    pub(crate) fn drop_region_saved(
+        &mut self,
+        n: NodeId,
+        r: u32,
+        defer: bool,
+        first_out: Option<u64>,
+    ) {
         let node = self.node_mut(n);
         let saved = std::mem::take(&mut node.saved);
         let mut keep = Vec::new();
@@ -27,12 +34,16 @@ impl<S: Device> Tensors<S> {
                 continue;
             }
             if defer {
-                let key = (
-                    self.storage_serial(sv.t),
-                    sv.role,
-                    self.info(sv.t).layout.clone(),
-                );
+                let serial = self.storage_serial(sv.t);
+                let key = (serial, sv.role, self.info(sv.t).layout.clone());
                 self.node_mut(n).deferred.push(key);
+                let before = match sv.role {
+                    Role::Input(_) => first_out.filter(|&o| o != serial),
+                    _ => None,
+                };
+                self.checkpoint.regions[r as usize]
+                    .tape
+                    .push(TapeEvent::Saved { serial, before });
             }
             self.release(sv.t);
         }
@@ -88,9 +99,28 @@ impl<S: Device> Tensors<S> {
             .flat_map(|n| self.nodes[n.0 as usize].deferred.iter().map(|d| d.0))
             .collect();
         let tape = std::mem::take(&mut self.checkpoint.regions[r as usize].tape);
-        let last = tape
-            .iter()
-            .rposition(|e| matches!(e, TapeEvent::Alloc { serial, .. } if needed.contains(serial)));
+        // PyTorch stops once the last saved tensor is packed: an output after the op that
+        // saves it, an input before the op allocates (autograd records saved inputs first)
+        let stop_at = |i: usize| match &tape[i] {
+            TapeEvent::Saved {
+                before: Some(out), ..
+            } => tape[..i]
+                .iter()
+                .rposition(|e| matches!(e, TapeEvent::Alloc { serial, .. } if serial == out))
+                .map_or(i, |a| a.saturating_sub(1)),
+            _ => i,
+        };
+        let last = (0..tape.len())
+            .filter(
+                |&i| matches!(&tape[i], TapeEvent::Saved { serial, .. } if needed.contains(serial)),
+            )
+            .map(stop_at)
+            .max()
+            .or_else(|| {
+                tape.iter().rposition(
+                    |e| matches!(e, TapeEvent::Alloc { serial, .. } if needed.contains(serial)),
+                )
+            });
         let mut made: HashMap<u64, TensorId> = HashMap::new();
         let mut order: Vec<u64> = Vec::new();
         let mut result = Ok(());
@@ -127,6 +157,7 @@ impl<S: Device> Tensors<S> {
                         }
                     }
                 }
+                TapeEvent::Saved { .. } => {}
                 TapeEvent::Product { with_bias } => {
                     if let Err(err) = self.ensure_cublas_workspace(*with_bias) {
                         result = Err(err);

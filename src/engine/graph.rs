@@ -98,6 +98,10 @@ pub(crate) enum TapeEvent {
     },
     /// A storage made in the region went.
     Free { serial: u64 },
+    /// A node of the region saved a storage made in it: its pack hook ran, after the op for
+    /// an output, before it for an input (`before`: the op's first output's storage, whose
+    /// allocation the hook preceded). The recompute's early stop comes at the last it needs.
+    Saved { serial: u64, before: Option<u64> },
     /// A matrix product ran (with a bias: through cuBLASLt).
     Product { with_bias: bool },
     /// A kernel ran (data devices only): what the recompute runs again.

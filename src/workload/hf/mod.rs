@@ -435,10 +435,11 @@ pub(crate) fn expand(
     if let config::Family::Llama(c) = &cfg {
         // the experts are matched against PyTorch with sdpa in float32 and in bf16 weights
         // (training, LoRA, inference and generation, whose decode steps switch to
-        // batched_mm); checkpointing recomputes topk and sort, bf16 autocast leaves the
-        // experts' inputs in float32, eager attention is Mixtral's own: none recorded yet
+        // batched_mm) and with HF gradient checkpointing in float32; bf16 autocast leaves the
+        // experts' inputs in float32, eager attention is Mixtral's own: not recorded yet
         let bf16_weights_only = Run {
             bf16_weights: false,
+            checkpointing: false,
             ..run.clone()
         };
         if c.moe.is_some() {
