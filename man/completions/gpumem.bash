@@ -186,7 +186,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -358,7 +358,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -482,7 +482,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -870,7 +870,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)

@@ -51,6 +51,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l optimizer -d 'With
 sgd_momentum\t''
 adam\t''
 adamw\t''
+adam8bit\t''
+adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -119,6 +121,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l optimizer -d 'Wi
 sgd_momentum\t''
 adam\t''
 adamw\t''
+adam8bit\t''
+adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -177,6 +181,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l optimizer -d 'Wit
 sgd_momentum\t''
 adam\t''
 adamw\t''
+adam8bit\t''
+adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -219,6 +225,8 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l optimizer -d 'With
 sgd_momentum\t''
 adam\t''
 adamw\t''
+adam8bit\t''
+adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"

@@ -160,6 +160,8 @@ pub enum RemedyKind {
     Bf16Autocast,
     /// The weights in bf16.
     Bf16Weights,
+    /// bitsandbytes' 8-bit AdamW (or Adam) instead of PyTorch's (every weight still trained).
+    Optim8bit,
     /// LoRA adapters instead of training every weight.
     Lora,
     Sgd,
@@ -194,6 +196,7 @@ impl RemedyKind {
             RemedyKind::Bf16Autocast
             | RemedyKind::Bf16Weights
             | RemedyKind::Lora
+            | RemedyKind::Optim8bit
             | RemedyKind::Sgd
             | RemedyKind::ShorterSeq
             | RemedyKind::SmallerBatch => RemedyTier::Training,

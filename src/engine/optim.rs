@@ -8,8 +8,16 @@
 //!   temporary per parameter at once (`_foreach_sqrt` of `exp_avg_sq`) and frees them at the end
 //!   of the step; without it, each parameter's update allocates two temporaries (`sqrt`, then the
 //!   division) that are freed before the next parameter.
+//! - bitsandbytes' `Adam8bit`/`AdamW8bit` (0.50, block-wise) make their state at the first
+//!   step, parameter by parameter: for the first, the two quantization maps (256 float32 each,
+//!   copied to the device once); for a parameter of at least `min_8bit_size` (4,096) elements,
+//!   `state1` and `state2` as uint8 zeros of its size and `absmax1` and `absmax2`, one float32
+//!   per block of 256; for a smaller one, two float32 states of its size. Their update is one
+//!   kernel per parameter, in place: no temporaries. (The H200 traces of
+//!   fixtures/opt8, allocation by allocation.)
 //! - `zero_grad(set_to_none=True)` drops the gradients; with `False` they are zeroed in place.
 
+use super::dtype::DType;
 pub use super::op::OptimKind;
 use super::op::{Fill, Hyper, Op, OptimStep};
 use super::tensor::{Category, EngineError, TensorId, Tensors};
@@ -26,7 +34,16 @@ pub struct Optimizer {
     pub state: Vec<Vec<TensorId>>,
     /// Per parameter, the steps it took (PyTorch's per-parameter `step`).
     pub steps: Vec<u64>,
+    /// bitsandbytes' quantization maps on the device (the 8-bit optimizers' first step).
+    pub qmaps: Vec<TensorId>,
 }
+
+/// bitsandbytes' `min_8bit_size`: smaller parameters keep 32-bit state.
+const MIN_8BIT_SIZE: usize = 4096;
+/// bitsandbytes' block size for the block-wise 8-bit state (one float32 maximum per block).
+const BLOCK: usize = 256;
+/// Entries of a quantization map (the dynamic 8-bit code, float32).
+const QMAP_ENTRIES: usize = 256;
 
 impl Optimizer {
     /// An optimizer with PyTorch's default hyperparameters for `kind`.
@@ -44,6 +61,7 @@ impl Optimizer {
             params,
             state,
             steps,
+            qmaps: Vec::new(),
         }
     }
 
@@ -53,6 +71,21 @@ impl Optimizer {
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| d.grad(self.params[i]).is_some())
             .collect();
+        if self.kind.eight_bit() {
+            if d.computes() {
+                return Err(EngineError::Invalid(format!(
+                    "{}'s block-wise 8-bit update has no kernel on this device yet: run it on the simulated device (the default)",
+                    self.kind.name()
+                )));
+            }
+            for &i in &with_grad {
+                if self.state[i].is_empty() {
+                    self.init_8bit(d, i)?;
+                }
+                self.steps[i] += 1;
+            }
+            return Ok(());
+        }
         for &i in &with_grad {
             if self.state[i].is_empty() {
                 let p = self.params[i];
@@ -117,6 +150,40 @@ impl Optimizer {
         Ok(())
     }
 
+    /// bitsandbytes' `init_state` for parameter `i` (the maps first, for the first one).
+    fn init_8bit<S: Device>(&mut self, d: &mut Tensors<S>, i: usize) -> Result<(), EngineError> {
+        let p = self.params[i];
+        let numel: usize = d.shape(p).iter().product();
+        let made = |d: &mut Tensors<S>, shape: Vec<usize>, dtype| {
+            let s = d.empty_beside(p, &shape, dtype, Category::OptimizerState)?;
+            d.fill(s, Fill::Zeros)?;
+            Ok::<_, EngineError>(s)
+        };
+        if self.qmaps.is_empty() {
+            for _ in 0..2 {
+                let q = made(d, vec![QMAP_ENTRIES], DType::F32)?;
+                self.qmaps.push(q);
+            }
+        }
+        let shape = d.shape(p).to_vec();
+        if numel >= MIN_8BIT_SIZE {
+            for _ in 0..2 {
+                let s = made(d, shape.clone(), DType::U8)?;
+                self.state[i].push(s);
+            }
+            for _ in 0..2 {
+                let s = made(d, vec![numel.div_ceil(BLOCK)], DType::F32)?;
+                self.state[i].push(s);
+            }
+        } else {
+            for _ in 0..2 {
+                let s = made(d, shape.clone(), DType::F32)?;
+                self.state[i].push(s);
+            }
+        }
+        Ok(())
+    }
+
     /// `optimizer.zero_grad(set_to_none=...)`: drops the gradients, or zeros them in place.
     pub fn zero_grad<S: Device>(
         &self,
@@ -135,7 +202,7 @@ impl Optimizer {
 
     /// Gives back every handle (parameters and state).
     pub fn release<S: Device>(self, d: &mut Tensors<S>) {
-        for s in self.state.into_iter().flatten() {
+        for s in self.state.into_iter().flatten().chain(self.qmaps) {
             d.release(s);
         }
         for p in self.params {

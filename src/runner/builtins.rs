@@ -142,6 +142,16 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         "torch.optim.AdamW",
         rt_optimizer,
     ),
+    rt(
+        "adam8bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0, foreach=true)",
+        "bitsandbytes.optim.Adam8bit (0.50, block-wise): uint8 states with float32 block maxima, 32-bit states below 4,096 elements; simulated device only",
+        rt_optimizer,
+    ),
+    rt(
+        "adamw8bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
+        "bitsandbytes.optim.AdamW8bit (0.50, block-wise), as adam8bit with decoupled weight decay; simulated device only",
+        rt_optimizer,
+    ),
 ];
 
 /// The runtime's methods.
@@ -617,6 +627,8 @@ impl Runner {
                 self.calling = match func.as_str() {
                     "sgd" => "sgd",
                     "adam" => "adam",
+                    "adam8bit" => "adam8bit",
+                    "adamw8bit" => "adamw8bit",
                     _ => "adamw",
                 };
                 (r.call)(self, span, &Value::None, a)
@@ -670,8 +682,18 @@ impl Runner {
             "sgd" if momentum != 0.0 => OptimKind::SgdMomentum,
             "sgd" => OptimKind::Sgd,
             "adam" => OptimKind::Adam,
+            "adam8bit" => OptimKind::Adam8bit,
+            "adamw8bit" => OptimKind::AdamW8bit,
             _ => OptimKind::AdamW,
         };
+        if kind.eight_bit() && self.dev.computes() {
+            return script(
+                span,
+                format!(
+                    "{func}: bitsandbytes' block-wise 8-bit update has no kernel on this device yet; run it on the simulated device (no --device), which gives the same memory"
+                ),
+            );
+        }
         let d = Hyper::defaults(kind);
         let betas = match a.kw("betas") {
             None => d.betas,

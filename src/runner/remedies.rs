@@ -269,6 +269,26 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
     };
     if adam {
+        let plain_adam = match p {
+            Some(p) => p.optimizer == "adam",
+            None => !transform::calls(&w.setup, "adamw"),
+        };
+        let (name, class) = if plain_adam {
+            ("8-bit Adam", "Adam8bit")
+        } else {
+            ("8-bit AdamW", "AdamW8bit")
+        };
+        out.push(Remedy {
+            name: name.into(),
+            change: format!(
+                "bitsandbytes' {class} instead of PyTorch's: uint8 optimizer state with float32 block maxima"
+            ),
+            overrides: Overrides {
+                optim8bit: true,
+                ..base.clone()
+            },
+            kind: RemedyKind::Optim8bit,
+        });
         out.push(Remedy {
             name: "SGD".into(),
             change: "torch.optim.SGD instead of Adam (no optimizer state)".into(),

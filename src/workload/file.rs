@@ -123,10 +123,15 @@ fn override_preset(model: &mut Table, train: &mut Table, o: &Overrides, kind: &s
     if o.checkpointing && kind == "gpt" {
         set(train, "checkpointing", Value::Boolean(true));
     }
-    if o.sgd {
+    if o.sgd || o.optim8bit {
         let opt = get(train, "optimizer").unwrap_or_else(|| "adamw".into());
         if opt == "adam" || opt == "adamw" {
-            set(train, "optimizer", Value::String("sgd".into()));
+            let to = if o.sgd {
+                "sgd".into()
+            } else {
+                format!("{opt}8bit")
+            };
+            set(train, "optimizer", Value::String(to));
         }
     }
     if o.no_grad_eval && get(train, "mode").as_deref() == Some("eval-with-graph") {
@@ -191,6 +196,8 @@ pub(crate) fn parse_file(text: &str, overrides: &Overrides, base: &Path) -> PRes
                 };
                 if overrides.sgd && (opt == "adam" || opt == "adamw") {
                     set(t, "optimizer", Value::String("sgd".into()));
+                } else if overrides.optim8bit && (opt == "adam" || opt == "adamw") {
+                    set(t, "optimizer", Value::String(format!("{opt}8bit")));
                 }
             } else if !overrides.is_empty() {
                 let kind = match model_t.get("kind").map(|v| v.get_ref()) {
@@ -607,6 +614,9 @@ fn apply_to_script(setup: &mut [Stmt], body: &mut Vec<Stmt>, o: &Overrides) {
     if o.sgd {
         transform::adam_to_sgd(setup);
         transform::adam_to_sgd(body);
+    } else if o.optim8bit {
+        transform::adam_to_8bit(setup);
+        transform::adam_to_8bit(body);
     }
     if o.keep_item {
         transform::keep_to_item(body);

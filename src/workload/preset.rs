@@ -707,7 +707,15 @@ fn read_train(t: &Reader<'_>) -> PResult<Train> {
     let optimizer = t.choice(
         "optimizer",
         "adamw",
-        &["sgd", "sgd_momentum", "adam", "adamw", "none"],
+        &[
+            "sgd",
+            "sgd_momentum",
+            "adam",
+            "adamw",
+            "adam8bit",
+            "adamw8bit",
+            "none",
+        ],
     )?;
     let precision = t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?;
     let mode = match t.choice("mode", "train", &["train", "inference", "eval-with-graph"])? {

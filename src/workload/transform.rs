@@ -32,6 +32,8 @@ pub struct Overrides {
     pub lora_attention: bool,
     /// Use plain SGD where the workload uses Adam or AdamW.
     pub sgd: bool,
+    /// Use bitsandbytes' 8-bit Adam or AdamW where the workload uses PyTorch's.
+    pub optim8bit: bool,
     /// Run an evaluation loop (no `backward`) under `no_grad`.
     pub no_grad_eval: bool,
     /// Keep `loss.item()` (a number) where the workload keeps the loss tensor.
@@ -198,6 +200,20 @@ fn map_exprs(stmts: &mut [Stmt], f: &dyn Fn(&mut Expr)) {
             StmtKind::Block { body, .. } => map_exprs(body, f),
         }
     }
+}
+
+/// `adam(...)` and `adamw(...)` become bitsandbytes' `adam8bit(...)` and `adamw8bit(...)`
+/// with the same arguments.
+pub fn adam_to_8bit(stmts: &mut [Stmt]) {
+    map_exprs(stmts, &|e| {
+        if let ExprKind::Call { func, .. } = &mut e.kind {
+            if func == "adam" {
+                *func = "adam8bit".into();
+            } else if func == "adamw" {
+                *func = "adamw8bit".into();
+            }
+        }
+    });
 }
 
 /// `adam(...)` and `adamw(...)` become `sgd(...)` over the same parameters (Adam's keyword

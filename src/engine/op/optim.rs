@@ -8,6 +8,9 @@ pub enum OptimKind {
     SgdMomentum,
     Adam,
     AdamW,
+    /// bitsandbytes' `Adam8bit` and `AdamW8bit` (block-wise 8-bit state).
+    Adam8bit,
+    AdamW8bit,
 }
 
 impl OptimKind {
@@ -17,6 +20,8 @@ impl OptimKind {
             "sgd_momentum" => OptimKind::SgdMomentum,
             "adam" => OptimKind::Adam,
             "adamw" => OptimKind::AdamW,
+            "adam8bit" => OptimKind::Adam8bit,
+            "adamw8bit" => OptimKind::AdamW8bit,
             _ => return None,
         })
     }
@@ -27,6 +32,8 @@ impl OptimKind {
             OptimKind::SgdMomentum => "sgd_momentum",
             OptimKind::Adam => "adam",
             OptimKind::AdamW => "adamw",
+            OptimKind::Adam8bit => "adam8bit",
+            OptimKind::AdamW8bit => "adamw8bit",
         }
     }
 
@@ -34,16 +41,23 @@ impl OptimKind {
         match self {
             OptimKind::Sgd | OptimKind::SgdMomentum => "sgd_step",
             OptimKind::Adam | OptimKind::AdamW => "adam_step",
+            OptimKind::Adam8bit | OptimKind::AdamW8bit => "adam8bit_blockwise_step",
         }
     }
 
-    /// State tensors per parameter (momentum buffer; exp_avg and exp_avg_sq).
+    /// State tensors per parameter (momentum buffer; exp_avg and exp_avg_sq; the 8-bit
+    /// optimizers' two states, in 8 bits with their block maxima or in 32 bits).
     pub fn states(self) -> usize {
         match self {
             OptimKind::Sgd => 0,
             OptimKind::SgdMomentum => 1,
-            OptimKind::Adam | OptimKind::AdamW => 2,
+            OptimKind::Adam | OptimKind::AdamW | OptimKind::Adam8bit | OptimKind::AdamW8bit => 2,
         }
+    }
+
+    /// bitsandbytes' 8-bit optimizers.
+    pub fn eight_bit(self) -> bool {
+        matches!(self, OptimKind::Adam8bit | OptimKind::AdamW8bit)
     }
 }
 
@@ -70,7 +84,11 @@ impl Hyper {
             },
             betas: (0.9, 0.999),
             eps: 1e-8,
-            weight_decay: if kind == OptimKind::AdamW { 0.01 } else { 0.0 },
+            weight_decay: if matches!(kind, OptimKind::AdamW | OptimKind::AdamW8bit) {
+                0.01
+            } else {
+                0.0
+            },
         }
     }
 }

@@ -277,7 +277,15 @@ pub(crate) fn expand(
         optimizer: t.choice(
             "optimizer",
             "adamw",
-            &["sgd", "sgd_momentum", "adam", "adamw", "none"],
+            &[
+                "sgd",
+                "sgd_momentum",
+                "adam",
+                "adamw",
+                "adam8bit",
+                "adamw8bit",
+                "none",
+            ],
         )?,
         bf16_autocast: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?
             == "bf16-autocast",
