@@ -166,7 +166,16 @@ fn distributed_keys_run_or_are_refused_by_name() {
     .replace("seq = 1024", "seq = 64")
     .replace("iterations = 3", "iterations = 2");
     for (extra, key) in [
-        ("strategy = \"zero1\"\n", "strategy"),
+        ("strategy = \"zero3\"\n", "strategy"),
+        (
+            "strategy = \"zero2\"\nbucket_cap_mb = 25\n",
+            "bucket_cap_mb",
+        ),
+        (
+            "strategy = \"zero2\"\nreduce_bucket_size = 0\n",
+            "reduce_bucket_size",
+        ),
+        ("strategy = \"zero1\"\ncpu_offload = true\n", "cpu_offload"),
         ("world_size = 0\n", "world_size"),
         ("gradient_as_bucket_view = 1\n", "gradient_as_bucket_view"),
         ("param_dtype = \"bf16\"\n", "param_dtype"),
@@ -399,4 +408,66 @@ fn sharding_remedies_are_tried_for_distributed_runs() {
         );
     }
     assert!(!fsdp.iter().any(|(n, _)| n == "FSDP2"), "{fsdp:?}");
+}
+
+/// DeepSpeed ZeRO stage 2 (DeepSpeed 0.19.6's code): the flat parameters replace the
+/// parameters, each rank adds a float32 master partition at construction and Adam's two states
+/// over it at the first step, and the reduction bucket (reduce_bucket_size elements of the
+/// parameters' dtype, 2 GB in float32 at the default) lives through each backward.
+#[test]
+fn zero_partitions_the_master_weights_and_adams_state() {
+    let cfg = "fixtures/dist1/cases/llama_s.config.json";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
+        args.extend_from_slice(extra);
+        let (code, v) = run_json(&args);
+        assert_eq!(code, Some(0), "{extra:?}: {}", v["verdict"]);
+        v
+    };
+    let start = |v: &Value, i: usize| u(&v["iterations"][i]["start"]);
+    // llama_s: 155,730,944 float32 parameters, a multiple of 2 x 4 ranks: no padding
+    let params = 622_923_776u64;
+    let z4 = run(&["--zero", "2", "--world-size", "4"]);
+    let z8 = run(&["--zero", "2", "--world-size", "8"]);
+    let z1 = run(&["--zero", "1", "--world-size", "4"]);
+    let small = run(&[
+        "--zero",
+        "2",
+        "--world-size",
+        "4",
+        "--reduce-bucket-size",
+        "1000000",
+    ]);
+    // the master partition at construction: a quarter of the parameters against an eighth
+    assert_eq!(start(&z4, 0) - start(&z8, 0), params / 4 - params / 8);
+    // Adam's state over the partition at the first step (beside the backward's cuBLAS
+    // workspaces, the same at any world size): 2 x 1/4 of the parameters against 2 x 1/8
+    let first_step = |v: &Value| start(v, 1) - start(v, 0);
+    assert_eq!(
+        first_step(&z4) - first_step(&z8),
+        2 * params / 4 - 2 * params / 8
+    );
+    assert_eq!(first_step(&z1), first_step(&z4));
+    for (v, strategy) in [
+        (&z4, "zero2"),
+        (&z1, "zero1"),
+        (&small, "zero2"),
+        (&z8, "zero2"),
+    ] {
+        assert_eq!(v["ranks"]["strategy"], strategy);
+        assert_eq!(v["ranks"]["alike"], false);
+    }
+    // the flat parameters replace the parameters (and their segments' unsplit 1 MiB tails):
+    // the model's parameters and the master partition, no more
+    assert_eq!(start(&z4, 0), params + params / 4 + 1024);
+    // the default bucket: 500,000,000 float32 elements through backward
+    let peak = |v: &Value| u(&v["peak"]["peak_allocated"]);
+    assert!(
+        peak(&z4) >= peak(&small) + 1_990_000_000,
+        "{} against {}",
+        peak(&z4),
+        peak(&small)
+    );
+    // stage 1 keeps the full gradients through backward: a higher peak than stage 2's
+    assert!(peak(&z1) > peak(&z4), "{} {}", peak(&z1), peak(&z4));
 }

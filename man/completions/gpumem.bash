@@ -171,7 +171,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__check)
-            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
+            opts="-q -v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --baseline --update --allow-new --tolerance --budget --param --junit --markdown --json --top --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -226,6 +226,14 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zero)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reduce-bucket-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -343,7 +351,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__diff)
-            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --top --markdown --json --device --verbose --color --help"
+            opts="-v -h --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --top --markdown --json --device --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -398,6 +406,14 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zero)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reduce-bucket-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -463,7 +479,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__fit)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --param --max --iterations --no-remedies --exact --json --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -522,6 +538,14 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zero)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reduce-bucket-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -851,7 +875,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -910,6 +934,14 @@ _gpumem() {
                     return 0
                     ;;
                 --bucket-cap-mb)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --zero)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --reduce-bucket-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -223,7 +223,18 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "ddp")]
     pub fsdp2: bool,
 
-    /// With --ddp or --fsdp2: the number of ranks (`[distributed] world_size`, default 1).
+    /// With a bare config: train under DeepSpeed ZeRO stage 1 or 2 (`[distributed] strategy =
+    /// "zero1"` or `"zero2"`): the flat parameters, a float32 master partition and Adam's state
+    /// per rank, the reduction bucket (`reduce_bucket_size`, 5e8 elements) and the partition's
+    /// gradients, as DeepSpeed 0.19.6's code allocates them. Rank 0 is shown.
+    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with_all = ["ddp", "fsdp2"])]
+    pub zero: Option<u8>,
+
+    /// With --zero: DeepSpeed's `reduce_bucket_size` in elements (default 500000000).
+    #[arg(long, value_name = "ELEMENTS", requires = "zero")]
+    pub reduce_bucket_size: Option<u64>,
+
+    /// With --ddp, --fsdp2 or --zero: the number of ranks (`[distributed] world_size`, default 1).
     /// Every rank holds what rank 0 holds; under FSDP2 each a 1/N shard, the model built on
     /// the meta device when N > 1.
     #[arg(long, value_name = "N")]

@@ -269,11 +269,18 @@ fn config_flags(
             distributed.push(("bucket_cap_mb".to_string(), mb.to_string()));
         }
     }
+    if let Some(stage) = args.zero {
+        given.push("--zero");
+        distributed.push(("strategy".to_string(), q(&format!("zero{stage}"))));
+        if let Some(n) = args.reduce_bucket_size {
+            distributed.push(("reduce_bucket_size".to_string(), n.to_string()));
+        }
+    }
     if let Some(n) = args.world_size {
-        if !args.ddp && !args.fsdp2 {
+        if !args.ddp && !args.fsdp2 && args.zero.is_none() {
             return Err(Error::usage(
                 "--world-size",
-                "--world-size needs a strategy: add --ddp or --fsdp2",
+                "--world-size needs a strategy: add --ddp, --fsdp2 or --zero 1|2",
             ));
         }
         distributed.push(("world_size".to_string(), n.to_string()));

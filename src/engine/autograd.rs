@@ -241,7 +241,9 @@ impl<S: Device> Tensors<S> {
         let was = std::mem::replace(&mut self.on_autograd_thread, true);
         let r = self.backward_on_autograd_thread(root, retain_graph);
         self.on_autograd_thread = was;
-        r
+        r?;
+        // DeepSpeed's engine reduces what is left once `loss.backward()` returns
+        self.zero_after_backward()
     }
 
     fn backward_on_autograd_thread(
@@ -492,6 +494,9 @@ impl<S: Device> Tensors<S> {
             let v = self.retain(view);
             self.info_mut(leaf).grad = Some(v);
             r?;
+        }
+        if self.zero.is_some() {
+            self.zero_grad_ready(leaf)?;
         }
         Ok(())
     }

@@ -185,3 +185,38 @@ pub(crate) struct Fsdp {
     /// The groups in the order their forward ended.
     pub post_forward_order: Vec<usize>,
 }
+
+/// DeepSpeed ZeRO stage 1 or 2 on one rank (plain state; the behaviour is
+/// [`super::zero`]'s).
+#[derive(Debug, Clone)]
+pub(crate) struct Zero {
+    /// 1: the optimizer state partitioned; 2: the gradients too.
+    pub stage: u8,
+    pub world: u64,
+    /// `reduce_bucket_size` in elements.
+    pub bucket_elems: u64,
+    /// `overlap_comm`: two buckets.
+    pub overlap: bool,
+    /// The trainable parameters in group order, their sizes and offsets in the flat buffer.
+    pub params: Vec<TensorId>,
+    pub numel: Vec<u64>,
+    pub offset: Vec<u64>,
+    /// Whether each overlaps rank 0's partition `[0, part)`.
+    pub in_part: Vec<bool>,
+    /// Elements of each rank's partition.
+    pub part: u64,
+    pub dtype: super::dtype::DType,
+    /// The float32 master partition (the flat parameters, `bit16_groups_flat`, live on in
+    /// the parameters' views of it).
+    pub master: TensorId,
+    /// The reduction buckets while a backward fills them (`ipg_buffer`).
+    pub buckets: Vec<TensorId>,
+    /// Elements in the current bucket and the parameters they came from.
+    pub fill: u64,
+    pub pending: Vec<usize>,
+    /// `grads_in_partition`: the partition's gradients, once a bucket was reduced.
+    pub grads: Option<TensorId>,
+    pub grads_fill: u64,
+    /// The optimizer's `exp_avg` and `exp_avg_sq` over the partition (after the first step).
+    pub state: Vec<TensorId>,
+}

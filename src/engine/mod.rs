@@ -21,6 +21,8 @@
 //! - [`autocast`]: casts and the cast cache of `torch.autocast`.
 //! - [`optim`]: SGD, momentum, Adam and AdamW: state, temporaries, updates.
 //! - [`fsdp`]: FSDP2's sharded and unsharded parameters and the hooks that move between them.
+//! - [`zero`]: DeepSpeed ZeRO stages 1 and 2: the flat parameters, the float32 master
+//!   partition, the gradient buckets and the partitioned step.
 
 pub mod autocast;
 pub mod autograd;
@@ -38,6 +40,7 @@ pub mod routing;
 pub mod sdpa;
 pub mod tensor;
 pub mod workspace;
+pub mod zero;
 
 pub use dtype::DType;
 

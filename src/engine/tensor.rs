@@ -122,6 +122,8 @@ pub struct Tensors<S: Device> {
     pub(crate) checkpoint: Checkpoints,
     /// FSDP2's parameter groups and hooks, once `fully_shard` ran.
     pub(crate) fsdp: Option<Box<super::graph::Fsdp>>,
+    /// DeepSpeed ZeRO stage 1 or 2 over the parameters ([`super::zero`]).
+    pub(crate) zero: Option<Box<super::graph::Zero>>,
     /// Bytes of pinned host memory tensors hold now, and the most they held.
     pub(crate) host_bytes: (u64, u64),
     /// The stream new storages are allocated on (0, the default stream, but inside a side
@@ -163,6 +165,7 @@ impl<S: Device> Tensors<S> {
             autocast: Default::default(),
             checkpoint: Default::default(),
             fsdp: None,
+            zero: None,
             stream: 0,
             host_bytes: (0, 0),
             storage_serials: 0,

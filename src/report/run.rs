@@ -186,7 +186,26 @@ pub fn write_text(
         let line = format!("  {}: {}", o.what, o.source);
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
-    if let Some((strategy, world)) = r.ranks {
+    if let Some((strategy, world)) = r.ranks.filter(|(s, _)| s.starts_with("zero")) {
+        let stage = if strategy == "zero1" { 1 } else { 2 };
+        let line = format!(
+            "ranks: {world}; rank 0 is shown: ZeRO stage {stage} gives each rank a 1/{world} \
+             partition of the float32 master weights and Adam's state{}, and a rank's \
+             gradients in partition hold the parameters its partition touches in full, so \
+             ranks differ by where the boundaries fall. This follows DeepSpeed 0.19.6's code \
+             (stage_1_and_2.py with FusedAdam: the flat parameters, the reduction bucket of \
+             reduce_bucket_size elements, the partition's gradients, the step's copies), read \
+             from its source and not yet checked against a recording; DeepSpeed's documented \
+             estimate (estimate_zero2_model_states_mem_needs) counts model states only and \
+             leaves out the bucket, the gradients and the step's copies",
+            if stage == 2 {
+                " (and, in backward, of the gradients)"
+            } else {
+                ""
+            }
+        );
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    } else if let Some((strategy, world)) = r.ranks {
         let why = if strategy == "ddp" {
             "DDP's replicas hold the same model, buckets and activations"
         } else {
@@ -259,7 +278,8 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "ranks": r.ranks.map(|(strategy, world)| json!({
             "strategy": strategy,
             "world_size": world,
-            "alike": true,
+            "alike": !strategy.starts_with("zero") || world == 1,
+            "shown_rank": 0,
             "peak_allocated": r.peak.peak_allocated,
             "peak_reserved": r.peak.peak_reserved,
             "outside_allocator": r.outside.iter().map(|o| o.bytes).sum::<u64>(),

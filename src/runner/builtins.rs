@@ -103,6 +103,11 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_ddp_init,
     ),
     rt(
+        "zero_init(params, stage=2, world_size=1, reduce_bucket_size=500000000, overlap_comm=false)",
+        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition",
+        rt_zero_init,
+    ),
+    rt(
         "ddp_forward()",
         "DDP's work before a forward: the buckets rebuilt once after the first backward, the buffers flattened for their broadcast",
         rt_ddp_forward,
@@ -212,6 +217,67 @@ fn rt_ddp_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Val
     me.ddp_init(span, a)
 }
 
+fn rt_zero_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Value> {
+    let mut params = Vec::new();
+    for v in &a.pos {
+        match v {
+            Value::Tensor(t) => params.push(*t),
+            Value::List(items) => {
+                for i in items {
+                    match i {
+                        Value::Tensor(t) => params.push(*t),
+                        other => {
+                            return script(
+                                span,
+                                format!("zero_init's params must be tensors, not {}", other.kind()),
+                            )
+                        }
+                    }
+                }
+            }
+            other => {
+                return script(
+                    span,
+                    format!("zero_init takes a list of parameters, not {}", other.kind()),
+                )
+            }
+        }
+    }
+    let int = |name: &str, default: f64| -> Flow<u64> {
+        let v = Runner::float_kw(span, a, name, default)?;
+        if v < 1.0 || v.fract() != 0.0 || v > 1e15 {
+            return script(
+                span,
+                format!("zero_init: {name} must be a whole number from 1, not {v}"),
+            );
+        }
+        Ok(v as u64)
+    };
+    let stage = int("stage", 2.0)?;
+    if stage > 2 {
+        return script(
+            span,
+            format!("zero_init: stage {stage} is not modelled yet (stages 1 and 2 are)"),
+        );
+    }
+    if me.dev.computes() {
+        return script(
+            span,
+            "zero_init runs on the simulated device only (no --device): its collectives and FusedAdam have no kernels here",
+        );
+    }
+    let cfg = crate::engine::zero::ZeroConfig {
+        stage: stage as u8,
+        world: int("world_size", 1.0)?,
+        bucket_elems: int("reduce_bucket_size", 5e8)?,
+        overlap: Runner::bool_kw(span, a, "overlap_comm", false)?,
+    };
+    me.dev
+        .zero_init(&params, cfg)
+        .map_err(|e| engine_err(span, e))?;
+    Ok(Value::None)
+}
+
 fn rt_ddp_forward(me: &mut Runner, span: Span, _recv: &Value, _a: &Args) -> Flow<Value> {
     me.ddp_forward(span)
 }
@@ -300,7 +366,12 @@ fn rt_step(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
     me.capture_grads().map_err(|e| engine_err(span, e))?;
     let saved = me.enter_phase("phase:optimizer");
     me.dev.alloc.recorder_mut().push_tag("optimizer.step");
-    let r = opt.step(&mut me.dev);
+    // under ZeRO the wrapped optimizer steps the float32 partition alone
+    let r = if me.dev.zero_world().is_some() {
+        me.dev.zero_step()
+    } else {
+        opt.step(&mut me.dev)
+    };
     me.dev.alloc.recorder_mut().set_current(saved);
     me.optimizers[i] = opt;
     r.map_err(|e| engine_err(span, e))?;

@@ -367,7 +367,7 @@ pub fn run_on(
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let measured = crate::backend::Device::name(r.dev.alloc.source()) == "cuda";
     let mut outside = Vec::new();
-    if (r.ddp.is_some() || r.dev.fsdp_groups() > 0) && !measured {
+    if (r.ddp.is_some() || r.dev.fsdp_groups() > 0 || r.dev.zero_world().is_some()) && !measured {
         outside.push(crate::analysis::record::Outside {
             what: "NCCL (communicator and buffers, world size 1)",
             bytes: NCCL_WORLD_SIZE_1,
@@ -385,10 +385,12 @@ pub fn run_on(
     Ok(RunOutcome {
         driver,
         outside,
-        ranks: match (&r.ddp, r.dev.fsdp_world_size()) {
-            (Some(d), _) => Some(("ddp", d.world_size)),
-            (None, Some(w)) => Some(("fsdp2", w)),
-            (None, None) => None,
+        ranks: match (&r.ddp, r.dev.fsdp_world_size(), r.dev.zero_world()) {
+            (Some(d), _, _) => Some(("ddp", d.world_size)),
+            (None, Some(w), _) => Some(("fsdp2", w)),
+            (None, None, Some((1, w))) => Some(("zero1", w)),
+            (None, None, Some((_, w))) => Some(("zero2", w)),
+            (None, None, None) => None,
         },
         host_memory_peak: r.dev.host_memory().1,
         name: workload.name.clone(),

@@ -302,6 +302,20 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
             d.bucket_cap_mb
         );
     }
+    if let Some(z) = &r.zero {
+        // `deepspeed.initialize(model=..., optimizer=...)` with a ZeRO stage: its optimizer
+        // flattens and partitions the trainable parameters (the optimizer below is what it
+        // wraps; it steps the float32 partition)
+        let _ = writeln!(
+            s,
+            "zero_init([{}], stage={}, world_size={}, reduce_bucket_size={}, overlap_comm={})",
+            list.join(", "),
+            z.stage,
+            z.world_size,
+            z.reduce_bucket_size,
+            z.overlap_comm
+        );
+    }
     if let Some(f) = &r.fsdp {
         // `fully_shard(layer)` for each decoder layer, then `fully_shard(model)`: the root
         // group holds the parameters left (the embedding, the final norm, lm_head)

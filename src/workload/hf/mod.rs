@@ -129,6 +129,8 @@ pub const DISTRIBUTED_KEYS: &[&str] = &[
     "reshard_after_forward",
     "init",
     "cpu_offload",
+    "reduce_bucket_size",
+    "overlap_comm",
 ];
 
 /// `[distributed] strategy = "ddp"`: `DistributedDataParallel` around the model.
@@ -160,10 +162,23 @@ pub(crate) struct Fsdp2 {
     pub meta_init: bool,
 }
 
+/// `[distributed] strategy = "zero1"` or `"zero2"`: DeepSpeed's ZeRO optimizer around the
+/// model (0.19.6's code, read from source).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZeroRun {
+    pub stage: u8,
+    pub world_size: u64,
+    /// `reduce_bucket_size` in elements (DeepSpeed's default 5e8).
+    pub reduce_bucket_size: u64,
+    /// `overlap_comm` (DeepSpeed's default for stages 1 and 2: false): two buckets.
+    pub overlap_comm: bool,
+}
+
 /// What `[distributed]` asks for.
 enum Distributed {
     Ddp(Ddp),
     Fsdp2(Fsdp2),
+    Zero(ZeroRun),
 }
 
 /// The LoRA that the out-of-memory remedies try in place of a full fine-tune: r 16 on the
@@ -203,6 +218,8 @@ pub(crate) struct Run {
     pub ddp: Option<Ddp>,
     /// `[distributed]` with FSDP2.
     pub fsdp: Option<Fsdp2>,
+    /// `[distributed]` with ZeRO stage 1 or 2.
+    pub zero: Option<ZeroRun>,
 }
 
 /// Is this `[model]` table a Hugging Face one?
@@ -298,6 +315,7 @@ pub(crate) fn expand(
         labels_are_inputs: t.choice("labels", "clone", &["clone", "input_ids"])? == "input_ids",
         ddp: None,
         fsdp: None,
+        zero: None,
     };
     run.generate = generate_table(&run, &t, generate, span)?;
     let micro = u64::from(run.iterations).saturating_mul(run.grad_accum);
@@ -464,6 +482,26 @@ pub(crate) fn expand(
     if let Some((table, at)) = distributed {
         match distributed_run(table, at, span, &run, family)? {
             Distributed::Ddp(d) => run.ddp = Some(d),
+            Distributed::Zero(z) => {
+                let refused = if run.lora.is_some() {
+                    Some(("lora", "ZeRO with LoRA"))
+                } else if run.bf16_autocast {
+                    Some(("precision", "ZeRO under bf16 autocast"))
+                } else if run.grad_accum > 1 {
+                    Some(("grad_accum", "ZeRO with gradient accumulation"))
+                } else if run.optimizer != "adamw" && run.optimizer != "adam" {
+                    Some((
+                        "optimizer",
+                        "ZeRO around an optimizer other than Adam or AdamW (DeepSpeed's FusedAdam is modelled)",
+                    ))
+                } else {
+                    None
+                };
+                if let Some((key, what)) = refused {
+                    unsupported(key, what)?;
+                }
+                run.zero = Some(z);
+            }
             Distributed::Fsdp2(f) => {
                 let refused = if run.lora.is_some() {
                     Some(("lora", "FSDP2 with LoRA"))
@@ -806,14 +844,27 @@ fn distributed_run(
     if table.get("strategy").is_none() {
         return refuse(
             "strategy",
-            "[distributed] needs a strategy: strategy = \"ddp\" or \"fsdp2\" (zero1/2/3 are not modelled yet)".into(),
+            "[distributed] needs a strategy: strategy = \"ddp\", \"fsdp2\", \"zero1\" or \"zero2\""
+                .into(),
         );
     }
-    if strategy != "ddp" && strategy != "fsdp2" {
+    if strategy == "zero3" {
         return refuse(
             "strategy",
-            format!("[distributed] strategy = \"{strategy}\" is not modelled yet (\"ddp\" and \"fsdp2\" are)"),
+            "[distributed] strategy = \"zero3\" is not modelled yet (\"ddp\", \"fsdp2\", \"zero1\" and \"zero2\" are)".into(),
         );
+    }
+    let zero = strategy.starts_with("zero");
+    let zero_keys = ["reduce_bucket_size", "overlap_comm"];
+    if !zero {
+        for key in zero_keys {
+            if table.contains_key(key) {
+                return refuse(
+                    key,
+                    format!("'{key}' is a setting of zero1 and zero2; remove it"),
+                );
+            }
+        }
     }
     let (fsdp_keys, ddp_keys) = (
         [
@@ -825,8 +876,14 @@ fn distributed_run(
         ],
         ["gradient_as_bucket_view", "bucket_cap_mb"],
     );
+    let both: Vec<&str> = fsdp_keys.iter().chain(&ddp_keys).copied().collect();
     let (foreign, owner): (&[&str], &str) = if strategy == "ddp" {
         (&fsdp_keys, "fsdp2 (and cpu_offload of zero): DDP has none")
+    } else if zero {
+        (
+            &both,
+            "DDP or FSDP2 (ZeRO's optimizer offload is not modelled yet)",
+        )
     } else {
         (&ddp_keys, "DDP: FSDP2 has no buckets")
     };
@@ -862,6 +919,25 @@ fn distributed_run(
                 run.mode
             ),
         );
+    }
+    if zero {
+        let bucket = d.int(
+            "reduce_bucket_size",
+            Some(500_000_000),
+            "elements per reduction bucket, e.g. reduce_bucket_size = 500000000",
+        )?;
+        if bucket == 0 || bucket > 1 << 40 {
+            return refuse(
+                "reduce_bucket_size",
+                format!("reduce_bucket_size = {bucket}: elements per bucket, 1 to 2^40"),
+            );
+        }
+        return Ok(Distributed::Zero(ZeroRun {
+            stage: if strategy == "zero1" { 1 } else { 2 },
+            world_size: world,
+            reduce_bucket_size: bucket,
+            overlap_comm: d.flag("overlap_comm")?,
+        }));
     }
     if strategy == "fsdp2" {
         let mut f = fsdp2_run(&d, table)?;
