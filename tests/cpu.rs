@@ -169,6 +169,9 @@ const HEAVY: &[&str] = &[
     "hf2/",
     // DDP around llama_s (fixtures/dist1): GPT-2-sized work
     "dist1/",
+    // bitsandbytes' AdamW8bit around llama_s and SmolLM2-135M (fixtures/opt8; refused on
+    // cpu, the simulated device only)
+    "opt8/",
     // torchvision's ResNets: GPT-2-sized convolutions (tests/vision.rs trains a 32-pixel
     // resnet18 on cpu)
     "vision/",

@@ -60,5 +60,8 @@ fn eight_bit_state_is_smaller_than_adams_and_refused_on_a_computing_device() {
     let out = common::at_root(&["run", w, "--device", "cpu", "--iterations", "1"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("adamw8bit"), "{err}");
+    assert!(
+        err.contains("adamw8bit") && err.contains("--device sim"),
+        "{err}"
+    );
 }

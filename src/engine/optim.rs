@@ -74,7 +74,7 @@ impl Optimizer {
         if self.kind.eight_bit() {
             if d.computes() {
                 return Err(EngineError::Invalid(format!(
-                    "{}'s block-wise 8-bit update has no kernel on this device yet: run it on the simulated device (the default)",
+                    "{}'s block-wise 8-bit update runs on the simulated device only (--device sim, the default): it has no kernel on this device yet",
                     self.kind.name()
                 )));
             }

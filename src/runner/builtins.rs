@@ -263,7 +263,7 @@ fn rt_zero_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Va
     if me.dev.computes() {
         return script(
             span,
-            "zero_init runs on the simulated device only (no --device): its collectives and FusedAdam have no kernels here",
+            "zero_init runs on the simulated device only (--device sim, the default): its collectives and FusedAdam have no kernels on this device",
         );
     }
     let cfg = crate::engine::zero::ZeroConfig {
@@ -761,7 +761,7 @@ impl Runner {
             return script(
                 span,
                 format!(
-                    "{func}: bitsandbytes' block-wise 8-bit update has no kernel on this device yet; run it on the simulated device (no --device), which gives the same memory"
+                    "{func}: bitsandbytes' block-wise 8-bit update runs on the simulated device only (--device sim, the default), which gives the same memory: it has no kernel on this device yet"
                 ),
             );
         }
