@@ -37,6 +37,9 @@ const CASES: &[(&str, bool, bool)] = &[
     // view's backward copies before it) and stops once the last saved input is packed, before
     // its op allocates; what the early stop frees comes in another order (Python's frames)
     ("mixtral_t_ckpt_fp32", true, false),
+    // `output_router_logits`: the router logits kept, the load-balancing loss (bincount of the
+    // chosen experts), a full sum's gradient an expanded view
+    ("mixtral_t_aux_fp32", true, true),
 ];
 
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated
@@ -460,7 +463,7 @@ fn fit_stops_where_the_model_stops_and_says_so() {
 }
 
 /// Mixtral's and Qwen3-MoE's keys: what is not modelled is refused naming the key or flag
-/// (the router's auxiliary loss, its jitter, a dense layer past the last, more experts per
+/// (Qwen3-MoE's auxiliary loss, the router's jitter, a dense layer past the last, more experts per
 /// token than experts, bf16 autocast until recorded); what is modelled runs (LoRA on
 /// the attention with the experts frozen, generation, a dense layer among sparse ones).
 #[test]
@@ -476,7 +479,7 @@ fn moe_keys_run_or_are_refused_by_name() {
     let mix = "mixtral_2l_b2_s512_adamw_fp32";
     let q3 = "qwen3moe_2l_b2_s512_adamw_fp32";
     for (case, key, value) in [
-        (mix, "output_router_logits", serde_json::json!(true)),
+        (q3, "output_router_logits", serde_json::json!(true)),
         (mix, "router_jitter_noise", serde_json::json!(0.1)),
         (q3, "mlp_only_layers", serde_json::json!([5])),
         (q3, "num_experts_per_tok", serde_json::json!(17)),

@@ -148,6 +148,7 @@ impl<S: Device> Tensors<S> {
             ));
         }
         let scratch = op.forward_scratch(metas);
+        self.run_scratch(&op.pre_scratch())?;
         // dropout's kernel takes its mask before its output
         let first = match (&op, extras.first()) {
             (Op::Dropout { .. }, Some((shape, dtype))) => {

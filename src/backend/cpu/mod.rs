@@ -448,6 +448,7 @@ impl Device for CpuDevice {
                 | Op::Histc { .. }
                 | Op::FloorDiv { .. }
                 | Op::Clamp { .. }
+                | Op::Bincount { .. }
                 | Op::GroupedMm { .. },
                 _,
             ) => routing::launch(self, l),

@@ -145,6 +145,19 @@ pub(super) fn launch(d: &mut CpuDevice, l: &Launch) -> Result<(), String> {
                 .collect();
             d.store(out, &v)
         }
+        (Op::Bincount { bins }, Pass::Forward) => {
+            let x = d.load(&l.inputs[0])?;
+            let mut v = Scratch::zeros(*bins);
+            for &e in x.iter() {
+                if e < 0.0 || e >= *bins as f64 {
+                    return Err(format!(
+                        "bincount: value {e} outside the {bins} bins minlength gives (gpumem sizes the output by minlength)"
+                    ));
+                }
+                v[e as usize] += 1.0;
+            }
+            d.store(out, &v)
+        }
         (Op::GroupedMm { .. }, Pass::Forward) => {
             let x = d.load(&l.inputs[0])?;
             let w = d.load(&l.inputs[1])?;

@@ -297,6 +297,11 @@ pub enum Op {
         min: f64,
         max: f64,
     },
+    /// `torch.bincount(x, minlength=bins)` of a 1-D integer tensor whose values are below
+    /// `bins` (the output's length).
+    Bincount {
+        bins: usize,
+    },
     /// `torch._grouped_mm(x, w, offs)`; `w_t`: the weight is a view with its last two
     /// dimensions transposed (its gradient is made in that layout).
     GroupedMm {
@@ -411,6 +416,7 @@ impl Op {
             Op::Histc { .. } => "histc",
             Op::FloorDiv { .. } => "floor_divide",
             Op::Clamp { .. } => "clamp",
+            Op::Bincount { .. } => "bincount",
             Op::GroupedMm { .. } => "grouped_mm",
         }
     }
@@ -457,6 +463,7 @@ impl Op {
             Op::Histc { .. } => "histc",
             Op::FloorDiv { .. } => "floor_divide",
             Op::Clamp { .. } => "clamp",
+            Op::Bincount { .. } => "bincount",
             Op::GroupedMm { .. } => "grouped_mm",
         })
     }
@@ -554,13 +561,13 @@ impl Op {
             Op::Split { .. } => Back::Split,
             Op::Cat { dim } => Back::Cat(*dim),
             Op::View { kind, .. } => kind.back(in_ndim, same_shape),
-            // (a sum over everything keeps the materialized gradient the presets' recorded
-            // traces show)
+            // (a sum over everything too: its scalar gradient expanded, as `sum_backward`
+            // returns it; Mixtral's load-balancing loss on the H200)
             Op::Reduce {
                 mean: false,
                 dims,
                 keepdim,
-            } if !dims.is_all() => Back::Expand {
+            } => Back::Expand {
                 dims: *dims,
                 keepdim: *keepdim,
             },
@@ -582,6 +589,22 @@ impl Op {
                 | Op::Compare { .. }
                 | Op::Bitwise { .. }
         )
+    }
+
+    /// What the op takes and gives back before it allocates its output (bincount's minimum
+    /// and maximum, read back to size it).
+    pub fn pre_scratch(&self) -> Vec<Step> {
+        match self {
+            Op::Bincount { .. } => {
+                let scalar = || Step::Alloc {
+                    shape: vec![],
+                    dtype: DType::I64,
+                    category: crate::trace::Category::Temporary,
+                };
+                vec![scalar(), Step::Free(0), scalar(), Step::Free(1)]
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// What the op's kernel takes and gives back before it returns, after its outputs (none
@@ -785,6 +808,7 @@ impl Op {
             | Op::Histc { .. }
             | Op::FloorDiv { .. }
             | Op::Clamp { .. }
+            | Op::Bincount { .. }
             | Op::GroupedMm { .. } => return routing::outputs(self, ins),
             _ => return None,
         };

@@ -76,6 +76,16 @@ fn make(name: &'static str, b: &Bound<TensorId>) -> Result<Made<TensorId>, Strin
             let max = b.float(2).ok_or("clamp expects max")?;
             Op::Clamp { min, max }
         }
+        "bincount" => {
+            let bins = b.int(1).unwrap_or(0);
+            let bins = usize::try_from(bins)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    format!("bincount: minlength must be at least 1 (the bins), got {bins}")
+                })?;
+            Op::Bincount { bins }
+        }
         "grouped_mm" => Op::GroupedMm { w_t: false },
         "index_put_" => {
             return Ok(Made::IndexPut {
@@ -143,6 +153,13 @@ pub(super) static ENTRIES: &[Entry] = &[
         form: Form::Both,
         params: &[X, Param::Float("min", None), Param::Float("max", None)],
         doc: "each element limited to [min, max] (max wins where min > max); outside autograd (MoE's expert ids)",
+        make,
+    },
+    Entry {
+        name: "bincount",
+        form: Form::Function,
+        params: &[X, Param::Int("minlength", None)],
+        doc: "counts of each value of a 1-D integer tensor, int64 [minlength] (its values must be below minlength); reads its minimum and maximum back first",
         make,
     },
     Entry {
@@ -250,6 +267,16 @@ pub(super) fn outputs(op: &Op, ins: &[MetaRef]) -> Option<Result<(Meta, Extras),
             Ok(((vec![*bins], first.1), vec![]))
         }
         Op::FloorDiv { .. } | Op::Clamp { .. } => Ok(((first.0.to_vec(), first.1), vec![])),
+        Op::Bincount { bins } => {
+            if first.0.len() != 1 || first.1.is_floating() || first.1 == DType::Bool {
+                return Some(Err(LayoutError(format!(
+                    "bincount: only 1-d non-negative integral inputs are supported, got {} of {}",
+                    Dims(first.0),
+                    first.1.name()
+                ))));
+            }
+            Ok(((vec![*bins], DType::I64), vec![]))
+        }
         Op::GroupedMm { .. } => {
             let (w, offs) = (ins.get(1)?, ins.get(2)?);
             let (x, wd) = (first.0, w.0);

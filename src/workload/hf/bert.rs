@@ -144,7 +144,7 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
         "labels = zeros({}, dtype=int64, from=\"data:labels\")",
         r.batch
     );
-    (s, super::train::body(0, &[], r, &labels, &fwd))
+    (s, super::train::body(0, &[], r, &labels, &fwd, &[]))
 }
 
 /// `BertModel.forward`, the classifier and (in training) the loss, leaving `logits`.

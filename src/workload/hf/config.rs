@@ -229,6 +229,11 @@ pub struct Moe {
     pub norm_topk: bool,
     /// Mixtral makes the router before the experts; Qwen3-MoE the experts first.
     pub router_first: bool,
+    /// `output_router_logits`: each layer's router logits kept for the load-balancing loss
+    /// added to the loss in training (Mixtral's `load_balancing_loss_func`).
+    pub aux_loss: bool,
+    /// `router_aux_loss_coef` (MixtralConfig's default 0.001).
+    pub aux_coef: f64,
     /// Qwen3-MoE's router hands back its top-k weights in the logits' dtype
     /// (`router_top_value.to(router_logits.dtype)`); Mixtral's stay float32.
     pub weights_in_logits_dtype: bool,
@@ -812,9 +817,10 @@ fn moe(m: &Map<String, Value>, path: &Path, mixtral: bool, layers: u64) -> Resul
             "{shown}: num_experts_per_tok ({top_k}) must be between 1 and {experts_key} ({experts})"
         ));
     }
-    if flag(m, path, "output_router_logits", false)? {
+    let aux = flag(m, path, "output_router_logits", false)?;
+    if aux && !mixtral {
         return Err(format!(
-            "{shown}: output_router_logits = true (the router's auxiliary loss) is not modelled yet; false is"
+            "{shown}: output_router_logits = true (the router's auxiliary loss) is modelled for mixtral only yet; false is"
         ));
     }
     if prob(m, path, "router_jitter_noise", 0.0)? != 0.0 {
@@ -858,6 +864,8 @@ fn moe(m: &Map<String, Value>, path: &Path, mixtral: bool, layers: u64) -> Resul
         norm_topk: mixtral || flag(m, path, "norm_topk_prob", false)?,
         router_first: mixtral,
         weights_in_logits_dtype: !mixtral,
+        aux_loss: aux,
+        aux_coef: prob(m, path, "router_aux_loss_coef", 0.001)?,
         sparse: (0..layers)
             .map(|l| !only.contains(&l) && (l + 1) % step.max(1) == 0)
             .collect(),

@@ -137,6 +137,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
             r,
             super::train::CLONED_LABELS,
             &fwd,
+            &[],
         ),
     )
 }

@@ -87,6 +87,14 @@ impl Call {
 pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
     let s = super::llama_setup::setup(c, r);
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    // `output_router_logits`: the output holds each sparse layer's router logits
+    let router_logits: Vec<String> = match c.moe.as_ref().filter(|m| m.aux_loss) {
+        Some(m) if r.mode == "train" => (0..m.sparse.len())
+            .filter(|&l| m.sparse[l])
+            .map(|l| format!("rlog{l}"))
+            .collect(),
+        _ => Vec::new(),
+    };
     (
         s,
         super::train::body(
@@ -95,6 +103,7 @@ pub(super) fn expand(c: &LlamaConfig, r: &Run) -> (String, String) {
             r,
             super::train::CLONED_LABELS,
             &fwd,
+            &router_logits,
         ),
     )
 }
@@ -161,6 +170,9 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
     final_softcap(s, c, &inner);
     if r.mode == "train" {
         super::train::causal_lm_loss(s, c.vocab, r, &inner);
+        if let Some(moe) = c.moe.as_ref().filter(|m| m.aux_loss) {
+            super::moe::aux_loss(s, moe, r.batch * r.seq, moe.aux_coef, &inner);
+        }
     }
     // LlamaForCausalLM.forward's `outputs` (the final hidden states) goes at its return
     let _ = writeln!(s, "{inner}del h");

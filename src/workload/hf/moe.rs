@@ -54,6 +54,10 @@ pub(super) fn sparse_moe(
         at(s, ind, &router, "tv = tv.to(dtype=bf16)");
     }
     line(s, "del rp");
+    if moe.aux_loss {
+        // (`OutputRecorder` keeps the gate's logits for the auxiliary loss)
+        line(s, &format!("rlog{l} = rl"));
+    }
     if decode {
         batched_experts(s, (&p, &ex), (rows, h, e, k), bf16, ind);
         at(s, ind, &m("mlp"), &format!("d0 = fo.view({b}, {t}, {h})"));
@@ -184,4 +188,58 @@ fn batched_experts(
         line(s, "fo = fs");
     }
     line(s, "del hs, sw, eid, wd, dm, wo, fs");
+}
+
+/// transformers 5.17's `load_balancing_loss_func` for Mixtral over the kept router logits of
+/// the sparse layers (`rlog{l}`), added to `loss` in place with `router_aux_loss_coef`, as
+/// the H200 trace shows it: per layer the softmax, its top k, `bincount` of the chosen experts
+/// (its minimum and maximum read back) as float added to a running count, the softmax summed
+/// over the tokens added to a running sum; then both normalised, their product summed, times
+/// the number of experts. The function's locals go at its return, declared ones first.
+pub(super) fn aux_loss(
+    s: &mut String,
+    moe: &super::config::Moe,
+    tokens: u64,
+    coef: f64,
+    ind: &str,
+) {
+    let (e, k) = (moe.experts, moe.top_k);
+    let st = |s: &mut String, stmt: &str| at(s, ind, "load_balancing_loss_func", stmt);
+    st(s, &format!("tpe = zeros({e})"));
+    st(s, &format!("rps = zeros({e})"));
+    let layers: Vec<usize> = (0..moe.sparse.len()).filter(|&l| moe.sparse[l]).collect();
+    for (n, &l) in layers.iter().enumerate() {
+        st(s, &format!("rw{n} = rlog{l}.softmax(-1)"));
+        st(s, &format!("tv{n}, sel{n} = topk(rw{n}, {k}, -1)"));
+        if n > 0 {
+            let _ = writeln!(s, "{ind}del tv{}, sel{}, rw{}", n - 1, n - 1, n - 1);
+        }
+        st(s, &format!("bc = bincount(sel{n}.view(-1), {e})"));
+        st(s, "bf = bc.float()");
+        let _ = writeln!(s, "{ind}del bc");
+        st(s, "t2 = tpe + bf");
+        let _ = writeln!(s, "{ind}del bf");
+        let _ = writeln!(s, "{ind}tpe = t2");
+        let _ = writeln!(s, "{ind}del t2");
+        st(s, &format!("rs = rw{n}.sum(0)"));
+        st(s, "r2 = rps + rs");
+        let _ = writeln!(s, "{ind}del rs");
+        let _ = writeln!(s, "{ind}rps = r2");
+        let _ = writeln!(s, "{ind}del r2");
+    }
+    let last = layers.len().saturating_sub(1);
+    st(s, &format!("tpn = tpe / {}", tokens * k));
+    st(s, &format!("rpp = rps / {tokens}"));
+    st(s, "pr = tpn * rpp.unsqueeze(0)");
+    st(s, "ol = pr.sum()");
+    let _ = writeln!(s, "{ind}del pr");
+    st(s, &format!("aux = ol * {e}"));
+    let _ = writeln!(
+        s,
+        "{ind}del tpe, rps, rw{last}, tv{last}, sel{last}, tpn, rpp, ol"
+    );
+    // (the output keeps `aux` and the router logits until it goes)
+    at(s, ind, "loss_function", &format!("ax = aux * {coef}"));
+    at(s, ind, "loss_function", "loss.add_(ax)");
+    let _ = writeln!(s, "{ind}del ax");
 }

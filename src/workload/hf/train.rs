@@ -22,13 +22,14 @@ pub(super) fn body(
     r: &Run,
     labels: &str,
     forward: &dyn Fn(&mut String, &str),
+    router_logits: &[String],
 ) -> String {
     let mut s = String::new();
     for micro in 0..r.grad_accum {
         if r.grad_accum > 1 {
             let _ = writeln!(s, "# micro-batch {micro} of {}", r.grad_accum);
         }
-        micro_batch(&mut s, cached, sliding, r, labels, forward);
+        micro_batch(&mut s, cached, sliding, r, labels, forward, router_logits);
     }
     if r.mode == "train" && r.optimizer != "none" {
         let _ = writeln!(s, "opt.step()");
@@ -45,6 +46,7 @@ fn micro_batch(
     r: &Run,
     labels: &str,
     forward: &dyn Fn(&mut String, &str),
+    router_logits: &[String],
 ) {
     let (b, t) = (r.batch, r.seq);
     let _ = writeln!(
@@ -115,9 +117,18 @@ fn micro_batch(
     if train && loss_first {
         let _ = writeln!(s, "del loss");
     }
+    // (a MoE output's `aux_loss` comes before its logits, its `router_logits` after the
+    // cache, a tuple dropped from the end)
+    if train && !router_logits.is_empty() {
+        let _ = writeln!(s, "del aux");
+    }
     let _ = writeln!(s, "del logits");
     if !caches.is_empty() {
         let _ = writeln!(s, "del {}", caches.join(", "));
+    }
+    if !router_logits.is_empty() {
+        let rev: Vec<&str> = router_logits.iter().rev().map(String::as_str).collect();
+        let _ = writeln!(s, "del {}", rev.join(", "));
     }
     if train && !loss_first {
         let _ = writeln!(s, "del loss");
