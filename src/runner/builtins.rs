@@ -104,7 +104,7 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
     ),
     rt(
         "zero_init(params, stage=2, world_size=1, reduce_bucket_size=500000000, overlap_comm=false)",
-        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition",
+        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition (one backward per step: gradient accumulation is not modelled)",
         rt_zero_init,
     ),
     rt(
