@@ -65,3 +65,38 @@ fn eight_bit_state_is_smaller_than_adams_and_refused_on_a_computing_device() {
         "{err}"
     );
 }
+
+/// `PagedAdamW8bit` keeps the 8-bit states of parameters of 100,000 elements or more in
+/// unified memory (`cudaMallocManaged`), outside the caching allocator: reported apart, and
+/// gone from allocated memory.
+#[test]
+fn paged_adamw8bit_moves_the_large_states_to_unified_memory() {
+    let w = "fixtures/opt8/workloads/llama_s_b4_s1024_adamw8bit_fp32.toml";
+    let (code, g8) = common::run_json(&["run", w]);
+    assert_eq!(code, Some(0));
+    let text = std::fs::read_to_string(common::root().join(w)).unwrap();
+    let config =
+        common::root().join("fixtures/opt8/cases/llama_s_b4_s1024_adamw8bit_fp32.config.json");
+    let paged = text
+        .replace("\"adamw8bit\"", "\"paged_adamw8bit\"")
+        .replace(
+            "../cases/llama_s_b4_s1024_adamw8bit_fp32.config.json",
+            config.to_str().unwrap(),
+        );
+    let s = common::Scratch::new("optim8-paged");
+    let paged = s.write("paged.toml", &paged);
+    let (code, gp) = common::run_json(&["run", paged.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{}", gp["verdict"]);
+    // llama_s: 155,730,944 elements, 17 norms of 1,024 below the threshold: uint8 states of
+    // the rest, two each
+    let unified = common::u(&gp["unified_memory_peak"]);
+    assert_eq!(unified, 2 * (155_730_944 - 17 * 1024));
+    assert_eq!(common::u(&g8["unified_memory_peak"]), 0);
+    let start = |g: &serde_json::Value| common::u(&g["iterations"][1]["start"]);
+    assert!(
+        start(&g8) >= start(&gp) + unified,
+        "{} {}",
+        start(&g8),
+        start(&gp)
+    );
+}

@@ -186,7 +186,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -366,7 +366,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -498,7 +498,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -894,7 +894,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)

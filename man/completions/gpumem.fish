@@ -53,6 +53,7 @@ adam\t''
 adamw\t''
 adam8bit\t''
 adamw8bit\t''
+paged_adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -125,6 +126,7 @@ adam\t''
 adamw\t''
 adam8bit\t''
 adamw8bit\t''
+paged_adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -187,6 +189,7 @@ adam\t''
 adamw\t''
 adam8bit\t''
 adamw8bit\t''
+paged_adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -233,6 +236,7 @@ adam\t''
 adamw\t''
 adam8bit\t''
 adamw8bit\t''
+paged_adamw8bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"

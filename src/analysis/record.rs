@@ -92,6 +92,9 @@ pub struct RunOutcome {
     /// The most host memory the run's tensors held (FSDP2's CPU offload: the shards and
     /// their gradients pinned, the optimizer's state), in bytes.
     pub host_memory_peak: u64,
+    /// Unified (managed) memory at most, outside the caching allocator (bitsandbytes' paged
+    /// optimizer state).
+    pub unified_memory_peak: u64,
 }
 
 /// Device memory the process holds outside the caching allocator, by what holds it.

@@ -14,7 +14,9 @@
 //!   `state1` and `state2` as uint8 zeros of its size and `absmax1` and `absmax2`, one float32
 //!   per block of 256; for a smaller one, two float32 states of its size. Their update is one
 //!   kernel per parameter, in place: no temporaries. (The H200 traces of
-//!   fixtures/opt8, allocation by allocation.)
+//!   fixtures/opt8, allocation by allocation.) `PagedAdamW8bit` makes `state1` and `state2`
+//!   of a parameter of at least 100,000 elements in unified memory (`get_state_buffer`'s
+//!   `F.get_paged`): outside the caching allocator, counted apart; the rest as above.
 //! - `zero_grad(set_to_none=True)` drops the gradients; with `False` they are zeroed in place.
 
 use super::dtype::DType;
@@ -44,6 +46,9 @@ const MIN_8BIT_SIZE: usize = 4096;
 const BLOCK: usize = 256;
 /// Entries of a quantization map (the dynamic 8-bit code, float32).
 const QMAP_ENTRIES: usize = 256;
+/// `get_state_buffer`: a paged optimizer's states of parameters this large go to unified
+/// memory.
+const PAGED_MIN_ELEMENTS: usize = 100_000;
 
 impl Optimizer {
     /// An optimizer with PyTorch's default hyperparameters for `kind`.
@@ -166,9 +171,14 @@ impl Optimizer {
             }
         }
         let shape = d.shape(p).to_vec();
+        let paged = self.kind == OptimKind::PagedAdamW8bit && numel >= PAGED_MIN_ELEMENTS;
         if numel >= MIN_8BIT_SIZE {
             for _ in 0..2 {
-                let s = made(d, shape.clone(), DType::U8)?;
+                let s = if paged {
+                    d.unified_empty(&shape, DType::U8, Category::OptimizerState)?
+                } else {
+                    made(d, shape.clone(), DType::U8)?
+                };
                 self.state[i].push(s);
             }
             for _ in 0..2 {

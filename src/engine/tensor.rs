@@ -41,6 +41,9 @@ struct Storage {
     /// In the host's pinned memory, not the device's (FSDP2's offloaded shards, their
     /// gradients and optimizer state): no allocator event, counted in `host_bytes`.
     host: bool,
+    /// Of those, unified (managed) memory rather than pinned host memory (bitsandbytes' paged
+    /// optimizer state, `cudaMallocManaged`): counted in `unified_bytes` instead.
+    unified: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +129,8 @@ pub struct Tensors<S: Device> {
     pub(crate) zero: Option<Box<super::graph::Zero>>,
     /// Bytes of pinned host memory tensors hold now, and the most they held.
     pub(crate) host_bytes: (u64, u64),
+    /// Unified (managed) memory held now and at most so far, outside the caching allocator.
+    pub(crate) unified_bytes: (u64, u64),
     /// The stream new storages are allocated on (0, the default stream, but inside a side
     /// stream's work: FSDP's reduce-scatter output); the allocator keeps pools per stream.
     pub(crate) stream: crate::alloc::StreamId,
@@ -168,6 +173,7 @@ impl<S: Device> Tensors<S> {
             zero: None,
             stream: 0,
             host_bytes: (0, 0),
+            unified_bytes: (0, 0),
             storage_serials: 0,
             draws: 0,
             grad_ready: None,
@@ -236,6 +242,7 @@ impl<S: Device> Tensors<S> {
             region: self.checkpoint.current,
             serial: self.storage_serials,
             host: false,
+            unified: false,
         };
         // (a cuBLAS workspace belongs to its thread's handle, not to the region's forward)
         if let (Some(r), false) = (self.checkpoint.current, category == Category::Workspace) {
@@ -283,6 +290,28 @@ impl<S: Device> Tensors<S> {
         Ok(t)
     }
 
+    /// `cudaMallocManaged` memory (bitsandbytes' `get_paged`): no allocator event; the driver
+    /// pages it between host and device, so it is counted apart from both.
+    pub fn unified_empty(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let t = self.memoryless(shape, dtype, category, true)?;
+        let sid = self.info(t).storage as usize;
+        self.storages[sid].unified = true;
+        let n = self.storages[sid].nbytes;
+        self.unified_bytes.0 += n;
+        self.unified_bytes.1 = self.unified_bytes.1.max(self.unified_bytes.0);
+        Ok(t)
+    }
+
+    /// Unified memory held now and at most so far (bytes).
+    pub fn unified_memory(&self) -> (u64, u64) {
+        self.unified_bytes
+    }
+
     /// A tensor whose storage holds no device memory: on the host (`host`) or nowhere (meta).
     fn memoryless(
         &mut self,
@@ -303,6 +332,7 @@ impl<S: Device> Tensors<S> {
             region: None,
             serial: self.storage_serials,
             host,
+            unified: false,
         };
         self.storage_serials += 1;
         Ok(self.contiguous_over(storage, shape, dtype))
@@ -695,7 +725,11 @@ impl<S: Device> Tensors<S> {
             s.live = false;
             s.host = false;
             let n = s.nbytes;
-            self.host_bytes.0 -= n;
+            if std::mem::take(&mut s.unified) {
+                self.unified_bytes.0 -= n;
+            } else {
+                self.host_bytes.0 -= n;
+            }
             self.free_storages.push(sid);
         } else if s.refs == 0 {
             s.live = false;

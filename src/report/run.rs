@@ -217,6 +217,15 @@ pub fn write_text(
         );
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
+    if r.unified_memory_peak > 0 {
+        let line = format!(
+            "unified memory: {} at most (cudaMallocManaged: bitsandbytes' paged optimizer \
+             state), outside the caching allocator and not in reserved: the driver pages it \
+             between host and device, so nvidia-smi counts what is resident at the moment",
+            format_bytes(r.unified_memory_peak)
+        );
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    }
     if r.host_memory_peak > 0 {
         let line = format!(
             "host memory: {} at most (not device memory: the offloaded shards and their \
@@ -275,6 +284,7 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
         "driver": r.driver,
         "outside_allocator": r.outside,
         "host_memory_peak": r.host_memory_peak,
+        "unified_memory_peak": r.unified_memory_peak,
         "ranks": r.ranks.map(|(strategy, world)| json!({
             "strategy": strategy,
             "world_size": world,

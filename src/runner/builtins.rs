@@ -157,6 +157,11 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         "bitsandbytes.optim.AdamW8bit (0.50, block-wise), as adam8bit with decoupled weight decay; simulated device only",
         rt_optimizer,
     ),
+    rt(
+        "paged_adamw8bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
+        "bitsandbytes.optim.PagedAdamW8bit: as adamw8bit, the states of parameters of 100,000 elements or more in unified memory (cudaMallocManaged, reported apart from device memory); simulated device only",
+        rt_optimizer,
+    ),
 ];
 
 /// The runtime's methods.
@@ -700,6 +705,7 @@ impl Runner {
                     "adam" => "adam",
                     "adam8bit" => "adam8bit",
                     "adamw8bit" => "adamw8bit",
+                    "paged_adamw8bit" => "paged_adamw8bit",
                     _ => "adamw",
                 };
                 (r.call)(self, span, &Value::None, a)
@@ -755,6 +761,7 @@ impl Runner {
             "adam" => OptimKind::Adam,
             "adam8bit" => OptimKind::Adam8bit,
             "adamw8bit" => OptimKind::AdamW8bit,
+            "paged_adamw8bit" => OptimKind::PagedAdamW8bit,
             _ => OptimKind::AdamW,
         };
         if kind.eight_bit() && self.dev.computes() {

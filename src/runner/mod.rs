@@ -393,6 +393,7 @@ pub fn run_on(
             (None, None, None) => None,
         },
         host_memory_peak: r.dev.host_memory().1,
+        unified_memory_peak: r.dev.unified_memory().1,
         name: workload.name.clone(),
         capacity,
         alloc_conf: (

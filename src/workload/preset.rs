@@ -714,6 +714,7 @@ fn read_train(t: &Reader<'_>) -> PResult<Train> {
             "adamw",
             "adam8bit",
             "adamw8bit",
+            "paged_adamw8bit",
             "none",
         ],
     )?;

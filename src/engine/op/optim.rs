@@ -11,6 +11,8 @@ pub enum OptimKind {
     /// bitsandbytes' `Adam8bit` and `AdamW8bit` (block-wise 8-bit state).
     Adam8bit,
     AdamW8bit,
+    /// bitsandbytes' `PagedAdamW8bit`: the large states in unified memory.
+    PagedAdamW8bit,
 }
 
 impl OptimKind {
@@ -22,6 +24,7 @@ impl OptimKind {
             "adamw" => OptimKind::AdamW,
             "adam8bit" => OptimKind::Adam8bit,
             "adamw8bit" => OptimKind::AdamW8bit,
+            "paged_adamw8bit" => OptimKind::PagedAdamW8bit,
             _ => return None,
         })
     }
@@ -34,6 +37,7 @@ impl OptimKind {
             OptimKind::AdamW => "adamw",
             OptimKind::Adam8bit => "adam8bit",
             OptimKind::AdamW8bit => "adamw8bit",
+            OptimKind::PagedAdamW8bit => "paged_adamw8bit",
         }
     }
 
@@ -41,7 +45,9 @@ impl OptimKind {
         match self {
             OptimKind::Sgd | OptimKind::SgdMomentum => "sgd_step",
             OptimKind::Adam | OptimKind::AdamW => "adam_step",
-            OptimKind::Adam8bit | OptimKind::AdamW8bit => "adam8bit_blockwise_step",
+            OptimKind::Adam8bit | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit => {
+                "adam8bit_blockwise_step"
+            }
         }
     }
 
@@ -51,13 +57,20 @@ impl OptimKind {
         match self {
             OptimKind::Sgd => 0,
             OptimKind::SgdMomentum => 1,
-            OptimKind::Adam | OptimKind::AdamW | OptimKind::Adam8bit | OptimKind::AdamW8bit => 2,
+            OptimKind::Adam
+            | OptimKind::AdamW
+            | OptimKind::Adam8bit
+            | OptimKind::AdamW8bit
+            | OptimKind::PagedAdamW8bit => 2,
         }
     }
 
     /// bitsandbytes' 8-bit optimizers.
     pub fn eight_bit(self) -> bool {
-        matches!(self, OptimKind::Adam8bit | OptimKind::AdamW8bit)
+        matches!(
+            self,
+            OptimKind::Adam8bit | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit
+        )
     }
 }
 
@@ -84,7 +97,10 @@ impl Hyper {
             },
             betas: (0.9, 0.999),
             eps: 1e-8,
-            weight_decay: if matches!(kind, OptimKind::AdamW | OptimKind::AdamW8bit) {
+            weight_decay: if matches!(
+                kind,
+                OptimKind::AdamW | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit
+            ) {
                 0.01
             } else {
                 0.0

@@ -301,6 +301,7 @@ pub(crate) fn expand(
                 "adamw",
                 "adam8bit",
                 "adamw8bit",
+                "paged_adamw8bit",
                 "none",
             ],
         )?,
