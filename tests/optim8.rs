@@ -35,29 +35,44 @@ fn adamw8bit_allocates_and_frees_as_bitsandbytes_does() {
     }
 }
 
+/// The llama_s case's workload.
+const LLAMA_S: &str = "fixtures/opt8/workloads/llama_s_b4_s1024_adamw8bit_fp32.toml";
+
+/// The llama_s case run as written, and with `optimizer` in its place (a workload in a
+/// scratch directory naming the case's config by its full path).
+fn llama_s_with(optimizer: &str) -> (serde_json::Value, serde_json::Value) {
+    let (code, as_written) = common::run_json(&["run", LLAMA_S]);
+    assert_eq!(code, Some(0), "{}", as_written["verdict"]);
+    let text = std::fs::read_to_string(common::root().join(LLAMA_S)).unwrap();
+    let config =
+        common::root().join("fixtures/opt8/cases/llama_s_b4_s1024_adamw8bit_fp32.config.json");
+    let other = text
+        .replace("\"adamw8bit\"", &format!("\"{optimizer}\""))
+        .replace(
+            "../cases/llama_s_b4_s1024_adamw8bit_fp32.config.json",
+            config.to_str().unwrap(),
+        );
+    let s = common::Scratch::new(&format!("optim8-{optimizer}"));
+    let other = s.write("workload.toml", &other);
+    let (code, v) = common::run_json(&["run", other.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{optimizer}: {}", v["verdict"]);
+    (as_written, v)
+}
+
+/// Iteration 1's start: the parameters and the optimizer's state.
+fn state(g: &serde_json::Value) -> u64 {
+    common::u(&g["iterations"][1]["start"])
+}
+
 /// The 8-bit state is a quarter of Adam's for large parameters: the same model with AdamW
 /// holds 2 x 4 bytes per element after the step, AdamW8bit 2 bytes plus the block maxima.
 #[test]
 fn eight_bit_state_is_smaller_than_adams_and_refused_on_a_computing_device() {
-    let w = "fixtures/opt8/workloads/llama_s_b4_s1024_adamw8bit_fp32.toml";
-    let (code, g8) = common::run_json(&["run", w]);
-    assert_eq!(code, Some(0));
-    let text = std::fs::read_to_string(common::root().join(w)).unwrap();
-    let config =
-        common::root().join("fixtures/opt8/cases/llama_s_b4_s1024_adamw8bit_fp32.config.json");
-    let adam = text.replace("\"adamw8bit\"", "\"adamw\"").replace(
-        "../cases/llama_s_b4_s1024_adamw8bit_fp32.config.json",
-        config.to_str().unwrap(),
-    );
-    let s = common::Scratch::new("optim8");
-    let adam = s.write("adamw.toml", &adam);
-    let (code, g32) = common::run_json(&["run", adam.to_str().unwrap()]);
-    assert_eq!(code, Some(0), "{g32}");
-    let state = |g: &serde_json::Value| common::u(&g["iterations"][1]["start"]);
+    let (g8, g32) = llama_s_with("adamw");
     // parameters are 622,923,776 bytes: Adam's state twice that, the 8-bit one about a half
     let (s8, s32) = (state(&g8), state(&g32));
     assert!(s32 > s8 + 900_000_000, "8-bit {s8}, 32-bit {s32}");
-    let out = common::at_root(&["run", w, "--device", "cpu", "--iterations", "1"]);
+    let out = common::at_root(&["run", LLAMA_S, "--device", "cpu", "--iterations", "1"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -71,32 +86,16 @@ fn eight_bit_state_is_smaller_than_adams_and_refused_on_a_computing_device() {
 /// gone from allocated memory.
 #[test]
 fn paged_adamw8bit_moves_the_large_states_to_unified_memory() {
-    let w = "fixtures/opt8/workloads/llama_s_b4_s1024_adamw8bit_fp32.toml";
-    let (code, g8) = common::run_json(&["run", w]);
-    assert_eq!(code, Some(0));
-    let text = std::fs::read_to_string(common::root().join(w)).unwrap();
-    let config =
-        common::root().join("fixtures/opt8/cases/llama_s_b4_s1024_adamw8bit_fp32.config.json");
-    let paged = text
-        .replace("\"adamw8bit\"", "\"paged_adamw8bit\"")
-        .replace(
-            "../cases/llama_s_b4_s1024_adamw8bit_fp32.config.json",
-            config.to_str().unwrap(),
-        );
-    let s = common::Scratch::new("optim8-paged");
-    let paged = s.write("paged.toml", &paged);
-    let (code, gp) = common::run_json(&["run", paged.to_str().unwrap()]);
-    assert_eq!(code, Some(0), "{}", gp["verdict"]);
+    let (g8, gp) = llama_s_with("paged_adamw8bit");
     // llama_s: 155,730,944 elements, 17 norms of 1,024 below the threshold: uint8 states of
     // the rest, two each
     let unified = common::u(&gp["unified_memory_peak"]);
     assert_eq!(unified, 2 * (155_730_944 - 17 * 1024));
     assert_eq!(common::u(&g8["unified_memory_peak"]), 0);
-    let start = |g: &serde_json::Value| common::u(&g["iterations"][1]["start"]);
     assert!(
-        start(&g8) >= start(&gp) + unified,
+        state(&g8) >= state(&gp) + unified,
         "{} {}",
-        start(&g8),
-        start(&gp)
+        state(&g8),
+        state(&gp)
     );
 }

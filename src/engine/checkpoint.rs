@@ -100,31 +100,36 @@ impl<S: Device> Tensors<S> {
             .collect();
         let tape = std::mem::take(&mut self.checkpoint.regions[r as usize].tape);
         // PyTorch stops once the last saved tensor is packed: an output after the op that
-        // saves it, an input before the op allocates (autograd records saved inputs first)
-        let stop_at = |i: usize| match &tape[i] {
-            TapeEvent::Saved {
-                before: Some(out), ..
-            } => tape[..i]
-                .iter()
-                .rposition(|e| matches!(e, TapeEvent::Alloc { serial, .. } if serial == out))
-                .map_or(i, |a| a.saturating_sub(1)),
-            _ => i,
-        };
-        let last = (0..tape.len())
-            .filter(
-                |&i| matches!(&tape[i], TapeEvent::Saved { serial, .. } if needed.contains(serial)),
-            )
-            .map(stop_at)
-            .max()
-            .or_else(|| {
-                tape.iter().rposition(
+        // saves it, an input before the op allocates (autograd records saved inputs first).
+        // `end`: how many taped events the recompute replays, found in one pass
+        let mut alloc_at: HashMap<u64, usize> = HashMap::new();
+        let mut end: Option<usize> = None;
+        for (i, e) in tape.iter().enumerate() {
+            match e {
+                TapeEvent::Alloc { serial, .. } => {
+                    alloc_at.insert(*serial, i);
+                }
+                TapeEvent::Saved { serial, before } if needed.contains(serial) => {
+                    let stop = match before.and_then(|out| alloc_at.get(&out)) {
+                        Some(&a) => a,
+                        None => i + 1,
+                    };
+                    end = Some(end.map_or(stop, |e: usize| e.max(stop)));
+                }
+                _ => {}
+            }
+        }
+        let end = end.or_else(|| {
+            tape.iter()
+                .rposition(
                     |e| matches!(e, TapeEvent::Alloc { serial, .. } if needed.contains(serial)),
                 )
-            });
+                .map(|l| l + 1)
+        });
         let mut made: HashMap<u64, TensorId> = HashMap::new();
         let mut order: Vec<u64> = Vec::new();
         let mut result = Ok(());
-        for e in tape.iter().take(last.map_or(0, |l| l + 1)) {
+        for e in tape.iter().take(end.unwrap_or(0)) {
             match e {
                 TapeEvent::Alloc {
                     serial,
@@ -176,7 +181,7 @@ impl<S: Device> Tensors<S> {
         // what was allocated (layer_norm allocates its statistics, then runs): run those whose
         // every buffer still exists, allocating nothing
         if result.is_ok() && self.computes() {
-            for e in tape.iter().skip(last.map_or(0, |l| l + 1)) {
+            for e in tape.iter().skip(end.unwrap_or(0)) {
                 if matches!(e, TapeEvent::Launch { .. }) {
                     if let Err(err) = self.replay_launch(e, &made) {
                         result = Err(err);

@@ -283,10 +283,28 @@ impl<S: Device> Tensors<S> {
         dtype: DType,
         category: Category,
     ) -> Result<TensorId, EngineError> {
+        self.off_device(shape, dtype, category, false)
+    }
+
+    /// A host-side storage counted in pinned host memory, or (`unified`) in unified memory.
+    fn off_device(
+        &mut self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        unified: bool,
+    ) -> Result<TensorId, EngineError> {
         let t = self.memoryless(shape, dtype, category, true)?;
-        let n = self.storages[self.info(t).storage as usize].nbytes;
-        self.host_bytes.0 += n;
-        self.host_bytes.1 = self.host_bytes.1.max(self.host_bytes.0);
+        let sid = self.info(t).storage as usize;
+        self.storages[sid].unified = unified;
+        let n = self.storages[sid].nbytes;
+        let counter = if unified {
+            &mut self.unified_bytes
+        } else {
+            &mut self.host_bytes
+        };
+        counter.0 += n;
+        counter.1 = counter.1.max(counter.0);
         Ok(t)
     }
 
@@ -298,13 +316,7 @@ impl<S: Device> Tensors<S> {
         dtype: DType,
         category: Category,
     ) -> Result<TensorId, EngineError> {
-        let t = self.memoryless(shape, dtype, category, true)?;
-        let sid = self.info(t).storage as usize;
-        self.storages[sid].unified = true;
-        let n = self.storages[sid].nbytes;
-        self.unified_bytes.0 += n;
-        self.unified_bytes.1 = self.unified_bytes.1.max(self.unified_bytes.0);
-        Ok(t)
+        self.off_device(shape, dtype, category, true)
     }
 
     /// Unified memory held now and at most so far (bytes).

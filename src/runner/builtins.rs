@@ -700,14 +700,8 @@ impl Runner {
         };
         match callee {
             Callee::Runtime(r) => {
-                self.calling = match func.as_str() {
-                    "sgd" => "sgd",
-                    "adam" => "adam",
-                    "adam8bit" => "adam8bit",
-                    "adamw8bit" => "adamw8bit",
-                    "paged_adamw8bit" => "paged_adamw8bit",
-                    _ => "adamw",
-                };
+                // (the optimizers are the runtime functions named by their kind)
+                self.calling = OptimKind::parse(func.as_str()).map_or("adamw", OptimKind::name);
                 (r.call)(self, span, &Value::None, a)
             }
             Callee::Entry(e) => self.call_entry(span, e, None, a),
@@ -755,14 +749,10 @@ impl Runner {
             }
         }
         let momentum = Self::float_kw(span, a, "momentum", 0.0)?;
-        let kind = match func {
-            "sgd" if momentum != 0.0 => OptimKind::SgdMomentum,
-            "sgd" => OptimKind::Sgd,
-            "adam" => OptimKind::Adam,
-            "adam8bit" => OptimKind::Adam8bit,
-            "adamw8bit" => OptimKind::AdamW8bit,
-            "paged_adamw8bit" => OptimKind::PagedAdamW8bit,
-            _ => OptimKind::AdamW,
+        let kind = match OptimKind::parse(func) {
+            Some(OptimKind::Sgd) if momentum != 0.0 => OptimKind::SgdMomentum,
+            Some(k) => k,
+            None => OptimKind::AdamW,
         };
         if kind.eight_bit() && self.dev.computes() {
             return script(

@@ -161,16 +161,7 @@ pub(crate) fn expand(
         optimizer: t.choice(
             "optimizer",
             "sgd_momentum",
-            &[
-                "sgd",
-                "sgd_momentum",
-                "adam",
-                "adamw",
-                "adam8bit",
-                "adamw8bit",
-                "paged_adamw8bit",
-                "none",
-            ],
+            crate::engine::op::OPTIMIZER_NAMES,
         )?,
         train: t.choice("mode", "train", &["train", "inference"])? == "train",
         bf16: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])? == "bf16-autocast",

@@ -291,20 +291,7 @@ pub(crate) fn expand(
             Some(1),
             "micro-batches per step, e.g. grad_accum = 4",
         )?,
-        optimizer: t.choice(
-            "optimizer",
-            "adamw",
-            &[
-                "sgd",
-                "sgd_momentum",
-                "adam",
-                "adamw",
-                "adam8bit",
-                "adamw8bit",
-                "paged_adamw8bit",
-                "none",
-            ],
-        )?,
+        optimizer: t.choice("optimizer", "adamw", crate::engine::op::OPTIMIZER_NAMES)?,
         bf16_autocast: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?
             == "bf16-autocast",
         mode: t.choice("mode", "train", &["train", "inference", "generate"])?,
