@@ -99,3 +99,17 @@ fn paged_adamw8bit_moves_the_large_states_to_unified_memory() {
         state(&gp)
     );
 }
+
+/// Every optimizer a workload may name is one the engine steps, and names itself back.
+#[test]
+fn every_optimizer_name_is_a_kind() {
+    use gpumem::engine::op::OptimKind;
+    for &n in gpumem::workload::OPTIMIZER_NAMES {
+        if n == "none" {
+            assert_eq!(OptimKind::parse(n), None);
+            continue;
+        }
+        let k = OptimKind::parse(n).unwrap_or_else(|| panic!("{n} is no kind"));
+        assert_eq!(k.name(), n);
+    }
+}

@@ -158,7 +158,7 @@ pub struct ModelArgs {
     pub seq: Option<u64>,
 
     /// With a bare config: the optimizer (`[train] optimizer`).
-    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(crate::engine::op::OPTIMIZER_NAMES))]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(crate::workload::OPTIMIZER_NAMES))]
     pub optimizer: Option<String>,
 
     /// With a bare config: `fp32` or `bf16-autocast` (`[train] precision`).

@@ -56,6 +56,19 @@
 //! Layout: [`ast`] the types; `source` positions in the TOML text; `lexer` and `parser` the
 //! line language; `file` the TOML keys.
 
+/// What a workload's `optimizer` (and `--optimizer`) may name: each optimizer the engine
+/// steps (`OptimKind::parse` takes every one of them; tests/optim8.rs checks it) and `"none"`.
+pub const OPTIMIZER_NAMES: &[&str] = &[
+    "sgd",
+    "sgd_momentum",
+    "adam",
+    "adamw",
+    "adam8bit",
+    "adamw8bit",
+    "paged_adamw8bit",
+    "none",
+];
+
 pub mod ast;
 pub mod builtin;
 pub mod check;

@@ -704,7 +704,7 @@ fn train_value(t: &Reader<'_>, key: &str) -> Span {
 fn read_train(t: &Reader<'_>) -> PResult<Train> {
     let batch = t.int("batch", None, "the micro-batch size, e.g. batch = 8")?;
     let iterations = t.iterations()?;
-    let optimizer = t.choice("optimizer", "adamw", crate::engine::op::OPTIMIZER_NAMES)?;
+    let optimizer = t.choice("optimizer", "adamw", crate::workload::OPTIMIZER_NAMES)?;
     let precision = t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?;
     let mode = match t.choice("mode", "train", &["train", "inference", "eval-with-graph"])? {
         "train" => Mode::Train,

@@ -161,7 +161,7 @@ pub(crate) fn expand(
         optimizer: t.choice(
             "optimizer",
             "sgd_momentum",
-            crate::engine::op::OPTIMIZER_NAMES,
+            crate::workload::OPTIMIZER_NAMES,
         )?,
         train: t.choice("mode", "train", &["train", "inference"])? == "train",
         bf16: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])? == "bf16-autocast",

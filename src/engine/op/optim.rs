@@ -1,18 +1,6 @@
 //! The optimizer updates, as ops: one launch per parameter with its gradient and state.
 //! Hyperparameters are PyTorch's (`torch.optim.SGD`, `Adam`, `AdamW`), defaults included.
 
-/// What a workload's `optimizer` may name: every [`OptimKind`] and `"none"`.
-pub const OPTIMIZER_NAMES: &[&str] = &[
-    "sgd",
-    "sgd_momentum",
-    "adam",
-    "adamw",
-    "adam8bit",
-    "adamw8bit",
-    "paged_adamw8bit",
-    "none",
-];
-
 /// Which optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptimKind {
@@ -129,19 +117,4 @@ pub struct OptimStep {
     pub hyper: Hyper,
     /// The step number, from 1 (Adam's bias correction; SGD's first momentum step).
     pub step: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every name a workload may give is an optimizer kind that names itself back.
-    #[test]
-    fn every_optimizer_name_is_a_kind() {
-        for &n in OPTIMIZER_NAMES.iter().filter(|&&n| n != "none") {
-            let k = OptimKind::parse(n).unwrap_or_else(|| panic!("{n} is no kind"));
-            assert_eq!(k.name(), n);
-        }
-        assert_eq!(OptimKind::parse("none"), None);
-    }
 }

@@ -291,7 +291,7 @@ pub(crate) fn expand(
             Some(1),
             "micro-batches per step, e.g. grad_accum = 4",
         )?,
-        optimizer: t.choice("optimizer", "adamw", crate::engine::op::OPTIMIZER_NAMES)?,
+        optimizer: t.choice("optimizer", "adamw", crate::workload::OPTIMIZER_NAMES)?,
         bf16_autocast: t.choice("precision", "fp32", &["fp32", "bf16-autocast"])?
             == "bf16-autocast",
         mode: t.choice("mode", "train", &["train", "inference", "generate"])?,
