@@ -15,6 +15,7 @@ P3W='"vocab_size": 32064, "hidden_size": 1024, "intermediate_size": 2816, "num_h
 P4='"vocab_size": 100352, "hidden_size": 1280, "intermediate_size": 4480, "num_hidden_layers": 2, "num_attention_heads": 10, "num_key_value_heads": 2, "pad_token_id": 100349'
 MX='"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2'
 QM='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 768, "num_experts": 16, "num_experts_per_tok": 4, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128'
+GP2='"vocab_size": 16000, "n_embd": 512, "n_layer": 4, "n_head": 8, "n_positions": 1024'
 # ONLY=REGEX records the matching names; a case is not started after the epoch second END_AT
 # (default: 540 s after the start).
 END_AT=${END_AT:-$(( $(date +%s) + 540 ))}
@@ -26,30 +27,37 @@ rec() { # name lora_targets json
 }
 T='"batch": 2, "seq": 512, "opt": "adamw"'
 G='"batch": 2, "seq": 128, "weights": "bf16", "generate": 32'
+# in priority order: the cases behind the published configs gpumem still refuses first
+rec gemma3_t_lora_bf16w "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec phi3_t_sw_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma3_t_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec gemma2_t_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec phi3_t_sw_generate_bf16 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec gpt2_t_lora_bf16w "c_attn,c_proj" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gpt2_t_generate_bf16 "" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $G"
+rec phi3_t_sw_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T"
+rec gemma2_t_sdpa_fp32 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T"
+rec gemma3_6l_sdpa_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"sdpa\", $T"
 rec qwen3_t_lora_bf16w "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma_t_lora_bf16w "" "\"model_type\": \"gemma\", \"cfg\": {$GE}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec phi3_t_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gemma2_t_lora_bf16w "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec gpt2_t_lora_fp32 "c_attn,c_proj" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $T, \"lora\": true"
+rec gpt2_t_eager_fp32 "" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"eager\", $T"
+rec gpt2_t_amp_bf16 "" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $T, \"amp\": \"bf16\""
 rec qwen3_t_ckpt_fp32 "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $T, \"ckpt\": true"
 rec qwen3_t_generate_bf16 "" "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", $G"
-rec gemma_t_lora_bf16w "" "\"model_type\": \"gemma\", \"cfg\": {$GE}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
 rec gemma_t_generate_bf16 "" "\"model_type\": \"gemma\", \"cfg\": {$GE}, \"attn\": \"sdpa\", $G"
-rec gemma2_t_sdpa_fp32 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T"
-rec gemma2_t_lora_bf16w "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
-rec gemma2_t_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
-rec gemma3_t_lora_bf16w "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
-rec gemma3_t_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
-rec gemma3_6l_sdpa_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"sdpa\", $T"
-rec gemma3_6l_eager_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"eager\", $T"
-rec phi3_t_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
-rec phi3_t_sw_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T"
-rec phi3_t_sw_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
 rec phi3_t_generate_bf16 "" "\"model_type\": \"phi3\", \"cfg\": {$P3}, \"attn\": \"sdpa\", $G"
 rec phi4_t_sdpa_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P4}, \"attn\": \"sdpa\", $T"
+rec gemma3_6l_eager_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"eager\", $T"
+# sort and the index_put_ backward past cub's single tile (4,096 pairs: 1,024 tokens x 4; 8,192:
+# 2,048 x 4), checkpointing (topk and sort recomputed), bf16 weights without LoRA (grouped_mm's
+# CUTLASS kernel, the router's casts)
 rec mixtral_t_lora_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
 rec mixtral_t_aux_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX, \"output_router_logits\": true}, \"attn\": \"sdpa\", $T"
 rec mixtral_t_generate_bf16 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $G"
 rec qwen3moe_t_generate_bf16 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $G"
-# sort and the index_put_ backward past cub's single tile (4,096 pairs: 1,024 tokens x 4; 8,192:
-# 2,048 x 4), checkpointing (topk and sort recomputed), bf16 weights without LoRA (grouped_mm's
-# CUTLASS kernel, the router's casts)
 rec qwen3moe_t_s1024_fp32 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 1024, \"opt\": \"adamw\""
 rec mixtral_t_ckpt_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"ckpt\": true"
 rec mixtral_t_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\""
