@@ -875,7 +875,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__run)
-            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --plot --fail-on --no-remedies --verbose --color --help"
+            opts="-q -v -h --preset --batch --seq --optimizer --precision --mode --new-tokens --dtype --attention --gradient-checkpointing --lora-r --lora-alpha --lora-dropout --lora-targets --ddp --bucket-cap-mb --fsdp2 --zero --reduce-bucket-size --world-size --param-dtype --reduce-dtype --no-reshard-after-forward --cpu-offload --quiet --device --capacity --iterations --json --torch-style --snapshot --save-grads --param --alloc-conf --report --by --sort --top --plot --fail-on --no-remedies --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -989,6 +989,18 @@ _gpumem() {
                     COMPREPLY=($(compgen -W "fragmentation leaks all" -- "${cur}"))
                     return 0
                     ;;
+                --by)
+                    COMPREPLY=($(compgen -W "op module line annotation" -- "${cur}"))
+                    return 0
+                    ;;
+                --sort)
+                    COMPREPLY=($(compgen -W "peak allocated freed net largest allocs" -- "${cur}"))
+                    return 0
+                    ;;
+                --top)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --plot)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1031,7 +1043,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__summary)
-            opts="-q -v -h --quiet --device --stacks --iteration-marker --top --capacity --json --fail-on --verbose --color --help"
+            opts="-q -v -h --quiet --device --stacks --iteration-marker --top --capacity --json --by --sort --fail-on --verbose --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1051,6 +1063,14 @@ _gpumem() {
                     ;;
                 --capacity)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --by)
+                    COMPREPLY=($(compgen -W "op module line annotation" -- "${cur}"))
+                    return 0
+                    ;;
+                --sort)
+                    COMPREPLY=($(compgen -W "peak allocated freed net largest allocs" -- "${cur}"))
                     return 0
                     ;;
                 --fail-on)

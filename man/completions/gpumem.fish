@@ -87,6 +87,17 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l alloc-conf -d 'All
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l report -d 'Extra reports: `fragmentation` (per pool and segment, with fill maps, at the peak, at an out-of-memory and at the end, and over the run), `leaks` (also say why none were looked for), `all`. Comma-separated or repeated' -r -f -a "fragmentation\t''
 leaks\t''
 all\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l by -d 'Print the profiler\'s table (seed 004\'s `key_averages().table()`): per op (`op`), per module scope (`module`) or per phase (`annotation`), the allocations made and freed under it, the net, the largest single allocation and the bytes it held at the peak; after the verdict, instead of the report. With --json: a `profile` key with every row' -r -f -a "op\t'The op that allocated (a snapshot: its innermost aten op, else Python function)'
+module\t'The module (gpumem\'s scope; a snapshot: the chain of lines that called nn.Modules)'
+line\t'A snapshot\'s innermost Python line outside PyTorch and Python\'s standard library'
+annotation\t'A snapshot\'s innermost record_function range open at the time (gpumem\'s runs: the phase)'"
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l sort -d 'The --by table\'s order, largest first: `peak` (bytes held at the peak, the default), `allocated`, `freed`, `net` (the profiler\'s "Self CUDA Mem"), `largest`, `allocs`' -r -f -a "peak\t''
+allocated\t''
+freed\t''
+net\t''
+largest\t''
+allocs\t''"
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l top -d 'Rows of the --by table to print (--json gives them all)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l plot -d 'Write the memory timeline (allocated by category, stacked; reserved; iterations; the peak) as an SVG picture to FILE' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l fail-on -d 'Exit 1 when the run finds one of these: `oom`, `leak` (comma-separated)' -r -f -a "oom\t''
 leak\t''"
@@ -106,8 +117,18 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s v -l verbose -d 'L
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l device -d 'Show only this device (the N of cuda:N) of a snapshot that holds several' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l iteration-marker -d 'Iterations are the calls of this function (e.g. train_step, or train.py:42): one starts at each allocation made inside a call, after allocations made outside. Beats the Optimizer.step annotations and repetition; for traces that have neither' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites to list' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites (or --by rows) to list' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l capacity -d 'With several files (one per rank): the ranks whose peak reserved memory exceeds this capacity ("80GiB"), and the rank that runs out first as memory shrinks (the highest peak reserved). Reserved memory only: NCCL\'s buffers and the CUDA context come on top' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l by -d 'Print the profiler\'s table (seed 004\'s `key_averages().table()`) for one snapshot: per `op` (innermost aten op, else Python function), `module` (the chain of lines that called nn.Modules), `line` (the innermost line outside PyTorch and Python\'s standard library: your model\'s or script\'s) or `annotation` (record_function ranges), the allocations made and freed under it, the net, the largest single allocation and the bytes it held at the peak; --top rows, after the verdict, instead of the report. With --json: a `profiles` key (one per device) with every row' -r -f -a "op\t'The op that allocated (a snapshot: its innermost aten op, else Python function)'
+module\t'The module (gpumem\'s scope; a snapshot: the chain of lines that called nn.Modules)'
+line\t'A snapshot\'s innermost Python line outside PyTorch and Python\'s standard library'
+annotation\t'A snapshot\'s innermost record_function range open at the time (gpumem\'s runs: the phase)'"
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l sort -d 'The --by table\'s order, largest first: `peak` (bytes held at the peak, the default), `allocated`, `freed`, `net` (the profiler\'s "Self CUDA Mem"), `largest`, `allocs`' -r -f -a "peak\t''
+allocated\t''
+freed\t''
+net\t''
+largest\t''
+allocs\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l fail-on -d 'Exit 1 when the snapshot shows one of these: `oom`, `leak`' -r -f -a "oom\t''
 leak\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l color -d 'Colour in the output: `auto` (on a terminal, unless NO_COLOR is set), `always`, `never`' -r -f -a "auto\t''

@@ -15,6 +15,7 @@
 //! - [`summary`]: what a snapshot says (state, sites, peak, leaks, OOMs).
 //! - [`walk`]: a trace walked (block sizes, allocated after each event), sharded on all cores.
 //! - [`whatif`]: a snapshot's trace replayed under other allocator settings.
+//! - [`profile`]: the profiler's table: memory per op, module, source line or annotation.
 //! - [`diff`]: two snapshots' summaries side by side.
 //! - [`verdict`]: the one-line answer: fits (with its headroom) or not (by how much, where).
 //! - [`check`]: a run's metrics against a baseline, tolerances and budgets (`gpumem check`).
@@ -27,6 +28,7 @@ pub mod fragmentation;
 pub mod groundtruth;
 pub mod leaks;
 pub mod oom;
+pub mod profile;
 pub mod record;
 pub mod replay;
 pub mod snapshot_file;

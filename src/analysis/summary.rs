@@ -188,7 +188,7 @@ pub fn spread(rows: &[DeviceRow]) -> Vec<Spread> {
     out
 }
 
-fn pool_state(segs: &[SegmentInfo], pool: Option<PoolKind>) -> PoolState {
+pub(super) fn pool_state(segs: &[SegmentInfo], pool: Option<PoolKind>) -> PoolState {
     let mut p = PoolState::default();
     for s in segs.iter().filter(|s| pool.is_none_or(|k| s.pool == k)) {
         p.segments += 1;
@@ -320,7 +320,7 @@ use super::walk::{walk, Walk};
 
 /// The highest of `after` (allocated relative to the trace's start) plus `start`: the event and
 /// the bytes.
-fn peak_of(after: &[i64], start: i64) -> (usize, u64) {
+pub(super) fn peak_of(after: &[i64], start: i64) -> (usize, u64) {
     let (i, rel) = after
         .iter()
         .enumerate()

@@ -354,6 +354,22 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "REPORT")]
     pub report: Vec<ReportKind>,
 
+    /// Print the profiler's table (seed 004's `key_averages().table()`): per op (`op`), per
+    /// module scope (`module`) or per phase (`annotation`), the allocations made and freed under
+    /// it, the net, the largest single allocation and the bytes it held at the peak; after the
+    /// verdict, instead of the report. With --json: a `profile` key with every row.
+    #[arg(long, value_enum, value_name = "KEY")]
+    pub by: Option<ProfileBy>,
+
+    /// The --by table's order, largest first: `peak` (bytes held at the peak, the default),
+    /// `allocated`, `freed`, `net` (the profiler's "Self CUDA Mem"), `largest`, `allocs`.
+    #[arg(long, value_enum, value_name = "COLUMN", requires = "by")]
+    pub sort: Option<ProfileSort>,
+
+    /// Rows of the --by table to print (--json gives them all).
+    #[arg(long, default_value_t = 20, value_name = "N", requires = "by")]
+    pub top: usize,
+
     /// Write the memory timeline (allocated by category, stacked; reserved; iterations; the
     /// peak) as an SVG picture to FILE.
     #[arg(long, value_name = "FILE")]
@@ -395,6 +411,57 @@ pub enum ReportKind {
     Fragmentation,
     Leaks,
     All,
+}
+
+/// What the rows of the profiler's table are (`--by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileBy {
+    /// The op that allocated (a snapshot: its innermost aten op, else Python function).
+    Op,
+    /// The module (gpumem's scope; a snapshot: the chain of lines that called nn.Modules).
+    Module,
+    /// A snapshot's innermost Python line outside PyTorch and Python's standard library.
+    Line,
+    /// A snapshot's innermost record_function range open at the time (gpumem's runs: the
+    /// phase).
+    Annotation,
+}
+
+/// The profiler's table's order (`--sort`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileSort {
+    Peak,
+    Allocated,
+    Freed,
+    Net,
+    Largest,
+    Allocs,
+}
+
+impl ProfileBy {
+    pub fn analysis(self) -> crate::analysis::profile::GroupBy {
+        use crate::analysis::profile::GroupBy as G;
+        match self {
+            ProfileBy::Op => G::Op,
+            ProfileBy::Module => G::Module,
+            ProfileBy::Line => G::Line,
+            ProfileBy::Annotation => G::Annotation,
+        }
+    }
+}
+
+impl ProfileSort {
+    pub fn analysis(s: Option<Self>) -> crate::analysis::profile::SortBy {
+        use crate::analysis::profile::SortBy as S;
+        match s.unwrap_or(ProfileSort::Peak) {
+            ProfileSort::Peak => S::Peak,
+            ProfileSort::Allocated => S::Allocated,
+            ProfileSort::Freed => S::Freed,
+            ProfileSort::Net => S::Net,
+            ProfileSort::Largest => S::Largest,
+            ProfileSort::Allocs => S::Allocs,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -608,7 +675,7 @@ pub struct SummaryArgs {
     #[arg(long, value_name = "FUNCTION")]
     pub iteration_marker: Option<String>,
 
-    /// How many sites to list.
+    /// How many sites (or --by rows) to list.
     #[arg(
         long,
         default_value_t = 10,
@@ -626,6 +693,21 @@ pub struct SummaryArgs {
     /// Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...).
     #[arg(long)]
     pub json: bool,
+
+    /// Print the profiler's table (seed 004's `key_averages().table()`) for one snapshot:
+    /// per `op` (innermost aten op, else Python function), `module` (the chain of lines that
+    /// called nn.Modules), `line` (the innermost line outside PyTorch and Python's standard
+    /// library: your model's or script's) or `annotation` (record_function ranges), the
+    /// allocations made and freed under it, the net, the largest single allocation and the
+    /// bytes it held at the peak; --top rows, after the verdict, instead of the report. With
+    /// --json: a `profiles` key (one per device) with every row.
+    #[arg(long, value_enum, value_name = "KEY")]
+    pub by: Option<ProfileBy>,
+
+    /// The --by table's order, largest first: `peak` (bytes held at the peak, the default),
+    /// `allocated`, `freed`, `net` (the profiler's "Self CUDA Mem"), `largest`, `allocs`.
+    #[arg(long, value_enum, value_name = "COLUMN", requires = "by")]
+    pub sort: Option<ProfileSort>,
 
     /// Exit 1 when the snapshot shows one of these: `oom`, `leak`.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FINDINGS")]

@@ -170,6 +170,14 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         writeln!(out, "{}", verdict.line)?;
         return Ok(fail(args, &r, &found));
     }
+    let profile = profile_of(args, &r)?;
+    if let (Some(p), false) = (&profile, args.json) {
+        // the table asked for, after the verdict, instead of the report
+        writeln!(out, "{}", report::verdict::line(&verdict))?;
+        writeln!(out)?;
+        report::profile::write_text(out, p, args.top)?;
+        return Ok(fail(args, &r, &found));
+    }
     // with --no-remedies only the allocator settings ran: they settle the verdict, no table
     let remedies_shown = if args.no_remedies {
         None
@@ -199,6 +207,9 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         v["fragmentation"] = report::findings::fragmentation_json(&found);
         v["verdict"] = serde_json::to_value(&verdict).unwrap_or_default();
         v["warnings"] = serde_json::json!(warnings);
+        if let Some(p) = &profile {
+            v["profile"] = report::profile::to_json(p);
+        }
         if let (Some(k), Some(t)) = (&kv, context_tokens) {
             let mut j = serde_json::to_value(k).unwrap_or_default();
             j["context_tokens"] = serde_json::json!(t);
@@ -239,6 +250,41 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         report::run::write_final_state(out, &r, args.torch_style)?;
     }
     Ok(fail(args, &r, &found))
+}
+
+/// The profiler's table of the run's trace, when `--by` asks for it.
+fn profile_of(
+    args: &RunArgs,
+    r: &crate::runner::RunOutcome,
+) -> Result<Option<crate::analysis::profile::Profile>> {
+    use crate::analysis::profile::{profile, ProfileInput};
+    let Some(by) = args.by else {
+        return Ok(None);
+    };
+    if args.top == 0 {
+        return Err(Error::usage("--top", "must be at least 1"));
+    }
+    let a = &r.allocator;
+    let segments = a.snapshot();
+    let events: Vec<crate::trace::Event> = a.recorder().ring.iter().copied().collect();
+    let library = Default::default();
+    let input = ProfileInput {
+        segments: &segments,
+        events: &events,
+        times: &[],
+        tags: &a.recorder().tags,
+        conf: a.conf(),
+        annotations: &[],
+        frames: false,
+        library: &library,
+    };
+    profile(
+        &input,
+        by.analysis(),
+        crate::cli::ProfileSort::analysis(args.sort),
+    )
+    .map(Some)
+    .map_err(|m| Error::usage("--by", m))
 }
 
 /// Exit 1 for a finding named in `--fail-on`.

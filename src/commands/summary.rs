@@ -17,6 +17,12 @@ pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
     if args.top == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }
+    if args.by.is_some() && args.snapshots.len() > 1 {
+        return Err(Error::usage(
+            "--by",
+            "the table is of one snapshot: give one file (or one rank's)",
+        ));
+    }
     if let [one] = args.snapshots.as_slice() {
         if args.capacity.is_some() {
             return Err(Error::usage(
@@ -90,11 +96,39 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
         .collect();
     let verdict = report::summary::verdict_line(&pairs, &settled);
     let any_oom = sums.iter().any(|m| !m.ooms.is_empty());
+    let profiles = match args.by {
+        Some(by) if !args.quiet => snaps
+            .iter()
+            .filter(|s| !s.events.is_empty() || snaps.len() == 1)
+            .map(|s| profile_of(s, by, args))
+            .collect::<Result<Vec<_>>>()?,
+        _ => Vec::new(),
+    };
     if args.quiet {
         writeln!(out, "{verdict}")?;
+    } else if let (false, false) = (profiles.is_empty(), args.json) {
+        // the table asked for, after the verdict, instead of the report
+        writeln!(out, "{}", report::style::wrap(&verdict))?;
+        for (device, p) in &profiles {
+            writeln!(out)?;
+            if snaps.len() > 1 {
+                writeln!(out, "{}", report::style::heading(&format!("cuda:{device}")))?;
+            }
+            report::profile::write_text(out, p, args.top)?;
+        }
     } else if args.json {
         let mut v = report::summary::to_json_devices(&path, &pairs);
         v["verdict"] = serde_json::json!({"line": verdict, "oom": any_oom});
+        if !profiles.is_empty() {
+            v["profiles"] = profiles
+                .iter()
+                .map(|(device, p)| {
+                    let mut j = report::profile::to_json(p);
+                    j["device"] = serde_json::json!(device);
+                    j
+                })
+                .collect();
+        }
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
@@ -117,6 +151,32 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
     } else {
         Outcome::Ok
     })
+}
+
+/// The profiler's table of one device's trace (`--by`).
+fn profile_of(
+    s: &Snapshot,
+    by: crate::cli::ProfileBy,
+    args: &SummaryArgs,
+) -> Result<(u32, crate::analysis::profile::Profile)> {
+    use crate::analysis::profile::{profile, ProfileInput};
+    let input = ProfileInput {
+        segments: &s.segments,
+        events: &s.events,
+        times: &s.times,
+        tags: &s.tags,
+        conf: &s.conf,
+        annotations: &s.annotations,
+        frames: s.format != crate::snapshot::Format::Gpumem,
+        library: &s.library_frames,
+    };
+    let p = profile(
+        &input,
+        by.analysis(),
+        crate::cli::ProfileSort::analysis(args.sort),
+    )
+    .map_err(|m| Error::usage("--by", m))?;
+    Ok((s.device, p))
 }
 
 /// Several files: each read and summarized on its own worker, a bounded number at a time, and

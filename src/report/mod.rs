@@ -7,6 +7,7 @@
 //! - [`bench`]: allocator benchmark results.
 //! - [`run`]: what `gpumem run` prints.
 //! - [`findings`]: leaks, fragmentation and an out-of-memory's diagnosis with its remedies.
+//! - [`profile`]: the profiler's table (`--by`).
 //! - [`snapshot`]: the versioned gpumem snapshot (JSON).
 //! - [`summary`]: what `gpumem summary` prints.
 //! - [`export`]: PyTorch's snapshot dict (memory_viz) and a Perfetto trace.
@@ -24,6 +25,7 @@ pub mod diff;
 pub mod escape;
 pub mod export;
 pub mod findings;
+pub mod profile;
 pub mod replay;
 pub mod run;
 pub mod selftest;

@@ -84,6 +84,9 @@ pub struct Snapshot {
     /// `time_us` of each event (0 where the file has none).
     pub times: Vec<u64>,
     pub tags: Tags,
+    /// Frames (tags) in PyTorch's own files or Python's standard library: a PyTorch
+    /// snapshot's, from the frames' paths (tags keep only the file's name).
+    pub library_frames: rustc_hash::FxHashSet<crate::trace::TagId>,
     pub conf: AllocConf,
     /// The device's memory, when the file says (gpumem snapshots do; PyTorch's do not).
     pub total_memory: Option<u64>,

@@ -231,6 +231,29 @@ fn boring(name: &str, file: &str) -> bool {
 struct Frames {
     tags: Tags,
     cache: FxHashMap<usize, StackId>,
+    /// Tags of frames in PyTorch's own files or Python's standard library.
+    library: rustc_hash::FxHashSet<crate::trace::TagId>,
+}
+
+/// A frame's file is PyTorch's own or Python's standard library (not the user's code, nor a
+/// model library's such as transformers').
+fn library_file(file: &str) -> bool {
+    let f = file.replace('\\', "/").to_ascii_lowercase();
+    if f.starts_with('<') {
+        return true;
+    }
+    // an installed package: the one right after the last site-packages (a virtual environment
+    // may itself live under a directory named torch)
+    if let Some(at) = f.rfind("-packages/") {
+        return f[at + "-packages/".len()..].starts_with("torch/");
+    }
+    // a PyTorch checkout, or .../lib/python3.12/x.py (C:/Python312/Lib/x.py on Windows)
+    f.contains("/torch/")
+        || f.starts_with("torch/")
+        || f.contains("/lib/python")
+        || f.split("/python3")
+            .nth(1)
+            .is_some_and(|r| r.contains("/lib/"))
 }
 
 impl Frames {
@@ -263,6 +286,9 @@ impl Frames {
                 format!("[C++] {name}")
             };
             let t = self.tags.intern(&tag);
+            if file.ends_with(".py") && library_file(file) {
+                self.library.insert(t);
+            }
             s = self.tags.child(s, t);
         }
         if let Some(i) = id {
@@ -443,6 +469,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
     let mut frames = Frames {
         tags: Tags::default(),
         cache: FxHashMap::default(),
+        library: Default::default(),
     };
     let mut segments = Vec::new();
     // each segment's (end, index) by address
@@ -718,6 +745,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
         events,
         times,
         tags: frames.tags,
+        library_frames: frames.library,
         conf: f.conf.clone(),
         total_memory: None,
         context_overhead: None,
@@ -1045,6 +1073,7 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         times,
         events: t.events,
         tags,
+        library_frames: Default::default(),
         conf: t.setup.conf,
         total_memory: Some(t.setup.total),
         context_overhead: Some(t.setup.overhead),
@@ -1055,4 +1084,27 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         skipped: Vec::new(),
         skipped_at: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod library_tests {
+    #[test]
+    fn library_files() {
+        for f in [
+            "/opt/venv/lib/python3.12/site-packages/torch/nn/modules/module.py",
+            "/usr/lib/python3.12/contextlib.py",
+            "C:\\Python312\\Lib\\site-packages\\torch\\nn\\functional.py",
+            "C:\\Python312\\Lib\\contextlib.py",
+        ] {
+            assert!(super::library_file(f), "{f}");
+        }
+        for f in [
+            "/opt/venv/lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py",
+            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/integrations/sdpa.py",
+            "/home/me/torchrun_jobs/train.py",
+            "train.py",
+        ] {
+            assert!(!super::library_file(f), "{f}");
+        }
+    }
 }

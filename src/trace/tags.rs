@@ -103,6 +103,18 @@ impl Tags {
         }
     }
 
+    /// The stack's tags with their ids, outermost first.
+    pub fn resolve_ids(&self, mut s: StackId) -> Vec<(TagId, &str)> {
+        let mut out = Vec::new();
+        while s != StackId::ROOT {
+            let (p, t) = self.nodes[s.0 as usize];
+            out.push((t, self.name(t)));
+            s = p;
+        }
+        out.reverse();
+        out
+    }
+
     /// The stack's tags, outermost first.
     pub fn resolve(&self, mut s: StackId) -> Vec<&str> {
         let mut out = Vec::new();
