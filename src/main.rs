@@ -71,7 +71,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     gpumem::interrupt::install();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+    // the MCP server writes the protocol on stdout itself: it must not be locked here
+    let mut out: Box<dyn Write> = if matches!(cli.command, gpumem::cli::Command::Mcp(_)) {
+        Box::new(std::io::sink())
+    } else {
+        Box::new(std::io::BufWriter::new(stdout.lock()))
+    };
     let result = commands::run(&cli.command, &mut out);
     let flushed = out.flush();
     match result {

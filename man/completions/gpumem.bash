@@ -43,6 +43,9 @@ _gpumem() {
             gpumem,help)
                 cmd="gpumem__subcmd__help"
                 ;;
+            gpumem,mcp)
+                cmd="gpumem__subcmd__mcp"
+                ;;
             gpumem,plot)
                 cmd="gpumem__subcmd__plot"
                 ;;
@@ -85,6 +88,9 @@ _gpumem() {
             gpumem__subcmd__help,help)
                 cmd="gpumem__subcmd__help__subcmd__help"
                 ;;
+            gpumem__subcmd__help,mcp)
+                cmd="gpumem__subcmd__help__subcmd__mcp"
+                ;;
             gpumem__subcmd__help,plot)
                 cmd="gpumem__subcmd__help__subcmd__plot"
                 ;;
@@ -107,7 +113,7 @@ _gpumem() {
 
     case "${cmd}" in
         gpumem)
-            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch devices selftest completions help"
+            opts="-v -h -V --verbose --color --help --version run summary check export diff fit plot replay bench compare-torch devices selftest completions mcp help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -593,7 +599,7 @@ _gpumem() {
             return 0
             ;;
         gpumem__subcmd__help)
-            opts="run summary check export diff fit plot replay bench compare-torch devices selftest completions help"
+            opts="run summary check export diff fit plot replay bench compare-torch devices selftest completions mcp help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -732,6 +738,20 @@ _gpumem() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        gpumem__subcmd__help__subcmd__mcp)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         gpumem__subcmd__help__subcmd__plot)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -795,6 +815,24 @@ _gpumem() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        gpumem__subcmd__mcp)
+            opts="-v -h --verbose --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

@@ -71,7 +71,32 @@ pub enum Command {
     Devices(DevicesArgs),
     Selftest(SelftestArgs),
     Completions(CompletionsArgs),
+    Mcp(McpArgs),
 }
+
+/// Serve gpumem's answers to coding agents over the Model Context Protocol (stdio).
+///
+/// An MCP client (Claude Code, Cursor, VS Code, Codex...) starts `gpumem mcp` and speaks
+/// JSON-RPC on its stdin and stdout. The tools: `summary` (a snapshot: the peak and what held
+/// it, leaks, fragmentation, iterations, out-of-memory errors), `explain_oom` (why a snapshot
+/// or a workload ran out of memory, with the remedies re-run), `run` and `fit` (a workload or a
+/// Hugging Face config.json on the simulated GPU, with the model flags), `diff` and `check`.
+/// Each returns the command's `--json` document, versioned by its `schema` key
+/// ("gpumem.summary/1"), with its JSON Schema in the tool list. Paths are relative to the
+/// directory the client starts the server in.
+///
+/// Examples:
+///   claude mcp add gpumem -- gpumem mcp
+///   gpumem mcp    # then, on stdin: {"jsonrpc":"2.0","id":1,"method":"initialize",...}
+#[derive(Debug, Args)]
+#[command(
+    verbatim_doc_comment,
+    after_long_help = "\
+Exit codes:
+  0  the client closed the connection
+  2  stdin or stdout failed"
+)]
+pub struct McpArgs {}
 
 /// Check the CUDA kernels (kernels/*.cu, compiled by NVRTC at first use and cached) against
 /// their CPU twins: each kernel, forward and backward, on fresh random float32 inputs (a

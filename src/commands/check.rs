@@ -431,6 +431,7 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         writeln!(out, "{verdict}")?;
     } else if args.json {
         let v = serde_json::json!({
+            "schema": super::mcp::schema::CHECK,
             "baseline": baseline_name,
             "passed": !failed,
             "verdict": {"passed": !failed, "line": verdict},

@@ -45,7 +45,7 @@ pub fn run(args: &DiffArgs, out: &mut dyn Write) -> Result<Outcome> {
     let d = diff::diff(&sum(&a), &sum(&b), args.top);
     let (an, bn) = (name(&args.a, &a), name(&args.b, &b));
     if args.json {
-        let v = serde_json::json!({"a": an, "b": bn, "device_a": a.device, "device_b": b.device, "diff": d});
+        let v = serde_json::json!({"schema": super::mcp::schema::DIFF, "a": an, "b": bn, "device_a": a.device, "device_b": b.device, "diff": d});
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else if args.markdown {

@@ -232,6 +232,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     if args.json {
         let v = json!({
+            "schema": super::mcp::schema::FIT,
             "workload": workload.display().to_string(),
             "param": param,
             "value_in_workload": start,

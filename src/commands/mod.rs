@@ -9,6 +9,7 @@ pub mod devices;
 pub mod diff;
 pub mod export;
 pub mod fit;
+pub mod mcp;
 pub mod plot;
 pub mod replay;
 pub mod run;
@@ -386,5 +387,6 @@ pub fn run(cmd: &Command, out: &mut dyn Write) -> Result<Outcome> {
         Command::Devices(a) => devices::run(a, out),
         Command::Selftest(a) => selftest::run(a, out),
         Command::Completions(a) => completions::run(a, out),
+        Command::Mcp(a) => mcp::run(a, out),
     }
 }

@@ -198,6 +198,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     if args.json {
         let mut v = report::run::to_json(&path, &r);
+        v["schema"] = serde_json::json!(super::mcp::schema::RUN);
         v["leaks"] = report::findings::leaks_json(&found.leaks);
         v["leak_check"] = serde_json::json!({
             "iterations": found.leaks.iterations,

@@ -118,6 +118,7 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
         }
     } else if args.json {
         let mut v = report::summary::to_json_devices(&path, &pairs);
+        v["schema"] = serde_json::json!(super::mcp::schema::SUMMARY);
         v["verdict"] = serde_json::json!({"line": verdict, "oom": any_oom});
         if !profiles.is_empty() {
             v["profiles"] = profiles
@@ -232,6 +233,7 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
     let over = capacity.map(|c| report::summary::over_capacity(&rows, c));
     if args.json {
         let mut v = report::summary::ranks_json(&rows, &spread);
+        v["schema"] = serde_json::json!(super::mcp::schema::RANKS);
         if let (Some(c), Some(o)) = (capacity, &over) {
             v["capacity"] = serde_json::json!(c);
             v["over_capacity"] = serde_json::json!(o);
