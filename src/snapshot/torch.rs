@@ -9,12 +9,12 @@
 //! `line` and `name`, innermost first, and PyTorch shares one frame list between the entries
 //! of one allocation: it is resolved once per shared object.
 
-use rustc_hash::FxHashMap;
+use super::frames::Frames;
 
 use super::{Annotation, Format, IterationSource, Snapshot};
 use crate::alloc::{AllocConf, BlockInfo, BlockState, PoolKind, SegmentInfo};
 use crate::trace::pickle::{Pickle, Projected, Projection, Value as PValue};
-use crate::trace::{Event, EventKind, StackId, Tags};
+use crate::trace::{Event, EventKind, StackId};
 
 /// Read access to a parsed document (a pickle or JSON), so that one converter serves both.
 pub trait Doc<'a> {
@@ -200,104 +200,6 @@ impl<'a> Doc<'a> for JsonDoc {
     }
 }
 
-/// Frames PyTorch's own viewer leaves out (the unwinder, the interpreter's loop).
-fn boring(name: &str, file: &str) -> bool {
-    const NAMES: [&str; 8] = [
-        "unwind::unwind",
-        "CapturedTraceback::gather",
-        "gather_with_cpp",
-        "_start",
-        "__libc_start_main",
-        "PyEval_",
-        "PyObject_",
-        "PyFunction_",
-    ];
-    const FILES: [&str; 10] = [
-        "core/boxing",
-        "/Register",
-        "/Redispatch",
-        "pythonrun.c",
-        "Modules/main.c",
-        "Objects/call.c",
-        "Objects/methodobject.c",
-        "pycore_ceval.h",
-        "ceval.c",
-        "cpython/abstract.h",
-    ];
-    NAMES.iter().any(|n| name.contains(n)) || FILES.iter().any(|f| file.contains(f))
-}
-
-/// Turns frame lists into tag stacks, once per shared list.
-struct Frames {
-    tags: Tags,
-    cache: FxHashMap<usize, StackId>,
-    /// Tags of frames in PyTorch's own files or Python's standard library.
-    library: rustc_hash::FxHashSet<crate::trace::TagId>,
-}
-
-/// A frame's file is PyTorch's own or Python's standard library (not the user's code, nor a
-/// model library's such as transformers').
-fn library_file(file: &str) -> bool {
-    let f = file.replace('\\', "/").to_ascii_lowercase();
-    if f.starts_with('<') {
-        return true;
-    }
-    // an installed package: the one right after the last site-packages (a virtual environment
-    // may itself live under a directory named torch)
-    if let Some(at) = f.rfind("-packages/") {
-        return f[at + "-packages/".len()..].starts_with("torch/");
-    }
-    // a PyTorch checkout, or .../lib/python3.12/x.py (C:/Python312/Lib/x.py on Windows)
-    f.contains("/torch/")
-        || f.starts_with("torch/")
-        || f.contains("/lib/python")
-        || f.split("/python3")
-            .nth(1)
-            .is_some_and(|r| r.contains("/lib/"))
-}
-
-impl Frames {
-    fn stack<'a, D: Doc<'a>>(&mut self, d: &D, frames: Option<D::V>) -> StackId {
-        let Some(frames) = frames.filter(|f| d.is_list(*f)) else {
-            return StackId::ROOT;
-        };
-        let id = d.identity(frames);
-        if let Some(s) = id.and_then(|i| self.cache.get(&i)) {
-            return *s;
-        }
-        let list: Vec<D::V> = d.list(frames).collect();
-        let mut s = StackId::ROOT;
-        // innermost first in the file; tags go outermost first
-        for f in list.iter().rev() {
-            let name = d.get(*f, "name").and_then(|v| d.text(v)).unwrap_or("?");
-            let file = d.get(*f, "filename").and_then(|v| d.text(v)).unwrap_or("");
-            if boring(name, file) {
-                continue;
-            }
-            let line = d.get(*f, "line").and_then(|v| d.int(v)).unwrap_or(0);
-            let tag = if file == "gpumem" {
-                // a gpumem tag exported as a frame (`gpumem export`): back to the tag
-                name.to_string()
-            } else if file.ends_with(".py") {
-                // the file's name, from a POSIX or a Windows path
-                let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
-                format!("{base}:{line}:{name}")
-            } else {
-                format!("[C++] {name}")
-            };
-            let t = self.tags.intern(&tag);
-            if file.ends_with(".py") && library_file(file) {
-                self.library.insert(t);
-            }
-            s = self.tags.child(s, t);
-        }
-        if let Some(i) = id {
-            self.cache.insert(i, s);
-        }
-        s
-    }
-}
-
 /// A block's stack: its `frames`, or in PyTorch 2.0's format (no block `frames`) those of the
 /// last entry of its `history` (the allocation that made the block what it is).
 fn block_frames<'a, D: Doc<'a>>(d: &D, b: D::V) -> Option<D::V> {
@@ -466,11 +368,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
     device: u32,
 ) -> Result<Snapshot, String> {
     let (seg_list, traces, trace_lens) = (f.seg_list, f.traces, f.trace_lens);
-    let mut frames = Frames {
-        tags: Tags::default(),
-        cache: FxHashMap::default(),
-        library: Default::default(),
-    };
+    let mut frames = Frames::default();
     let mut segments = Vec::new();
     // each segment's (end, index) by address
     let mut seen: std::collections::BTreeMap<u64, (u64, usize)> = Default::default();
@@ -1084,27 +982,4 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         skipped: Vec::new(),
         skipped_at: Vec::new(),
     })
-}
-
-#[cfg(test)]
-mod library_tests {
-    #[test]
-    fn library_files() {
-        for f in [
-            "/opt/venv/lib/python3.12/site-packages/torch/nn/modules/module.py",
-            "/usr/lib/python3.12/contextlib.py",
-            "C:\\Python312\\Lib\\site-packages\\torch\\nn\\functional.py",
-            "C:\\Python312\\Lib\\contextlib.py",
-        ] {
-            assert!(super::library_file(f), "{f}");
-        }
-        for f in [
-            "/opt/venv/lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py",
-            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/integrations/sdpa.py",
-            "/home/me/torchrun_jobs/train.py",
-            "train.py",
-        ] {
-            assert!(!super::library_file(f), "{f}");
-        }
-    }
 }
