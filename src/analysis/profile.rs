@@ -22,7 +22,8 @@
 //!   follow; a snapshot names no modules);
 //!   `line` the innermost Python frame outside PyTorch and Python's standard library (the
 //!   model's or the training script's line that asked for the memory); `annotation` the
-//!   innermost `record_function` range open when the event happened.
+//!   innermost `record_function` range open when the event happened, with the entry's
+//!   `user_metadata` beside it where set (`load · user_metadata=phase=load`).
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -147,6 +148,9 @@ pub struct ProfileInput<'a> {
     pub frames: bool,
     /// Frames in PyTorch's own files or Python's standard library (skipped by `line`).
     pub library: &'a FxHashSet<TagId>,
+    /// The entries' `user_metadata` (by event, ascending), shown beside their annotation.
+    pub entry_meta: &'a [crate::snapshot::EntryMeta],
+    pub meta_strings: Option<&'a crate::snapshot::MetaStrings>,
 }
 
 /// Key of a stack of C++ frames only (PyTorch's autograd engine runs the backward on a thread
@@ -169,10 +173,11 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
         );
     }
     let timed = by == GroupBy::Annotation && inp.frames;
-    if timed && inp.annotations.is_empty() {
+    if timed && inp.annotations.is_empty() && !inp.entry_meta.iter().any(|m| m.user_metadata != 0) {
         return Err("the snapshot has no annotations: PyTorch records them for \
              torch.profiler.record_function ranges (and the optimizer's step) while \
-             _record_memory_history is on"
+             _record_memory_history is on, and user_metadata for \
+             torch.cuda.memory._set_memory_metadata"
             .into());
     }
     if timed && inp.times.len() != inp.events.len() {
@@ -196,6 +201,7 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
     let mut alive: FxHashMap<u64, (u64, u32)> = FxHashMap::default();
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let mut ranges = OpenRanges::new(inp.annotations);
+    let mut meta = inp.entry_meta.iter().peekable();
     let mut before_at_peak = 0u64;
     for (i, e) in inp.events.iter().enumerate() {
         let kind = e.kind();
@@ -207,7 +213,16 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
         }
         let k = if timed {
             let name = ranges.at(inp.times[i]);
-            keys.named(name)
+            while meta.next_if(|m| (m.event as usize) < i).is_some() {}
+            let user = meta
+                .peek()
+                .filter(|m| m.event as usize == i && m.user_metadata != 0)
+                .zip(inp.meta_strings)
+                .map(|(m, strings)| strings.text(m.user_metadata));
+            match user {
+                Some(u) => keys.named(&format!("{name} · user_metadata={u}")),
+                None => keys.named(name),
+            }
         } else {
             keys.of(e.stack)
         };

@@ -49,6 +49,50 @@ impl PoolState {
     }
 }
 
+/// Segments of a pool other than the default one: a CUDA graph's private pool or a
+/// `torch.cuda.MemPool` (memory the default pool cannot reuse).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PrivatePool {
+    /// PyTorch's `segment_pool_id`.
+    pub pool_id: [i64; 2],
+    /// `cuda_graph` ((N, 0): made by a graph capture) or `mem_pool` ((0, N): made by
+    /// `torch.cuda.MemPool()` or `graph_pool_handle()`).
+    pub kind: &'static str,
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+}
+
+/// The private pools of a snapshot's segments, by pool id.
+pub fn private_pools(segments: &[SegmentInfo], pools: &[(u64, [i64; 2])]) -> Vec<PrivatePool> {
+    let mut out: Vec<PrivatePool> = Vec::new();
+    for s in segments {
+        let Ok(i) = pools.binary_search_by_key(&s.address, |p| p.0) else {
+            continue;
+        };
+        let id = pools[i].1;
+        let at = match out.iter().position(|p| p.pool_id == id) {
+            Some(k) => k,
+            None => {
+                out.push(PrivatePool {
+                    pool_id: id,
+                    kind: if id[0] != 0 { "cuda_graph" } else { "mem_pool" },
+                    segments: 0,
+                    reserved_bytes: 0,
+                    allocated_bytes: 0,
+                });
+                out.len() - 1
+            }
+        };
+        let p = &mut out[at];
+        p.segments += 1;
+        p.reserved_bytes += s.total_size;
+        p.allocated_bytes += s.allocated_size;
+    }
+    out.sort_by_key(|p| p.pool_id);
+    out
+}
+
 /// Bytes held by one allocation site.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SiteBytes {

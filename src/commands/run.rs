@@ -278,6 +278,8 @@ fn profile_of(
         annotations: &[],
         frames: false,
         library: &library,
+        entry_meta: &[],
+        meta_strings: None,
     };
     profile(
         &input,

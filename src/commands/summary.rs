@@ -170,6 +170,8 @@ fn profile_of(
         annotations: &s.annotations,
         frames: s.format != crate::snapshot::Format::Gpumem,
         library: &s.library_frames,
+        entry_meta: &s.entry_meta,
+        meta_strings: Some(&s.meta_strings),
     };
     let p = profile(
         &input,

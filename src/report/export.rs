@@ -99,11 +99,8 @@ pub fn torch_snapshot(snap: &Snapshot) -> W {
                         BlockState::ActivePendingFree => "active_pending_free",
                         BlockState::Inactive => "inactive",
                     };
-                    let frames = if b.state == BlockState::Inactive {
-                        W::List(vec![])
-                    } else {
-                        fc.get(b.stack)
-                    };
+                    // (a free block's frames are those of its last allocation, when kept)
+                    let frames = fc.get(b.stack);
                     W::Dict(vec![
                         (s("address"), W::Int(b.address as i64)),
                         (s("size"), W::Int(b.size as i64)),
@@ -122,19 +119,49 @@ pub fn torch_snapshot(snap: &Snapshot) -> W {
                 (s("requested_size"), W::Int(g.requested_size as i64)),
                 (s("stream"), W::Int(g.stream as i64)),
                 (s("segment_type"), s(g.pool.name())),
-                (s("segment_pool_id"), W::Tuple(vec![W::Int(0), W::Int(0)])),
+                (s("segment_pool_id"), {
+                    let p = snap
+                        .segment_pools
+                        .binary_search_by_key(&g.address, |p| p.0)
+                        .map_or([0, 0], |i| snap.segment_pools[i].1);
+                    W::Tuple(vec![W::Int(p[0]), W::Int(p[1])])
+                }),
                 (s("is_expandable"), W::Bool(g.is_expandable)),
                 (s("frames"), W::List(vec![])),
                 (s("blocks"), W::List(blocks)),
             ])
         })
         .collect();
-    let mut trace = Vec::with_capacity(snap.events.len());
+    let mut trace = Vec::with_capacity(snap.events.len() + snap.skipped_at.len());
+    let mut meta = snap.entry_meta.iter().peekable();
+    // entries of actions gpumem does not model go back where they were (their fields were not
+    // kept)
+    let mut skipped = snap.skipped_at.iter().zip(&snap.skipped_kind).peekable();
+    let mut skip_to = |trace: &mut Vec<W>, upto: u64| {
+        while let Some((_, k)) = skipped.next_if(|(at, _)| **at <= upto) {
+            let action = snap.skipped.get(*k as usize).map_or("", |x| x.0.as_str());
+            trace.push(W::Dict(vec![
+                (s("action"), s(action)),
+                (s("addr"), W::Int(0)),
+                (s("size"), W::Int(0)),
+                (s("stream"), W::Int(0)),
+                (s("time_us"), W::Int(0)),
+                (s("frames"), W::List(vec![])),
+            ]));
+        }
+    };
     for (i, e) in snap.events.iter().enumerate() {
+        let at = trace.len() as u64;
+        skip_to(&mut trace, at);
         if e.kind() == EventKind::Retag || e.kind() == EventKind::EmptyCache {
             continue; // gpumem's own; PyTorch has no such entries
         }
-        let time = time_of(snap, i);
+        // gpumem's own traces have no times: the event's index stands in; PyTorch's are kept
+        let time = if snap.format == crate::snapshot::Format::Gpumem {
+            time_of(snap, i)
+        } else {
+            snap.times.get(i).copied().unwrap_or(0)
+        };
         let mut d = vec![(s("action"), s(e.kind().action()))];
         if e.kind() == EventKind::Oom {
             d.push((s("addr"), W::Int(0)));
@@ -145,9 +172,19 @@ pub fn torch_snapshot(snap: &Snapshot) -> W {
         d.push((s("size"), W::Int(e.size() as i64)));
         d.push((s("stream"), W::Int(e.stream as i64)));
         d.push((s("time_us"), W::Int(time as i64)));
+        let (mut umeta, mut cctx) = ("", "N/A");
+        if let Some(m) = meta.next_if(|m| m.event as usize == i) {
+            umeta = snap.meta_strings.text(m.user_metadata);
+            if m.compile_context != 0 {
+                cctx = snap.meta_strings.text(m.compile_context);
+            }
+        }
+        d.push((s("compile_context"), s(cctx)));
+        d.push((s("user_metadata"), s(umeta)));
         d.push((s("frames"), fc.get(e.stack)));
         trace.push(W::Dict(d));
     }
+    skip_to(&mut trace, u64::MAX);
     let annotations = snap
         .annotations
         .iter()

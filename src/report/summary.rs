@@ -92,6 +92,33 @@ pub fn write_text(
             "no trace (record one with torch.cuda.memory._record_memory_history())"
         )?,
     }
+    let pools = crate::analysis::summary::private_pools(&s.segments, &s.segment_pools);
+    if !pools.is_empty() {
+        writeln!(
+            out,
+            "{}",
+            super::style::wrap(&format!(
+                "private pools (memory the default pool cannot reuse): {}",
+                pools
+                    .iter()
+                    .map(|p| format!(
+                        "({}, {}) {}: {}, {} reserved, {} allocated",
+                        p.pool_id[0],
+                        p.pool_id[1],
+                        if p.kind == "cuda_graph" {
+                            "a CUDA graph's"
+                        } else {
+                            "a MemPool's"
+                        },
+                        count(p.segments, "segment", "segments"),
+                        b(p.reserved_bytes),
+                        b(p.allocated_bytes)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        )?;
+    }
     if !s.skipped.is_empty() {
         writeln!(
             out,
@@ -227,6 +254,7 @@ fn to_json_events(path: &str, s: &Snapshot, m: &Summary) -> Value {
         "leak_check": {"iterations": m.leaks.iterations, "checked": m.leaks.checked, "note": m.leaks.note},
         "ooms": m.ooms,
         "skipped_entries": s.skipped,
+        "private_pools": crate::analysis::summary::private_pools(&s.segments, &s.segment_pools),
     })
 }
 

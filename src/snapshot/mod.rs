@@ -56,6 +56,49 @@ pub struct Annotation {
     pub time_us: u64,
 }
 
+/// A trace entry's `user_metadata` (`torch.cuda.memory._set_memory_metadata`) and
+/// `compile_context` (the `torch.compile` region it was made in, with `_record_memory_history(
+/// compile_context=True)`), for the entries where either is set: ids into
+/// [`Snapshot::meta_strings`], 0 where unset (PyTorch writes "" and "N/A").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EntryMeta {
+    /// The event's index in [`Snapshot::events`].
+    pub event: u32,
+    pub user_metadata: u32,
+    pub compile_context: u32,
+}
+
+/// Interns the strings of [`EntryMeta`]: "" is id 0.
+#[derive(Debug, Clone, Default)]
+pub struct MetaStrings {
+    pub strings: Vec<String>,
+    by_text: rustc_hash::FxHashMap<String, u32>,
+}
+
+impl MetaStrings {
+    /// The id of `text`; 0 for "" (and for "N/A", PyTorch's compile_context outside any
+    /// compiled region).
+    pub fn id(&mut self, text: &str) -> u32 {
+        if text.is_empty() || text == "N/A" {
+            return 0;
+        }
+        if self.strings.is_empty() {
+            self.strings.push(String::new());
+        }
+        if let Some(&i) = self.by_text.get(text) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.strings.push(text.to_string());
+        self.by_text.insert(text.to_string(), i);
+        i
+    }
+
+    pub fn text(&self, id: u32) -> &str {
+        self.strings.get(id as usize).map_or("", |s| s.as_str())
+    }
+}
+
 /// How the iterations of a trace were found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -104,6 +147,14 @@ pub struct Snapshot {
     pub skipped: Vec<(String, u64)>,
     /// The trace index of each skipped entry, ascending (see [`Snapshot::entry`]).
     pub skipped_at: Vec<u64>,
+    /// Each skipped entry's action: its index in `skipped`.
+    pub skipped_kind: Vec<u32>,
+    /// The entries whose `user_metadata` or `compile_context` is set, in event order.
+    pub entry_meta: Vec<EntryMeta>,
+    pub meta_strings: MetaStrings,
+    /// Segments outside the default pool: (address, PyTorch's `segment_pool_id`): (N, 0) is
+    /// a CUDA graph's private pool, (0, N) a pool made with `torch.cuda.MemPool()`.
+    pub segment_pools: Vec<(u64, [i64; 2])>,
 }
 
 /// How many cores read a large pickle: `GPUMEM_THREADS` when set (1 reads sequentially),

@@ -9,9 +9,11 @@
 //! `line` and `name`, innermost first, and PyTorch shares one frame list between the entries
 //! of one allocation: it is resolved once per shared object.
 
+use rustc_hash::FxHashMap;
+
 use super::frames::Frames;
 
-use super::{Annotation, Format, IterationSource, Snapshot};
+use super::{Annotation, EntryMeta, Format, IterationSource, MetaStrings, Snapshot};
 use crate::alloc::{AllocConf, BlockInfo, BlockState, PoolKind, SegmentInfo};
 use crate::trace::pickle::{Pickle, Projected, Projection, Value as PValue};
 use crate::trace::{Event, EventKind, StackId};
@@ -64,7 +66,7 @@ pub trait Doc<'a> {
 pub const TRACE: Projection = Projection {
     detect: "action",
     ints: &["addr", "size", "stream", "time_us", "device_free"],
-    strs: &["action"],
+    strs: &["action", "user_metadata", "compile_context"],
     objs: &["frames"],
 };
 
@@ -370,6 +372,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
     let (seg_list, traces, trace_lens) = (f.seg_list, f.traces, f.trace_lens);
     let mut frames = Frames::default();
     let mut segments = Vec::new();
+    let mut segment_pools: Vec<(u64, [i64; 2])> = Vec::new();
     // each segment's (end, index) by address
     let mut seen: std::collections::BTreeMap<u64, (u64, usize)> = Default::default();
     for (i, s) in seg_list.iter().enumerate() {
@@ -486,6 +489,14 @@ fn device_snapshot<'a, D: Doc<'a>>(
         };
         let allocated_size = sum(&|b| b.state != BlockState::Inactive, &|b| b.size);
         let requested_size = sum(&|b| b.state != BlockState::Inactive, &|b| b.requested_size);
+        if let Some(p) = d.get(*s, "segment_pool_id").filter(|p| d.is_list(*p)) {
+            let ids: Vec<i64> = d.list(p).filter_map(|v| d.int(v)).collect();
+            if let [a, b] = ids[..] {
+                if (a, b) != (0, 0) {
+                    segment_pools.push((address, [a, b]));
+                }
+            }
+        }
         segments.push(SegmentInfo {
             device,
             address,
@@ -504,17 +515,19 @@ fn device_snapshot<'a, D: Doc<'a>>(
         });
     }
     segments.sort_by_key(|s| s.address);
+    segment_pools.sort_by_key(|p| p.0);
 
     let total = trace_lens.get(device as usize).copied().unwrap_or(0);
     let mut events = Vec::with_capacity(total);
     let mut times = Vec::with_capacity(total);
-    let mut skipped: Vec<(String, u64)> = Vec::new();
-    let mut skipped_at: Vec<u64> = Vec::new();
+    let mut skips = Skips::default();
+    let mut meta: Vec<EntryMeta> = Vec::new();
+    let mut meta_strings = MetaStrings::default();
     if let Some(t) = traces.get(device as usize) {
         let runs = d.take_projected(*t);
         let n = trace_lens.get(device as usize).copied().unwrap_or(0)
             - runs.iter().map(|r| r.1.rows()).sum::<usize>();
-        const KEYS: [&str; 7] = [
+        const KEYS: [&str; 9] = [
             "action",
             "addr",
             "size",
@@ -522,6 +535,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
             "time_us",
             "device_free",
             "frames",
+            "user_metadata",
+            "compile_context",
         ];
         let cols: Vec<_> = KEYS.iter().map(|k| d.column(*t, k)).collect();
         // one entry's fields: from the list's columns when it is stored by columns (PyTorch's
@@ -538,8 +553,11 @@ fn device_snapshot<'a, D: Doc<'a>>(
                     d,
                     &rows,
                     &mut frames,
-                    &mut skipped,
-                    &mut skipped_at,
+                    &mut skips,
+                    &mut Metas {
+                        list: &mut meta,
+                        strings: &mut meta_strings,
+                    },
                     &mut events,
                     &mut times,
                     device,
@@ -553,6 +571,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
             let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
                 ("", None, None, None, None, None);
             let mut frames_v = None;
+            let (mut umeta, mut cctx) = ("", "");
             let n = |v: Option<D::V>| v.and_then(|v| d.int(v));
             match &mut items {
                 None => {
@@ -564,6 +583,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
                     time = n(col(4));
                     free = n(col(5));
                     frames_v = col(6);
+                    umeta = col(7).and_then(|v| d.text(v)).unwrap_or("");
+                    cctx = col(8).and_then(|v| d.text(v)).unwrap_or("");
                 }
                 Some(it) => {
                     let Some(e) = it.next() else { break };
@@ -575,6 +596,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
                         "time_us" => time = n(Some(v)),
                         "device_free" => free = n(Some(v)),
                         "frames" => frames_v = Some(v),
+                        "user_metadata" => umeta = d.text(v).unwrap_or(""),
+                        "compile_context" => cctx = d.text(v).unwrap_or(""),
                         _ => {}
                     });
                 }
@@ -583,14 +606,21 @@ fn device_snapshot<'a, D: Doc<'a>>(
             at += 1;
             let Some(kind) = EventKind::from_action(action).filter(|k| *k != EventKind::Retag)
             else {
-                count_skipped(&mut skipped, action, 1);
-                skipped_at.push(entry as u64);
+                skips.skip(action, entry as u64);
                 continue;
             };
             let (addr, size) = entry_fields(kind, addr, size, free)
                 .map_err(|why| format!("device_traces[{device}][{entry}]{why}"))?;
             let stack = frames.stack(d, frames_v);
             let opt = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
+            let (u_id, c_id) = (meta_strings.id(umeta), meta_strings.id(cctx));
+            if u_id != 0 || c_id != 0 {
+                meta.push(EntryMeta {
+                    event: events.len() as u32,
+                    user_metadata: u_id,
+                    compile_context: c_id,
+                });
+            }
             events.push(Event::new(kind, addr, size, stack, opt(stream) as u32));
             times.push(opt(time));
         }
@@ -625,7 +655,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
     // repeating a trace do), but not without a word: its state figures come from the segments,
     // which are sound, and what it says of the history may be wrong
     if let Err(why) =
-        super::history::check(&events, |i| super::entry_of(&skipped_at, i as u64), device)
+        super::history::check(&events, |i| super::entry_of(&skips.at, i as u64), device)
     {
         tracing::warn!(
             "{}: {why} (the trace contradicts itself: what it says of allocations over time may \
@@ -651,8 +681,12 @@ fn device_snapshot<'a, D: Doc<'a>>(
         iterations: IterationSource::None,
         iterations_why: None,
         dropped: 0,
-        skipped,
-        skipped_at,
+        skipped: skips.counts,
+        skipped_at: skips.at,
+        skipped_kind: skips.kind,
+        entry_meta: meta,
+        meta_strings,
+        segment_pools,
     };
     super::iterations::tag_iterations(&mut snap);
     Ok(snap)
@@ -695,11 +729,34 @@ fn lone_completions_free(events: &mut [Event]) {
     }
 }
 
-fn count_skipped(skipped: &mut Vec<(String, u64)>, action: &str, n: u64) {
-    match skipped.iter_mut().find(|(a, _)| a == action) {
-        Some(c) => c.1 += n,
-        None => skipped.push((action.to_string(), n)),
+/// The entries of actions gpumem does not model: counted by action in the order they first
+/// appear, and each one's place and action.
+#[derive(Default)]
+struct Skips {
+    counts: Vec<(String, u64)>,
+    at: Vec<u64>,
+    kind: Vec<u32>,
+}
+
+impl Skips {
+    fn skip(&mut self, action: &str, entry: u64) {
+        let k = match self.counts.iter().position(|(a, _)| a == action) {
+            Some(k) => k,
+            None => {
+                self.counts.push((action.to_string(), 0));
+                self.counts.len() - 1
+            }
+        };
+        self.counts[k].1 += 1;
+        self.at.push(entry);
+        self.kind.push(k as u32);
     }
+}
+
+/// Where the entries' `user_metadata` and `compile_context` go.
+struct Metas<'m> {
+    list: &'m mut Vec<EntryMeta>,
+    strings: &'m mut MetaStrings,
 }
 
 /// Appends the events of a run of projected trace rows (read on several cores) to `events`
@@ -710,8 +767,8 @@ fn projected_events<'a, D: Doc<'a>>(
     d: &D,
     rows: &Projected,
     frames: &mut Frames,
-    skipped: &mut Vec<(String, u64)>,
-    skipped_at: &mut Vec<u64>,
+    skips: &mut Skips,
+    metas: &mut Metas<'_>,
     events: &mut Vec<Event>,
     times: &mut Vec<u64>,
     device: u32,
@@ -795,8 +852,7 @@ fn projected_events<'a, D: Doc<'a>>(
     if !all_kept {
         for r in 0..n {
             if kind(r).is_none() {
-                count_skipped(skipped, text(rows.str_id(r, 0)).unwrap_or(""), 1);
-                skipped_at.push((first + r) as u64);
+                skips.skip(text(rows.str_id(r, 0)).unwrap_or(""), (first + r) as u64);
             }
         }
     }
@@ -824,6 +880,45 @@ fn projected_events<'a, D: Doc<'a>>(
         let (addr, size) = fields(r).unwrap_or_default();
         Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
     };
+    // user_metadata and compile_context: each distinct string resolved once; the rows
+    // scanned only when one of them is set (PyTorch writes "" and "N/A" on every entry)
+    let (umeta_bits, cctx_bits) = (bits(strs), bits(strs));
+    (0..n).into_par_iter().for_each(|r| {
+        mark(&umeta_bits, rows.str_id(r, 1));
+        mark(&cctx_bits, rows.str_id(r, 2));
+    });
+    let mut meta_tab: FxHashMap<(usize, u32), u32> = FxHashMap::default();
+    for (col, b) in [(1usize, &umeta_bits), (2, &cctx_bits)] {
+        for id in set(b) {
+            let m = metas.strings.id(text(id).unwrap_or(""));
+            if m != 0 {
+                meta_tab.insert((col, id), m);
+            }
+        }
+    }
+    if !meta_tab.is_empty() {
+        let mut index = events.len();
+        for r in 0..n {
+            if !kept(&r) {
+                continue;
+            }
+            let m = |col: usize| {
+                meta_tab
+                    .get(&(col, rows.str_id(r, col)))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let (u_id, c_id) = (m(1), m(2));
+            if u_id != 0 || c_id != 0 {
+                metas.list.push(EntryMeta {
+                    event: index as u32,
+                    user_metadata: u_id,
+                    compile_context: c_id,
+                });
+            }
+            index += 1;
+        }
+    }
     if all_kept {
         // straight into the vectors, each core writing its part
         events.par_extend((0..n).into_par_iter().map(event));
@@ -981,5 +1076,9 @@ pub fn convert_gpumem(v: &serde_json::Value) -> Result<Snapshot, String> {
         dropped: t.dropped,
         skipped: Vec::new(),
         skipped_at: Vec::new(),
+        skipped_kind: Vec::new(),
+        entry_meta: Vec::new(),
+        meta_strings: MetaStrings::default(),
+        segment_pools: Vec::new(),
     })
 }
