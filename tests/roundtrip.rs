@@ -277,3 +277,23 @@ fn user_metadata_compile_context_and_pools_are_kept() {
         "{keys:?}"
     );
 }
+
+/// The same fields as PyTorch 2.11 recorded them on the H200 (scripts/record_new_fields.py).
+#[test]
+fn the_recorded_new_fields_are_read() {
+    let f = root().join("fixtures/snapshots/new_fields.pickle");
+    let snap = &load_devices(&f, Which::All).unwrap()[0];
+    let texts: std::collections::BTreeSet<&str> = snap
+        .entry_meta
+        .iter()
+        .flat_map(|m| [m.user_metadata, m.compile_context])
+        .map(|i| snap.meta_strings.text(i))
+        .collect();
+    assert!(texts.contains("phase=load"), "{texts:?}");
+    assert!(texts.contains("Torch-Compiled Region: 0/0"), "{texts:?}");
+    let kinds: Vec<[i64; 2]> = snap.segment_pools.iter().map(|p| p.1).collect();
+    assert!(kinds.contains(&[1, 0]) && kinds.contains(&[0, 1]), "{kinds:?}");
+    let names: Vec<&str> = snap.annotations.iter().map(|a| a.name.as_str()).collect();
+    assert!(names.contains(&"inner"), "{names:?}");
+    assert_eq!(snap.conf.raw, "max_split_size_mb:256,garbage_collection_threshold:0.8");
+}

@@ -559,7 +559,8 @@ pub fn verdict_line(devs: &[(&Snapshot, &Summary)], settled: &[Option<bool>]) ->
             if o.site.is_empty() {
                 String::new()
             } else {
-                format!(", at {}", o.site)
+                // innermost Python frames first, as the site tables show them
+                format!(", at {}", display_site(&o.site, false, 3))
             },
         );
     }
