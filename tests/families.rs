@@ -40,6 +40,21 @@ const CASES: &[(&str, bool, bool)] = &[
     // `output_router_logits`: the router logits kept, the load-balancing loss (bincount of the
     // chosen experts), a full sum's gradient an expanded view
     ("mixtral_t_aux_fp32", true, true),
+    // recorded after they were modelled (2026-12-05, scripts/gpu-families-cases.sh): Gemma-2's
+    // sliding window on alternate layers in sdpa, Phi-3's sliding window, LoRA over bf16
+    // weights in Qwen3 and Gemma, LoRA on GPT-2's Conv1D layers, Gemma-3 with both layer types
+    ("gemma2_t_sdpa_fp32", true, true),
+    ("phi3_t_sw_fp32", true, true),
+    // (these three free in another order than PyTorch from one point on, with the same
+    // figures: PyTorch frees Qwen3's allocation #2 (2 MiB) as the decoder returns, at event
+    // 300; an 8 KiB temporary of Gemma's first RMSNorm (modeling_gemma.py:77) one free
+    // earlier, at event 42; GPT-2's block input at the residual add (modeling_gpt2.py:282),
+    // at event 48; not yet followed up)
+    ("qwen3_t_lora_bf16w", true, false),
+    ("gemma_t_lora_bf16w", true, false),
+    ("gpt2_t_lora_fp32", true, false),
+    // one best-fit tie in the third iteration's peak (1,024 bytes; the events part at 931)
+    ("gemma3_6l_sdpa_fp32", false, false),
 ];
 
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated

@@ -292,8 +292,14 @@ fn the_recorded_new_fields_are_read() {
     assert!(texts.contains("phase=load"), "{texts:?}");
     assert!(texts.contains("Torch-Compiled Region: 0/0"), "{texts:?}");
     let kinds: Vec<[i64; 2]> = snap.segment_pools.iter().map(|p| p.1).collect();
-    assert!(kinds.contains(&[1, 0]) && kinds.contains(&[0, 1]), "{kinds:?}");
+    assert!(
+        kinds.contains(&[1, 0]) && kinds.contains(&[0, 1]),
+        "{kinds:?}"
+    );
     let names: Vec<&str> = snap.annotations.iter().map(|a| a.name.as_str()).collect();
     assert!(names.contains(&"inner"), "{names:?}");
-    assert_eq!(snap.conf.raw, "max_split_size_mb:256,garbage_collection_threshold:0.8");
+    assert_eq!(
+        snap.conf.raw,
+        "max_split_size_mb:256,garbage_collection_threshold:0.8"
+    );
 }
