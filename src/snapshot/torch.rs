@@ -20,7 +20,7 @@ use crate::trace::{Event, EventKind, StackId};
 
 /// Read access to a parsed document (a pickle or JSON), so that one converter serves both.
 pub trait Doc<'a> {
-    type V: Copy + 'a;
+    type V: Copy + PartialEq + 'a;
     fn get(&self, v: Self::V, key: &str) -> Option<Self::V>;
     fn int(&self, v: Self::V) -> Option<i64>;
     fn float(&self, v: Self::V) -> Option<f64>;
@@ -543,6 +543,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
         // traces are), else one pass over the entry's keys
         let mut items = (cols[0].is_none()).then(|| d.list(*t));
         let mut run = runs.into_iter().peekable();
+        let (mut last_u, mut last_c) = (None, None);
         // entries so far (the index in messages)
         let mut at = 0usize;
         for i in 0..=n {
@@ -571,7 +572,7 @@ fn device_snapshot<'a, D: Doc<'a>>(
             let (mut action, mut addr, mut size, mut stream, mut time, mut free) =
                 ("", None, None, None, None, None);
             let mut frames_v = None;
-            let (mut umeta, mut cctx) = ("", "");
+            let (mut umeta_v, mut cctx_v) = (None, None);
             let n = |v: Option<D::V>| v.and_then(|v| d.int(v));
             match &mut items {
                 None => {
@@ -583,8 +584,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
                     time = n(col(4));
                     free = n(col(5));
                     frames_v = col(6);
-                    umeta = col(7).and_then(|v| d.text(v)).unwrap_or("");
-                    cctx = col(8).and_then(|v| d.text(v)).unwrap_or("");
+                    umeta_v = col(7);
+                    cctx_v = col(8);
                 }
                 Some(it) => {
                     let Some(e) = it.next() else { break };
@@ -596,8 +597,8 @@ fn device_snapshot<'a, D: Doc<'a>>(
                         "time_us" => time = n(Some(v)),
                         "device_free" => free = n(Some(v)),
                         "frames" => frames_v = Some(v),
-                        "user_metadata" => umeta = d.text(v).unwrap_or(""),
-                        "compile_context" => cctx = d.text(v).unwrap_or(""),
+                        "user_metadata" => umeta_v = Some(v),
+                        "compile_context" => cctx_v = Some(v),
                         _ => {}
                     });
                 }
@@ -613,7 +614,17 @@ fn device_snapshot<'a, D: Doc<'a>>(
                 .map_err(|why| format!("device_traces[{device}][{entry}]{why}"))?;
             let stack = frames.stack(d, frames_v);
             let opt = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
-            let (u_id, c_id) = (meta_strings.id(umeta), meta_strings.id(cctx));
+            // the same value as the entry before (a pickle's memoized string): its id again
+            let mut meta_id = |v: Option<D::V>, last: &mut Option<(D::V, u32)>| match (v, *last) {
+                (None, _) => 0,
+                (Some(v), Some((l, id))) if v == l => id,
+                (Some(v), _) => {
+                    let id = meta_strings.id(d.text(v).unwrap_or(""));
+                    *last = Some((v, id));
+                    id
+                }
+            };
+            let (u_id, c_id) = (meta_id(umeta_v, &mut last_u), meta_id(cctx_v, &mut last_c));
             if u_id != 0 || c_id != 0 {
                 meta.push(EntryMeta {
                     event: events.len() as u32,
