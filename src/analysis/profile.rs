@@ -190,13 +190,13 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
     let sizer = Sizer::new(inp.conf);
     let mut keys = Keys::new(inp, by);
     let mut rows: Vec<ProfileRow> = Vec::new();
-    let row = |rows: &mut Vec<ProfileRow>, k: u32| -> usize {
+    fn row(rows: &mut Vec<ProfileRow>, k: u32) -> &mut ProfileRow {
         let k = k as usize;
         if rows.len() <= k {
             rows.resize(k + 1, ProfileRow::default());
         }
-        k
-    };
+        &mut rows[k]
+    }
     // blocks allocated in the trace and alive: address -> (block, key)
     let mut alive: FxHashMap<u64, (u64, u32)> = FxHashMap::default();
     let mut seen: FxHashSet<u64> = FxHashSet::default();
@@ -205,65 +205,58 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
     let mut before_at_peak = 0u64;
     for (i, e) in inp.events.iter().enumerate() {
         let kind = e.kind();
-        if !matches!(kind, EventKind::Alloc | EventKind::FreeRequested) {
-            if i == peak_i {
-                at_peak(&alive, &mut rows);
-            }
-            continue;
-        }
-        let k = if timed {
-            let name = ranges.at(inp.times[i]);
-            while meta.next_if(|m| (m.event as usize) < i).is_some() {}
-            let user = meta
-                .peek()
-                .filter(|m| m.event as usize == i && m.user_metadata != 0)
-                .zip(inp.meta_strings)
-                .map(|(m, strings)| strings.text(m.user_metadata));
-            match user {
-                Some(u) => keys.named(&format!("{name} · user_metadata={u}")),
-                None => keys.named(name),
-            }
-        } else {
-            keys.of(e.stack)
-        };
-        let r = row(&mut rows, k);
-        match kind {
-            EventKind::Alloc => {
+        if matches!(kind, EventKind::Alloc | EventKind::FreeRequested) {
+            let k = if timed {
+                let name = ranges.at(inp.times[i]);
+                while meta.next_if(|m| (m.event as usize) < i).is_some() {}
+                let user = meta
+                    .peek()
+                    .filter(|m| m.event as usize == i && m.user_metadata != 0)
+                    .zip(inp.meta_strings)
+                    .map(|(m, strings)| strings.text(m.user_metadata));
+                match user {
+                    Some(u) => keys.named(&format!("{name} · user_metadata={u}")),
+                    None => keys.named(name),
+                }
+            } else {
+                keys.of(e.stack)
+            };
+            let x = row(&mut rows, k);
+            if kind == EventKind::Alloc {
                 let b = match w.block[i] {
                     0 => sizer.round(e.size()),
                     b => b,
                 };
-                let x = &mut rows[r];
                 x.allocs += 1;
                 x.allocated_bytes += b;
                 x.largest_bytes = x.largest_bytes.max(b);
                 alive.insert(e.addr, (b, k));
                 seen.insert(e.addr);
-            }
-            _ => {
+            } else {
                 let b = match alive.remove(&e.addr) {
                     Some((b, _)) => b,
                     None => {
+                        let b = sizer.round(e.size());
                         if seen.insert(e.addr) && i > peak_i {
                             // from before the trace, alive at the peak
-                            before_at_peak += sizer.round(e.size());
+                            before_at_peak += b;
                         }
-                        sizer.round(e.size())
+                        b
                     }
                 };
-                let x = &mut rows[r];
                 x.frees += 1;
                 x.freed_bytes += b;
             }
         }
         if i == peak_i {
-            at_peak(&alive, &mut rows);
+            for &(b, k) in alive.values() {
+                row(&mut rows, k).at_peak_bytes += b;
+            }
         }
     }
     if before_at_peak > 0 {
         let k = keys.named(BEFORE_TRACE);
-        let r = row(&mut rows, k);
-        rows[r].at_peak_bytes += before_at_peak;
+        row(&mut rows, k).at_peak_bytes += before_at_peak;
     }
     // blocks alive at the end that the trace never touched were alive all along
     for s in inp.segments {
@@ -274,8 +267,7 @@ pub fn profile(inp: &ProfileInput<'_>, by: GroupBy, sort: SortBy) -> Result<Prof
                 } else {
                     keys.of(b.stack)
                 };
-                let r = row(&mut rows, k);
-                rows[r].at_peak_bytes += b.size;
+                row(&mut rows, k).at_peak_bytes += b.size;
             }
         }
     }
@@ -339,17 +331,6 @@ fn natural(a: &str, b: &str) -> std::cmp::Ordering {
         }
     }
     pa.len().cmp(&pb.len()).then_with(|| a.cmp(b))
-}
-
-/// Adds the blocks alive now to their keys' peak column.
-fn at_peak(alive: &FxHashMap<u64, (u64, u32)>, rows: &mut Vec<ProfileRow>) {
-    for &(b, k) in alive.values() {
-        let k = k as usize;
-        if rows.len() <= k {
-            rows.resize(k + 1, ProfileRow::default());
-        }
-        rows[k].at_peak_bytes += b;
-    }
 }
 
 /// Keys by name, each stack's found once.

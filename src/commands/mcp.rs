@@ -147,7 +147,13 @@ fn tool(name: &'static str, description: &'static str, input: Arc<JsonObject>, o
         .with_annotations(read_only)
 }
 
-fn tools() -> Vec<Tool> {
+/// The tools, built once.
+fn tools() -> &'static [Tool] {
+    static TOOLS: std::sync::OnceLock<Vec<Tool>> = std::sync::OnceLock::new();
+    TOOLS.get_or_init(build_tools)
+}
+
+fn build_tools() -> Vec<Tool> {
     let path = |d: &str| json!({"type": "string", "description": d});
     let mut summary = serde_json::Map::new();
     summary.insert(
@@ -303,19 +309,17 @@ fn model_args(args: &JsonObject, cmd: &mut Vec<String>) -> std::result::Result<(
 
 /// The gpumem command line a tool call runs.
 fn command_line(name: &str, args: &JsonObject) -> std::result::Result<Vec<String>, String> {
-    let known: &[&str] = match name {
-        "summary" => &["snapshot", "device", "top", "by"],
-        "explain_oom" => &["snapshot", "workload"],
-        "run" => &["workload", "by"],
-        "fit" => &["workload", "param", "max"],
-        "diff" => &["a", "b"],
-        "check" => &["inputs", "baseline", "budget"],
-        other => return Err(format!("no tool named '{other}'")),
-    };
+    // the arguments a tool takes are its input schema's properties
+    let tool = tools()
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| format!("no tool named '{name}'"))?;
+    let known = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object);
     for k in args.keys() {
-        let model = matches!(name, "explain_oom" | "run" | "fit")
-            && MODEL_FLAGS.iter().any(|(n, ..)| n == k);
-        if !known.contains(&k.as_str()) && !model {
+        if !known.is_some_and(|p| p.contains_key(k)) {
             return Err(format!("'{name}' takes no argument '{k}'"));
         }
     }
@@ -488,7 +492,7 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(tools()))
+        Ok(ListToolsResult::with_all_items(tools().to_vec()))
     }
 
     async fn call_tool(
@@ -497,7 +501,7 @@ impl ServerHandler for Server {
         _context: RequestContext<RoleServer>,
     ) -> std::result::Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        if !tools().iter().any(|t| t.name == name) {
+        if !tools().iter().any(|t| t.name == name.as_str()) {
             return Err(ErrorData::invalid_params(
                 format!("no tool named '{name}'"),
                 None,
@@ -531,7 +535,7 @@ impl ServerHandler for Server {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools().into_iter().find(|t| t.name == name)
+        tools().iter().find(|t| t.name == name).cloned()
     }
 }
 

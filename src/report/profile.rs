@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::analysis::profile::{Profile, ProfileRow};
+use crate::analysis::profile::{Profile, ProfileRow, SortBy};
 use crate::units::{format_bytes as b, format_bytes_signed, group_digits};
 
 fn cells(key: String, r: &ProfileRow) -> Vec<String> {
@@ -29,10 +29,10 @@ pub fn write_text(out: &mut dyn Write, p: &Profile, top: usize) -> std::io::Resu
         super::style::heading(&format!(
             "Memory by {} (largest {} first; peak allocated {} at event {})",
             p.by.name(),
-            match p.sort.name() {
-                "peak" => "bytes held at the peak",
-                "allocs" => "allocation count",
-                other => other,
+            match p.sort {
+                SortBy::Peak => "bytes held at the peak",
+                SortBy::Allocs => "allocation count",
+                other => other.name(),
             },
             b(p.peak_allocated_bytes),
             group_digits(p.peak_event)

@@ -13,6 +13,7 @@ use std::path::Path;
 pub use crate::analysis::record::{RemedyKind, Tried};
 
 use super::{RunOptions, RunOutcome};
+use crate::engine::op::optim::OptimKind;
 use crate::error::Error;
 use crate::workload::{self, transform, BlockKind, Overrides, Workload};
 
@@ -265,12 +266,17 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
     );
     let adam = match p {
         // (generation and inference have no optimizer step)
-        Some(p) => (p.optimizer == "adam" || p.optimizer == "adamw") && p.mode == "train",
+        Some(p) => {
+            matches!(
+                OptimKind::parse(&p.optimizer),
+                Some(OptimKind::Adam | OptimKind::AdamW)
+            ) && p.mode == "train"
+        }
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
     };
     if adam {
         let plain_adam = match p {
-            Some(p) => p.optimizer == "adam",
+            Some(p) => OptimKind::parse(&p.optimizer) == Some(OptimKind::Adam),
             None => !transform::calls(&w.setup, "adamw"),
         };
         let (name, class) = if plain_adam {

@@ -799,6 +799,8 @@ fn projected_events<'a, D: Doc<'a>>(
     let bits =
         |n: usize| -> Vec<AtomicU64> { (0..n / 64 + 1).map(|_| AtomicU64::new(0)).collect() };
     let (act_bits, frame_bits) = (bits(strs), bits(objs));
+    // the distinct user_metadata and compile_context strings, marked in the same pass
+    let (umeta_bits, cctx_bits) = (bits(strs), bits(strs));
     let mark = |b: &[AtomicU64], id: u32| {
         if id == u32::MAX {
             return;
@@ -813,6 +815,8 @@ fn projected_events<'a, D: Doc<'a>>(
     (0..n).into_par_iter().for_each(|r| {
         mark(&act_bits, rows.str_id(r, 0));
         mark(&frame_bits, rows.obj_id(r, 0));
+        mark(&umeta_bits, rows.str_id(r, 1));
+        mark(&cctx_bits, rows.str_id(r, 2));
     });
     let set = |b: &[AtomicU64]| -> Vec<u32> {
         let mut out = Vec::new();
@@ -893,11 +897,6 @@ fn projected_events<'a, D: Doc<'a>>(
     };
     // user_metadata and compile_context: each distinct string resolved once; the rows
     // scanned only when one of them is set (PyTorch writes "" and "N/A" on every entry)
-    let (umeta_bits, cctx_bits) = (bits(strs), bits(strs));
-    (0..n).into_par_iter().for_each(|r| {
-        mark(&umeta_bits, rows.str_id(r, 1));
-        mark(&cctx_bits, rows.str_id(r, 2));
-    });
     let mut meta_tab: FxHashMap<(usize, u32), u32> = FxHashMap::default();
     for (col, b) in [(1usize, &umeta_bits), (2, &cctx_bits)] {
         for id in set(b) {
