@@ -611,7 +611,7 @@ mod tests {
     fn every_tool_has_its_schemas() {
         let t = tools();
         assert_eq!(t.len(), 6);
-        for tool in &t {
+        for tool in t {
             assert_eq!(tool.input_schema["type"], "object");
             assert_eq!(tool.output_schema.as_ref().unwrap()["type"], "object");
         }
