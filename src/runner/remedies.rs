@@ -268,7 +268,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         // (generation and inference have no optimizer step)
         Some(p) => {
             matches!(
-                OptimKind::parse(&p.optimizer),
+                OptimKind::parse(p.optimizer),
                 Some(OptimKind::Adam | OptimKind::AdamW)
             ) && p.mode == "train"
         }
@@ -276,7 +276,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
     };
     if adam {
         let plain_adam = match p {
-            Some(p) => OptimKind::parse(&p.optimizer) == Some(OptimKind::Adam),
+            Some(p) => OptimKind::parse(p.optimizer) == Some(OptimKind::Adam),
             None => !transform::calls(&w.setup, "adamw"),
         };
         let (name, class) = if plain_adam {
