@@ -16,6 +16,8 @@ P4='"vocab_size": 100352, "hidden_size": 1280, "intermediate_size": 4480, "num_h
 MX='"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2'
 QM='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 768, "num_experts": 16, "num_experts_per_tok": 4, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128'
 GP2='"vocab_size": 16000, "n_embd": 512, "n_layer": 4, "n_head": 8, "n_positions": 1024'
+MS='"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "sliding_window": 128'
+G2W='"vocab_size": 256000, "hidden_size": 1152, "intermediate_size": 4608, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 128'
 # ONLY=REGEX records the matching names; a case is not started after the epoch second END_AT
 # (default: 540 s after the start).
 END_AT=${END_AT:-$(( $(date +%s) + 540 ))}
@@ -33,6 +35,14 @@ rec phi3_t_sw_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {
 rec gemma3_t_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
 rec gemma2_t_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
 rec phi3_t_sw_generate_bf16 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+# held out (2026-12-05, after sliding-window generation was modelled): other windows, batches
+# and offsets, Mistral's sliding-only mask, Gemma-3 with a full layer, Phi-4's grouped heads
+# over a `cat`-rotated query in bf16
+rec mistral_t_sw_generate_bf16 "" "\"model_type\": \"mistral\", \"cfg\": {$MS}, \"attn\": \"sdpa\", \"batch\": 1, \"seq\": 100, \"weights\": \"bf16\", \"generate\": 48"
+rec gemma2_t_w128_b3_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2W}, \"attn\": \"sdpa\", \"batch\": 3, \"seq\": 100, \"weights\": \"bf16\", \"generate\": 40"
+rec gemma3_6l_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G36}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"weights\": \"bf16\", \"generate\": 32"
+rec phi4_t_lora_bf16w "qkv_proj,o_proj" "\"model_type\": \"phi3\", \"cfg\": {$P4}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
+rec mistral_t_sw_lora_bf16w "" "\"model_type\": \"mistral\", \"cfg\": {$MS}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
 rec gpt2_t_lora_bf16w "c_attn,c_proj" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $T, \"weights\": \"bf16\", \"lora\": true"
 rec gpt2_t_generate_bf16 "" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", $G"
 rec phi3_t_sw_fp32 "" "\"model_type\": \"phi3\", \"cfg\": {$P3W}, \"attn\": \"sdpa\", $T"

@@ -535,9 +535,9 @@ fn generation_is_refused_where_it_is_not_modelled() {
                 "mistral_t.config.json",
                 "",
                 "mode = \"generate\"",
-                gen,
+                "[generate]\nnew_tokens = 241\n",
             ),
-            "generation with a sliding window (sliding_window = 256 of mistral)",
+            "generation to 257 positions, past the sliding window, in float32",
         ),
         (
             w(

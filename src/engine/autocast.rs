@@ -12,7 +12,7 @@
 use super::dtype::DType;
 pub use super::op::CastPolicy;
 use super::op::Op;
-use super::tensor::{Category, EngineError, TensorId, Tensors};
+use super::tensor::{EngineError, TensorId, Tensors};
 use crate::backend::Device;
 
 impl<S: Device> Tensors<S> {
@@ -54,8 +54,7 @@ impl<S: Device> Tensors<S> {
                 return Ok(self.retain(c));
             }
         }
-        let shape = self.shape(t).to_vec();
-        let c = self.empty(&shape, dtype, Category::Temporary)?;
+        let c = self.empty_preserving(t, dtype)?;
         self.launch(&Op::Cast, &[t], &[c])?;
         self.record(&Op::Cast, &[t], &[c], &[]);
         if cacheable {
@@ -107,6 +106,7 @@ impl<S: Device> Tensors<S> {
 mod tests {
     use super::*;
     use crate::alloc::{AllocConf, SimAllocator, SimSource};
+    use crate::engine::tensor::Category;
     use crate::units::GIB;
 
     #[test]

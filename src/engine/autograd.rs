@@ -767,7 +767,7 @@ impl<S: Device> Tensors<S> {
             for slot in order {
                 let e = &next[slot];
                 if *e == Edge::None {
-                    if plan.every_input {
+                    if slot < plan.every_input {
                         let (shape, dtype) = &meta[slot];
                         unneeded.push(self.empty(shape, *dtype, Category::Temporary)?);
                     }
@@ -795,7 +795,25 @@ impl<S: Device> Tensors<S> {
                 } else {
                     g
                 };
-                let g = if plan.bthd && shape.len() == 4 {
+                let like = if plan.like_inputs && shape.len() == 4 {
+                    self.nodes[n.0 as usize]
+                        .saved
+                        .iter()
+                        .find(|sv| sv.role == Role::Input(slot))
+                        .map(|sv| super::layout::stride_order(&self.info(sv.t).layout))
+                } else {
+                    None
+                };
+                let g = if let Some(order) = like {
+                    let l = super::layout::dense_in_order(shape, &order);
+                    if l.is_contiguous() {
+                        g
+                    } else {
+                        let v = self.view_with(g, l);
+                        self.release(g);
+                        v
+                    }
+                } else if plan.bthd && shape.len() == 4 {
                     let (b, h, t, d) = (shape[0], shape[1], shape[2], shape[3]);
                     let l = super::layout::Layout::contiguous(&[b, t, h, d]).transpose(1, 2)?;
                     let v = self.view_with(g, l);

@@ -463,12 +463,27 @@ impl<S: Device> Tensors<S> {
         }
     }
 
-    /// `x.to(dtype)`: a recorded cast (a new tensor).
+    /// `x.to(dtype)`: a recorded cast (a new tensor, laid out as `x` is).
     pub fn cast_op(&mut self, x: TensorId, dtype: DType) -> Result<TensorId, EngineError> {
-        let shape = self.shape(x).to_vec();
-        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        let out = self.empty_preserving(x, dtype)?;
         self.launch(&Op::Cast, &[x], &[out])?;
         self.record(&Op::Cast, &[x], &[out], &[]);
+        Ok(out)
+    }
+
+    /// A new tensor shaped as `like`, in `dtype`, laid out as `like` is where that is dense
+    /// (PyTorch's `empty_like` with `preserve_format`, as `.to()` and autocast's casts make
+    /// theirs: a cast of a transposed tensor is transposed too), else contiguous.
+    pub(super) fn empty_preserving(
+        &mut self,
+        like: TensorId,
+        dtype: DType,
+    ) -> Result<TensorId, EngineError> {
+        let l = self.info(like).layout.clone();
+        let out = self.empty(&l.shape, dtype, Category::Temporary)?;
+        if !l.is_contiguous() && l.is_dense() {
+            self.info_mut(out).layout = Layout { offset: 0, ..l };
+        }
         Ok(out)
     }
 

@@ -453,6 +453,31 @@ impl Layout {
     }
 }
 
+/// The order of `l`'s dimensions in memory, slowest first, as ATen fills strides "in the
+/// order of" another tensor's (cuDNN's `alloc_with_matching_layout`: a stable sort of the
+/// dimensions by stride, smallest first, then reversed here).
+pub fn stride_order(l: &Layout) -> DimVec {
+    let mut fill: DimVec = (0..l.ndim()).collect();
+    fill.sort_by_key(|&d| l.strides[d]);
+    fill.reverse();
+    fill
+}
+
+/// A dense layout of `shape` whose dimensions lie in memory in `order` (slowest first).
+pub fn dense_in_order(shape: &[usize], order: &[usize]) -> Layout {
+    let mut strides: DimVec = smallvec::smallvec![0; shape.len()];
+    let mut acc = 1usize;
+    for &d in order.iter().rev() {
+        strides[d] = acc;
+        acc = acc.saturating_mul(shape[d].max(1));
+    }
+    Layout {
+        shape: DimVec::from_slice(shape),
+        strides,
+        offset: 0,
+    }
+}
+
 /// The most pieces a `split` or `chunk` makes (each is a tensor gpumem keeps).
 pub const MAX_PIECES: usize = 100_000;
 

@@ -34,9 +34,10 @@ impl<S: Device> Tensors<S> {
         self.sdpa_full([q, k, v], None, gqa, dropout, causal)
     }
 
-    /// [`Self::sdpa_with`] with an optional additive float mask (`attn_mask`, broadcast to
-    /// [B, H, L, S]): the memory-efficient kernel takes it as its bias and keeps it for
-    /// backward, which needs no gradient of it.
+    /// [`Self::sdpa_with`] with an optional additive float mask (`attn_mask`, in the query's
+    /// dtype, broadcast to [B, H, L, S]): the memory-efficient kernel (float32) or cuDNN's
+    /// (bf16/f16, taking its 256-byte scratch as with the causal mask for several queries)
+    /// takes it as its bias and keeps it for backward, which needs no gradient of it.
     pub fn sdpa_full(
         &mut self,
         [q, k, v]: [TensorId; 3],
@@ -111,12 +112,18 @@ impl<S: Device> Tensors<S> {
                     self.dtype(m)
                 )));
             }
-            if matches!(dtype, DType::BF16 | DType::F16) || causal || gqa {
+            if causal || gqa {
                 return Err(EngineError::Invalid(
-                    "scaled_dot_product_attention with attn_mask is modelled for float32 without is_causal or enable_gqa (the memory-efficient kernel)".into(),
+                    "scaled_dot_product_attention with attn_mask is modelled without is_causal or enable_gqa (transformers repeats the keys and values itself when it passes a mask)".into(),
                 ));
             }
-            if !s.is_multiple_of(8) {
+            if self.dtype(m) != dtype {
+                return Err(EngineError::Invalid(format!(
+                    "scaled_dot_product_attention: attn_mask is {} and the query {dtype}: PyTorch expects the mask in the query's dtype",
+                    self.dtype(m)
+                )));
+            }
+            if !cudnn && !s.is_multiple_of(8) {
                 return Err(EngineError::Invalid(format!(
                     "scaled_dot_product_attention with attn_mask over {s} keys: the memory-efficient kernel pads a mask whose key count is not a multiple of 8, which gpumem does not model yet"
                 )));
@@ -143,10 +150,19 @@ impl<S: Device> Tensors<S> {
                 extra.push(self.empty(&[], DType::I64, Category::Temporary)?);
             }
         }
-        // allocated as [B, T, H, D], seen as its transpose [B, H, T, D]
-        let out = self.empty(&[b, t, h, dv], dtype, Category::Temporary)?;
-        let seen = self.info(out).layout.transpose(1, 2)?;
-        self.info_mut(out).layout = seen;
+        // the memory-efficient kernel allocates [B, T, H, D], seen as its transpose [B, H, T,
+        // D]; cuDNN's takes the query's dimension order (`alloc_with_matching_layout`: a
+        // transposed projection gives [B, T, H, D] too, but a query made by a `cat` is
+        // contiguous, and so is the output, which `transpose(1, 2).contiguous()` then copies:
+        // Phi-3's partial rotary)
+        let full = [b, h, t, dv];
+        let layout = if cudnn {
+            super::layout::dense_in_order(&full, &super::layout::stride_order(&self.info(q).layout))
+        } else {
+            super::layout::dense_in_order(&full, &[0, 2, 1, 3])
+        };
+        let out = self.empty(&full, dtype, Category::Temporary)?;
+        self.info_mut(out).layout = layout;
         // the float32 logsumexp per query row, only for backward (without it the kernels
         // size it 0: no allocation)
         if need {
@@ -156,9 +172,17 @@ impl<S: Device> Tensors<S> {
         if cudnn {
             let kv_heads = self.shape(k)[1];
             let kv_len = self.shape(k)[2];
-            if let Some(bytes) =
-                super::op::attention::cudnn_forward_workspace(b, h, kv_heads, t, kv_len, dv, causal)
-            {
+            if let Some(bytes) = super::op::attention::cudnn_forward_workspace(
+                b,
+                h,
+                kv_heads,
+                t,
+                kv_len,
+                dv,
+                // (a bias over several queries takes the causal mask's 256 bytes; over a
+                // decode step's one query, none up to 512 keys)
+                causal || (mask.is_some() && t > 1),
+            ) {
                 let scratch = self.empty(&[bytes], DType::U8, Category::Temporary)?;
                 self.release(scratch);
             }

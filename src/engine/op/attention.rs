@@ -48,7 +48,7 @@ pub(super) static ENTRIES: &[Entry] = &[Entry {
         Param::Bool("is_causal", true),
         Param::OptTensor("attn_mask"),
     ],
-    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own); is_causal=false for an encoder (gpumem's default is causal); attn_mask: an additive float mask broadcast to [B, H, L, S] (the memory-efficient kernel, float32), kept for backward",
+    doc: "causal SDPA: cuDNN for bf16/f16, memory-efficient for float32; enable_gqa: fewer key/value heads, a group of query heads each; dropout_p: dropout on the probabilities, inside the kernel (no memory of its own); is_causal=false for an encoder (gpumem's default is causal); attn_mask: an additive float mask in the query's dtype broadcast to [B, H, L, S] (without is_causal or enable_gqa; the memory-efficient kernel for float32, cuDNN's for bf16/f16), kept for backward",
     make,
 }];
 
@@ -114,10 +114,14 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
         ]
     };
     GradPlan {
-        // cuDNN with grouped heads writes its gradients in the inputs' own [B, H, T, D] order
-        // (the H200 traces: their views back to the projections' rows copy them)
-        bthd: !(cudnn && grouped),
-        every_input: cudnn,
+        // the memory-efficient kernel writes its gradients as [B, T, H, D]; cuDNN's in the
+        // order of each input's strides (a transposed projection's: [B, T, H, D]; a query made
+        // by a `cat`: contiguous), but with grouped heads in the inputs' own [B, H, T, D]
+        // order (the H200 traces: their views back to the projections' rows copy them)
+        bthd: !cudnn,
+        like_inputs: cudnn && !grouped,
+        // (q, k and v: never the mask)
+        every_input: if cudnn { 3 } else { 0 },
         scratch,
         ..GradPlan::default()
     }
@@ -126,7 +130,9 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
 // Note [cuDNN forward workspace]
 /// The workspace cuDNN's SDPA forward takes from the caching allocator (bf16 on the H200,
 /// PyTorch 2.11 with cuDNN 9.19, measured by scripts/sdpa_workspace.py over 944 shapes): 256
-/// bytes with the causal mask, whatever the shape. A single query without it (a decode step)
+/// bytes with the causal mask, whatever the shape (and with a bias over several queries:
+/// Gemma-2's, Gemma-3's and Phi-3's sliding windows in training; a decode step's bias over
+/// 256 keys takes none). A single query without it (a decode step)
 /// over more than 512 keys splits the keys: `s` splits, the largest power of two up to one per
 /// 128 keys and up to 256 per batch and key/value head, when that is 4 or more, each keeping a
 /// float32 partial output and two float32 statistics per batch and query head, plus 128 bytes

@@ -86,6 +86,9 @@ pub struct GradPlan {
     /// The q, k and v gradients are written as [B, T, H, D] and handed back transposed to
     /// the inputs' [B, H, T, D] (the attention kernels).
     pub bthd: bool,
+    /// Each 4-D gradient is laid out in its input's dimension order (cuDNN's attention
+    /// backward, `alloc_with_matching_layout` from the saved q, k and v).
+    pub like_inputs: bool,
     /// A matrix product: the autograd thread's first takes its own cuBLAS workspace, right
     /// after that product's first gradient (backward's products are plain mm: no cuBLASLt).
     pub cublas: bool,
@@ -95,9 +98,10 @@ pub struct GradPlan {
     /// The kernel's scratch after the gradients, in order; all of it is freed before the
     /// backward returns.
     pub scratch: Vec<Step>,
-    /// The kernel writes a gradient for every input, needed or not (cuDNN's attention
-    /// backward: a frozen key's too); those no input takes go right after the scratch.
-    pub every_input: bool,
+    /// The kernel writes a gradient for each of its first this many inputs, needed or not
+    /// (cuDNN's attention backward: a frozen key's too, never the mask's); those no input
+    /// takes go right after the scratch.
+    pub every_input: usize,
     /// Scratch each gradient's own kernel takes and gives back right after making it (a bf16
     /// grouped_mm's CUTLASS arguments and workspace), for every gradient made.
     pub each_scratch: Vec<Step>,

@@ -28,7 +28,8 @@
 
 use std::fmt::Write as _;
 
-use super::llama::{decoder, rotary, Cache, Call};
+use super::llama::{decoder, rope_kinds, rotary_named, Cache, Call};
+use super::masks::WindowPhase;
 use super::{LlamaConfig, Run};
 use crate::workload::preset::at;
 
@@ -68,12 +69,14 @@ pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
     if n >= 2 {
         step(&mut s, c, r, g, &tokens, Step::FirstDecode, ind);
     }
-    // the later steps, in runs of the same shape (processors forcing, then not)
+    // the later steps, in runs of the same shape (processors forcing, then not; within the
+    // sliding window, reaching it, past it)
+    let phase = |k: u64| window_phase(c, r, k);
     let mut k = 2;
     while k < n {
-        let a = active(k);
+        let a = (active(k), phase(k));
         let mut end = k;
-        while end < n && active(end) == a {
+        while end < n && (active(end), phase(end)) == a {
             end += 1;
         }
         let _ = writeln!(s, "{ind}for step in range({}) {{", end - k);
@@ -404,17 +407,66 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
     super::llama::embed(s, c, "mi_ids", ind);
     line(s, "h = inputs_embeds");
     line(s, "position_ids = mi_pos");
-    // create_causal_mask with a 2-D mask under sdpa: all ones, so no 4-D mask
-    for x in [
-        "mk0 = mi_mask.to(dtype=bool)",
-        "mk1 = mk0.sum()",
-        "mk2 = mk1.eq(mk0.numel())",
-        "del mk1, mk2",
-        "del mk0",
-    ] {
-        at(s, ind, "model.create_causal_mask", x);
+    // create_causal_mask with a 2-D mask under sdpa: all ones, so no 4-D mask; the families
+    // with sliding layers build the sliding window's the same way within the window (Gemma-2
+    // and Gemma-3 both), and make it once a step reaches the window
+    let k = match kind {
+        Step::Prefill => 0,
+        Step::FirstDecode => 1,
+        Step::Decode(k) => k,
+    };
+    let phase = window_phase(c, r, k);
+    let window = phase != WindowPhase::Within;
+    let w = c.sliding_window.unwrap_or(0);
+    // the 2-D mask's length L = seq + k, the keys' offset L - w, the query's L - 1; in a loop
+    // of steps from k, `step` counts from 0
+    let (off, qoff) = match kind {
+        Step::Decode(_) if window => (
+            format!("(step + {})", r.seq + k - w),
+            format!("(step + {})", r.seq + k - 1),
+        ),
+        _ if window => ((r.seq + k - w).to_string(), (r.seq + k - 1).to_string()),
+        _ => (String::new(), String::new()),
+    };
+    // with no full-attention layer (Gemma-3 all sliding) the causal mask is sized by a
+    // sliding one: past the window its ignore check looks at the 2-D mask's last w columns
+    let all_sliding = (0..c.layers).all(|l| super::llama::sliding_layer(c, l));
+    for path in mask_builders(c) {
+        if window && path == SLIDING_BUILDER {
+            super::masks::decode_window_mask(s, r, w, phase, &off, &qoff, ind);
+            continue;
+        }
+        if phase == WindowPhase::Past && all_sliding {
+            for x in [
+                "mk0 = mi_mask.to(dtype=bool)".to_string(),
+                format!("mi0 = arange({w})"),
+                format!("mi1 = mi0 + {off}"),
+                "del mi0".to_string(),
+                "pm = index(mk0.t(), mi1)".to_string(),
+                "mk1 = pm.sum()".to_string(),
+                "mk2 = mk1.eq(pm.numel())".to_string(),
+                "del mk1, mk2".to_string(),
+                "del pm, mi1".to_string(),
+                "del mk0".to_string(),
+            ] {
+                at(s, ind, path, &x);
+            }
+            continue;
+        }
+        for x in [
+            "mk0 = mi_mask.to(dtype=bool)",
+            "mk1 = mk0.sum()",
+            "mk2 = mk1.eq(mk0.numel())",
+            "del mk1, mk2",
+            "del mk0",
+        ] {
+            at(s, ind, path, x);
+        }
     }
-    rotary(s, c, r.bf16_weights, r.batch, ind);
+    let kinds = rope_kinds(c);
+    for k in &kinds {
+        rotary_named(s, c, r.bf16_weights, r.batch, ind, k);
+    }
     let call = Call {
         t: if kind == Step::Prefill { r.seq } else { 1 },
         cache: if kind == Step::Prefill {
@@ -422,13 +474,52 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
         } else {
             Cache::Append
         },
+        window,
     };
     decoder(s, c, r, call, ind);
-    line(s, "del inputs_embeds, sin, cos");
+    let pairs: Vec<String> = kinds.iter().map(|k| format!("sin{k}, cos{k}")).collect();
+    // the model's locals at its return: Gemma-2's and Gemma-3's mask mapping before the
+    // embeddings, the others' embeddings first, then the rotary pairs
+    let dropped = match (window, c.sandwich) {
+        (false, _) => "inputs_embeds".to_string(),
+        (true, true) => "sliding_mask, inputs_embeds".to_string(),
+        (true, false) => "inputs_embeds, sliding_mask".to_string(),
+    };
+    line(s, &format!("del {dropped}, {}", pairs.join(", ")));
     // logits_to_keep=1: the last position only
     at(s, ind, "lm_head", "logits = linear(h[:, -1:, :], lm_head)");
     super::llama::final_softcap(s, c, ind);
     line(s, "del h, position_ids");
+}
+
+/// The sliding window's mask builder (its scope).
+const SLIDING_BUILDER: &str = "model.create_sliding_window_causal_mask";
+
+/// Where step `k` stands against the sliding window (step 0, the prefill, is within it: a
+/// prompt that reaches the window is refused before this).
+fn window_phase(c: &LlamaConfig, r: &Run, k: u64) -> WindowPhase {
+    match c.sliding_window {
+        Some(w) if k > 0 && (0..c.layers).any(|l| super::llama::sliding_layer(c, l)) => {
+            WindowPhase::of(r.seq + k, w)
+        }
+        _ => WindowPhase::Within,
+    }
+}
+
+/// The mask builders the model's forward calls: `create_causal_mask` unless every layer
+/// slides, `create_sliding_window_causal_mask` if any does (Mistral and Phi-3 with a window:
+/// only it; Gemma-2 and Gemma-3: both).
+fn mask_builders(c: &LlamaConfig) -> Vec<&'static str> {
+    let sliding = (0..c.layers).any(|l| super::llama::sliding_layer(c, l));
+    let full = c.sandwich || !sliding;
+    let mut v = Vec::new();
+    if full {
+        v.push("model.create_causal_mask");
+    }
+    if sliding {
+        v.push(SLIDING_BUILDER);
+    }
+    v
 }
 
 /// `_sample`'s locals at its return, then generate's (its special tokens, its position ids,
@@ -457,6 +548,10 @@ fn epilogue(s: &mut String, c: &LlamaConfig, tk: &Tokens, n: u64, ind: &str) {
     for l in (0..c.layers).rev() {
         names.push(format!("kc{l}"));
         names.push(format!("vc{l}"));
+        if super::llama::sliding_layer(c, l) {
+            // DynamicSlidingWindowLayer's int64 length
+            names.push(format!("cl{l}"));
+        }
     }
     if tk.eos.is_some() {
         names.push("eos_t".into());

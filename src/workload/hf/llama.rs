@@ -63,6 +63,9 @@ use crate::workload::preset::at;
 pub(super) struct Call {
     pub t: u64,
     pub cache: Cache,
+    /// A decode step past the sliding window: the sliding layers attend through the 4-D
+    /// `sliding_mask` the forward made (transformers then repeats the keys and values itself).
+    pub window: bool,
 }
 
 /// A layer's `DynamicCache` entry in one call.
@@ -141,6 +144,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         } else {
             Cache::Fill
         },
+        window: false,
     };
     decoder(s, c, r, call, &inner);
     // LlamaModel.forward's locals as the H200 traces free them; last the rotary pair, a tuple
@@ -242,7 +246,7 @@ pub(super) fn final_softcap(s: &mut String, c: &LlamaConfig, ind: &str) {
 /// The rotary pairs the forward computes, by variable suffix: one (`cos`, `sin`), or with
 /// Gemma-3's per-type embedding one per layer type present, in the order of the layers
 /// (`_l` the local, sliding one).
-fn rope_kinds(c: &LlamaConfig) -> Vec<&'static str> {
+pub(super) fn rope_kinds(c: &LlamaConfig) -> Vec<&'static str> {
     if !c.per_type_rope {
         return vec![""];
     }
@@ -267,13 +271,15 @@ fn rope_of(c: &LlamaConfig, l: u64) -> &'static str {
 
 /// The rotary embedding's cos and sin for `position_ids` of `rows` rows: no grad, autocast
 /// off, computed in float32 (from a float32 copy of bf16 frequencies) and returned in the
-/// hidden states' dtype.
-pub(super) fn rotary(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str) {
-    rotary_named(s, c, bf16, rows, ind, "");
-}
-
-/// [`rotary`] into `cos{suffix}` and `sin{suffix}`.
-fn rotary_named(s: &mut String, c: &LlamaConfig, bf16: bool, rows: u64, ind: &str, k: &str) {
+/// hidden states' dtype, as `cos{k}` and `sin{k}`.
+pub(super) fn rotary_named(
+    s: &mut String,
+    c: &LlamaConfig,
+    bf16: bool,
+    rows: u64,
+    ind: &str,
+    k: &str,
+) {
     let _ = writeln!(s, "{ind}scope \"model.rotary_emb\" {{");
     let _ = writeln!(s, "{ind}  no_grad {{");
     if let Some(orig) = c.longrope {
@@ -526,7 +532,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             attention(s, c, r, call, l, &attn, "k1", "v0", ind);
         }
         Cache::Fill => {
-            if c.sliding_layers.get(l as usize).copied().unwrap_or(false) {
+            if sliding_layer(c, l) {
                 // DynamicSlidingWindowLayer's lazy initialization: its length, an int64 scalar
                 at(
                     s,
@@ -553,6 +559,29 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
                 ind,
             );
         }
+        Cache::Append if sliding_layer(c, l) => {
+            // DynamicSlidingWindowLayer.update: both full states first, then the cache keeps
+            // their last `sliding_window - 1` positions (views), and the old ones go
+            let keep = c.sliding_window.unwrap_or(1).saturating_sub(1);
+            at(s, ind, &attn, &format!("kf{l} = cat([kc{l}, k1], -2)"));
+            at(s, ind, &attn, &format!("vf{l} = cat([vc{l}, v0], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kf{l}, vf{l})"));
+            at(s, ind, &attn, &format!("kc{l} = kf{l}[:, :, -{keep}:, :]"));
+            at(s, ind, &attn, &format!("vc{l} = vf{l}[:, :, -{keep}:, :]"));
+            line(s, "del k1, v0");
+            attention(
+                s,
+                c,
+                r,
+                call,
+                l,
+                &attn,
+                &format!("kf{l}"),
+                &format!("vf{l}"),
+                ind,
+            );
+            line(s, &format!("del kf{l}, vf{l}"));
+        }
         Cache::Append => {
             // DynamicLayer.update: the grown cache replaces the old one, which goes at once
             at(s, ind, &attn, &format!("kc{l} = cat([kc{l}, k1], -2)"));
@@ -575,18 +604,19 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
     lin(s, "o", "self_attn.o_proj", "y", "a");
     // `attn_output = o_proj(attn_output)`, self_attn's locals, then the layer's `hidden_states`
+    line(s, "del y");
+    if c.phi3 {
+        // the attention's fused product goes first when the attention returns (its first local)
+        line(s, "del qkv");
+    }
     line(
         s,
         if call.cache == Cache::Off {
-            "del y, q1, k1, v0, x"
+            "del q1, k1, v0, x"
         } else {
-            "del y, q1, x"
+            "del q1, x"
         },
     );
-    if c.phi3 {
-        // the attention's fused product goes when the attention returns
-        line(s, "del qkv");
-    }
     let block = format!("model.layers.{l}");
     if c.sandwich {
         // Gemma-2 and Gemma-3 normalize the attention's output before the residual sum, and
@@ -687,6 +717,12 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     line(s, "del d0, residual, h_in");
 }
 
+/// Whether layer `l` attends through a sliding window (its cache a
+/// `DynamicSlidingWindowLayer`).
+pub(super) fn sliding_layer(c: &LlamaConfig, l: u64) -> bool {
+    c.sliding_window.is_some() && c.sliding_layers.get(l as usize).copied().unwrap_or(false)
+}
+
 /// `sdpa_attention_forward` of `q1` against keys `k` and values `v` (the cache's): `y`, the
 /// output as [B, T, H, D] made contiguous.
 #[allow(clippy::too_many_arguments)]
@@ -706,9 +742,16 @@ fn attention(
     let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
     let rep = nh / nkv;
     let mut st: Vec<String> = Vec::new();
+    // (a decode step past the window attends to the window's keys)
+    let masked_decode = call.window && sliding_layer(c, l) && call.cache == Cache::Append;
+    let kv = if masked_decode {
+        c.sliding_window.unwrap_or(t)
+    } else {
+        t
+    };
     let rk = |x: &str| {
         if rep > 1 {
-            format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {t}, {hd}).reshape({b}, {nh}, {t}, {hd})")
+            format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {kv}, {hd}).reshape({b}, {nh}, {kv}, {hd})")
         } else {
             x.to_string()
         }
@@ -719,15 +762,19 @@ fn attention(
     } else {
         "causal_mask"
     };
-    if !r.eager && window(c, l, t, false).is_some() && call.cache != Cache::Append {
+    if !r.eager
+        && (masked_decode || (window(c, l, t, false).is_some() && call.cache != Cache::Append))
+    {
         // a mask for sdpa: transformers repeats k and v itself (no enable_gqa with a mask),
-        // and SDPA turns the bool mask into a float one, `where(mask, 0.0, -inf)`, which the
-        // memory-efficient kernel keeps as its bias
+        // and SDPA turns the bool mask into one of the query's dtype, `where(mask, 0.0, -inf)`
+        // over two scalars, which the kernel (memory-efficient for float32, cuDNN's for bf16)
+        // keeps as its bias
+        let qd = if r.bf16_weights { "bf16" } else { "float32" };
         st.extend([
             format!("ak = {}", rk(k)),
             format!("av = {}", rk(v)),
-            "fz = zeros([])".to_string(),
-            "fi = full([], fill_value=-inf)".to_string(),
+            format!("fz = zeros([], dtype={qd})"),
+            format!("fi = full([], fill_value=-inf, dtype={qd})"),
             "fm = where(sliding_mask, fz, fi)".to_string(),
             "del fi, fz".to_string(),
             "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"

@@ -1,6 +1,7 @@
 //! The causal masks of the decoder families' forwards, as transformers' `masking_utils` makes
 //! them for sdpa and eager attention: the full one (eager only: sdpa takes `is_causal`), the
-//! sliding window's, and the packed-sequence check a forward without a cache makes first.
+//! sliding window's (in training, and in a decode step past the window), and the
+//! packed-sequence check a forward without a cache makes first.
 
 use super::{LlamaConfig, Run};
 use crate::workload::preset::at;
@@ -127,5 +128,96 @@ pub(super) fn eager_mask(s: &mut String, r: &Run, ind: &str) {
         "del mn, mz, mm".to_string(),
     ]) {
         at(s, ind, "model.create_causal_mask", &st);
+    }
+}
+
+/// Where a decode step stands against the sliding window: the 2-D mask holds `L` positions
+/// (the prompt and the tokens so far, this one's included) and the sliding layers attend to
+/// at most `w` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WindowPhase {
+    /// `L < w`: `_ignore_causal_mask_sdpa` lets sdpa skip the mask.
+    Within,
+    /// `L == w`: the mask is made; the 2-D mask is as long as the keys.
+    Reached,
+    /// `L > w`: the mask is made, and the ignore check first indexes the 2-D mask's last `w`
+    /// columns (`padding_mask[:, arange(w) + offset]`).
+    Past,
+}
+
+impl WindowPhase {
+    pub(super) fn of(positions: u64, w: u64) -> WindowPhase {
+        match positions.cmp(&w) {
+            std::cmp::Ordering::Less => WindowPhase::Within,
+            std::cmp::Ordering::Equal => WindowPhase::Reached,
+            std::cmp::Ordering::Greater => WindowPhase::Past,
+        }
+    }
+}
+
+/// `create_sliding_window_causal_mask` in a decode step that reaches the window, as
+/// transformers 5.17 makes it for sdpa from the 2-D mask `mi_mask` ([B, L], all ones in
+/// gpumem's generation): the bool copy; past the window the ignore check's index of its last
+/// `w` columns; then `sdpa_mask`'s aranges (batch, head, the query's position `qoff`, the keys'
+/// from `off`), the nested `and_masks` (a bool scalar each, the window's `kv > q - w`, the
+/// causal `kv <= q`) and the padding mask's gather (`padding_mask[batch, kv]`: both index
+/// tensors broadcast to [B, 1, 1, w] int64, then the [B, 1, 1, w] bool gather, all true; the
+/// index tensors go last first),
+/// leaving `sliding_mask`, [B, 1, 1, w] bool. `off` and `qoff` are script expressions (a loop's
+/// `step` in them).
+pub(super) fn decode_window_mask(
+    s: &mut String,
+    r: &Run,
+    w: u64,
+    phase: WindowPhase,
+    off: &str,
+    qoff: &str,
+    ind: &str,
+) {
+    let b = r.batch;
+    let mut st = vec!["mk0 = mi_mask.to(dtype=bool)".to_string()];
+    if phase == WindowPhase::Past {
+        st.extend([
+            format!("mi0 = arange({w})"),
+            format!("mi1 = mi0 + {off}"),
+            "del mi0".to_string(),
+            "pm = index(mk0.t(), mi1)".to_string(),
+            "del pm, mi1".to_string(),
+        ]);
+    }
+    st.extend([
+        format!("ba = arange({b})"),
+        "ha = arange(1)".to_string(),
+        "qa0 = arange(1)".to_string(),
+        format!("qa = qa0 + {qoff}"),
+        "del qa0".to_string(),
+        format!("ka0 = arange({w})"),
+        format!("ka = ka0 + {off}"),
+        "del ka0".to_string(),
+        "r0 = full([], fill_value=1, dtype=bool)".to_string(),
+        "r1 = full([], fill_value=1, dtype=bool)".to_string(),
+        format!("s0 = qa.view(1, 1, -1, 1) - {w}"),
+        "s1 = gt(ka.view(1, 1, 1, -1), s0)".to_string(),
+        "del s0".to_string(),
+        "r2 = bitwise_and(r1, s1)".to_string(),
+        "del s1, r1".to_string(),
+        "c0 = le(ka.view(1, 1, 1, -1), qa.view(1, 1, -1, 1))".to_string(),
+        "r3 = bitwise_and(r2, c0)".to_string(),
+        "del c0, r2".to_string(),
+        "r4 = bitwise_and(r0, r3)".to_string(),
+        "del r3, r0".to_string(),
+        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {w}).contiguous()"),
+        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {w}).contiguous()"),
+        format!("p0 = full({b}, 1, 1, {w}, fill_value=1, dtype=bool)"),
+        "del i1, i0".to_string(),
+        "r5 = bitwise_and(r4, p0)".to_string(),
+        "del p0, r4".to_string(),
+        format!("sliding_mask = r5.expand({b}, 1, 1, {w})"),
+        "del r5".to_string(),
+        "del ba, ha, qa, ka".to_string(),
+        "del mk0".to_string(),
+    ]);
+    for x in st {
+        at(s, ind, "model.create_sliding_window_causal_mask", &x);
     }
 }

@@ -423,23 +423,53 @@ pub(crate) fn expand(
         // a sliding window whose mask the forward makes (sdpa skips it below the window's
         // length: the layers attend as full ones), or any in generation, whose cache the window
         // trims
-        let masked = masks::sliding_mask_window(c, run.seq, run.eager).is_some();
-        let generating = run.mode == "generate" && c.sliding_layers.iter().any(|&x| x);
-        if masked || generating {
-            // what the sliding windows are recorded with: float32 training or inference with
-            // sdpa (Mistral, Gemma-3), plain or with LoRA, and Gemma-2's eager attention
-            let what = if run.mode == "generate" {
-                Some(("mode", "generation"))
+        let w = c.sliding_window.unwrap_or(u64::MAX);
+        let sliding = c.sliding_layers.iter().any(|&x| x);
+        if run.mode == "generate" && sliding {
+            // generation: within the window, and past it with bf16 weights where the window
+            // is at most 512 keys (the last step attends to seq + new - 1 positions; its mask
+            // is made from the 2-D mask, cuDNN takes it as a bias, the cache is trimmed); a
+            // prompt that reaches the window makes the mask in the prefill: not recorded
+            let longest = run.seq + run.generate.as_ref().map_or(0, |g| g.new_tokens);
+            let past = longest.saturating_sub(1) >= w;
+            let why = if run.seq >= w {
+                Some((
+                    "seq",
+                    format!(
+                        "a prompt of {} tokens, which reaches the sliding window",
+                        run.seq
+                    ),
+                ))
+            } else if past && !run.bf16_weights {
+                Some(("dtype", format!("generation to {longest} positions, past the sliding window, in float32 (the memory-efficient kernel's masked decode step)")))
+            } else if past && w > 512 {
+                Some(("mode", format!("generation to {longest} positions, past a sliding window of more than 512 keys (cuDNN's workspace for a masked decode step over more keys is not measured)")))
             } else {
-                beyond_recorded(&run, c.sandwich)
+                None
             };
-            if let Some((key, what)) = what {
+            if let Some((key, what)) = why {
                 unsupported(
                     key,
                     &format!(
-                        "{what}{} with a sliding window (sliding_window = {} of {})",
+                        "{what} (sliding_window = {w} of {}; generation within the window runs, and past a window of at most 512 with bf16 weights)",
+                        c.model_type
+                    ),
+                )?;
+            }
+        } else if masks::sliding_mask_window(c, run.seq, run.eager).is_some() {
+            // what the sliding windows are recorded with in training and inference: float32
+            // with sdpa (Mistral, Gemma-3), plain or with LoRA, LoRA over bf16 weights, and
+            // Gemma-2's eager attention
+            let bare = Run {
+                bf16_weights: false,
+                ..run.clone()
+            };
+            if let Some((key, what)) = beyond_recorded(&bare, c.sandwich) {
+                unsupported(
+                    key,
+                    &format!(
+                        "{what}{} with a sliding window (sliding_window = {w} of {})",
                         dtype_hint(key),
-                        c.sliding_window.unwrap_or(0),
                         c.model_type
                     ),
                 )?;

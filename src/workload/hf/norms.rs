@@ -82,7 +82,8 @@ fn gemma_norm(r: &Run, w: &str, x: &str, out: &str) -> Vec<String> {
             "w1 = wf + 1.0".to_string(),
             "del wf".to_string(),
             "n3 = n2 * w1".to_string(),
-            "del n2, w1".to_string(),
+            // (the weight's temporary goes as the product returns, before `output` is rebound)
+            "del w1, n2".to_string(),
             format!("{out} = n3.bfloat16()"),
             "del n3".to_string(),
         ]);
@@ -90,7 +91,7 @@ fn gemma_norm(r: &Run, w: &str, x: &str, out: &str) -> Vec<String> {
         v.extend([
             format!("w1 = {w} + 1.0"),
             format!("{out} = n2 * w1"),
-            "del n2, w1".to_string(),
+            "del w1, n2".to_string(),
         ]);
     }
     v
