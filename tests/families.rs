@@ -45,14 +45,15 @@ const CASES: &[(&str, bool, bool)] = &[
     // weights in Qwen3 and Gemma, LoRA on GPT-2's Conv1D layers, Gemma-3 with both layer types
     ("gemma2_t_sdpa_fp32", true, true),
     ("phi3_t_sw_fp32", true, true),
-    // (these three free in another order than PyTorch from one point on, with the same
-    // figures: PyTorch frees Qwen3's allocation #2 (2 MiB) as the decoder returns, at event
-    // 300; an 8 KiB temporary of Gemma's first RMSNorm (modeling_gemma.py:77) one free
-    // earlier, at event 42; GPT-2's block input at the residual add (modeling_gpt2.py:282),
-    // at event 48; not yet followed up)
+    // (Qwen3's frees in another order than PyTorch from one point on, with the same figures:
+    // PyTorch frees its allocation #2 (2 MiB) as the decoder returns, at event 300; not yet
+    // followed up. Gemma's RMSNorm frees the weight's temporary first; GPT-2's block frees
+    // ln_1's and ln_2's outputs as `hidden_states` is rebound, its input as it returns)
     ("qwen3_t_lora_bf16w", true, false),
-    ("gemma_t_lora_bf16w", true, false),
-    ("gpt2_t_lora_fp32", true, false),
+    ("gemma_t_lora_bf16w", true, true),
+    ("gpt2_t_lora_fp32", true, true),
+    // GPT-2 over bf16 weights: its Conv1D's addmm in bf16, float32 adapters
+    ("gpt2_t_lora_bf16w", true, true),
     // one best-fit tie in the third iteration's peak (1,024 bytes; the events part at 931)
     ("gemma3_6l_sdpa_fp32", false, false),
     // bf16 weights with a sliding window: SDPA turns the bool window mask into a bf16 bias

@@ -78,14 +78,16 @@ pub(crate) const LORA_TARGETS: &[&str] = &["c_attn", "c_proj", "c_fc"];
 pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
+    // `model.to(torch.bfloat16)`: every parameter in bf16
+    let dt = if r.bf16_weights { ", dtype=bf16" } else { "" };
     // peft freezes the base model
     let base = if r.lora.is_some() {
-        ", requires_grad=false"
+        format!("{dt}, requires_grad=false")
     } else {
-        TRAINABLE
+        format!("{dt}{TRAINABLE}")
     };
     for (var, path, name, shape) in &ps {
-        param(&mut s, var, path, name, shape, "randn", base);
+        param(&mut s, var, path, name, shape, "randn", &base);
     }
     let mut list: Vec<String> = ps.iter().map(|(v, ..)| v.clone()).collect();
     if c.tie_embeddings {
@@ -94,7 +96,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
         let _ = writeln!(s, "scope \"lm_head\" {{");
         let _ = writeln!(
             s,
-            "  lm_head = randn({}, {}, requires_grad={}, from=\"lm_head.weight\")",
+            "  lm_head = randn({}, {}{dt}, requires_grad={}, from=\"lm_head.weight\")",
             c.vocab,
             c.hidden,
             r.lora.is_none()
@@ -104,8 +106,10 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     }
     if let Some(l) = &r.lora {
         // get_peft_model: each targeted Conv1D's lora_A ([r, in]) and lora_B ([out, r], zeros),
-        // module by module
+        // module by module, in the base weight's dtype; over bf16 weights (peft's
+        // autocast_adapter_dtype) each is then cast to float32 in turn, the bf16 one freed
         list.clear();
+        let mut adapters = Vec::new();
         for layer in 0..c.layers {
             for (name, path, inp, out) in convs(c) {
                 if super::train::lora_for(r, path).is_none() {
@@ -120,9 +124,21 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
                         "{m}.lora_{}.default",
                         if suffix == "la" { "A" } else { "B" }
                     );
-                    param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    if r.bf16_weights {
+                        let v16 = format!("{var}_bf16");
+                        param(&mut s, &v16, &module, "weight", &shape, fill, dt);
+                    } else {
+                        param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    }
+                    adapters.push((var.clone(), module, shape, fill));
                     list.push(var);
                 }
+            }
+        }
+        if r.bf16_weights {
+            for (var, module, shape, fill) in &adapters {
+                param(&mut s, var, module, "weight", shape, fill, TRAINABLE);
+                let _ = writeln!(s, "del {var}_bf16");
             }
         }
     }
@@ -236,8 +252,20 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
             return;
         };
         let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-        super::train::lora_linear(s, ind, &m(path), &product, x, (&la, &lb), l, y, false);
+        super::train::lora_linear(
+            s,
+            ind,
+            &m(path),
+            &product,
+            x,
+            (&la, &lb),
+            l,
+            y,
+            r.bf16_weights,
+        );
     };
+    // (the caller's `hidden_states` holds the block's input until the block returns)
+    line(s, "hin = h");
     line(s, "residual = h");
     at(
         s,
@@ -262,7 +290,8 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
         ("k".to_string(), "v".to_string())
     } else {
         // past_key_values.update: `torch.cat` onto the layer's empty buffers
-        at(s, ind, &attn, "ce = empty(0, dtype=float32)");
+        let kd = if r.bf16_weights { "bf16" } else { "float32" };
+        at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
         at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
         at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
         at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
@@ -297,6 +326,8 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
     line(s, "del a0");
     let blk = format!("transformer.h.{l}");
     at(s, ind, &blk, "h = a + residual");
+    // (`hidden_states` rebound: ln_1's output goes unless autograd keeps it)
+    line(s, "del x");
     line(s, "residual = h");
     at(
         s,
@@ -341,6 +372,8 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
     );
     line(s, "del m0");
     at(s, ind, &blk, "h = residual + mo");
+    line(s, "del x2");
     // the block's locals at its return: attn_output, then feed_forward_hidden_states
-    line(s, "del a, mo, residual, x, x2");
+    line(s, "del a, mo, residual");
+    line(s, "del hin");
 }

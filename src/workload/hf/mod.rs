@@ -554,7 +554,9 @@ pub(crate) fn expand(
             &format!("gradient checkpointing for {family}"),
         )?;
     }
-    if family != "llama" && (run.eager || run.bf16_autocast || run.bf16_weights) {
+    // (GPT-2 with bf16 weights: matched against PyTorch, LoRA or not)
+    let bf16_refused = run.bf16_weights && family != "gpt2";
+    if family != "llama" && (run.eager || run.bf16_autocast || bf16_refused) {
         let (key, what) = if run.eager {
             ("attention", format!("eager attention for {family}"))
         } else if run.bf16_autocast {
