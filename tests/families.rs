@@ -54,6 +54,9 @@ const CASES: &[(&str, bool, bool)] = &[
     ("gpt2_t_lora_fp32", true, true),
     // GPT-2 over bf16 weights: its Conv1D's addmm in bf16, float32 adapters
     ("gpt2_t_lora_bf16w", true, true),
+    // GPT-2's generation (bf16 weights, 128 + 32 tokens): the position embedding per row, the
+    // cache grown per step, the query's fused projection held until the attention returns
+    ("gpt2_t_generate_bf16", true, true),
     // one best-fit tie in the third iteration's peak (1,024 bytes; the events part at 931)
     ("gemma3_6l_sdpa_fp32", false, false),
     // bf16 weights with a sliding window: SDPA turns the bool window mask into a bf16 bias
@@ -173,6 +176,8 @@ const MUST_RUN: &[(&str, &str)] = &[
     ("gemma-3-1b", "LoRA bf16"),
     ("gemma-7b", "LoRA bf16"),
     ("gemma-7b", "generate"),
+    ("gpt2", "generate"),
+    ("gpt2-medium", "generate"),
     ("llama-3.1-8b", "LoRA bf16"),
     ("llama-3.1-8b", "generate"),
     ("llama-3.2-1b", "LoRA bf16"),

@@ -543,11 +543,11 @@ fn generation_is_refused_where_it_is_not_modelled() {
             w(
                 "g1.toml",
                 "gpt2_t.config.json",
-                "",
+                "[model.lora]\nr = 8",
                 "mode = \"generate\"",
                 gen,
             ),
-            "generation for gpt2",
+            "generation with LoRA adapters",
         ),
         (
             w(

@@ -255,7 +255,7 @@ pub(crate) struct Tokens {
 }
 
 /// The special tokens of `m`, the family's defaults where a key is absent (null: none).
-fn tokens(
+pub(super) fn tokens(
     m: &Map<String, Value>,
     path: &Path,
     bos: Option<u64>,

@@ -32,6 +32,8 @@ pub(crate) struct Gpt2Config {
     pub attn_pdrop: f64,
     pub tie_embeddings: bool,
     pub dtype: Option<&'static str>,
+    /// The special tokens `generate` makes tensors of (GPT2Config: bos and eos 50256).
+    pub tokens: super::config::Tokens,
 }
 
 /// The gpt2 config in `m`.
@@ -109,6 +111,7 @@ pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, St
         attn_pdrop: prob(m, path, "attn_pdrop", 0.1)?,
         tie_embeddings: flag(m, path, "tie_word_embeddings", true)?,
         dtype: config_dtype(m),
+        tokens: super::config::tokens(m, path, Some(50256), Some(50256))?,
     })
 }
 

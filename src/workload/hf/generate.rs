@@ -28,6 +28,7 @@
 
 use std::fmt::Write as _;
 
+use super::config_gpt2_bert::Gpt2Config;
 use super::llama::{decoder, rope_kinds, rotary_named, Cache, Call};
 use super::masks::WindowPhase;
 use super::{LlamaConfig, Run};
@@ -46,8 +47,58 @@ pub(crate) struct Generate {
 /// The tag of generate's own ops.
 const GEN: &str = "generate";
 
+/// The model `generate` drives: a decoder family of [`super::llama`] or GPT-2.
+#[derive(Clone, Copy)]
+pub(super) enum Model<'a> {
+    Llama(&'a LlamaConfig),
+    Gpt2(&'a Gpt2Config),
+}
+
+impl Model<'_> {
+    fn tokens(&self) -> &super::config::Tokens {
+        match self {
+            Model::Llama(c) => &c.tokens,
+            Model::Gpt2(c) => &c.tokens,
+        }
+    }
+
+    fn vocab(&self) -> u64 {
+        match self {
+            Model::Llama(c) => c.vocab,
+            Model::Gpt2(c) => c.vocab,
+        }
+    }
+
+    /// The cache's tensors of layer `l`, as the layer object drops them.
+    fn cache_of(&self, l: u64) -> Vec<String> {
+        let mut v = vec![format!("kc{l}"), format!("vc{l}")];
+        if let Model::Llama(c) = self {
+            if super::llama::sliding_layer(c, l) {
+                // DynamicSlidingWindowLayer's int64 length
+                v.push(format!("cl{l}"));
+            }
+        }
+        v
+    }
+
+    fn layers(&self) -> u64 {
+        match self {
+            Model::Llama(c) => c.layers,
+            Model::Gpt2(c) => c.layers,
+        }
+    }
+
+    /// Where step `k` stands against a sliding window (within it for GPT-2).
+    fn window_phase(&self, r: &Run, k: u64) -> WindowPhase {
+        match self {
+            Model::Llama(c) => window_phase(c, r, k),
+            Model::Gpt2(_) => WindowPhase::Within,
+        }
+    }
+}
+
 /// The iteration's body: the prompt, its mask, and the `generate` call.
-pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
+pub(super) fn body(c: Model, r: &Run, g: &Generate) -> String {
     let mut s = String::new();
     let (b, t) = (r.batch, r.seq);
     let _ = writeln!(
@@ -71,7 +122,7 @@ pub(super) fn body(c: &LlamaConfig, r: &Run, g: &Generate) -> String {
     }
     // the later steps, in runs of the same shape (processors forcing, then not; within the
     // sliding window, reaching it, past it)
-    let phase = |k: u64| window_phase(c, r, k);
+    let phase = |k: u64| c.window_phase(r, k);
     let mut k = 2;
     while k < n {
         let a = (active(k), phase(k));
@@ -111,12 +162,13 @@ struct Tokens {
 }
 
 impl Tokens {
-    fn of(c: &LlamaConfig, g: &Generate) -> Tokens {
+    fn of(c: Model, g: &Generate) -> Tokens {
+        let t = c.tokens();
         Tokens {
-            bos: c.tokens.bos,
-            eos: c.tokens.eos.clone(),
-            eos_list: c.tokens.eos_list,
-            pad: g.pad.or(c.tokens.pad),
+            bos: t.bos,
+            eos: t.eos.clone(),
+            eos_list: t.eos_list,
+            pad: g.pad.or(t.pad),
         }
     }
 
@@ -208,15 +260,7 @@ enum Step {
 /// One step: the model inputs, the forward, and the token's choice. The minimum-length
 /// processors exist with an eos token and `min_new_tokens` > 0; `force`: they mask eos this
 /// step (fewer than `min_new_tokens` generated).
-fn step(
-    s: &mut String,
-    c: &LlamaConfig,
-    r: &Run,
-    g: &Generate,
-    tk: &Tokens,
-    kind: Step,
-    ind: &str,
-) {
+fn step(s: &mut String, c: Model, r: &Run, g: &Generate, tk: &Tokens, kind: Step, ind: &str) {
     let b = r.batch;
     let procs = tk.eos.is_some() && g.min_new_tokens > 0;
     let force = |k: u64| k < g.min_new_tokens;
@@ -252,7 +296,10 @@ fn step(
     for x in &st {
         gen_line(s, ind, x);
     }
-    forward(s, c, r, kind, ind);
+    match c {
+        Model::Llama(c) => forward(s, c, r, kind, ind),
+        Model::Gpt2(c) => super::gpt2::generate_forward(s, c, r, kind != Step::Prefill, ind),
+    }
     let mut st: Vec<String> = Vec::new();
     if kind == Step::Prefill {
         st.push("del mi_ids".into());
@@ -326,8 +373,8 @@ fn step(
 
 /// `MinLengthLogitsProcessor` then `MinNewTokensLengthLogitsProcessor` on `next_token_logits`
 /// into `next_token_scores`; `force`: both mask the eos ids (`where(isin, -inf, scores)`).
-fn processors(s: &mut String, c: &LlamaConfig, force: bool, ind: &str) {
-    let v = c.vocab;
+fn processors(s: &mut String, c: Model, force: bool, ind: &str) {
+    let v = c.vocab();
     let path = "generate.logits_processor";
     let mut st: Vec<String> = vec![
         // MinLength: the vocabulary's eos mask, then a copy of the scores
@@ -524,7 +571,7 @@ fn mask_builders(c: &LlamaConfig) -> Vec<&'static str> {
 
 /// `_sample`'s locals at its return, then generate's (its special tokens, its position ids,
 /// the cache layer by layer from the last, eos last).
-fn epilogue(s: &mut String, c: &LlamaConfig, tk: &Tokens, n: u64, ind: &str) {
+fn epilogue(s: &mut String, c: Model, tk: &Tokens, n: u64, ind: &str) {
     let mut names: Vec<String> = vec![
         "attention_mask".into(),
         "gen_pos".into(),
@@ -545,13 +592,8 @@ fn epilogue(s: &mut String, c: &LlamaConfig, tk: &Tokens, n: u64, ind: &str) {
         names.push("pad_t".into());
     }
     names.push("gen_pos0".into());
-    for l in (0..c.layers).rev() {
-        names.push(format!("kc{l}"));
-        names.push(format!("vc{l}"));
-        if super::llama::sliding_layer(c, l) {
-            // DynamicSlidingWindowLayer's int64 length
-            names.push(format!("cl{l}"));
-        }
+    for l in (0..c.layers()).rev() {
+        names.extend(c.cache_of(l));
     }
     if tk.eos.is_some() {
         names.push("eos_t".into());

@@ -19,6 +19,7 @@
 use std::fmt::Write as _;
 
 use super::config_gpt2_bert::{Gelu, Gpt2Config};
+use super::llama::Cache;
 use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
@@ -76,6 +77,23 @@ pub(crate) const LORA_TARGETS: &[&str] = &["c_attn", "c_proj", "c_fc"];
 
 /// The setup and body scripts.
 pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
+    let s = setup(c, r);
+    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
+    (
+        s,
+        super::train::body(
+            if r.checkpointing { 0 } else { c.layers },
+            &[],
+            r,
+            super::train::CLONED_LABELS,
+            &fwd,
+            &[],
+        ),
+    )
+}
+
+/// The setup script: the parameters (bf16 with bf16 weights), LoRA's adapters, the optimizer.
+pub(super) fn setup(c: &Gpt2Config, r: &Run) -> String {
     let mut s = String::new();
     let ps = params(c);
     // `model.to(torch.bfloat16)`: every parameter in bf16
@@ -144,18 +162,7 @@ pub(super) fn expand(c: &Gpt2Config, r: &Run) -> (String, String) {
     }
     let list: Vec<&str> = list.iter().map(String::as_str).collect();
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
-    let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
-    (
-        s,
-        super::train::body(
-            if r.checkpointing { 0 } else { c.layers },
-            &[],
-            r,
-            super::train::CLONED_LABELS,
-            &fwd,
-            &[],
-        ),
-    )
+    s
 }
 
 /// `GPT2Model.forward`, `lm_head` and (in training) the loss, leaving `logits` (and each
@@ -203,10 +210,10 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
             // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
             // the block's tensor arguments (the positions) until its backward; no cache
             let _ = writeln!(s, "{ind}checkpoint(cache_position) {{");
-            block(s, c, r, l, &format!("{ind}  "));
+            block(s, c, r, l, Cache::Off, &format!("{ind}  "));
             let _ = writeln!(s, "{ind}}}");
         } else {
-            block(s, c, r, l, ind);
+            block(s, c, r, l, Cache::Fill, ind);
         }
     }
     at(
@@ -229,9 +236,13 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
     line(s, "del h");
 }
 
-/// One `GPT2Block`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}`.
-fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
-    let (b, t) = (r.batch, r.seq);
+/// One `GPT2Block`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}` (filled, grown by
+/// a decode step, or none under checkpointing); `train`: the dropouts are on.
+fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &str) {
+    let train = r.mode == "train";
+    let pd = |p: f64| if train { p } else { 0.0 };
+    let t = if cache == Cache::Append { 1 } else { r.seq };
+    let b = r.batch;
     let (e, nh, i) = (c.hidden, c.heads, c.inner);
     let hd = e / nh;
     let m = |x: &str| format!("transformer.h.{l}.{x}");
@@ -285,43 +296,58 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
         );
     }
     line(s, "del q0, k0, v0, qkv");
-    let (kk, vv) = if r.checkpointing {
+    let (kk, vv) = match cache {
         // no cache: the keys and values go to attention as they are
-        ("k".to_string(), "v".to_string())
-    } else {
-        // past_key_values.update: `torch.cat` onto the layer's empty buffers
-        let kd = if r.bf16_weights { "bf16" } else { "float32" };
-        at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
-        at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
-        at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
-        at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
-        line(s, "del ce, k, v");
-        (format!("kc{l}"), format!("vc{l}"))
+        Cache::Off => ("k".to_string(), "v".to_string()),
+        Cache::Fill => {
+            // past_key_values.update: `torch.cat` onto the layer's empty buffers
+            let kd = if r.bf16_weights { "bf16" } else { "float32" };
+            at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
+            at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
+            at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
+            line(s, "del ce, k, v");
+            (format!("kc{l}"), format!("vc{l}"))
+        }
+        Cache::Append => {
+            // a decode step: the grown cache replaces the old one, which goes at once
+            at(s, ind, &attn, &format!("kc{l} = cat([kc{l}, k], -2)"));
+            at(s, ind, &attn, &format!("vc{l} = cat([vc{l}, v], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
+            line(s, "del k, v");
+            (format!("kc{l}"), format!("vc{l}"))
+        }
     };
-    let drop = if c.attn_pdrop > 0.0 {
+    let drop = if pd(c.attn_pdrop) > 0.0 {
         format!(", dropout_p={:?}", c.attn_pdrop)
     } else {
         String::new()
     };
+    // (a decode step's single query attends to every key: not causal)
+    let causal = if t == 1 { ", is_causal=false" } else { "" };
     for st in [
-        format!("y0 = scaled_dot_product_attention(q, {kk}, {vv}{drop})"),
+        format!("y0 = scaled_dot_product_attention(q, {kk}, {vv}{drop}{causal})"),
         // `attn_output.reshape(*input_shape, -1).contiguous()`: [B, T, E] for c_proj
         format!("y = y0.transpose(1, 2).contiguous().view({b}, {t}, {e})"),
-        if r.checkpointing {
+        if cache == Cache::Off {
             "del y0, q, k, v".to_string()
         } else {
-            "del y0, q".to_string()
+            "del y0".to_string()
         },
     ] {
         at(s, ind, &attn, &st);
     }
     conv(s, "aproj", "attn.c_proj", "y", e, e, "a0");
     line(s, "del y");
+    if cache != Cache::Off {
+        // the query (a view of the fused projection) goes as the attention returns
+        line(s, "del q");
+    }
     at(
         s,
         ind,
         &m("attn.resid_dropout"),
-        &format!("a = {}", dropout("a0", c.resid_pdrop)),
+        &format!("a = {}", dropout("a0", pd(c.resid_pdrop))),
     );
     line(s, "del a0");
     let blk = format!("transformer.h.{l}");
@@ -368,12 +394,61 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, ind: &str) {
         s,
         ind,
         &m("mlp.dropout"),
-        &format!("mo = {}", dropout("m0", c.resid_pdrop)),
+        &format!("mo = {}", dropout("m0", pd(c.resid_pdrop))),
     );
     line(s, "del m0");
     at(s, ind, &blk, "h = residual + mo");
     line(s, "del x2");
-    // the block's locals at its return: attn_output, then feed_forward_hidden_states
-    line(s, "del a, mo, residual");
+    // the block's locals at its return: residual, attn_output, feed_forward_hidden_states
+    line(s, "del residual, a, mo");
     line(s, "del hin");
+}
+
+/// `GPT2LMHeadModel.forward` in `generate` (eval mode: no dropout) on the model inputs
+/// `mi_ids`, `mi_pos` and `mi_mask`: the token and position embeddings (the positions per row,
+/// as generate passes them), `create_causal_mask`'s check of the all-ones 2-D mask (no 4-D
+/// mask), the blocks filling the cache (the prefill) or growing it by a position (`decode`),
+/// `ln_f`, and `lm_head` on the last position, leaving `logits`.
+pub(super) fn generate_forward(s: &mut String, c: &Gpt2Config, r: &Run, decode: bool, ind: &str) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    at(
+        s,
+        ind,
+        "transformer.wte",
+        "inputs_embeds = embedding(mi_ids, wte)",
+    );
+    at(
+        s,
+        ind,
+        "transformer.wpe",
+        "position_embeds = embedding(mi_pos, wpe)",
+    );
+    at(s, ind, "transformer", "h = inputs_embeds + position_embeds");
+    for x in [
+        "mk0 = mi_mask.to(dtype=bool)",
+        "mk1 = mk0.sum()",
+        "mk2 = mk1.eq(mk0.numel())",
+        "del mk1, mk2",
+        "del mk0",
+    ] {
+        at(s, ind, "transformer.create_causal_mask", x);
+    }
+    let cache = if decode { Cache::Append } else { Cache::Fill };
+    for l in 0..c.layers {
+        block(s, c, r, l, cache, ind);
+    }
+    at(
+        s,
+        ind,
+        "transformer.ln_f",
+        "hf = layer_norm(h, lnf_w, lnf_b)",
+    );
+    line(s, "h = hf");
+    line(s, "del hf");
+    line(s, "del inputs_embeds, position_embeds");
+    // logits_to_keep=1: the last position only
+    at(s, ind, "lm_head", "logits = linear(h[:, -1:, :], lm_head)");
+    line(s, "del h");
 }

@@ -379,7 +379,8 @@ pub(crate) fn expand(
         let what = match (&cfg, run.lora.is_some()) {
             (config::Family::Llama(_), false) => None,
             (config::Family::Llama(_), true) => Some(("lora", "generation with LoRA adapters")),
-            (config::Family::Gpt2(_), _) => Some(("mode", "generation for gpt2")),
+            (config::Family::Gpt2(_), true) => Some(("lora", "generation with LoRA adapters")),
+            (config::Family::Gpt2(_), false) => None,
             (config::Family::Bert(_), _) => Some(("mode", "generation (bert is an encoder)")),
         };
         let what = what.or(if run.eager {
@@ -585,7 +586,17 @@ pub(crate) fn expand(
     let (setup, body) = match &cfg {
         config::Family::Llama(c) if run.mode == "generate" => {
             let g = run.generate.as_ref().expect("checked with the mode");
-            (llama_setup::setup(c, &run), generate::body(c, &run, g))
+            (
+                llama_setup::setup(c, &run),
+                generate::body(generate::Model::Llama(c), &run, g),
+            )
+        }
+        config::Family::Gpt2(c) if run.mode == "generate" => {
+            let g = run.generate.as_ref().expect("checked with the mode");
+            (
+                gpt2::setup(c, &run),
+                generate::body(generate::Model::Gpt2(c), &run, g),
+            )
         }
         config::Family::Llama(c) => llama::expand(c, &run),
         config::Family::Gpt2(c) => gpt2::expand(c, &run),
