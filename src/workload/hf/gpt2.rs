@@ -339,10 +339,6 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
     }
     conv(s, "aproj", "attn.c_proj", "y", e, e, "a0");
     line(s, "del y");
-    if cache != Cache::Off {
-        // the query (a view of the fused projection) goes as the attention returns
-        line(s, "del q");
-    }
     at(
         s,
         ind,
@@ -350,6 +346,11 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
         &format!("a = {}", dropout("a0", pd(c.resid_pdrop))),
     );
     line(s, "del a0");
+    if cache != Cache::Off {
+        // the query (a view of the fused projection) goes as the attention returns, after
+        // its residual dropout
+        line(s, "del q");
+    }
     let blk = format!("transformer.h.{l}");
     at(s, ind, &blk, "h = a + residual");
     // (`hidden_states` rebound: ln_1's output goes unless autograd keeps it)
