@@ -500,15 +500,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
             }
             continue;
         }
-        for x in [
-            "mk0 = mi_mask.to(dtype=bool)",
-            "mk1 = mk0.sum()",
-            "mk2 = mk1.eq(mk0.numel())",
-            "del mk1, mk2",
-            "del mk0",
-        ] {
-            at(s, ind, path, x);
-        }
+        super::masks::all_ones_check(s, path, ind);
     }
     let kinds = rope_kinds(c);
     for k in &kinds {

@@ -427,15 +427,7 @@ pub(super) fn generate_forward(s: &mut String, c: &Gpt2Config, r: &Run, decode: 
         "position_embeds = embedding(mi_pos, wpe)",
     );
     at(s, ind, "transformer", "h = inputs_embeds + position_embeds");
-    for x in [
-        "mk0 = mi_mask.to(dtype=bool)",
-        "mk1 = mk0.sum()",
-        "mk2 = mk1.eq(mk0.numel())",
-        "del mk1, mk2",
-        "del mk0",
-    ] {
-        at(s, ind, "transformer.create_causal_mask", x);
-    }
+    super::masks::all_ones_check(s, "transformer.create_causal_mask", ind);
     let cache = if decode { Cache::Append } else { Cache::Fill };
     for l in 0..c.layers {
         block(s, c, r, l, cache, ind);

@@ -131,6 +131,21 @@ pub(super) fn eager_mask(s: &mut String, r: &Run, ind: &str) {
     }
 }
 
+/// A mask builder (`create_causal_mask`, `create_sliding_window_causal_mask`) given
+/// generate's all-ones 2-D mask within the window: the bool copy and `_ignore_causal_mask_sdpa`'s
+/// `sum() == numel()` check, then no 4-D mask (sdpa's `is_causal` serves), under `path`.
+pub(super) fn all_ones_check(s: &mut String, path: &str, ind: &str) {
+    for x in [
+        "mk0 = mi_mask.to(dtype=bool)",
+        "mk1 = mk0.sum()",
+        "mk2 = mk1.eq(mk0.numel())",
+        "del mk1, mk2",
+        "del mk0",
+    ] {
+        at(s, ind, path, x);
+    }
+}
+
 /// Where a decode step stands against the sliding window: the 2-D mask holds `L` positions
 /// (the prompt and the tokens so far, this one's included) and the sliding layers attend to
 /// at most `w` keys.
