@@ -479,10 +479,16 @@ impl<S: Device> Tensors<S> {
         like: TensorId,
         dtype: DType,
     ) -> Result<TensorId, EngineError> {
-        let l = self.info(like).layout.clone();
-        let out = self.empty(&l.shape, dtype, Category::Temporary)?;
-        if !l.is_contiguous() && l.is_dense() {
-            self.info_mut(out).layout = Layout { offset: 0, ..l };
+        let l = &self.info(like).layout;
+        // (the common case, a contiguous input, copies no layout)
+        let kept = (!l.is_contiguous() && l.is_dense()).then(|| Layout {
+            offset: 0,
+            ..l.clone()
+        });
+        let shape = l.shape.clone();
+        let out = self.empty(&shape, dtype, Category::Temporary)?;
+        if let Some(k) = kept {
+            self.info_mut(out).layout = k;
         }
         Ok(out)
     }

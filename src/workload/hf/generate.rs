@@ -484,20 +484,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
             continue;
         }
         if phase == WindowPhase::Past && all_sliding {
-            for x in [
-                "mk0 = mi_mask.to(dtype=bool)".to_string(),
-                format!("mi0 = arange({w})"),
-                format!("mi1 = mi0 + {off}"),
-                "del mi0".to_string(),
-                "pm = index(mk0.t(), mi1)".to_string(),
-                "mk1 = pm.sum()".to_string(),
-                "mk2 = mk1.eq(pm.numel())".to_string(),
-                "del mk1, mk2".to_string(),
-                "del pm, mi1".to_string(),
-                "del mk0".to_string(),
-            ] {
-                at(s, ind, path, &x);
-            }
+            super::masks::all_ones_check_past_window(s, w, &off, path, ind);
             continue;
         }
         super::masks::all_ones_check(s, path, ind);
@@ -538,9 +525,7 @@ const SLIDING_BUILDER: &str = "model.create_sliding_window_causal_mask";
 /// prompt that reaches the window is refused before this).
 fn window_phase(c: &LlamaConfig, r: &Run, k: u64) -> WindowPhase {
     match c.sliding_window {
-        Some(w) if k > 0 && (0..c.layers).any(|l| super::llama::sliding_layer(c, l)) => {
-            WindowPhase::of(r.seq + k, w)
-        }
+        Some(w) if k > 0 && super::llama::any_sliding(c) => WindowPhase::of(r.seq + k, w),
         _ => WindowPhase::Within,
     }
 }
@@ -549,7 +534,7 @@ fn window_phase(c: &LlamaConfig, r: &Run, k: u64) -> WindowPhase {
 /// slides, `create_sliding_window_causal_mask` if any does (Mistral and Phi-3 with a window:
 /// only it; Gemma-2 and Gemma-3: both).
 fn mask_builders(c: &LlamaConfig) -> Vec<&'static str> {
-    let sliding = (0..c.layers).any(|l| super::llama::sliding_layer(c, l));
+    let sliding = super::llama::any_sliding(c);
     let full = c.sandwich || !sliding;
     let mut v = Vec::new();
     if full {

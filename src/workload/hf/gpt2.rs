@@ -216,14 +216,7 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
             block(s, c, r, l, Cache::Fill, ind);
         }
     }
-    at(
-        s,
-        ind,
-        "transformer.ln_f",
-        "hf = layer_norm(h, lnf_w, lnf_b)",
-    );
-    line(s, "h = hf");
-    line(s, "del hf");
+    final_norm(s, ind);
     // GPT2Model.forward's locals as the H200 traces free them
     line(
         s,
@@ -234,6 +227,18 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
         super::train::causal_lm_loss(s, c.vocab, r, ind);
     }
     line(s, "del h");
+}
+
+/// `ln_f` on the last block's output `h`, rebound to `h`.
+fn final_norm(s: &mut String, ind: &str) {
+    at(
+        s,
+        ind,
+        "transformer.ln_f",
+        "hf = layer_norm(h, lnf_w, lnf_b)",
+    );
+    let _ = writeln!(s, "{ind}h = hf");
+    let _ = writeln!(s, "{ind}del hf");
 }
 
 /// One `GPT2Block`: `h` to `h`; keeps the layer's cache in `kc{l}`, `vc{l}` (filled, grown by
@@ -432,14 +437,7 @@ pub(super) fn generate_forward(s: &mut String, c: &Gpt2Config, r: &Run, decode: 
     for l in 0..c.layers {
         block(s, c, r, l, cache, ind);
     }
-    at(
-        s,
-        ind,
-        "transformer.ln_f",
-        "hf = layer_norm(h, lnf_w, lnf_b)",
-    );
-    line(s, "h = hf");
-    line(s, "del hf");
+    final_norm(s, ind);
     line(s, "del inputs_embeds, position_embeds");
     // logits_to_keep=1: the last position only
     at(s, ind, "lm_head", "logits = linear(h[:, -1:, :], lm_head)");

@@ -526,11 +526,11 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     // dtype (float32 under autocast, where the rotary product promoted them)
     // (float32 in float32 and under bf16 autocast; bf16 with bf16 weights)
     let kd = if r.bf16_weights { "bf16" } else { "float32" };
-    match call.cache {
-        Cache::Off => {
-            // no cache: the rotated keys and the values go to attention as they are
-            attention(s, c, r, call, l, &attn, "k1", "v0", ind);
-        }
+    // the keys and values attention takes (the rotated ones, or the cache's), and whether
+    // they are a sliding layer's full states, which go once it has attended
+    let (keys, values, full_states) = match call.cache {
+        // no cache: the rotated keys and the values go to attention as they are
+        Cache::Off => ("k1".to_string(), "v0".to_string(), false),
         Cache::Fill => {
             if sliding_layer(c, l) {
                 // DynamicSlidingWindowLayer's lazy initialization: its length, an int64 scalar
@@ -547,17 +547,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
             line(s, "del ce");
             line(s, "del k1, v0");
-            attention(
-                s,
-                c,
-                r,
-                call,
-                l,
-                &attn,
-                &format!("kc{l}"),
-                &format!("vc{l}"),
-                ind,
-            );
+            (format!("kc{l}"), format!("vc{l}"), false)
         }
         Cache::Append if sliding_layer(c, l) => {
             // DynamicSlidingWindowLayer.update: both full states first, then the cache keeps
@@ -569,18 +559,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             at(s, ind, &attn, &format!("kc{l} = kf{l}[:, :, -{keep}:, :]"));
             at(s, ind, &attn, &format!("vc{l} = vf{l}[:, :, -{keep}:, :]"));
             line(s, "del k1, v0");
-            attention(
-                s,
-                c,
-                r,
-                call,
-                l,
-                &attn,
-                &format!("kf{l}"),
-                &format!("vf{l}"),
-                ind,
-            );
-            line(s, &format!("del kf{l}, vf{l}"));
+            (format!("kf{l}"), format!("vf{l}"), true)
         }
         Cache::Append => {
             // DynamicLayer.update: the grown cache replaces the old one, which goes at once
@@ -588,18 +567,13 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             at(s, ind, &attn, &format!("vc{l} = cat([vc{l}, v0], -2)"));
             at(s, ind, &attn, &format!("kv_cache(kc{l}, vc{l})"));
             line(s, "del k1, v0");
-            attention(
-                s,
-                c,
-                r,
-                call,
-                l,
-                &attn,
-                &format!("kc{l}"),
-                &format!("vc{l}"),
-                ind,
-            );
+            (format!("kc{l}"), format!("vc{l}"), false)
         }
+    };
+    attention(s, c, r, call, l, &attn, &keys, &values, ind);
+    if full_states {
+        // (the cache's views hold their storage)
+        line(s, &format!("del {keys}, {values}"));
     }
     line(s, &format!("y = y.view({b}, {t}, {})", nh * hd));
     lin(s, "o", "self_attn.o_proj", "y", "a");
@@ -721,6 +695,11 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
 /// `DynamicSlidingWindowLayer`).
 pub(super) fn sliding_layer(c: &LlamaConfig, l: u64) -> bool {
     c.sliding_window.is_some() && c.sliding_layers.get(l as usize).copied().unwrap_or(false)
+}
+
+/// Whether any layer attends through a sliding window.
+pub(super) fn any_sliding(c: &LlamaConfig) -> bool {
+    (0..c.layers).any(|l| sliding_layer(c, l))
 }
 
 /// `sdpa_attention_forward` of `q1` against keys `k` and values `v` (the cache's): `y`, the

@@ -170,6 +170,35 @@ impl WindowPhase {
     }
 }
 
+/// `_ignore_causal_mask_sdpa` past the window: the 2-D mask's (`mk0`, bool) last `w` columns,
+/// `padding_mask[:, arange(w) + off]`, as `pm` (its index `mi1` held too).
+fn last_columns(w: u64, off: &str) -> [String; 4] {
+    [
+        format!("mi0 = arange({w})"),
+        format!("mi1 = mi0 + {off}"),
+        "del mi0".to_string(),
+        "pm = index(mk0.t(), mi1)".to_string(),
+    ]
+}
+
+/// `create_causal_mask` past the window in a model whose every layer slides (Gemma-3's
+/// pattern without a full layer): its sizes come from a sliding layer, so the ignore check
+/// looks at the 2-D mask's last `w` columns and finds them all ones: no 4-D mask.
+pub(super) fn all_ones_check_past_window(s: &mut String, w: u64, off: &str, path: &str, ind: &str) {
+    let mut st = vec!["mk0 = mi_mask.to(dtype=bool)".to_string()];
+    st.extend(last_columns(w, off));
+    st.extend([
+        "mk1 = pm.sum()".to_string(),
+        "mk2 = mk1.eq(pm.numel())".to_string(),
+        "del mk1, mk2".to_string(),
+        "del pm, mi1".to_string(),
+        "del mk0".to_string(),
+    ]);
+    for x in st {
+        at(s, ind, path, &x);
+    }
+}
+
 /// `create_sliding_window_causal_mask` in a decode step that reaches the window, as
 /// transformers 5.17 makes it for sdpa from the 2-D mask `mi_mask` ([B, L], all ones in
 /// gpumem's generation): the bool copy; past the window the ignore check's index of its last
@@ -192,13 +221,8 @@ pub(super) fn decode_window_mask(
     let b = r.batch;
     let mut st = vec!["mk0 = mi_mask.to(dtype=bool)".to_string()];
     if phase == WindowPhase::Past {
-        st.extend([
-            format!("mi0 = arange({w})"),
-            format!("mi1 = mi0 + {off}"),
-            "del mi0".to_string(),
-            "pm = index(mk0.t(), mi1)".to_string(),
-            "del pm, mi1".to_string(),
-        ]);
+        st.extend(last_columns(w, off));
+        st.push("del pm, mi1".to_string());
     }
     st.extend([
         format!("ba = arange({b})"),
