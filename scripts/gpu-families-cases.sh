@@ -74,6 +74,25 @@ rec mixtral_t_bf16w "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \
 rec qwen3moe_t_eager_experts_fp32 "" "\"model_type\": \"qwen3_moe\", \"cfg\": {$QM}, \"attn\": \"sdpa\", $T, \"experts\": \"eager\""
 rec gpt2_tut_b4_s512_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\""
 rec gpt2_tut_b4_s512_ckpt_fp32 "" "\"family\": \"gpt2\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\", \"ckpt\": true"
+# 2026-12-05 (third GPU call): BERT's masked-LM head (the published bert-base-uncased's
+# architecture), plain, with LoRA and over bf16 weights; Gemma-3's float32 generation past the
+# window (refused today: the memory-efficient kernel's masked decode step); held-out GPT-2
+# shapes for eager attention and bf16 autocast (modelled this session)
+BT='"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048'
+GP2B='"vocab_size": 16000, "n_embd": 768, "n_layer": 2, "n_head": 12, "n_positions": 1024'
+mlm() { # name lora_targets json
+  local n=$1 t=$2 j=$3
+  if [[ -n ${ONLY:-} && ! $n =~ $ONLY ]]; then return; fi
+  if (( $(date +%s) > END_AT )); then echo "$n: skipped (deadline)"; return; fi
+  BERT_MLM=1 SNAP=$n LORA_TARGETS=$t timeout 300 python3 scripts/hf_record.py "$D" "{\"name\": \"$n\", $j}" 2>&1 | tail -2
+}
+mlm bert_t_mlm_fp32 "" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {$BT}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\""
+mlm bert_t_mlm_lora_fp32 "query,value" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {$BT}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"lora\": true"
+mlm bert_t_mlm_lora_bf16w "query,value" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {$BT}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"lora\": true, \"weights\": \"bf16\""
+mlm bert_base_mlm_b4_s512_fp32 "" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 512, \"opt\": \"adamw\""
+rec gemma3_t_generate_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"generate\": 32"
+rec gpt2_m2_eager_b1_s256_fp32 "" "\"family\": \"gpt2\", \"cfg\": {$GP2B}, \"attn\": \"eager\", \"batch\": 1, \"seq\": 256, \"opt\": \"adamw\""
+rec gpt2_m2_amp_b3_s384 "" "\"family\": \"gpt2\", \"cfg\": {$GP2B}, \"attn\": \"sdpa\", \"batch\": 3, \"seq\": 384, \"opt\": \"adamw\", \"amp\": \"bf16\""
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
 python3 - "$D" <<'PY'
 import importlib, sys

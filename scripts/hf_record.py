@@ -3,7 +3,9 @@ in gpu_carry/), with two additions: LORA_TARGETS=a,b sets peft's target_modules 
 fixes q_proj and v_proj, which Phi-3 does not have; "all-linear" is passed as it is) and
 LORA_DROPOUT=p its dropout (default 0.05, as hf_models.py).
 
-Usage: [SNAP=NAME] [LORA_TARGETS=...] python3 hf_record.py OUTDIR CASE_JSON
+BERT_MLM=1 builds BertForMaskedLM (the case's "family" must be "bert_mlm", "model_type" "bert").
+
+Usage: [SNAP=NAME] [LORA_TARGETS=...] [BERT_MLM=1] python3 hf_record.py OUTDIR CASE_JSON
 """
 import os
 import sys
@@ -26,6 +28,17 @@ if targets or dropout:
         return real(*a, **kw)
 
     peft.LoraConfig = patched
+
+if os.environ.get("BERT_MLM"):
+    # BERT_MLM=1 with "model_type": "bert", "family": "bert_mlm": BertForMaskedLM in place of
+    # the causal-LM class hf_families.py builds, its labels the inputs' clone (as a causal LM's)
+    import transformers
+
+    def masked_lm(cfg, attn_implementation=None, **kw):
+        cfg._attn_implementation = attn_implementation or cfg._attn_implementation
+        return transformers.BertForMaskedLM(cfg)
+
+    transformers.AutoModelForCausalLM.from_config = masked_lm
 
 sys.argv = [os.path.join(here, "..", "gpu_carry", "hf_families.py")] + sys.argv[1:]
 with open(sys.argv[0]) as f:

@@ -1,7 +1,9 @@
 """Like trace_diff.py, but compares which allocation each free releases (by the allocation's
 ordinal), so two frees of same-size tensors in swapped order are found.
 
-Usage: python3 trace_identity.py GPUMEM_SNAPSHOT.json TORCH_TRACE.json[.xz]
+Usage: python3 trace_identity.py GPUMEM_SNAPSHOT.json TORCH_TRACE.json[.xz] [--runs-as-sets]
+--runs-as-sets compares each run of consecutive frees as a set (PyTorch clears its autocast
+cache in hash-map order, which follows host addresses: the frees at a region's exit).
 """
 import sys
 from trace_diff import load
@@ -19,6 +21,21 @@ def seq(events):
     return out
 
 
+def free_runs_sorted(s):
+    out, i = [], 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j][0] == "free":
+            j += 1
+        if j > i:
+            out.extend(sorted(s[i:j], key=lambda e: e[1]))
+            i = j
+        else:
+            out.append(s[i])
+            i += 1
+    return out
+
+
 def main():
     g = load(sys.argv[1])
     stacks = g["stacks"]
@@ -31,6 +48,8 @@ def main():
     t = load(sys.argv[2])
     te = [(e[0], e[1], e[2], f"{e[3][:40]} | {' < '.join(e[5][:2]) if len(e) > 5 else e[4]}") for e in t["events"]]
     gs, ts = seq(ge), seq(te)
+    if "--runs-as-sets" in sys.argv:
+        gs, ts = free_runs_sorted(gs), free_runs_sorted(ts)
     for i, (x, y) in enumerate(zip(gs, ts)):
         if x[:3] != y[:3]:
             print(f"first difference at event {i}: gpumem {x[:3]} torch {y[:3]}")

@@ -80,6 +80,25 @@ const CASES: &[(&str, bool, bool)] = &[
     ("gemma2_t_generate_bf16", true, true),
     ("gemma3_t_generate_bf16", true, true),
     ("phi3_t_sw_generate_bf16", true, true),
+    // held out: recorded on an H100 after the modes above were modelled (2026-12-05, second
+    // session), each compared once as it came: other windows, batches and prompt lengths in
+    // generation (Mistral's sliding-only mask, Gemma-2 at window 128 and batch 3, Gemma-3 with
+    // a full layer among five sliding ones), LoRA over bf16 weights with Phi-4's grouped heads
+    // and Mistral's window, Qwen3 with checkpointing, bf16 generation of Qwen3, Gemma and
+    // Phi-3, Phi-4 in float32, Gemma-3's eager attention. Gemma's rotary embedding expands
+    // the frequencies to the batch before its float32 copy (seen first here); the two
+    // six-layer Gemma-3 cases run PyTorch's events with one best-fit tie each (1,024 bytes)
+    ("mistral_t_sw_generate_bf16", true, true),
+    ("gemma2_t_w128_b3_generate_bf16", true, true),
+    ("gemma3_6l_generate_bf16", false, true),
+    ("phi4_t_lora_bf16w", true, true),
+    ("mistral_t_sw_lora_bf16w", true, true),
+    ("qwen3_t_generate_bf16", true, true),
+    ("gemma_t_generate_bf16", true, true),
+    ("phi3_t_generate_bf16", true, true),
+    ("phi4_t_sdpa_fp32", true, true),
+    ("qwen3_t_ckpt_fp32", true, true),
+    ("gemma3_6l_eager_fp32", false, true),
 ];
 
 /// The fields that differ (iteration, field, gpumem minus PyTorch) and the worst allocated
@@ -124,6 +143,49 @@ fn new_families_allocate_and_free_as_pytorch_does() {
         let t: Vec<(String, i64)> =
             serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         let g = common::allocator_events(&format!("fixtures/hf2/workloads/{name}.toml"));
+        let first = g.iter().zip(&t).position(|(a, b)| a != b);
+        assert_eq!(first, None, "{name}: first difference at event {first:?}");
+        assert_eq!(g.len(), t.len(), "{name}: event count");
+    }
+}
+
+/// Each run of consecutive frees sorted: PyTorch clears its autocast cache at a region's exit
+/// in hash-map order (host addresses), so those frees are compared as a set.
+fn free_runs_sorted(events: &[(String, i64)]) -> Vec<(String, i64)> {
+    let mut out = Vec::with_capacity(events.len());
+    let mut run: Vec<(String, i64)> = Vec::new();
+    for e in events {
+        if e.0 == "f" {
+            run.push(e.clone());
+            continue;
+        }
+        run.sort_by_key(|f| f.1);
+        out.append(&mut run);
+        out.push(e.clone());
+    }
+    run.sort_by_key(|f| f.1);
+    out.append(&mut run);
+    out
+}
+
+/// GPT-2 under bf16 autocast and with eager attention (fixtures/hf2/recorded: their figures
+/// are 0.51% and 0.64% off from best-fit ties the driver's addresses break), event for event
+/// and free for free. Autocast: the casts in the order of each call's arguments (addmm's
+/// weight, input, bias), `gelu_new`'s `pow` on a float32 copy, the cache in bf16; its exit's
+/// frees compared as a set. Eager: the float32 causal mask, the query's copy for the product,
+/// the keys and values viewed as heads before the query (the order of their views' backward).
+#[test]
+fn gpt2_autocast_and_eager_allocate_and_free_as_pytorch_does() {
+    for (name, exit_as_set) in [("gpt2_t_amp_bf16", true), ("gpt2_t_eager_fp32", false)] {
+        let p = common::root().join(format!("fixtures/hf2/traces/events_{name}.json"));
+        let t: Vec<(String, i64)> =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let g = common::allocator_events(&format!("fixtures/hf2/workloads/{name}.toml"));
+        let (g, t) = if exit_as_set {
+            (free_runs_sorted(&g), free_runs_sorted(&t))
+        } else {
+            (g, t)
+        };
         let first = g.iter().zip(&t).position(|(a, b)| a != b);
         assert_eq!(first, None, "{name}: first difference at event {first:?}");
         assert_eq!(g.len(), t.len(), "{name}: event count");

@@ -231,7 +231,7 @@ fn in_place_ops_in_the_graph_are_modelled_or_refused() {
 }
 
 /// `fit` on a ResNet: the largest batch that fits (the next one runs out of memory), and bf16
-/// autocast fitting more; GPT-2's config, not modelled under autocast, is not offered it.
+/// autocast fitting more; BERT, not modelled under autocast, is not offered it.
 #[test]
 fn fit_finds_the_largest_batch_and_offers_only_modelled_remedies() {
     let (code, v) = run_json(&[
@@ -275,7 +275,7 @@ fn fit_finds_the_largest_batch_and_offers_only_modelled_remedies() {
     );
     let out = at_root(&[
         "fit",
-        "fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml",
+        "fixtures/hf/workloads/bert_t_cls_adamw_fp32.toml",
         "--capacity",
         "1GiB",
     ]);

@@ -71,6 +71,19 @@ impl<S: Device> Tensors<S> {
         inputs: &[TensorId],
         op: impl FnOnce(&mut Self, &[TensorId]) -> Result<TensorId, EngineError>,
     ) -> Result<TensorId, EngineError> {
+        self.autocast_op_in(policy, inputs, None, op)
+    }
+
+    /// [`Self::autocast_op`] for an op that holds its inputs in another order than its call
+    /// takes them: `order` lists the held inputs' indices in the order PyTorch casts them
+    /// (`torch.addmm(input, mat1, mat2)`, held as [mat1, mat2, input], casts mat2, mat1, input).
+    pub fn autocast_op_in(
+        &mut self,
+        policy: CastPolicy,
+        inputs: &[TensorId],
+        order: Option<&[usize]>,
+        op: impl FnOnce(&mut Self, &[TensorId]) -> Result<TensorId, EngineError>,
+    ) -> Result<TensorId, EngineError> {
         let Some(region) = self.autocast.dtype else {
             return op(self, inputs);
         };
@@ -81,21 +94,27 @@ impl<S: Device> Tensors<S> {
         // PyTorch's autocast wrappers cast the arguments in one call expression, which GCC
         // evaluates right to left: `linear(x, w, b)` casts b, then w, then x (the traces show
         // it). The casts die in reverse order of their making: x's first.
-        let mut cast = Vec::with_capacity(inputs.len());
-        for &t in inputs.iter().rev() {
-            match self.cast(t, to) {
-                Ok(c) => cast.push(c),
+        let reversed: Vec<usize> = (0..inputs.len()).rev().collect();
+        let order = order.unwrap_or(&reversed);
+        // (index held, cast), in the order of making
+        let mut made: Vec<(usize, TensorId)> = Vec::with_capacity(inputs.len());
+        for &k in order {
+            match self.cast(inputs[k], to) {
+                Ok(c) => made.push((k, c)),
                 Err(e) => {
-                    for c in cast {
+                    for (_, c) in made.into_iter().rev() {
                         self.release(c);
                     }
                     return Err(e);
                 }
             }
         }
-        cast.reverse();
+        let mut cast = inputs.to_vec();
+        for &(k, c) in &made {
+            cast[k] = c;
+        }
         let r = op(self, &cast);
-        for c in cast {
+        for (_, c) in made.into_iter().rev() {
             self.release(c);
         }
         r

@@ -266,7 +266,9 @@ impl Runner {
         match made {
             Made::Op { op, inputs } => self
                 .op(span, e.name, |d| match op.autocast() {
-                    Some(p) => d.autocast_op(p, &inputs, |d, i| d.apply(&op, i)),
+                    Some(p) => {
+                        d.autocast_op_in(p, &inputs, op.autocast_order(), |d, i| d.apply(&op, i))
+                    }
                     None => d.apply(&op, &inputs),
                 })
                 .map(Value::Tensor),

@@ -507,7 +507,18 @@ impl Op {
                 Some(CastPolicy::Lower)
             }
             Op::Norm(n) => Some(n.autocast()),
-            Op::Softmax { .. } | Op::NllLoss => Some(CastPolicy::Float32),
+            // (`pow` is on autocast's float32 list: GPT-2's `gelu_new` cubes a float32 copy)
+            Op::Softmax { .. } | Op::NllLoss | Op::Pow { .. } => Some(CastPolicy::Float32),
+            _ => None,
+        }
+    }
+
+    /// The order autocast casts its held inputs in, where that is not the reverse of how they
+    /// are held (PyTorch's wrappers cast a call's arguments right to left): `torch.addmm(input,
+    /// mat1, mat2)`, held as [mat1, mat2, input], casts mat2, then mat1, then input.
+    pub fn autocast_order(&self) -> Option<&'static [usize]> {
+        match self {
+            Op::Addmm => Some(&[1, 0, 2]),
             _ => None,
         }
     }

@@ -363,9 +363,9 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let gemma3 = model_type == "gemma3_text";
     let gemma = model_type == "gemma" || gemma2 || gemma3;
     let phi3 = model_type == "phi3";
-    // (Qwen3's, Gemma's and Gemma-2's rotary embeddings cast as Qwen2's does; Qwen3-MoE's
-    // and Gemma-3's expand first, as llama's: their bf16 generation on the H200)
-    let qwen2 = model_type == "qwen2" || (qwen3 && !qwen3_moe) || (gemma && !gemma3);
+    // (Qwen3's and Gemma-2's rotary embeddings cast as Qwen2's does; Qwen3-MoE's, Gemma's
+    // and Gemma-3's expand first, as llama's: their bf16 generation, recorded)
+    let qwen2 = model_type == "qwen2" || (qwen3 && !qwen3_moe) || gemma2;
     let mistral = model_type == "mistral" || mixtral;
     match model_type {
         "llama" | "qwen2" | "qwen3" | "mistral" | "gemma" | "gemma2" | "gemma3_text" | "phi3"

@@ -34,6 +34,9 @@ pub(crate) struct Gpt2Config {
     pub dtype: Option<&'static str>,
     /// The special tokens `generate` makes tensors of (GPT2Config: bos and eos 50256).
     pub tokens: super::config::Tokens,
+    /// `scale_attn_weights` on and `scale_attn_by_inverse_layer_idx` off (the defaults): the
+    /// scaling eager attention was recorded with (sdpa's scale allocates nothing either way).
+    pub default_scaling: bool,
 }
 
 /// The gpt2 config in `m`.
@@ -112,6 +115,8 @@ pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, St
         tie_embeddings: flag(m, path, "tie_word_embeddings", true)?,
         dtype: config_dtype(m),
         tokens: super::config::tokens(m, path, Some(50256), Some(50256))?,
+        default_scaling: flag(m, path, "scale_attn_weights", true)?
+            && !flag(m, path, "scale_attn_by_inverse_layer_idx", false)?,
     })
 }
 

@@ -167,8 +167,16 @@ pub(super) fn setup(c: &Gpt2Config, r: &Run) -> String {
 
 /// `GPT2Model.forward`, `lm_head` and (in training) the loss, leaving `logits` (and each
 /// layer's cache `kc`, `vc`).
-fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
+fn forward(s: &mut String, c: &Gpt2Config, r: &Run, outer: &str) {
     let t = r.seq;
+    // under bf16 autocast the whole forward and the loss run in the region
+    let inner = format!("{outer}  ");
+    let ind = if r.bf16_autocast {
+        let _ = writeln!(s, "{outer}autocast(dtype=bf16) {{");
+        inner.as_str()
+    } else {
+        outer
+    };
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
@@ -198,6 +206,10 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
         // no cache: create_causal_mask first looks for packed sequences in the positions
         super::masks::packed_sequences(s, r, ind);
     }
+    if r.eager {
+        // eager attention adds a float32 causal mask (sdpa takes `is_causal` instead)
+        super::masks::eager_mask(s, r, "transformer.create_causal_mask", ind);
+    }
     at(
         s,
         ind,
@@ -222,11 +234,17 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, ind: &str) {
         s,
         "del position_ids, cache_position, inputs_embeds, position_embeds",
     );
+    if r.eager {
+        line(s, "del causal_mask");
+    }
     at(s, ind, "lm_head", "logits = linear(h, lm_head)");
     if r.mode == "train" {
         super::train::causal_lm_loss(s, c.vocab, r, ind);
     }
     line(s, "del h");
+    if r.bf16_autocast {
+        let _ = writeln!(s, "{outer}}}");
+    }
 }
 
 /// `ln_f` on the last block's output `h`, rebound to `h`.
@@ -292,7 +310,9 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
     let attn = m("attn");
     conv(s, "attn", "attn.c_attn", "x", e, 3 * e, "qkv");
     at(s, ind, &attn, &format!("q0, k0, v0 = qkv.split({e}, 2)"));
-    for (x, y) in [("q0", "q"), ("k0", "k"), ("v0", "v")] {
+    // (the keys and values viewed as heads first, then the query: the order their views'
+    // backward runs in)
+    for (x, y) in [("k0", "k"), ("v0", "v"), ("q0", "q")] {
         at(
             s,
             ind,
@@ -305,8 +325,13 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
         // no cache: the keys and values go to attention as they are
         Cache::Off => ("k".to_string(), "v".to_string()),
         Cache::Fill => {
-            // past_key_values.update: `torch.cat` onto the layer's empty buffers
-            let kd = if r.bf16_weights { "bf16" } else { "float32" };
+            // past_key_values.update: `torch.cat` onto the layer's empty buffers, made in the
+            // keys' dtype (bf16 under autocast)
+            let kd = if r.bf16_weights || r.bf16_autocast {
+                "bf16"
+            } else {
+                "float32"
+            };
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
             at(s, ind, &attn, &format!("kc{l} = cat([ce, k], -2)"));
             at(s, ind, &attn, &format!("vc{l} = cat([ce, v], -2)"));
@@ -330,8 +355,35 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
     };
     // (a decode step's single query attends to every key: not causal)
     let causal = if t == 1 { ", is_causal=false" } else { "" };
+    let scores = if r.eager {
+        // eager_attention_forward: the scaled product (the query, a view of the fused
+        // projection, copied for bmm), the mask added, softmax, the attention dropout
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut st = vec![
+            format!("att0 = q @ {kk}.transpose(-1, -2)"),
+            format!("att1 = att0 * {scale:?}"),
+            "del att0".to_string(),
+            "att2 = att1 + causal_mask".to_string(),
+            "del att1".to_string(),
+            "att3 = softmax(att2, -1)".to_string(),
+            "del att2".to_string(),
+        ];
+        st.push(format!("att = {}", dropout("att3", pd(c.attn_pdrop))));
+        st.extend([
+            "del att3".to_string(),
+            format!("y0 = att @ {vv}"),
+            "del att".to_string(),
+        ]);
+        st
+    } else {
+        vec![format!(
+            "y0 = scaled_dot_product_attention(q, {kk}, {vv}{drop}{causal})"
+        )]
+    };
+    for st in scores {
+        at(s, ind, &attn, &st);
+    }
     for st in [
-        format!("y0 = scaled_dot_product_attention(q, {kk}, {vv}{drop}{causal})"),
         // `attn_output.reshape(*input_shape, -1).contiguous()`: [B, T, E] for c_proj
         format!("y = y0.transpose(1, 2).contiguous().view({b}, {t}, {e})"),
         if cache == Cache::Off {

@@ -199,7 +199,7 @@ fn prelude(s: &mut String, c: &LlamaConfig, r: &Run, ind: &str) {
         packed_sequences(s, r, ind);
     }
     if full_mask(c, r) {
-        eager_mask(s, r, ind);
+        eager_mask(s, r, "model.create_causal_mask", ind);
     }
     if let Some(w) = sliding_mask_window(c, r.seq, r.eager) {
         sliding_mask(s, r, w, ind);

@@ -117,7 +117,7 @@ pub(super) fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
 /// `create_causal_mask` for eager attention (masking_utils' `sdpa_mask`, then `eager_mask`):
 /// the batch, head, key and query indices, `kv_idx <= q_idx`, then `where(mask, 0.0, min)` as
 /// a float32 [B, 1, T, T].
-pub(super) fn eager_mask(s: &mut String, r: &Run, ind: &str) {
+pub(super) fn eager_mask(s: &mut String, r: &Run, path: &str, ind: &str) {
     let (b, t) = (r.batch, r.seq);
     for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
@@ -127,7 +127,7 @@ pub(super) fn eager_mask(s: &mut String, r: &Run, ind: &str) {
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
     ]) {
-        at(s, ind, "model.create_causal_mask", &st);
+        at(s, ind, path, &st);
     }
 }
 

@@ -498,10 +498,32 @@ pub(crate) fn expand(
     }
     // (GPT-2 with bf16 weights: matched against PyTorch, LoRA or not)
     let bf16_refused = run.bf16_weights && family != "gpt2";
-    if family != "llama" && (run.eager || run.bf16_autocast || bf16_refused) {
-        let (key, what) = if run.eager {
-            ("attention", format!("eager attention for {family}"))
-        } else if run.bf16_autocast {
+    // (GPT-2 under bf16 autocast: matched against PyTorch in training)
+    let autocast_refused = run.bf16_autocast && family != "gpt2";
+    // (GPT-2's eager attention: float32 training without checkpointing, with its default
+    // scaling, matched against PyTorch)
+    let gpt2_eager_recorded = match &cfg {
+        config::Family::Gpt2(c) => {
+            c.default_scaling
+                && !run.bf16_weights
+                && !run.bf16_autocast
+                && !run.checkpointing
+                && run.mode == "train"
+        }
+        _ => false,
+    };
+    let eager_refused = run.eager && !gpt2_eager_recorded;
+    if family != "llama" && (eager_refused || autocast_refused || bf16_refused) {
+        let (key, what) = if eager_refused {
+            let what = if family == "gpt2" {
+                "eager attention for gpt2 beyond float32 training without checkpointing, with \
+                 the default scale_attn_weights"
+                    .to_string()
+            } else {
+                format!("eager attention for {family}")
+            };
+            ("attention", what)
+        } else if autocast_refused {
             ("precision", format!("bf16 autocast for {family}"))
         } else {
             ("dtype", format!("bf16 weights for {family}"))
@@ -603,8 +625,13 @@ pub(crate) fn expand(
             _ => None,
         },
         // what the checks above take under bf16 autocast
-        can_autocast: matches!(&cfg, config::Family::Llama(c) if masks::sliding_mask_window(c, run.seq, run.eager).is_none())
-            && !run.bf16_weights
+        can_autocast: match &cfg {
+            config::Family::Llama(c) => {
+                masks::sliding_mask_window(c, run.seq, run.eager).is_none() && c.moe.is_none()
+            }
+            config::Family::Gpt2(_) => !run.eager,
+            config::Family::Bert(_) => false,
+        } && !run.bf16_weights
             && run.mode != "generate",
     };
     Ok(Expanded {
