@@ -250,10 +250,35 @@ fn published_configs_run_as_they_are_or_are_refused_by_the_key_that_matters() {
         assert!(v["oom"].is_null());
     }
     // bert-base-uncased: its own gradient_checkpointing: false is accepted; its head
-    // (BertForMaskedLM) is refused by name, never run as another head
+    // (BertForMaskedLM) runs as that head, never as another: after the forward the decoder's
+    // [B * T, vocab] logits and their log-softmax are live beyond what the classifier holds. A head gpumem does not model
+    // is refused by name.
+    let s = Scratch::new("bert-heads");
+    let text = std::fs::read_to_string(common::root().join(config("bert-base-uncased"))).unwrap();
+    assert!(
+        text.contains("\"BertForMaskedLM\""),
+        "the config names its head"
+    );
+    let peak = |path: &str| {
+        let (code, v) = run_json(&["run", path, "--batch", "1", "--seq", "128"]);
+        assert_eq!(code, Some(0), "{path}: {v}");
+        u(&v["iterations"][0]["after_forward"])
+    };
+    let mlm = peak(&config("bert-base-uncased"));
+    let cls = s.write(
+        "cls.json",
+        &text.replace("\"BertForMaskedLM\"", "\"BertForSequenceClassification\""),
+    );
+    let cls = peak(cls.to_str().unwrap());
+    let logits = 128 * 30522 * 4;
+    assert!(mlm >= cls + 2 * logits, "masked LM {mlm}, classifier {cls}");
+    let other = s.write(
+        "token.json",
+        &text.replace("\"BertForMaskedLM\"", "\"BertForTokenClassification\""),
+    );
     let out = common::at_root(&[
         "run",
-        &config("bert-base-uncased"),
+        other.to_str().unwrap(),
         "--batch",
         "1",
         "--seq",
@@ -262,7 +287,7 @@ fn published_configs_run_as_they_are_or_are_refused_by_the_key_that_matters() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("'architectures' names BertForMaskedLM"),
+        err.contains("'architectures' names BertForTokenClassification"),
         "{err}"
     );
     assert!(!err.contains("gradient_checkpointing"), "{err}");

@@ -179,9 +179,9 @@ impl<S: Device> Tensors<S> {
                 t,
                 kv_len,
                 dv,
-                // (a bias over several queries takes the causal mask's 256 bytes; over a
-                // decode step's one query, none up to 512 keys)
-                causal || (mask.is_some() && t > 1),
+                // (several queries take the causal mask's 256 bytes, with a bias or with
+                // neither; a decode step's one query none up to 512 keys)
+                causal || t > 1,
             ) {
                 let scratch = self.empty(&[bytes], DType::U8, Category::Temporary)?;
                 self.release(scratch);

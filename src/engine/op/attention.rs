@@ -120,8 +120,9 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
         // order (the H200 traces: their views back to the projections' rows copy them)
         bthd: !cudnn,
         like_inputs: cudnn && !grouped,
-        // (q, k and v: never the mask)
-        every_input: if cudnn { 3 } else { 0 },
+        // both kernels write the gradients of q, k and v (never the mask's), needed or not (a
+        // frozen key's, BERT's first layer under LoRA: the H200 traces)
+        every_input: 3,
         scratch,
         ..GradPlan::default()
     }
@@ -130,9 +131,9 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
 // Note [cuDNN forward workspace]
 /// The workspace cuDNN's SDPA forward takes from the caching allocator (bf16 on the H200,
 /// PyTorch 2.11 with cuDNN 9.19, measured by scripts/sdpa_workspace.py over 944 shapes): 256
-/// bytes with the causal mask, whatever the shape (and with a bias over several queries:
-/// Gemma-2's, Gemma-3's and Phi-3's sliding windows in training; a decode step's bias over
-/// 256 keys takes none). A single query without it (a decode step)
+/// bytes with the causal mask, whatever the shape (and over several queries without it: with
+/// a bias, Gemma-2's, Gemma-3's and Phi-3's sliding windows in training; with neither, BERT's
+/// attention with dropout; a decode step's bias over 256 keys takes none). A single query without it (a decode step)
 /// over more than 512 keys splits the keys: `s` splits, the largest power of two up to one per
 /// 128 keys and up to 256 per batch and key/value head, when that is 4 or more, each keeping a
 /// float32 partial output and two float32 statistics per batch and query head, plus 128 bytes

@@ -1,5 +1,5 @@
-//! `BertForSequenceClassification` (transformers 5.17) as line-language statements, op for op
-//! as the H200 traces show transformers running it:
+//! `BertForSequenceClassification` and `BertForMaskedLM` (transformers 5.17) as line-language
+//! statements, op for op as the H200 traces show transformers running them:
 //!
 //! - `BertEmbeddings`: `position_ids` a slice of the model's buffer; `token_type_ids` gathered
 //!   from the zero buffer ([1, T]) and expanded to [B, T], so its embedding copies the indices
@@ -10,15 +10,19 @@
 //!   mask and not causal, `attention_probs_dropout_prob` inside the kernel; the output dense,
 //!   dropout, `LayerNorm(x + input)`; the intermediate dense and GELU; the output dense,
 //!   dropout, `LayerNorm(x + input)`. Each output module's dropped tensor goes at its return.
-//! - The pooler (`tanh` of a dense over the first token, a strided view), the classifier's
-//!   dropout and linear, and `CrossEntropyLoss` over [B, num_labels] against class labels.
-//!
-//! The output (`SequenceClassifierOutput`) holds the loss and the logits only: the last hidden
-//! state lives as long as the pooler's saved input.
+//! - Classification: the pooler (`tanh` of a dense over the first token, a strided view), the
+//!   classifier's dropout and linear, and `CrossEntropyLoss` over [B, num_labels] against class
+//!   labels. The output (`SequenceClassifierOutput`) holds the loss and the logits only: the
+//!   last hidden state lives as long as the pooler's saved input.
+//! - Masked LM (no pooler): `cls.predictions`' transform (dense, GELU, LayerNorm), the decoder
+//!   to the vocabulary (the word embeddings' weight when tied, the head's own `bias`), and
+//!   `CrossEntropyLoss` over [B * T, vocab] against the inputs' clone. Its parameters move to
+//!   the device children first (the transform, the decoder's bias), but the optimizer takes
+//!   them in `parameters()` order (the head's `bias` first).
 
 use std::fmt::Write as _;
 
-use super::config_gpt2_bert::BertConfig;
+use super::config_gpt2_bert::{BertConfig, BertHead};
 use super::train::{dropout, param, TRAINABLE};
 use super::Run;
 use crate::workload::preset::{at, optimizer_line};
@@ -64,6 +68,28 @@ fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
         two("o", "output.dense", vec![e, i], e);
         two("oln", "output.LayerNorm", vec![e], e);
     }
+    if c.head == BertHead::MaskedLm {
+        // `model.to()` moves children before a module's own parameters: the transform, the
+        // decoder's weight (the word embeddings', already moved, when tied), its bias (the
+        // head's `bias`, the same parameter)
+        let h = |s: &str| format!("cls.predictions.{s}");
+        p.extend([
+            ("mlm_w".into(), h("transform.dense"), "weight", vec![e, e]),
+            ("mlm_b".into(), h("transform.dense"), "bias", vec![e]),
+            (
+                "mlm_ln_w".into(),
+                h("transform.LayerNorm"),
+                "weight",
+                vec![e],
+            ),
+            ("mlm_ln_b".into(), h("transform.LayerNorm"), "bias", vec![e]),
+        ]);
+        if !c.tie_embeddings {
+            p.push(("dec_w".into(), h("decoder"), "weight", vec![c.vocab, e]));
+        }
+        p.push(("dec_b".into(), h("decoder"), "bias", vec![c.vocab]));
+        return p;
+    }
     p.push((
         "pool_w".into(),
         "bert.pooler.dense".into(),
@@ -81,6 +107,20 @@ fn params(c: &BertConfig) -> Vec<(String, String, &'static str, Vec<u64>)> {
     p
 }
 
+/// The parameters in `model.parameters()` order, which the optimizer takes: the masked-LM
+/// head's own `bias` (the decoder's) comes before its transform.
+fn optimizer_order(c: &BertConfig, vars: Vec<String>) -> Vec<String> {
+    if c.head != BertHead::MaskedLm {
+        return vars;
+    }
+    let (bias, mut rest): (Vec<String>, Vec<String>) = vars.into_iter().partition(|v| v == "dec_b");
+    let at = rest.iter().position(|v| v == "mlm_w").unwrap_or(rest.len());
+    for (k, b) in bias.into_iter().enumerate() {
+        rest.insert(at + k, b);
+    }
+    rest
+}
+
 /// The linears `[model.lora] target_modules` may name: the self-attention's (peft matches a
 /// module path's last part; the `dense` layers are not taken yet).
 pub(crate) const LORA_TARGETS: &[&str] = &["query", "key", "value"];
@@ -89,12 +129,15 @@ pub(crate) const LORA_TARGETS: &[&str] = &["query", "key", "value"];
 pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
     let mut s = String::new();
     let ps = params(c);
-    // peft freezes the base model, its classifier too (no modules_to_save)
+    // `model.to(torch.bfloat16)`: every parameter in bf16; peft freezes the base model, its
+    // classifier too (no modules_to_save)
+    let dt = if r.bf16_weights { ", dtype=bf16" } else { "" };
     let opts = if r.lora.is_some() {
-        ", requires_grad=false"
+        format!("{dt}, requires_grad=false")
     } else {
-        TRAINABLE
+        format!("{dt}{TRAINABLE}")
     };
+    let opts = opts.as_str();
     for (k, (var, path, name, shape)) in ps.iter().enumerate() {
         param(&mut s, var, path, name, shape, "randn", opts);
         if k == 4 {
@@ -109,10 +152,11 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
             let _ = writeln!(s, "}}");
         }
     }
-    let mut list: Vec<String> = ps.iter().map(|(v, ..)| v.clone()).collect();
+    let mut list: Vec<String> = optimizer_order(c, ps.iter().map(|(v, ..)| v.clone()).collect());
     if let Some(lora) = &r.lora {
         // get_peft_model: each targeted linear's lora_A ([r, in]) and lora_B ([out, r], zeros)
         list.clear();
+        let mut adapters = Vec::new();
         let e = c.hidden;
         for l in 0..c.layers {
             for (name, path) in [
@@ -130,20 +174,36 @@ pub(super) fn expand(c: &BertConfig, r: &Run) -> (String, String) {
                 ] {
                     let var = format!("l{l}_{name}_{suffix}");
                     let module = format!("{m}.lora_{ab}.default");
-                    param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    if r.bf16_weights {
+                        // in the base weight's dtype, then cast to float32 (peft's
+                        // autocast_adapter_dtype), the bf16 one freed
+                        let v16 = format!("{var}_bf16");
+                        param(&mut s, &v16, &module, "weight", &shape, fill, dt);
+                        adapters.push((var.clone(), module, shape, fill));
+                    } else {
+                        param(&mut s, &var, &module, "weight", &shape, fill, TRAINABLE);
+                    }
                     list.push(var);
                 }
             }
+        }
+        for (var, module, shape, fill) in &adapters {
+            param(&mut s, var, module, "weight", shape, fill, TRAINABLE);
+            let _ = writeln!(s, "del {var}_bf16");
         }
     }
     let list: Vec<&str> = list.iter().map(String::as_str).collect();
     optimizer_line(&mut s, r.optimizer, &list.join(", "));
     let fwd = |s: &mut String, ind: &str| forward(s, c, r, ind);
-    // `torch.randint(0, 2, (B,))`: one class label per sample
-    let labels = format!(
-        "labels = zeros({}, dtype=int64, from=\"data:labels\")",
-        r.batch
-    );
+    let labels = match c.head {
+        // `torch.randint(0, 2, (B,))`: one class label per sample
+        BertHead::Classification => format!(
+            "labels = zeros({}, dtype=int64, from=\"data:labels\")",
+            r.batch
+        ),
+        // a token per position: the inputs' clone, as a causal LM's
+        BertHead::MaskedLm => super::train::CLONED_LABELS.to_string(),
+    };
     (s, super::train::body(0, &[], r, &labels, &fwd, &[]))
 }
 
@@ -183,26 +243,37 @@ fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
     );
     at(s, ind, emb, "e1 = e0 + position_embeddings");
     line(s, "del e0");
+    // (`embeddings` rebound by each line: the sum goes after the LayerNorm, its output after
+    // the dropout, unless autograd keeps them)
     at(
         s,
         ind,
         &format!("{emb}.LayerNorm"),
         "e2 = layer_norm(e1, eln_w, eln_b)",
     );
+    line(s, "del e1");
     at(
         s,
         ind,
         &format!("{emb}.dropout"),
         &format!("h = {}", dropout("e2", c.hidden_dropout)),
     );
-    line(s, "del e1, e2");
-    // the module's locals at its return
+    line(s, "del e2");
+    // the module's locals at its return, in the frame's order (its arguments first, then
+    // `buffered_token_type_ids`, `token_type_embeddings`, `position_embeddings`)
     line(
         s,
-        "del inputs_embeds, token_type_embeddings, position_embeddings, token_type_ids, tt0, position_ids",
+        "del inputs_embeds, token_type_ids, tt0, token_type_embeddings, position_embeddings, position_ids",
     );
+    // (BertModel.forward's `embedding_output` lives until it returns)
+    line(s, "emb_out = h");
     for l in 0..c.layers {
         layer(s, c, r, l, ind);
+    }
+    if c.head == BertHead::MaskedLm {
+        line(s, "del emb_out");
+        masked_lm_head(s, c, r, ind);
+        return;
     }
     // the pooler: tanh(dense(h[:, 0]))
     let pool = "bert.pooler";
@@ -210,7 +281,7 @@ fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
         at(s, ind, &format!("{pool}.dense"), st);
     }
     at(s, ind, &format!("{pool}.activation"), "pooled = p0.tanh()");
-    line(s, "del p0, first, h");
+    line(s, "del p0, first, h, emb_out");
     at(
         s,
         ind,
@@ -232,6 +303,55 @@ fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
     }
 }
 
+/// `BertOnlyMLMHead` on the last hidden state `h`: the transform (dense, GELU, LayerNorm), the
+/// decoder to the vocabulary, and (in training) `CrossEntropyLoss` over every position,
+/// leaving `logits`.
+fn masked_lm_head(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
+    let line = |s: &mut String, stmt: &str| {
+        let _ = writeln!(s, "{ind}{stmt}");
+    };
+    let h = "cls.predictions";
+    at(
+        s,
+        ind,
+        &format!("{h}.transform.dense"),
+        "t0 = linear(h, mlm_w, mlm_b)",
+    );
+    at(
+        s,
+        ind,
+        &format!("{h}.transform.transform_act_fn"),
+        "t1 = t0.gelu()",
+    );
+    at(
+        s,
+        ind,
+        &format!("{h}.transform.LayerNorm"),
+        "t2 = layer_norm(t1, mlm_ln_w, mlm_ln_b)",
+    );
+    let w = if c.tie_embeddings { "word" } else { "dec_w" };
+    at(
+        s,
+        ind,
+        &format!("{h}.decoder"),
+        &format!("logits = linear(t2, {w}, dec_b)"),
+    );
+    line(s, "del t0, t1, t2");
+    if r.mode == "train" {
+        at(
+            s,
+            ind,
+            "loss_function",
+            &format!(
+                "loss = cross_entropy(logits.view(-1, {}), labels.view(-1))",
+                c.vocab
+            ),
+        );
+    }
+    // BertForMaskedLM's `outputs` (the last hidden state) goes at its return
+    line(s, "del h");
+}
+
 /// One `BertLayer`: `h` to `h`.
 fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
     let (b, t) = (r.batch, r.seq);
@@ -251,11 +371,23 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
         match super::train::lora_for(r, path) {
             Some(l) => {
                 let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-                super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), l, y, false);
+                super::train::lora_linear(
+                    s,
+                    ind,
+                    &m(path),
+                    &rhs,
+                    x,
+                    (&la, &lb),
+                    l,
+                    y,
+                    r.bf16_weights,
+                );
             }
             None => at(s, ind, &m(path), &format!("{y} = {rhs}")),
         }
     };
+    // (the encoder's `hidden_states` holds the layer's input until the layer returns)
+    line(s, "hin = h");
     let attn = m("attention.self");
     for (name, y) in [("q", "q"), ("k", "k"), ("v", "v")] {
         let path = match name {
@@ -312,7 +444,6 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
     );
     line(s, "del f");
     lin(s, "o", "output.dense", "g", "o0");
-    line(s, "del g");
     at(
         s,
         ind,
@@ -327,5 +458,11 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
         &m("output.LayerNorm"),
         &format!("h = layer_norm(o2, {}, {})", p("oln_w"), p("oln_b")),
     );
-    line(s, "del o1, o2, x");
+    // BertOutput's rebound `hidden_states`, then `feed_forward_chunk`'s intermediate output at
+    // its return, the layer's `attention_output` at its own, and its input as the encoder
+    // rebinds it
+    line(s, "del o1, o2");
+    line(s, "del g");
+    line(s, "del x");
+    line(s, "del hin");
 }

@@ -120,9 +120,23 @@ pub(super) fn gpt2(m: &Map<String, Value>, path: &Path) -> Result<Gpt2Config, St
     })
 }
 
-/// A `BertForSequenceClassification`, as `BertConfig` reads it.
+/// The head on a BERT encoder, from the config's `architectures` (none named: sequence
+/// classification).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BertHead {
+    /// `BertForSequenceClassification`: the pooler, dropout, a linear to `num_labels`.
+    Classification,
+    /// `BertForMaskedLM`: `cls.predictions` (dense, GELU, LayerNorm, the decoder to the
+    /// vocabulary, tied to the word embeddings unless `tie_word_embeddings` is false).
+    MaskedLm,
+}
+
+/// A `BertForSequenceClassification` or `BertForMaskedLM`, as `BertConfig` reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct BertConfig {
+    pub head: BertHead,
+    /// The masked-LM decoder's weight is the word embeddings' (`tie_word_embeddings`).
+    pub tie_embeddings: bool,
     pub vocab: u64,
     pub hidden: u64,
     pub layers: u64,
@@ -158,15 +172,22 @@ pub(super) fn bert(m: &Map<String, Value>, path: &Path) -> Result<BertConfig, St
         "is_decoder",
         "add_cross_attention",
         "layer_norm_eps",
-        // the classifier has no language-model head to tie
+        // the masked-LM head's decoder (the classifier has nothing to tie)
         "tie_word_embeddings",
     ];
     known_keys(m, path, "bert", MODELLED, &[])?;
-    check_architectures(m, path, "bert", &["BertForSequenceClassification"])?;
+    const HEADS: &[&str] = &["BertForSequenceClassification", "BertForMaskedLM"];
+    check_architectures(m, path, "bert", HEADS)?;
+    let head = match m.get("architectures").and_then(Value::as_array) {
+        Some(a) if a.first().and_then(Value::as_str) == Some("BertForMaskedLM") => {
+            BertHead::MaskedLm
+        }
+        _ => BertHead::Classification,
+    };
     for key in ["is_decoder", "add_cross_attention"] {
         if flag(m, path, key, false)? {
             return Err(format!(
-                "{shown}: {key} = true is not modelled (BertForSequenceClassification as an encoder is)"
+                "{shown}: {key} = true is not modelled (BERT as an encoder is)"
             ));
         }
     }
@@ -203,6 +224,8 @@ pub(super) fn bert(m: &Map<String, Value>, path: &Path) -> Result<BertConfig, St
     };
     let hidden_dropout = prob(m, path, "hidden_dropout_prob", 0.1)?;
     Ok(BertConfig {
+        head,
+        tie_embeddings: flag(m, path, "tie_word_embeddings", true)?,
         vocab: int(m, path, "vocab_size", 30522)?,
         hidden,
         layers: int(m, path, "num_hidden_layers", 12)?,

@@ -497,7 +497,8 @@ pub(crate) fn expand(
         )?;
     }
     // (GPT-2 with bf16 weights: matched against PyTorch, LoRA or not)
-    let bf16_refused = run.bf16_weights && family != "gpt2";
+    // (BERT over bf16 weights: tried against a recorded masked-LM LoRA case)
+    let bf16_refused = run.bf16_weights && family != "gpt2" && family != "bert";
     // (GPT-2 under bf16 autocast: matched against PyTorch in training)
     let autocast_refused = run.bf16_autocast && family != "gpt2";
     // (GPT-2's eager attention: float32 training without checkpointing, with its default
