@@ -93,6 +93,22 @@ mlm bert_base_mlm_b4_s512_fp32 "" "\"model_type\": \"bert\", \"family\": \"bert_
 rec gemma3_t_generate_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 240, \"generate\": 32"
 rec gpt2_m2_eager_b1_s256_fp32 "" "\"family\": \"gpt2\", \"cfg\": {$GP2B}, \"attn\": \"eager\", \"batch\": 1, \"seq\": 256, \"opt\": \"adamw\""
 rec gpt2_m2_amp_b3_s384 "" "\"family\": \"gpt2\", \"cfg\": {$GP2B}, \"attn\": \"sdpa\", \"batch\": 3, \"seq\": 384, \"opt\": \"adamw\", \"amp\": \"bf16\""
+# 2026-12-05 (fifth GPU call): prompts that reach the sliding window in generation (refused
+# today: the prefill's window mask and its trimmed cache), BERT's classifier over bf16 weights
+# (allowed once the masked-LM LoRA case matched) and a held-out masked-LM case
+cls() { # name json
+  local n=$1 j=$2
+  if [[ -n ${ONLY:-} && ! $n =~ $ONLY ]]; then return; fi
+  if (( $(date +%s) > END_AT )); then echo "$n: skipped (deadline)"; return; fi
+  BERT_CLS=1 SNAP=$n timeout 300 python3 scripts/hf_record.py "$D" "{\"name\": \"$n\", $j}" 2>&1 | tail -2
+}
+GP='"batch": 2, "seq": 300, "generate": 16'
+rec gemma3_t_p300_generate_bf16 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", $GP, \"weights\": \"bf16\""
+rec gemma3_t_p300_generate_fp32 "" "\"model_type\": \"gemma3_text\", \"cfg\": {$G3}, \"attn\": \"sdpa\", $GP"
+rec mistral_t_p200_generate_bf16 "" "\"model_type\": \"mistral\", \"cfg\": {$MS}, \"attn\": \"sdpa\", \"batch\": 1, \"seq\": 200, \"generate\": 16, \"weights\": \"bf16\""
+rec gemma2_t_p300_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $GP, \"weights\": \"bf16\""
+cls bert_t_cls_bf16w "\"model_type\": \"bert\", \"family\": \"bert\", \"cfg\": {$BT, \"num_labels\": 3}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"weights\": \"bf16\""
+mlm bert_base_mlm_lora_bf16w_b8_s512 "query,value" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 8, \"seq\": 512, \"opt\": \"adamw\", \"lora\": true, \"weights\": \"bf16\""
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
 python3 - "$D" <<'PY'
 import importlib, sys

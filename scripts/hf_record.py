@@ -3,7 +3,8 @@ in gpu_carry/), with two additions: LORA_TARGETS=a,b sets peft's target_modules 
 fixes q_proj and v_proj, which Phi-3 does not have; "all-linear" is passed as it is) and
 LORA_DROPOUT=p its dropout (default 0.05, as hf_models.py).
 
-BERT_MLM=1 builds BertForMaskedLM (the case's "family" must be "bert_mlm", "model_type" "bert").
+BERT_MLM=1 builds BertForMaskedLM (the case's "family" must be "bert_mlm", "model_type" "bert");
+BERT_CLS=1 BertForSequenceClassification ("family" "bert", "model_type" "bert").
 
 Usage: [SNAP=NAME] [LORA_TARGETS=...] [BERT_MLM=1] python3 hf_record.py OUTDIR CASE_JSON
 """
@@ -29,16 +30,20 @@ if targets or dropout:
 
     peft.LoraConfig = patched
 
-if os.environ.get("BERT_MLM"):
+if os.environ.get("BERT_MLM") or os.environ.get("BERT_CLS"):
     # BERT_MLM=1 with "model_type": "bert", "family": "bert_mlm": BertForMaskedLM in place of
-    # the causal-LM class hf_families.py builds, its labels the inputs' clone (as a causal LM's)
+    # the causal-LM class hf_families.py builds, its labels the inputs' clone (as a causal LM's);
+    # BERT_CLS=1 with "family": "bert": BertForSequenceClassification, class labels
     import transformers
 
-    def masked_lm(cfg, attn_implementation=None, **kw):
-        cfg._attn_implementation = attn_implementation or cfg._attn_implementation
-        return transformers.BertForMaskedLM(cfg)
+    head = (transformers.BertForMaskedLM if os.environ.get("BERT_MLM")
+            else transformers.BertForSequenceClassification)
 
-    transformers.AutoModelForCausalLM.from_config = masked_lm
+    def bert_head(cfg, attn_implementation=None, **kw):
+        cfg._attn_implementation = attn_implementation or cfg._attn_implementation
+        return head(cfg)
+
+    transformers.AutoModelForCausalLM.from_config = bert_head
 
 sys.argv = [os.path.join(here, "..", "gpu_carry", "hf_families.py")] + sys.argv[1:]
 with open(sys.argv[0]) as f:

@@ -108,6 +108,15 @@ const CASES: &[(&str, bool, bool)] = &[
     ("bert_base_mlm_b4_s512_fp32", true, true),
     ("bert_t_mlm_lora_fp32", true, true),
     ("bert_t_mlm_lora_bf16w", true, true),
+    // float32 generation past Gemma-3's 256-token window (240 + 32): the memory-efficient
+    // kernel takes the window's mask as a float32 bias in the decode steps (exact once the
+    // refusal was lifted: the bf16 path's mask, repeat and cache rules hold)
+    ("gemma3_t_generate_fp32", true, true),
+    // held out (recorded on an H100 after BERT's bf16 weights were allowed): its classifier
+    // fully trained over bf16 weights, bert-base's masked LM with LoRA over bf16 weights at
+    // batch 8 x 512 (both exact at once)
+    ("bert_t_cls_bf16w", true, true),
+    ("bert_base_mlm_lora_bf16w_b8_s512", true, true),
     // held out: GPT-2's eager attention at another width, batch and length (exact at once)
     ("gpt2_m2_eager_b1_s256_fp32", true, true),
 ];

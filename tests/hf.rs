@@ -528,16 +528,21 @@ fn generation_is_refused_where_it_is_not_modelled() {
         )
     };
     let gen = "[generate]\nnew_tokens = 4\n";
+    // (past the window runs; a prompt that reaches it is refused: a window of 16 here)
+    let mistral = std::fs::read_to_string(cfg.join("mistral_t.config.json")).unwrap();
+    let short = mistral.replace("\"sliding_window\": 256", "\"sliding_window\": 16");
+    assert_ne!(short, mistral, "mistral_t has a window of 256");
+    let short = s.write("mistral_w16.config.json", &short);
     let cases = [
         (
             w(
                 "g0.toml",
-                "mistral_t.config.json",
+                short.to_str().unwrap(),
                 "",
                 "mode = \"generate\"",
-                "[generate]\nnew_tokens = 241\n",
+                gen,
             ),
-            "generation to 257 positions, past the sliding window, in float32",
+            "a prompt of 16 tokens, which reaches the sliding window",
         ),
         (
             w(

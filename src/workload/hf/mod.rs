@@ -368,10 +368,11 @@ pub(crate) fn expand(
         let w = c.sliding_window.unwrap_or(u64::MAX);
         let sliding = c.sliding_layers.iter().any(|&x| x);
         if run.mode == "generate" && sliding {
-            // generation: within the window, and past it with bf16 weights where the window
-            // is at most 512 keys (the last step attends to seq + new - 1 positions; its mask
-            // is made from the 2-D mask, cuDNN takes it as a bias, the cache is trimmed); a
-            // prompt that reaches the window makes the mask in the prefill: not recorded
+            // generation: within the window, and past it (the last step attends to seq + new
+            // - 1 positions; its mask is made from the 2-D mask and taken as a bias, by the
+            // memory-efficient kernel in float32, by cuDNN in bf16 where the window is at most
+            // 512 keys; the cache is trimmed); a prompt that reaches the window makes the mask
+            // in the prefill: not recorded
             let longest = run.seq + run.generate.as_ref().map_or(0, |g| g.new_tokens);
             let past = longest.saturating_sub(1) >= w;
             let why = if run.seq >= w {
@@ -382,10 +383,8 @@ pub(crate) fn expand(
                         run.seq
                     ),
                 ))
-            } else if past && !run.bf16_weights {
-                Some(("dtype", format!("generation to {longest} positions, past the sliding window, in float32 (the memory-efficient kernel's masked decode step)")))
-            } else if past && w > 512 {
-                Some(("mode", format!("generation to {longest} positions, past a sliding window of more than 512 keys (cuDNN's workspace for a masked decode step over more keys is not measured)")))
+            } else if past && run.bf16_weights && w > 512 {
+                Some(("mode", format!("generation to {longest} positions in bf16, past a sliding window of more than 512 keys (cuDNN's workspace for a masked decode step over more keys is not measured; float32 runs)")))
             } else {
                 None
             };
@@ -393,7 +392,7 @@ pub(crate) fn expand(
                 unsupported(
                     key,
                     &format!(
-                        "{what} (sliding_window = {w} of {}; generation within the window runs, and past a window of at most 512 with bf16 weights)",
+                        "{what} (sliding_window = {w} of {}; generation within the window runs, and past it in float32, or with bf16 weights past a window of at most 512)",
                         c.model_type
                     ),
                 )?;
