@@ -112,6 +112,15 @@ const CASES: &[(&str, bool, bool)] = &[
     // kernel takes the window's mask as a float32 bias in the decode steps (exact once the
     // refusal was lifted: the bf16 path's mask, repeat and cache rules hold)
     ("gemma3_t_generate_fp32", true, true),
+    // prompts that reach the sliding window (recorded on an H100 while refused): the
+    // prefill's window mask over the prompt (the decode steps' rule over T queries and keys),
+    // the cache's views of the prompt's last `sliding_window - 1` positions; in float32 the
+    // memory-efficient kernel's mask padded to a multiple of 8 keys (300 to 304), the unpadded
+    // one dropped before the kernel
+    ("gemma3_t_p300_generate_bf16", true, true),
+    ("gemma3_t_p300_generate_fp32", true, true),
+    ("mistral_t_p200_generate_bf16", true, true),
+    ("gemma2_t_p300_generate_bf16", true, true),
     // held out (recorded on an H100 after BERT's bf16 weights were allowed): its classifier
     // fully trained over bf16 weights, bert-base's masked LM with LoRA over bf16 weights at
     // batch 8 x 512 (both exact at once)
@@ -261,6 +270,8 @@ const MUST_RUN: &[(&str, &str)] = &[
     ("gemma-2-9b", "generate"),
     ("gemma-2-9b", "LoRA bf16"),
     ("gemma-3-1b", "LoRA bf16"),
+    // (a 512-token prompt reaching its 512-token window, bf16 generation past it)
+    ("gemma-3-1b", "generate"),
     ("gemma-7b", "LoRA bf16"),
     ("gemma-7b", "generate"),
     ("gpt2", "generate"),

@@ -528,21 +528,22 @@ fn generation_is_refused_where_it_is_not_modelled() {
         )
     };
     let gen = "[generate]\nnew_tokens = 4\n";
-    // (past the window runs; a prompt that reaches it is refused: a window of 16 here)
+    // (past the window runs, from any prompt; in bf16 past a window of more than 512 keys it
+    // is refused: a window of 520 here)
     let mistral = std::fs::read_to_string(cfg.join("mistral_t.config.json")).unwrap();
-    let short = mistral.replace("\"sliding_window\": 256", "\"sliding_window\": 16");
-    assert_ne!(short, mistral, "mistral_t has a window of 256");
-    let short = s.write("mistral_w16.config.json", &short);
+    let wide = mistral.replace("\"sliding_window\": 256", "\"sliding_window\": 520");
+    assert_ne!(wide, mistral, "mistral_t has a window of 256");
+    let wide = s.write("mistral_w520.config.json", &wide);
     let cases = [
         (
             w(
                 "g0.toml",
-                short.to_str().unwrap(),
-                "",
+                wide.to_str().unwrap(),
+                "dtype = \"bf16\"",
                 "mode = \"generate\"",
-                gen,
+                "[generate]\nnew_tokens = 510\n",
             ),
-            "a prompt of 16 tokens, which reaches the sliding window",
+            "past a sliding window of more than 512 keys",
         ),
         (
             w(

@@ -123,9 +123,18 @@ impl<S: Device> Tensors<S> {
                     self.dtype(m)
                 )));
             }
-            if !cudnn && !s.is_multiple_of(8) {
+            // the memory-efficient kernel wants every stride but the last a multiple of 8
+            // elements; PyTorch pads another mask to the next multiple of 8 keys and slices
+            // it back, a copy the script makes itself (`pad_bias` in transformers' models:
+            // the padded copy, the unpadded mask dropped before the kernel runs)
+            let strides = &self.info(m).layout.strides;
+            let aligned = strides[..strides.len().saturating_sub(1)]
+                .iter()
+                .all(|&st| st % 8 == 0);
+            if !cudnn && !aligned {
                 return Err(EngineError::Invalid(format!(
-                    "scaled_dot_product_attention with attn_mask over {s} keys: the memory-efficient kernel pads a mask whose key count is not a multiple of 8, which gpumem does not model yet"
+                    "scaled_dot_product_attention with attn_mask over {s} keys: the memory-efficient kernel needs the mask's strides a multiple of 8 (PyTorch pads it to the next multiple of 8 keys first); pad it: `p = empty(..., {}, dtype=float32)`, `mask = p[..., :{s}]`",
+                    s.div_ceil(8) * 8
                 )));
             }
             if self.grad_enabled && self.info(m).requires_grad {

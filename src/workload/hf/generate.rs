@@ -480,7 +480,11 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
     let all_sliding = (0..c.layers).all(|l| super::llama::sliding_layer(c, l));
     for path in mask_builders(c) {
         if window && path == SLIDING_BUILDER {
-            super::masks::decode_window_mask(s, r, w, phase, &off, &qoff, ind);
+            if kind == Step::Prefill {
+                super::masks::prefill_window_mask(s, r, w, ind);
+            } else {
+                super::masks::decode_window_mask(s, r, w, phase, &off, &qoff, ind);
+            }
             continue;
         }
         if phase == WindowPhase::Past && all_sliding {
@@ -521,10 +525,11 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
 /// The sliding window's mask builder (its scope).
 const SLIDING_BUILDER: &str = "model.create_sliding_window_causal_mask";
 
-/// Where step `k` stands against the sliding window (step 0, the prefill, is within it: a
-/// prompt that reaches the window is refused before this).
+/// Where step `k` stands against the sliding window (step 0, the prefill, reaches it with a
+/// prompt as long as the window: its mask is made over the prompt, no column indexed).
 fn window_phase(c: &LlamaConfig, r: &Run, k: u64) -> WindowPhase {
     match c.sliding_window {
+        Some(w) if k == 0 && super::llama::any_sliding(c) && r.seq >= w => WindowPhase::Reached,
         Some(w) if k > 0 && super::llama::any_sliding(c) => WindowPhase::of(r.seq + k, w),
         _ => WindowPhase::Within,
     }

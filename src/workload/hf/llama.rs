@@ -531,16 +531,29 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     let (keys, values, full_states) = match call.cache {
         // no cache: the rotated keys and the values go to attention as they are
         Cache::Off => ("k1".to_string(), "v0".to_string(), false),
+        Cache::Fill if sliding_layer(c, l) => {
+            // DynamicSlidingWindowLayer: its lazy initialization (its length, an int64
+            // scalar, and the empty buffers), then `update` as in a decode step: the full
+            // states for attention, the cache their last `sliding_window - 1` positions
+            // (views: all of them below the window)
+            let keep = c.sliding_window.unwrap_or(1).saturating_sub(1);
+            at(
+                s,
+                ind,
+                &attn,
+                &format!("cl{l} = full([], fill_value=0, dtype=int64)"),
+            );
+            at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
+            at(s, ind, &attn, &format!("kf{l} = cat([ce, k1], -2)"));
+            at(s, ind, &attn, &format!("vf{l} = cat([ce, v0], -2)"));
+            at(s, ind, &attn, &format!("kv_cache(kf{l}, vf{l})"));
+            at(s, ind, &attn, &format!("kc{l} = kf{l}[:, :, -{keep}:, :]"));
+            at(s, ind, &attn, &format!("vc{l} = vf{l}[:, :, -{keep}:, :]"));
+            line(s, "del ce");
+            line(s, "del k1, v0");
+            (format!("kf{l}"), format!("vf{l}"), true)
+        }
         Cache::Fill => {
-            if sliding_layer(c, l) {
-                // DynamicSlidingWindowLayer's lazy initialization: its length, an int64 scalar
-                at(
-                    s,
-                    ind,
-                    &attn,
-                    &format!("cl{l} = full([], fill_value=0, dtype=int64)"),
-                );
-            }
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
             at(s, ind, &attn, &format!("kc{l} = cat([ce, k1], -2)"));
             at(s, ind, &attn, &format!("vc{l} = cat([ce, v0], -2)"));
@@ -756,10 +769,29 @@ fn attention(
             format!("fi = full([], fill_value=-inf, dtype={qd})"),
             "fm = where(sliding_mask, fz, fi)".to_string(),
             "del fi, fz".to_string(),
-            "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"
-                .to_string(),
-            "del fm, ak, av".to_string(),
         ]);
+        if !r.bf16_weights && !kv.is_multiple_of(8) {
+            // the memory-efficient kernel's `pad_bias`: the mask padded to the next multiple
+            // of 8 keys and sliced back; the unpadded one goes before the kernel runs
+            let tq = if masked_decode { 1 } else { t };
+            st.extend([
+                format!(
+                    "fp0 = empty({b}, 1, {tq}, {}, dtype=float32)",
+                    kv.div_ceil(8) * 8
+                ),
+                format!("fp = fp0[:, :, :, :{kv}]"),
+                "del fm".to_string(),
+                "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fp)"
+                    .to_string(),
+                "del fp, fp0, ak, av".to_string(),
+            ]);
+        } else {
+            st.extend([
+                "y0 = scaled_dot_product_attention(q1, ak, av, is_causal=false, attn_mask=fm)"
+                    .to_string(),
+                "del fm, ak, av".to_string(),
+            ]);
+        }
     } else if r.eager {
         // eager_attention_forward: repeat_kv, the scaled product, the mask, softmax, the product
         let scale = 1.0 / (hd as f64).sqrt();

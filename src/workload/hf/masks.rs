@@ -218,6 +218,32 @@ pub(super) fn decode_window_mask(
     qoff: &str,
     ind: &str,
 ) {
+    window_mask(s, r, (w, 1, w), phase, (off, qoff), ind);
+}
+
+/// `create_sliding_window_causal_mask` in a prefill whose prompt reaches the window: as
+/// [`decode_window_mask`], over the prompt's `seq` queries and as many keys from 0, leaving
+/// `sliding_mask`, [B, 1, seq, seq] bool.
+pub(super) fn prefill_window_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
+    window_mask(
+        s,
+        r,
+        (w, r.seq, r.seq),
+        WindowPhase::Reached,
+        ("0", "0"),
+        ind,
+    );
+}
+
+/// The window's mask over `t` queries from `qoff` and `l` keys from `off` (`(w, t, l)`).
+fn window_mask(
+    s: &mut String,
+    r: &Run,
+    (w, t, l): (u64, u64, u64),
+    phase: WindowPhase,
+    (off, qoff): (&str, &str),
+    ind: &str,
+) {
     let b = r.batch;
     let mut st = vec!["mk0 = mi_mask.to(dtype=bool)".to_string()];
     if phase == WindowPhase::Past {
@@ -227,10 +253,10 @@ pub(super) fn decode_window_mask(
     st.extend([
         format!("ba = arange({b})"),
         "ha = arange(1)".to_string(),
-        "qa0 = arange(1)".to_string(),
+        format!("qa0 = arange({t})"),
         format!("qa = qa0 + {qoff}"),
         "del qa0".to_string(),
-        format!("ka0 = arange({w})"),
+        format!("ka0 = arange({l})"),
         format!("ka = ka0 + {off}"),
         "del ka0".to_string(),
         "r0 = full([], fill_value=1, dtype=bool)".to_string(),
@@ -245,13 +271,13 @@ pub(super) fn decode_window_mask(
         "del c0, r2".to_string(),
         "r4 = bitwise_and(r0, r3)".to_string(),
         "del r3, r0".to_string(),
-        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {w}).contiguous()"),
-        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {w}).contiguous()"),
-        format!("p0 = full({b}, 1, 1, {w}, fill_value=1, dtype=bool)"),
+        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("p0 = full({b}, 1, 1, {l}, fill_value=1, dtype=bool)"),
         "del i1, i0".to_string(),
         "r5 = bitwise_and(r4, p0)".to_string(),
         "del p0, r4".to_string(),
-        format!("sliding_mask = r5.expand({b}, 1, 1, {w})"),
+        format!("sliding_mask = r5.expand({b}, 1, {t}, {l})"),
         "del r5".to_string(),
         "del ba, ha, qa, ka".to_string(),
         "del mk0".to_string(),

@@ -368,22 +368,15 @@ pub(crate) fn expand(
         let w = c.sliding_window.unwrap_or(u64::MAX);
         let sliding = c.sliding_layers.iter().any(|&x| x);
         if run.mode == "generate" && sliding {
-            // generation: within the window, and past it (the last step attends to seq + new
+            // generation within the window and past it (the last step attends to seq + new
             // - 1 positions; its mask is made from the 2-D mask and taken as a bias, by the
-            // memory-efficient kernel in float32, by cuDNN in bf16 where the window is at most
-            // 512 keys; the cache is trimmed); a prompt that reaches the window makes the mask
-            // in the prefill: not recorded
+            // memory-efficient kernel in float32, padded to a multiple of 8 keys, by cuDNN in
+            // bf16 where the window is at most 512 keys; the cache is trimmed), from a prompt
+            // shorter than the window or reaching it (the prefill's window mask over the
+            // prompt, the cache its last `sliding_window - 1` positions)
             let longest = run.seq + run.generate.as_ref().map_or(0, |g| g.new_tokens);
             let past = longest.saturating_sub(1) >= w;
-            let why = if run.seq >= w {
-                Some((
-                    "seq",
-                    format!(
-                        "a prompt of {} tokens, which reaches the sliding window",
-                        run.seq
-                    ),
-                ))
-            } else if past && run.bf16_weights && w > 512 {
+            let why = if past && run.bf16_weights && w > 512 {
                 Some(("mode", format!("generation to {longest} positions in bf16, past a sliding window of more than 512 keys (cuDNN's workspace for a masked decode step over more keys is not measured; float32 runs)")))
             } else {
                 None
