@@ -109,6 +109,14 @@ rec mistral_t_p200_generate_bf16 "" "\"model_type\": \"mistral\", \"cfg\": {$MS}
 rec gemma2_t_p300_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $GP, \"weights\": \"bf16\""
 cls bert_t_cls_bf16w "\"model_type\": \"bert\", \"family\": \"bert\", \"cfg\": {$BT, \"num_labels\": 3}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"weights\": \"bf16\""
 mlm bert_base_mlm_lora_bf16w_b8_s512 "query,value" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 8, \"seq\": 512, \"opt\": \"adamw\", \"lora\": true, \"weights\": \"bf16\""
+# 2026-12-05 (sixth GPU call): BERT with HF gradient checkpointing (refused today), GPT-2's
+# eager attention with checkpointing, Mixtral under bf16 autocast and with eager attention
+# (refused today: ground truth for modelling them)
+cls bert_t_cls_ckpt_fp32 "\"model_type\": \"bert\", \"family\": \"bert\", \"cfg\": {$BT, \"num_labels\": 3}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"ckpt\": true"
+mlm bert_t_mlm_ckpt_fp32 "" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {$BT}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"ckpt\": true"
+rec gpt2_t_eager_ckpt_fp32 "" "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"eager\", $T, \"ckpt\": true"
+rec mixtral_t_amp_bf16 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"sdpa\", $T, \"amp\": \"bf16\""
+rec mixtral_t_eager_fp32 "" "\"model_type\": \"mixtral\", \"cfg\": {$MX}, \"attn\": \"eager\", $T"
 python3 -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
 python3 - "$D" <<'PY'
 import importlib, sys

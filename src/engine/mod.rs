@@ -29,6 +29,7 @@ pub mod autograd;
 pub mod checkpoint;
 pub mod dtype;
 pub mod exec;
+mod formulas;
 pub mod fsdp;
 pub mod graph;
 pub mod inplace;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config::{check_architectures, config_dtype, flag, int, known_keys, prob};
+use super::config_keys::{check_architectures, config_dtype, flag, int, known_keys, prob};
 
 /// GPT-2's activation, as transformers' `ACT2FN` computes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

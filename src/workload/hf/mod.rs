@@ -18,6 +18,7 @@
 mod bert;
 mod config;
 mod config_gpt2_bert;
+mod config_keys;
 mod distributed;
 mod generate;
 mod gpt2;
@@ -201,7 +202,7 @@ pub(crate) fn expand(
             ))
         }
     };
-    let json = config::read(&path).map_err(|m| SyntaxError::new(cfg_at, m))?;
+    let json = config_keys::read(&path).map_err(|m| SyntaxError::new(cfg_at, m))?;
     let empty = Table::new();
     let t = Reader {
         table: train.unwrap_or(&empty),
