@@ -170,7 +170,9 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         if p.full_finetune {
             hf_remedies.push(Remedy {
                 name: "LoRA r 16".into(),
-                change: "peft LoRA (r 16 on q/k/v/o_proj) instead of training every weight".into(),
+                change: "peft LoRA (r 16 on the attention's projections) instead of training \
+                         every weight"
+                    .into(),
                 overrides: Overrides {
                     lora_attention: true,
                     ..base.clone()
@@ -182,7 +184,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                 hf_remedies.push(Remedy {
                     name: "LoRA r 16, bf16 weights".into(),
                     change: "from_pretrained(..., dtype=torch.bfloat16), then peft LoRA (r 16 \
-                             on q/k/v/o_proj)"
+                             on the attention's projections)"
                         .into(),
                     overrides: Overrides {
                         lora_attention: true,

@@ -220,6 +220,10 @@ fn flag_error(e: Error, text: &str, config: &Path) -> Error {
         k => k,
     };
     match KEY_FLAGS.iter().find(|(k, _)| *k == key) {
+        // (the config named once: some messages name it already)
+        Some((_, flag)) if message.contains(&config.display().to_string()) => {
+            Error::usage(*flag, message.to_string())
+        }
         Some((_, flag)) => Error::usage(
             *flag,
             format!("{message} (with the config {})", config.display()),

@@ -312,8 +312,10 @@ pub(crate) fn expand(
         }
     };
     let unsupported = |key: &str, what: &str| -> PResult<()> {
+        // the key's own line: [train]'s where it is written there, else [model]'s
+        let in_train = key == "mode" || key == "precision" || t.table.contains_key(key);
         Err(SyntaxError::new(
-            value_at(if key == "mode" || key == "precision" { &t } else { &m }, key),
+            value_at(if in_train { &t } else { &m }, key),
             format!("{what} is not modelled yet (gpumem refuses what it has not matched against PyTorch rather than approximate it); remove '{key}' or set it to its default"),
         ))
     };
