@@ -109,6 +109,9 @@ rec mistral_t_p200_generate_bf16 "" "\"model_type\": \"mistral\", \"cfg\": {$MS}
 rec gemma2_t_p300_generate_bf16 "" "\"model_type\": \"gemma2\", \"cfg\": {$G2}, \"attn\": \"sdpa\", $GP, \"weights\": \"bf16\""
 cls bert_t_cls_bf16w "\"model_type\": \"bert\", \"family\": \"bert\", \"cfg\": {$BT, \"num_labels\": 3}, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 256, \"opt\": \"adamw\", \"weights\": \"bf16\""
 mlm bert_base_mlm_lora_bf16w_b8_s512 "query,value" "\"model_type\": \"bert\", \"family\": \"bert_mlm\", \"cfg\": {}, \"attn\": \"sdpa\", \"batch\": 8, \"seq\": 512, \"opt\": \"adamw\", \"lora\": true, \"weights\": \"bf16\""
+# (with SNAP, PyTorch's memory-history recording breaks HF checkpointing's recompute under
+# dropout with a SystemError: the BERT and GPT-2 checkpointing cases below were recorded
+# without a snapshot, by scripts/hf_record.py directly, on 2026-12-05)
 # 2026-12-05 (sixth GPU call): BERT with HF gradient checkpointing (refused today), GPT-2's
 # eager attention with checkpointing, Mixtral under bf16 autocast and with eager attention
 # (refused today: ground truth for modelling them)

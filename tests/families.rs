@@ -226,6 +226,28 @@ fn gpt2_autocast_and_eager_allocate_and_free_as_pytorch_does() {
     }
 }
 
+/// The profiler tutorial's GPT-2 case (HF `gpt2`, batch 4 x 512, AdamW), with and without HF
+/// activation checkpointing (fixtures/hf2/recorded): both run. Without checkpointing it runs
+/// PyTorch's events free for free and its figures are 0.18% off from best-fit ties; the
+/// checkpointing half (recorded without a snapshot: recording the memory history breaks the
+/// recompute under dropout) is within 0.14%. A guard on what they are today, not the goal
+/// (equality): within 0.2% allocated, reserved within 1% beyond 2 MiB.
+#[test]
+fn the_tutorial_gpt2_case_runs_with_and_without_checkpointing() {
+    for name in ["gpt2_tut_b4_s512_fp32", "gpt2_tut_b4_s512_ckpt_fp32"] {
+        let (diffs, alloc, reserved) =
+            common::case_differences_in("fixtures/hf2", "recorded", name, name, &FIELDS);
+        assert!(
+            alloc <= 0.002,
+            "{name}: allocated off by {alloc}: {diffs:?}"
+        );
+        assert!(
+            reserved <= 0.01,
+            "{name}: reserved off by {reserved}: {diffs:?}"
+        );
+    }
+}
+
 /// What the published-config test runs: a LoRA fine-tune (bf16 weights, batch 1, seq 2048,
 /// r 16 on the attention's projections) and generation (batch 4, 512 + 256 tokens).
 const MODES: [(&str, &[&str]); 2] = [

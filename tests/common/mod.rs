@@ -165,10 +165,22 @@ pub fn case_differences(
     name: &str,
     fields: &[&'static str],
 ) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
+    case_differences_in(dir, "cases", workload, name, fields)
+}
+
+/// [`case_differences`] with the case's figures in `{dir}/{cases}/` (`recorded` for the
+/// cases kept beside their snapshots).
+pub fn case_differences_in(
+    dir: &str,
+    cases: &str,
+    workload: &str,
+    name: &str,
+    fields: &[&'static str],
+) -> (Vec<(u64, &'static str, i64)>, f64, f64) {
     let path = format!("{dir}/workloads/{workload}.toml");
     let (code, g) = run_json(&["run", &path]);
     assert_eq!(code, Some(0), "{path}: {g}");
-    let p = root().join(format!("{dir}/cases/hf_{name}.json"));
+    let p = root().join(format!("{dir}/{cases}/hf_{name}.json"));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let t = &doc["cases"][0];
     let (gi, ti) = (
