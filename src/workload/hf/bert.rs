@@ -268,7 +268,15 @@ fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
     // (BertModel.forward's `embedding_output` lives until it returns)
     line(s, "emb_out = h");
     for l in 0..c.layers {
-        layer(s, c, r, l, ind);
+        if r.checkpointing {
+            // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), the
+            // layer's only tensor argument its input
+            let _ = writeln!(s, "{ind}checkpoint {{");
+            layer(s, c, r, l, &format!("{ind}  "));
+            let _ = writeln!(s, "{ind}}}");
+        } else {
+            layer(s, c, r, l, ind);
+        }
     }
     if c.head == BertHead::MaskedLm {
         line(s, "del emb_out");

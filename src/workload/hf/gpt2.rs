@@ -221,7 +221,13 @@ fn forward(s: &mut String, c: &Gpt2Config, r: &Run, outer: &str) {
         if r.checkpointing {
             // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
             // the block's tensor arguments (the positions) until its backward; no cache
-            let _ = writeln!(s, "{ind}checkpoint(cache_position) {{");
+            let held = if r.eager {
+                // eager attention's mask is an argument too
+                "cache_position, causal_mask"
+            } else {
+                "cache_position"
+            };
+            let _ = writeln!(s, "{ind}checkpoint({held}) {{");
             block(s, c, r, l, Cache::Off, &format!("{ind}  "));
             let _ = writeln!(s, "{ind}}}");
         } else {

@@ -485,12 +485,6 @@ pub(crate) fn expand(
             }
         }
     }
-    if family == "bert" && run.checkpointing {
-        unsupported(
-            "gradient_checkpointing",
-            &format!("gradient checkpointing for {family}"),
-        )?;
-    }
     // (GPT-2 with bf16 weights: matched against PyTorch, LoRA or not)
     // (BERT over bf16 weights: tried against a recorded masked-LM LoRA case)
     let bf16_refused = run.bf16_weights && family != "gpt2" && family != "bert";
