@@ -416,22 +416,26 @@ pub(crate) fn expand(
     if let config::Family::Llama(c) = &cfg {
         // the experts are matched against PyTorch with sdpa in float32 and in bf16 weights
         // (training, LoRA, inference and generation, whose decode steps switch to
-        // batched_mm) and with HF gradient checkpointing in float32; bf16 autocast leaves the
-        // experts' inputs in float32, eager attention is Mixtral's own: not recorded yet
-        let bf16_weights_only = Run {
-            bf16_weights: false,
-            checkpointing: false,
-            ..run.clone()
+        // batched_mm), with HF gradient checkpointing in float32, under bf16 autocast and
+        // with eager attention in float32 (Mixtral's, H100 2026-12-05); eager attention or
+        // autocast with another of these: not recorded
+        let why = if run.eager && (run.bf16_autocast || run.bf16_weights || run.checkpointing) {
+            Some((
+                "attention",
+                "eager attention with bf16 or gradient checkpointing",
+            ))
+        } else if run.bf16_autocast && run.checkpointing {
+            Some(("precision", "bf16 autocast with gradient checkpointing"))
+        } else {
+            None
         };
-        if c.moe.is_some() {
-            if let Some((key, what)) = beyond_recorded(&bf16_weights_only, false) {
-                let what = format!(
-                    "{what}{} with mixture-of-experts layers ({})",
-                    dtype_hint(key),
-                    c.model_type
-                );
-                unsupported(key, &what)?;
-            }
+        if let Some((key, what)) = why.filter(|_| c.moe.is_some()) {
+            let what = format!(
+                "{what}{} with mixture-of-experts layers ({})",
+                dtype_hint(key),
+                c.model_type
+            );
+            unsupported(key, &what)?;
         }
     }
     if let Some((table, at)) = distributed {
@@ -616,9 +620,7 @@ pub(crate) fn expand(
         },
         // what the checks above take under bf16 autocast
         can_autocast: match &cfg {
-            config::Family::Llama(c) => {
-                masks::sliding_mask_window(c, run.seq, run.eager).is_none() && c.moe.is_none()
-            }
+            config::Family::Llama(c) => masks::sliding_mask_window(c, run.seq, run.eager).is_none(),
             config::Family::Gpt2(_) => !run.eager,
             config::Family::Bert(_) => false,
         } && !run.bf16_weights
