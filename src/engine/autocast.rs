@@ -94,10 +94,10 @@ impl<S: Device> Tensors<S> {
         // PyTorch's autocast wrappers cast the arguments in one call expression, which GCC
         // evaluates right to left: `linear(x, w, b)` casts b, then w, then x (the traces show
         // it). The casts die in reverse order of their making: x's first.
-        let reversed: Vec<usize> = (0..inputs.len()).rev().collect();
+        let reversed: smallvec::SmallVec<[usize; 4]> = (0..inputs.len()).rev().collect();
         let order = order.unwrap_or(&reversed);
         // (index held, cast), in the order of making
-        let mut made: Vec<(usize, TensorId)> = Vec::with_capacity(inputs.len());
+        let mut made: smallvec::SmallVec<[(usize, TensorId); 4]> = smallvec::SmallVec::new();
         for &k in order {
             match self.cast(inputs[k], to) {
                 Ok(c) => made.push((k, c)),
@@ -109,7 +109,7 @@ impl<S: Device> Tensors<S> {
                 }
             }
         }
-        let mut cast = inputs.to_vec();
+        let mut cast: smallvec::SmallVec<[TensorId; 4]> = inputs.into();
         for &(k, c) in &made {
             cast[k] = c;
         }

@@ -298,17 +298,7 @@ fn forward(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
     );
     at(s, ind, "classifier", "logits = linear(pd, cls_w, cls_b)");
     line(s, "del pd, pooled");
-    if r.mode == "train" {
-        at(
-            s,
-            ind,
-            "loss_function",
-            &format!(
-                "loss = cross_entropy(logits.view(-1, {}), labels.view(-1))",
-                c.labels
-            ),
-        );
-    }
+    loss(s, r, c.labels, ind);
 }
 
 /// `BertOnlyMLMHead` on the last hidden state `h`: the transform (dense, GELU, LayerNorm), the
@@ -345,19 +335,22 @@ fn masked_lm_head(s: &mut String, c: &BertConfig, r: &Run, ind: &str) {
         &format!("logits = linear(t2, {w}, dec_b)"),
     );
     line(s, "del t0, t1, t2");
+    loss(s, r, c.vocab, ind);
+    // BertForMaskedLM's `outputs` (the last hidden state) goes at its return
+    line(s, "del h");
+}
+
+/// In training, `CrossEntropyLoss` over the logits seen as [rows, classes] against the labels
+/// flattened (the classifier's classes, or the vocabulary at every position).
+fn loss(s: &mut String, r: &Run, classes: u64, ind: &str) {
     if r.mode == "train" {
         at(
             s,
             ind,
             "loss_function",
-            &format!(
-                "loss = cross_entropy(logits.view(-1, {}), labels.view(-1))",
-                c.vocab
-            ),
+            &format!("loss = cross_entropy(logits.view(-1, {classes}), labels.view(-1))"),
         );
     }
-    // BertForMaskedLM's `outputs` (the last hidden state) goes at its return
-    line(s, "del h");
 }
 
 /// One `BertLayer`: `h` to `h`.

@@ -528,15 +528,29 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
     let kd = if r.bf16_weights { "bf16" } else { "float32" };
     // the keys and values attention takes (the rotated ones, or the cache's), and whether
     // they are a sliding layer's full states, which go once it has attended
+    // DynamicSlidingWindowLayer.update onto the cache's keys and values `(pk, pv)` (or the
+    // empty buffer):
+    // both full states for attention, then the cache keeps their last `sliding_window - 1`
+    // positions (views)
+    let keep = c.sliding_window.unwrap_or(1).saturating_sub(1);
+    let sliding_update = |s: &mut String, (pk, pv): (&str, &str), ind: &str| {
+        for st in [
+            format!("kf{l} = cat([{pk}, k1], -2)"),
+            format!("vf{l} = cat([{pv}, v0], -2)"),
+            format!("kv_cache(kf{l}, vf{l})"),
+            format!("kc{l} = kf{l}[:, :, -{keep}:, :]"),
+            format!("vc{l} = vf{l}[:, :, -{keep}:, :]"),
+        ] {
+            at(s, ind, &attn, &st);
+        }
+    };
     let (keys, values, full_states) = match call.cache {
         // no cache: the rotated keys and the values go to attention as they are
         Cache::Off => ("k1".to_string(), "v0".to_string(), false),
         Cache::Fill if sliding_layer(c, l) => {
             // DynamicSlidingWindowLayer: its lazy initialization (its length, an int64
-            // scalar, and the empty buffers), then `update` as in a decode step: the full
-            // states for attention, the cache their last `sliding_window - 1` positions
-            // (views: all of them below the window)
-            let keep = c.sliding_window.unwrap_or(1).saturating_sub(1);
+            // scalar, and the empty buffers), then `update` as in a decode step (all the
+            // prompt's positions kept below the window)
             at(
                 s,
                 ind,
@@ -544,11 +558,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
                 &format!("cl{l} = full([], fill_value=0, dtype=int64)"),
             );
             at(s, ind, &attn, &format!("ce = empty(0, dtype={kd})"));
-            at(s, ind, &attn, &format!("kf{l} = cat([ce, k1], -2)"));
-            at(s, ind, &attn, &format!("vf{l} = cat([ce, v0], -2)"));
-            at(s, ind, &attn, &format!("kv_cache(kf{l}, vf{l})"));
-            at(s, ind, &attn, &format!("kc{l} = kf{l}[:, :, -{keep}:, :]"));
-            at(s, ind, &attn, &format!("vc{l} = vf{l}[:, :, -{keep}:, :]"));
+            sliding_update(s, ("ce", "ce"), ind);
             line(s, "del ce");
             line(s, "del k1, v0");
             (format!("kf{l}"), format!("vf{l}"), true)
@@ -563,14 +573,8 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
             (format!("kc{l}"), format!("vc{l}"), false)
         }
         Cache::Append if sliding_layer(c, l) => {
-            // DynamicSlidingWindowLayer.update: both full states first, then the cache keeps
-            // their last `sliding_window - 1` positions (views), and the old ones go
-            let keep = c.sliding_window.unwrap_or(1).saturating_sub(1);
-            at(s, ind, &attn, &format!("kf{l} = cat([kc{l}, k1], -2)"));
-            at(s, ind, &attn, &format!("vf{l} = cat([vc{l}, v0], -2)"));
-            at(s, ind, &attn, &format!("kv_cache(kf{l}, vf{l})"));
-            at(s, ind, &attn, &format!("kc{l} = kf{l}[:, :, -{keep}:, :]"));
-            at(s, ind, &attn, &format!("vc{l} = vf{l}[:, :, -{keep}:, :]"));
+            // DynamicSlidingWindowLayer.update, the old views going
+            sliding_update(s, (&format!("kc{l}"), &format!("vc{l}")), ind);
             line(s, "del k1, v0");
             (format!("kf{l}"), format!("vf{l}"), true)
         }
