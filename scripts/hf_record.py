@@ -6,6 +6,9 @@ LORA_DROPOUT=p its dropout (default 0.05, as hf_models.py).
 BERT_MLM=1 builds BertForMaskedLM (the case's "family" must be "bert_mlm", "model_type" "bert");
 BERT_CLS=1 BertForSequenceClassification ("family" "bert", "model_type" "bert").
 
+"opt" also takes torchao's low-bit optimizers (torchao.optim, lr 1e-4 and torchao's defaults):
+"torchao_adamw8bit", "torchao_adam8bit", "torchao_adamw4bit", "torchao_adam4bit", "torchao_adamwfp8".
+
 Usage: [SNAP=NAME] [LORA_TARGETS=...] [BERT_MLM=1] python3 hf_record.py OUTDIR CASE_JSON
 """
 import os
@@ -44,6 +47,24 @@ if os.environ.get("BERT_MLM") or os.environ.get("BERT_CLS"):
         return head(cfg)
 
     transformers.AutoModelForCausalLM.from_config = bert_head
+
+import hf_models  # noqa: E402  (gpu_carry; hf_families.py wraps its make_opt at import)
+
+_base_make_opt = hf_models.make_opt
+TORCHAO = {"torchao_adamw8bit": "AdamW8bit", "torchao_adam8bit": "Adam8bit",
+           "torchao_adamw4bit": "AdamW4bit", "torchao_adam4bit": "Adam4bit",
+           "torchao_adamwfp8": "AdamWFp8"}
+
+
+def make_opt(name, params):
+    if name in TORCHAO:
+        import torchao.optim
+        cls = getattr(torchao.optim, TORCHAO[name])
+        return cls([p for p in params if p.requires_grad], lr=1e-4)
+    return _base_make_opt(name, params)
+
+
+hf_models.make_opt = make_opt
 
 sys.argv = [os.path.join(here, "..", "gpu_carry", "hf_families.py")] + sys.argv[1:]
 with open(sys.argv[0]) as f:

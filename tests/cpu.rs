@@ -172,6 +172,8 @@ const HEAVY: &[&str] = &[
     // bitsandbytes' AdamW8bit around llama_s and SmolLM2-135M (fixtures/opt8; refused on
     // cpu, the simulated device only)
     "opt8/",
+    // torchao's low-bit AdamW around Llama shapes (fixtures/torchao; refused on cpu likewise)
+    "torchao/",
     // torchvision's ResNets: GPT-2-sized convolutions (tests/vision.rs trains a 32-pixel
     // resnet18 on cpu)
     "vision/",

@@ -192,7 +192,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit torchao_adam8bit torchao_adamw8bit torchao_adam4bit torchao_adamw4bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -372,7 +372,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit torchao_adam8bit torchao_adamw8bit torchao_adam4bit torchao_adamw4bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -504,7 +504,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit torchao_adam8bit torchao_adamw8bit torchao_adam4bit torchao_adamw4bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)
@@ -932,7 +932,7 @@ _gpumem() {
                     return 0
                     ;;
                 --optimizer)
-                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit none" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sgd sgd_momentum adam adamw adam8bit adamw8bit paged_adamw8bit torchao_adam8bit torchao_adamw8bit torchao_adam4bit torchao_adamw4bit none" -- "${cur}"))
                     return 0
                     ;;
                 --precision)

@@ -55,6 +55,10 @@ adamw\t''
 adam8bit\t''
 adamw8bit\t''
 paged_adamw8bit\t''
+torchao_adam8bit\t''
+torchao_adamw8bit\t''
+torchao_adam4bit\t''
+torchao_adamw4bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -149,6 +153,10 @@ adamw\t''
 adam8bit\t''
 adamw8bit\t''
 paged_adamw8bit\t''
+torchao_adam8bit\t''
+torchao_adamw8bit\t''
+torchao_adam4bit\t''
+torchao_adamw4bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -212,6 +220,10 @@ adamw\t''
 adam8bit\t''
 adamw8bit\t''
 paged_adamw8bit\t''
+torchao_adam8bit\t''
+torchao_adamw8bit\t''
+torchao_adam4bit\t''
+torchao_adamw4bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"
@@ -259,6 +271,10 @@ adamw\t''
 adam8bit\t''
 adamw8bit\t''
 paged_adamw8bit\t''
+torchao_adam8bit\t''
+torchao_adamw8bit\t''
+torchao_adam4bit\t''
+torchao_adamw4bit\t''
 none\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l precision -d 'With a bare config: `fp32` or `bf16-autocast` (`[train] precision`)' -r -f -a "fp32\t''
 bf16-autocast\t''"

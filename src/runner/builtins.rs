@@ -162,6 +162,26 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         "bitsandbytes.optim.PagedAdamW8bit: as adamw8bit, the states of parameters of 100,000 elements or more in unified memory (cudaMallocManaged, reported apart from device memory); simulated device only",
         rt_optimizer,
     ),
+    rt(
+        "torchao_adam8bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0, foreach=true)",
+        "torchao.optim.Adam8bit (0.18): uint8 codes with a float32 scale per 256 elements (parameters of 4,096 elements or more, a whole number of blocks; others plain), its update under torch.compile (float32 states and scales per call, as inductor allocates them with a warm cache); simulated device only",
+        rt_optimizer,
+    ),
+    rt(
+        "torchao_adamw8bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
+        "torchao.optim.AdamW8bit: as torchao_adam8bit with decoupled weight decay; simulated device only",
+        rt_optimizer,
+    ),
+    rt(
+        "torchao_adam4bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0, foreach=true)",
+        "torchao.optim.Adam4bit (0.18): 4-bit codes two to a byte with a float32 scale per 128 elements; its compiled update also holds int64 codes, 24 bytes per element for the call; simulated device only",
+        rt_optimizer,
+    ),
+    rt(
+        "torchao_adamw4bit(params, lr=0.001, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.01, foreach=true)",
+        "torchao.optim.AdamW4bit: as torchao_adam4bit with decoupled weight decay; simulated device only",
+        rt_optimizer,
+    ),
 ];
 
 /// The runtime's methods.
@@ -754,11 +774,16 @@ impl Runner {
             Some(k) => k,
             None => OptimKind::AdamW,
         };
-        if kind.eight_bit() && self.dev.computes() {
+        if kind.simulated_only() && self.dev.computes() {
+            let whose = if kind.eight_bit() {
+                "bitsandbytes' block-wise 8-bit update"
+            } else {
+                "torchao's low-bit update"
+            };
             return script(
                 span,
                 format!(
-                    "{func}: bitsandbytes' block-wise 8-bit update runs on the simulated device only (--device sim, the default), which gives the same memory: it has no kernel on this device yet"
+                    "{func}: {whose} runs on the simulated device only (--device sim, the default), which gives the same memory: it has no kernel on this device yet"
                 ),
             );
         }

@@ -218,6 +218,23 @@ pub fn run_on(
             None => Error::input(path.to_path_buf(), "device", e),
         });
     }
+    // the block-wise 8-bit and low-bit optimizers have no kernel: refused before the script
+    // runs, naming what the user wrote rather than a line of the generated script
+    if let Some(kind) = workload
+        .preset
+        .as_ref()
+        .and_then(|p| crate::engine::op::OptimKind::parse(p.optimizer))
+        .filter(|k| k.simulated_only() && dev.computes())
+    {
+        let e = format!(
+            "optimizer \"{}\" is modelled on the simulated device only (its memory; there is no kernel for its update): run it with --device sim, or pick adamw to compute",
+            kind.name()
+        );
+        return Err(match target.device.as_deref().or(opts.device.as_deref()) {
+            Some(_) => Error::usage("--device", e),
+            None => Error::input(path.to_path_buf(), "device", e),
+        });
+    }
     // weights and batches matter only where values are computed
     let open = |p: &Option<PathBuf>, key: &str| -> Result<Option<files::TensorFile>, Error> {
         match p {

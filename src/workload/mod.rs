@@ -66,6 +66,10 @@ pub const OPTIMIZER_NAMES: &[&str] = &[
     "adam8bit",
     "adamw8bit",
     "paged_adamw8bit",
+    "torchao_adam8bit",
+    "torchao_adamw8bit",
+    "torchao_adam4bit",
+    "torchao_adamw4bit",
     "none",
 ];
 

@@ -19,10 +19,16 @@ pub(super) fn step(d: &mut CpuDevice, l: &Launch, s: &OptimStep) -> Result<(), S
     let mut g = d.load(&l.inputs[0])?;
     let mut p = d.load(&l.outputs[0])?;
     match s.kind {
-        OptimKind::Adam8bit | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit => {
+        OptimKind::Adam8bit
+        | OptimKind::AdamW8bit
+        | OptimKind::PagedAdamW8bit
+        | OptimKind::TorchaoAdam8bit
+        | OptimKind::TorchaoAdamW8bit
+        | OptimKind::TorchaoAdam4bit
+        | OptimKind::TorchaoAdamW4bit => {
             // (the engine refuses them on a computing device before launching)
             return Err(format!(
-                "{}'s block-wise 8-bit update has no CPU kernel",
+                "{}'s block-wise low-bit update has no CPU kernel",
                 s.kind.name()
             ));
         }

@@ -36,7 +36,7 @@ pub mod vision;
 pub use elementwise::{Binary, Fill, InPlace, Unary};
 pub use grad::{FStep, Formula, GradPlan, Step};
 pub use norm::Norm;
-pub use optim::{Hyper, OptimKind, OptimStep};
+pub use optim::{Hyper, LowBit, OptimKind, OptimStep};
 pub use view::ViewKind;
 
 use super::dtype::DType;

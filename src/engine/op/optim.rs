@@ -13,6 +13,24 @@ pub enum OptimKind {
     AdamW8bit,
     /// bitsandbytes' `PagedAdamW8bit`: the large states in unified memory.
     PagedAdamW8bit,
+    /// torchao's low-bit `Adam8bit` and `AdamW8bit` (`torchao.optim`, 0.18: block-wise
+    /// quantized state subclasses, the update under `torch.compile`).
+    TorchaoAdam8bit,
+    TorchaoAdamW8bit,
+    /// torchao's `Adam4bit` and `AdamW4bit` (4-bit codes packed two to a byte).
+    TorchaoAdam4bit,
+    TorchaoAdamW4bit,
+}
+
+/// How one of torchao's low-bit optimizers quantizes its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowBit {
+    /// Bits per code: 8 (one uint8 per element) or 4 (two per byte).
+    pub bits: u8,
+    /// Elements per float32 scale (the optimizer's `block_size` default).
+    pub block: usize,
+    /// Entries of each quantization map (float32).
+    pub qmap: usize,
 }
 
 impl OptimKind {
@@ -25,6 +43,10 @@ impl OptimKind {
             "adam8bit" => OptimKind::Adam8bit,
             "adamw8bit" => OptimKind::AdamW8bit,
             "paged_adamw8bit" => OptimKind::PagedAdamW8bit,
+            "torchao_adam8bit" => OptimKind::TorchaoAdam8bit,
+            "torchao_adamw8bit" => OptimKind::TorchaoAdamW8bit,
+            "torchao_adam4bit" => OptimKind::TorchaoAdam4bit,
+            "torchao_adamw4bit" => OptimKind::TorchaoAdamW4bit,
             _ => return None,
         })
     }
@@ -38,6 +60,10 @@ impl OptimKind {
             OptimKind::Adam8bit => "adam8bit",
             OptimKind::AdamW8bit => "adamw8bit",
             OptimKind::PagedAdamW8bit => "paged_adamw8bit",
+            OptimKind::TorchaoAdam8bit => "torchao_adam8bit",
+            OptimKind::TorchaoAdamW8bit => "torchao_adamw8bit",
+            OptimKind::TorchaoAdam4bit => "torchao_adam4bit",
+            OptimKind::TorchaoAdamW4bit => "torchao_adamw4bit",
         }
     }
 
@@ -48,6 +74,10 @@ impl OptimKind {
             OptimKind::Adam8bit | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit => {
                 "adam8bit_blockwise_step"
             }
+            OptimKind::TorchaoAdam8bit
+            | OptimKind::TorchaoAdamW8bit
+            | OptimKind::TorchaoAdam4bit
+            | OptimKind::TorchaoAdamW4bit => "torchao_single_param_adam",
         }
     }
 
@@ -61,7 +91,11 @@ impl OptimKind {
             | OptimKind::AdamW
             | OptimKind::Adam8bit
             | OptimKind::AdamW8bit
-            | OptimKind::PagedAdamW8bit => 2,
+            | OptimKind::PagedAdamW8bit
+            | OptimKind::TorchaoAdam8bit
+            | OptimKind::TorchaoAdamW8bit
+            | OptimKind::TorchaoAdam4bit
+            | OptimKind::TorchaoAdamW4bit => 2,
         }
     }
 
@@ -71,6 +105,29 @@ impl OptimKind {
             self,
             OptimKind::Adam8bit | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit
         )
+    }
+
+    /// torchao's low-bit optimizers, with how they quantize.
+    pub fn torchao(self) -> Option<LowBit> {
+        match self {
+            OptimKind::TorchaoAdam8bit | OptimKind::TorchaoAdamW8bit => Some(LowBit {
+                bits: 8,
+                block: 256,
+                qmap: 256,
+            }),
+            OptimKind::TorchaoAdam4bit | OptimKind::TorchaoAdamW4bit => Some(LowBit {
+                bits: 4,
+                block: 128,
+                qmap: 16,
+            }),
+            _ => None,
+        }
+    }
+
+    /// An optimizer whose update gpumem runs on the simulated device only (its memory is
+    /// modelled; no device has its kernel).
+    pub fn simulated_only(self) -> bool {
+        self.eight_bit() || self.torchao().is_some()
     }
 }
 
@@ -99,7 +156,11 @@ impl Hyper {
             eps: 1e-8,
             weight_decay: if matches!(
                 kind,
-                OptimKind::AdamW | OptimKind::AdamW8bit | OptimKind::PagedAdamW8bit
+                OptimKind::AdamW
+                    | OptimKind::AdamW8bit
+                    | OptimKind::PagedAdamW8bit
+                    | OptimKind::TorchaoAdamW8bit
+                    | OptimKind::TorchaoAdamW4bit
             ) {
                 0.01
             } else {
