@@ -798,3 +798,24 @@ fn moe_keys_run_or_are_refused_by_name() {
         "{with_dense} vs {sparse_all}"
     );
 }
+
+/// BERT is an encoder: generating with it is refused for that reason, on `--mode`, before
+/// anything asks for the tokens to generate.
+#[test]
+fn generation_with_an_encoder_is_refused_as_such() {
+    let err = common::refused(
+        &[
+            "run",
+            "fixtures/hf/configs/bert-base-uncased.config.json",
+            "--batch",
+            "2",
+            "--seq",
+            "128",
+            "--mode",
+            "generate",
+        ],
+        "--mode",
+    );
+    assert!(err.contains("encoder"), "{err}");
+    assert!(!err.contains("[generate]"), "{err}");
+}

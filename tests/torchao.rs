@@ -34,7 +34,8 @@ fn torchao_low_bit_adamw_matches_pytorch_in_every_field() {
         );
     }
     for name in TIED {
-        let (_, alloc, reserved) = common::case_differences("fixtures/torchao", name, name, &FIELDS);
+        let (_, alloc, reserved) =
+            common::case_differences("fixtures/torchao", name, name, &FIELDS);
         assert!(
             alloc < 0.003 && reserved == 0.0,
             "{name}: allocated {alloc}, reserved {reserved}"
@@ -99,7 +100,8 @@ fn torchao_low_bit_adamw_allocates_and_frees_as_pytorch_does() {
 fn low_bit_states_are_smaller_than_adamw_s_and_the_peak_follows_the_update() {
     let w = "fixtures/torchao/workloads/llama_s4_torchao_adamw8bit_fp32.toml";
     let text = std::fs::read_to_string(common::root().join(w)).unwrap();
-    let config = common::root().join("fixtures/torchao/cases/llama_s4_torchao_adamw8bit_fp32.config.json");
+    let config =
+        common::root().join("fixtures/torchao/cases/llama_s4_torchao_adamw8bit_fp32.config.json");
     let s = common::Scratch::new("torchao-states");
     let run = |opt: &str| {
         let t = text
@@ -130,8 +132,14 @@ fn low_bit_states_are_smaller_than_adamw_s_and_the_peak_follows_the_update() {
     // (within 2%: the maps, the norms' float32 states and the allocator's rounding)
     let (r8, r4) = (eight / adamw, four / adamw);
     let near = |r: f64, want: f64| (r / want - 1.0).abs() < 0.02;
-    assert!(near(r8, (1.0 + 4.0 / 256.0) / 4.0), "8 bits: {r8} of AdamW's state ({eight} B, {adamw} B)");
-    assert!(near(r4, (0.5 + 4.0 / 128.0) / 4.0), "4 bits: {r4} of AdamW's state ({four} B)");
+    assert!(
+        near(r8, (1.0 + 4.0 / 256.0) / 4.0),
+        "8 bits: {r8} of AdamW's state ({eight} B, {adamw} B)"
+    );
+    assert!(
+        near(r4, (0.5 + 4.0 / 128.0) / 4.0),
+        "4 bits: {r4} of AdamW's state ({four} B)"
+    );
     // the 4-bit update of the 32.8M-element embedding holds 786 MB for the call
     assert!(peak4 > peak8, "4-bit peak {peak4} vs 8-bit {peak8}");
 }

@@ -256,7 +256,7 @@ impl Optimizer {
         let shape = d.shape(p).to_vec();
         let numel: usize = shape.iter().product();
         // "follow bitsandbytes, only quantize tensors >= 4096 values"
-        let quantized = numel >= MIN_8BIT_SIZE && numel % lb.block == 0;
+        let quantized = numel >= MIN_8BIT_SIZE && numel.is_multiple_of(lb.block);
         let blocks = numel / lb.block;
         if self.state[i].is_empty() {
             let made = |d: &mut Tensors<S>, shape: &[usize], dtype| {
@@ -294,49 +294,48 @@ impl Optimizer {
         }
         // the compiled update's buffers, per state (exp_avg, exp_avg_sq): the new scales, then
         // the float32 states, then (4 bits) the int64 codes of the binary search
-        let tmp = |d: &mut Tensors<S>, shape: &[usize], dtype| {
-            d.empty_beside(p, shape, dtype, Category::Temporary)
-        };
-        let mut bufs = Vec::with_capacity(6);
-        let mut alloc = |d: &mut Tensors<S>, shape: &[usize], dtype| match tmp(d, shape, dtype) {
-            Ok(t) => {
-                bufs.push(t);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        };
-        let fail = |d: &mut Tensors<S>, bufs: &mut Vec<TensorId>, e| {
-            for t in bufs.drain(..) {
-                d.release(t);
-            }
-            Err(e)
-        };
-        for (shape, dtype) in [
-            (&[blocks][..], DType::F32),
-            (&[blocks][..], DType::F32),
-            (&[numel][..], DType::F32),
-            (&[numel][..], DType::F32),
-        ]
-        .into_iter()
-        .chain((lb.bits == 4).then_some([(&[numel][..], DType::I64); 2]).into_iter().flatten())
-        {
-            if let Err(e) = alloc(d, shape, dtype) {
-                return fail(d, &mut bufs, e);
+        let mut wanted = vec![
+            (blocks, DType::F32),
+            (blocks, DType::F32),
+            (numel, DType::F32),
+            (numel, DType::F32),
+        ];
+        if lb.bits == 4 {
+            wanted.extend([(numel, DType::I64); 2]);
+        }
+        let mut bufs = Vec::with_capacity(wanted.len());
+        let mut made = Ok(());
+        for (n, dtype) in wanted {
+            match d.empty_beside(p, &[n], dtype, Category::Temporary) {
+                Ok(t) => bufs.push(t),
+                Err(e) => {
+                    made = Err(e);
+                    break;
+                }
             }
         }
         // the first call of this graph, inductor's cache warm: over enough blocks it times its
         // kernels, filling an L2-sized buffer before each timing
         let graph = (shape.clone(), d.dtype(p));
-        if !self.compiled.contains(&graph) {
+        if made.is_ok() && !self.compiled.contains(&graph) {
             self.compiled.push(graph);
             if blocks > BENCH_MIN_BLOCKS {
                 for _ in 0..BENCH_TIMINGS {
                     match d.empty_beside(p, &[L2_FLUSH_BYTES], DType::U8, Category::Workspace) {
                         Ok(t) => d.release(t),
-                        Err(e) => return fail(d, &mut bufs, e),
+                        Err(e) => {
+                            made = Err(e);
+                            break;
+                        }
                     }
                 }
             }
+        }
+        if let Err(e) = made {
+            for t in bufs {
+                d.release(t);
+            }
+            return Err(e);
         }
         // the order inductor's code drops them in: 8 bits, the float32 states then the scales;
         // 4 bits, per state float32, codes and scale when the last dimension is a whole number

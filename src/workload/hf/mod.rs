@@ -247,6 +247,13 @@ pub(crate) fn expand(
         fsdp: None,
         zero: None,
     };
+    // an encoder has no generation: say so before asking for [generate]
+    if run.mode == "generate" && matches!(cfg, config::Family::Bert(_)) {
+        return Err(SyntaxError::new(
+            value_at(&t, "mode"),
+            "mode = \"generate\" is not modelled for bert: it is an encoder (no `generate`); run mode = \"train\" or \"inference\"",
+        ));
+    }
     run.generate = generate_table(&run, &t, generate, span)?;
     let micro = u64::from(run.iterations).saturating_mul(run.grad_accum);
     if micro > crate::workload::preset::MAX_MICRO_BATCHES {
