@@ -251,7 +251,7 @@ pub(crate) fn expand(
     if run.mode == "generate" && matches!(cfg, config::Family::Bert(_)) {
         return Err(SyntaxError::new(
             value_at(&t, "mode"),
-            "mode = \"generate\" is not modelled for bert: it is an encoder (no `generate`); run mode = \"train\" or \"inference\"",
+            "generation (bert is an encoder) is not modelled: BertForMaskedLM and BertForSequenceClassification have no `generate`; run mode = \"train\" or \"inference\"",
         ));
     }
     run.generate = generate_table(&run, &t, generate, span)?;
