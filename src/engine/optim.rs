@@ -114,25 +114,19 @@ impl Optimizer {
         let with_grad: Vec<usize> = (0..self.params.len())
             .filter(|&i| d.grad(self.params[i]).is_some())
             .collect();
+        if self.kind.simulated_only() && d.computes() {
+            return Err(EngineError::Invalid(format!(
+                "{}'s block-wise low-bit update runs on the simulated device only (--device sim, the default): it has no kernel on this device yet",
+                self.kind.name()
+            )));
+        }
         if let Some(lb) = self.kind.torchao() {
-            if d.computes() {
-                return Err(EngineError::Invalid(format!(
-                    "{}'s low-bit update runs on the simulated device only (--device sim, the default): it has no kernel on this device yet",
-                    self.kind.name()
-                )));
-            }
             for &i in &with_grad {
                 self.step_torchao(d, i, lb)?;
             }
             return Ok(());
         }
         if self.kind.eight_bit() {
-            if d.computes() {
-                return Err(EngineError::Invalid(format!(
-                    "{}'s block-wise 8-bit update runs on the simulated device only (--device sim, the default): it has no kernel on this device yet",
-                    self.kind.name()
-                )));
-            }
             for &i in &with_grad {
                 if self.state[i].is_empty() {
                     self.init_8bit(d, i)?;
@@ -316,9 +310,10 @@ impl Optimizer {
         }
         // the first call of this graph, inductor's cache warm: over enough blocks it times its
         // kernels, filling an L2-sized buffer before each timing
-        let graph = (shape.clone(), d.dtype(p));
-        if made.is_ok() && !self.compiled.contains(&graph) {
-            self.compiled.push(graph);
+        let dtype = d.dtype(p);
+        let whole_rows = shape.last().is_some_and(|l| l % lb.block == 0);
+        if made.is_ok() && !self.compiled.iter().any(|g| g.0 == shape && g.1 == dtype) {
+            self.compiled.push((shape, dtype));
             if blocks > BENCH_MIN_BLOCKS {
                 for _ in 0..BENCH_TIMINGS {
                     match d.empty_beside(p, &[L2_FLUSH_BYTES], DType::U8, Category::Workspace) {
@@ -340,7 +335,7 @@ impl Optimizer {
         // the order inductor's code drops them in: 8 bits, the float32 states then the scales;
         // 4 bits, per state float32, codes and scale when the last dimension is a whole number
         // of blocks, else both scales first
-        let order: &[usize] = match (lb.bits, shape.last().is_some_and(|l| l % lb.block == 0)) {
+        let order: &[usize] = match (lb.bits, whole_rows) {
             (8, _) => &[2, 3, 0, 1],
             (_, true) => &[2, 4, 0, 3, 5, 1],
             (_, false) => &[0, 1, 2, 4, 3, 5],

@@ -211,12 +211,17 @@ pub fn run_on(
         .as_ref()
         .and_then(|p| p.distributed.as_ref())
         .is_some_and(|d| d.strategy == "fsdp2");
+    // what the simulated device alone models, refused on a computing one: on the flag or key
+    // that chose the device
+    let sim_only = |e: String| match target.device.as_deref().or(opts.device.as_deref()) {
+        Some(_) => Error::usage("--device", e),
+        None => Error::input(path.to_path_buf(), "device", e),
+    };
     if fsdp && dev.computes() {
-        let e = "FSDP2 is modelled on the simulated device only, for now: run it with --device sim";
-        return Err(match target.device.as_deref().or(opts.device.as_deref()) {
-            Some(_) => Error::usage("--device", e),
-            None => Error::input(path.to_path_buf(), "device", e),
-        });
+        return Err(sim_only(
+            "FSDP2 is modelled on the simulated device only, for now: run it with --device sim"
+                .into(),
+        ));
     }
     // the block-wise 8-bit and low-bit optimizers have no kernel: refused before the script
     // runs, naming what the user wrote rather than a line of the generated script
@@ -226,14 +231,10 @@ pub fn run_on(
         .and_then(|p| crate::engine::op::OptimKind::parse(p.optimizer))
         .filter(|k| k.simulated_only() && dev.computes())
     {
-        let e = format!(
+        return Err(sim_only(format!(
             "optimizer \"{}\" is modelled on the simulated device only (its memory; there is no kernel for its update): run it with --device sim, or pick adamw to compute",
             kind.name()
-        );
-        return Err(match target.device.as_deref().or(opts.device.as_deref()) {
-            Some(_) => Error::usage("--device", e),
-            None => Error::input(path.to_path_buf(), "device", e),
-        });
+        )));
     }
     // weights and batches matter only where values are computed
     let open = |p: &Option<PathBuf>, key: &str| -> Result<Option<files::TensorFile>, Error> {

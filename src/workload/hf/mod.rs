@@ -332,7 +332,8 @@ pub(crate) fn expand(
             (config::Family::Llama(_), true) => Some(("lora", "generation with LoRA adapters")),
             (config::Family::Gpt2(_), true) => Some(("lora", "generation with LoRA adapters")),
             (config::Family::Gpt2(_), false) => None,
-            (config::Family::Bert(_), _) => Some(("mode", "generation (bert is an encoder)")),
+            // refused before [generate] is read
+            (config::Family::Bert(_), _) => None,
         };
         let what = what.or(if run.eager {
             Some(("attention", "generation with eager attention"))
