@@ -474,6 +474,9 @@ fn fit_on_a_short_generation_is_exact() {
     let (_, v) = run_json(&a);
     let row = &v["results"][0];
     assert_eq!(row["found"], "exact", "{v}");
+    // no search: two short runs bracket it, one run to the limit finds where it stops
+    // fitting (a shorter generation is its first steps)
+    assert_eq!(row["runs"], 3, "{v}");
     let max = row["max_fitting"].as_u64().expect("some length fits");
     for (n, fits) in [(max, true), (max + 1, false)] {
         let n = n.to_string();

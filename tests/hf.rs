@@ -793,6 +793,13 @@ fn fit_finds_the_most_new_tokens() {
     assert!(v["oom"].is_null(), "{n} tokens: {}", v["oom"]);
     let (_, v) = run(n + 1);
     assert!(!v["oom"].is_null(), "{} tokens fit too", n + 1);
+    // the failure names the token it was generating: the one past the answer
+    let line = v["verdict"]["line"].as_str().unwrap_or_default();
+    assert!(
+        line.replace(',', "")
+            .contains(&format!("generating token {}", n + 1)),
+        "{line}"
+    );
 }
 
 /// `sum` and `mean` take a list of dims (`dim=[0, 2]`): one reduction, one output, and the

@@ -313,7 +313,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-reshard-after-f
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l cpu-offload -d 'With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the optimizer\'s step on the host'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s q -l quiet -d 'Print only the verdict line and errors'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l no-remedies -d 'Only the workload as it is, no remedies'
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l exact -d 'With `--param new_tokens`: always simulate at the boundary, however long that takes (by default a boundary that would take more than a few seconds to simulate is estimated from the KV cache\'s growth, and marked so)'
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l exact -d 'With `--param new_tokens`: always simulate to the boundary, however long that takes (by default a boundary that would take more than a few seconds to simulate is estimated from the KV cache\'s growth, and marked so). About 0.45 ms per generated token for a 7B model at batch 1 here: 36,000 tokens in 16 s'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l json -d 'Print JSON: `max_fitting` per remedy, with the peaks at that value'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -s h -l help -d 'Print help (see more with \'--help\')'

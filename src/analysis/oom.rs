@@ -156,12 +156,19 @@ pub fn oom_site<'a>(
 pub fn oom_place(
     site: &(String, Option<String>),
     iteration: Option<u32>,
+    tokens: Option<u64>,
     line: u32,
     with_line: bool,
 ) -> String {
     let mut when = iteration
         .map(|i| format!("iteration {i}"))
         .unwrap_or_else(|| "setup".into());
+    if let Some(t) = tokens {
+        when.push_str(&format!(
+            ", generating token {}",
+            crate::units::group_digits(t + 1)
+        ));
+    }
     if let Some(p) = &site.1 {
         when.push_str(&format!(", {p}"));
     }

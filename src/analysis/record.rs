@@ -59,6 +59,26 @@ pub struct RunOom {
     pub line: u32,
     pub column: u32,
     pub iteration: Option<u32>,
+    /// Tokens the iteration's generation had finished when it ran out (`None` outside a
+    /// generation): a generation of that many tokens runs the same steps and stops before
+    /// the one that failed.
+    pub tokens: Option<u64>,
+}
+
+/// A generation's progress at its last finished token (`token_done()`), which is all a
+/// shorter generation of the same model runs before it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Generated {
+    /// Tokens finished.
+    pub tokens: u64,
+    /// The run's highest allocated and reserved memory up to then (setup included).
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    /// Allocations from then to the iteration's end (`None` if it did not end): none means
+    /// what follows the last step only frees, so it cannot run out.
+    pub tail_allocations: Option<u64>,
+    /// The allocator's allocations so far, then.
+    pub(crate) allocations: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +92,9 @@ pub struct RunOutcome {
     /// (iteration, index in the event trace of its last event) per finished iteration.
     pub iteration_ends: Vec<(u32, u64)>,
     pub marks: Vec<Mark>,
+    /// The last iteration's generation as `token_done()` counted it (`None` where the script
+    /// counts no tokens).
+    pub generated: Option<Generated>,
     pub oom: Option<RunOom>,
     pub peak: PeakBreakdown,
     pub stats: DeviceStats,
@@ -138,7 +161,7 @@ impl RunOutcome {
         let o = self.oom.as_ref()?;
         let rec = self.allocator.recorder();
         let site = super::oom::oom_site(rec.ring.iter(), &rec.tags);
-        Some(super::oom::oom_place(&site, o.iteration, o.line, with_line))
+        Some(super::oom::oom_place(&site, o.iteration, o.tokens, o.line, with_line))
     }
 }
 

@@ -839,9 +839,16 @@ pub struct DiffArgs {
 /// SGD, ...), so you see what each buys. This is "halve the batch until it fits", done in
 /// milliseconds and without a GPU.
 ///
+/// `--param new_tokens` (a generation's length; with a bare config it implies --mode
+/// generate) needs no search: a shorter generation runs a longer one's first steps, so one
+/// run to --max finds the first token that does not fit. Where even that run would take more
+/// than a few seconds, the answer is estimated from the KV cache's bytes per token and marked
+/// so (--exact runs it anyway).
+///
 /// Example:
 ///   gpumem fit --preset gpt2-small --capacity 24GiB
 ///   gpumem fit config.json --seq 2048 --dtype bf16 --lora-r 16 --capacity 24GiB
+///   gpumem fit config.json --param new_tokens --seq 512 --dtype bf16 --capacity 24GiB
 #[derive(Debug, Args)]
 #[command(
     verbatim_doc_comment,
@@ -888,9 +895,10 @@ pub struct FitArgs {
     #[arg(long)]
     pub no_remedies: bool,
 
-    /// With `--param new_tokens`: always simulate at the boundary, however long that takes
+    /// With `--param new_tokens`: always simulate to the boundary, however long that takes
     /// (by default a boundary that would take more than a few seconds to simulate is
-    /// estimated from the KV cache's growth, and marked so).
+    /// estimated from the KV cache's growth, and marked so). About 0.45 ms per generated
+    /// token for a 7B model at batch 1 here: 36,000 tokens in 16 s.
     #[arg(long)]
     pub exact: bool,
 

@@ -42,7 +42,14 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     // a bare config needs its sequence length unless that is what is searched
     let searched = args.param.as_deref().unwrap_or("batch");
     let required: Vec<&str> = ["seq"].into_iter().filter(|k| *k != searched).collect();
-    let mut base = super::model_overrides(workload, &args.model, &[], None, &required)?;
+    // a bare config's generation searched: `--param new_tokens` is the question, so the
+    // generate mode and a first length are implied rather than asked for
+    let mut model = args.model.clone();
+    if is_config && searched == "new_tokens" {
+        model.mode.get_or_insert_with(|| "generate".into());
+        model.new_tokens.get_or_insert(1);
+    }
+    let mut base = super::model_overrides(workload, &model, &[], None, &required)?;
     if is_config && base.param("batch").is_none() {
         // the search starts from batch 1
         base.params.push(("batch".into(), 1));
@@ -154,7 +161,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         let mut runs = 0;
         let mut refused = None;
-        let (max, found) = match (&kv, param.as_str()) {
+        let (max, found, peaks) = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
                 workload, &o, start, limit, kv, &opts, args.exact, &mut runs,
             )?,
@@ -170,6 +177,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                     &mut refused,
                 )?,
                 remedies::Found::Exact,
+                None,
             ),
         };
         if let Some((v, why)) = refused {
@@ -198,6 +206,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let (pa, pr) = match max {
             // an estimate is not run (that is what it saves)
             Some(_) if found == remedies::Found::Estimated => (None, None),
+            Some(_) if peaks.is_some() => (peaks.map(|p| p.0), peaks.map(|p| p.1)),
             Some(v) => {
                 let r = remedies::run_with(workload, &o.with_param(&param, v), &opts)?;
                 (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))

@@ -324,6 +324,7 @@ fn run_verdict(
             (Some(o), Some(d)) => Some(crate::analysis::oom::oom_place(
                 &d.site,
                 o.iteration,
+                o.tokens,
                 o.line,
                 !is_config,
             )),

@@ -87,6 +87,13 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_mark,
     ),
     rt(
+        "token_done()",
+        "counts a generated token (a generation step finished): an out-of-memory then says \
+         which token it was generating, and `fit --param new_tokens` reads the longest \
+         generation that fits from one run",
+        rt_token_done,
+    ),
+    rt(
         "empty_cache()",
         "torch.cuda.empty_cache(): frees the cached segments",
         rt_empty_cache,
@@ -342,6 +349,20 @@ fn rt_kv_cache(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Valu
             _ => return script(span, "kv_cache expects tensors: kv_cache(k, v)"),
         }
     }
+    Ok(Value::None)
+}
+
+fn rt_token_done(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
+    let _ = (&span, recv, a);
+    let tokens = me.generated.map_or(0, |g| g.tokens) + 1;
+    me.note_peak();
+    me.generated = Some(crate::analysis::record::Generated {
+        tokens,
+        peak_allocated: me.run_peak,
+        peak_reserved: me.run_peak_reserved,
+        tail_allocations: None,
+        allocations: me.dev.alloc.stats().allocation.all().allocated as u64,
+    });
     Ok(Value::None)
 }
 

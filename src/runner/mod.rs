@@ -119,6 +119,10 @@ struct Runner {
     statements: u64,
     /// [`statement_bound`] of the workload.
     max_statements: u64,
+    /// The current iteration's generation at its last finished token (`token_done()`),
+    /// `None` where the script counts none: an out-of-memory then says which token it was
+    /// generating ([`crate::analysis::record::Generated`]).
+    generated: Option<crate::analysis::record::Generated>,
 }
 
 /// The most statements a script runs (setup, every iteration and every loop pass together,
@@ -270,6 +274,7 @@ pub fn run_on(
         scope_tags: vec![None; names.scopes],
         statements: 0,
         max_statements: statement_bound(workload),
+        generated: None,
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
@@ -315,6 +320,7 @@ pub fn run_on(
                 line: span.line,
                 column: span.col,
                 iteration: None,
+                tokens: r.generated.map(|g| g.tokens),
             })
         }
         Ok(()) => {}
@@ -322,6 +328,7 @@ pub fn run_on(
     if oom.is_none() {
         for it in 0..iters {
             r.iteration = Some(it);
+            r.generated = None;
             r.dev.alloc.reset_peak_stats();
             r.current = IterationStats {
                 iteration: it,
@@ -354,6 +361,10 @@ pub fn run_on(
             if res.is_ok() && recorded > 0 {
                 iteration_ends.push((it, recorded - 1));
             }
+            if let (Ok(()), Some(g)) = (&res, &mut r.generated) {
+                let now = r.dev.alloc.stats().allocation.all().allocated as u64;
+                g.tail_allocations = Some(now.saturating_sub(g.allocations));
+            }
             progress(it + 1, iters);
             match res {
                 Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
@@ -364,6 +375,7 @@ pub fn run_on(
                         line: span.line,
                         column: span.col,
                         iteration: Some(it),
+                        tokens: r.generated.map(|g| g.tokens),
                     });
                     break;
                 }
@@ -421,6 +433,7 @@ pub fn run_on(
         iterations,
         iteration_ends,
         marks: r.marks,
+        generated: r.generated,
         oom,
         peak,
         stats: r.dev.alloc.stats().clone(),

@@ -592,8 +592,17 @@ const SIMULATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(3)
 /// The largest `new_tokens` in `1..=limit` that fits, for a generation whose cache grows by
 /// `kv.bytes_per_token`: two short runs give the peak's growth per token (at least the
 /// cache's) and the simulation's time per token; the boundary is bracketed from them and
-/// confirmed by the exact search when that costs less than [`SIMULATION_BUDGET`], else
+/// found exactly when that costs less than [`SIMULATION_BUDGET`] (or `exact` asks), else
 /// returned as an estimate.
+///
+/// The exact answer takes one long run, not a search: a generation of `n` tokens runs the
+/// same steps as a longer one's first `n` (greedy decoding, the minimum-length processors
+/// forcing alike, the cache grown the same way), so one run to `limit` either fits (every
+/// length does) or runs out while generating token `g + 1` (`token_done()` counts them):
+/// `g + 1` and longer do not fit, and `g` does, because a run of `g` tokens then ends
+/// instead of taking the failing step, and the end of the short run allocated nothing (only
+/// frees). Where it did allocate, a run of `g` tokens confirms. The answer's peaks come with
+/// it (`None` where not known without another run).
 #[allow(clippy::too_many_arguments)]
 pub fn max_new_tokens(
     path: &Path,
@@ -604,7 +613,7 @@ pub fn max_new_tokens(
     opts: &RunOptions,
     exact: bool,
     runs: &mut u32,
-) -> Result<(Option<i64>, Found), Error> {
+) -> Result<(Option<i64>, Found, Option<(u64, u64)>), Error> {
     let param = "new_tokens";
     let a = start.clamp(1, limit);
     let b = (a + 64).min(limit);
@@ -614,14 +623,14 @@ pub fn max_new_tokens(
     let time_a = t0.elapsed();
     if ra.oom.is_some() || a == b {
         let m = max_fitting(path, overrides, param, a, a, opts, runs)?;
-        return Ok((m, Found::Exact));
+        return Ok((m, Found::Exact, None));
     }
     *runs += 1;
     let rb = run_with(path, &overrides.with_param(param, b), opts)?;
     let time_b = t0.elapsed().saturating_sub(time_a);
     if rb.oom.is_some() {
         let m = max_fitting(path, overrides, param, a, b, opts, runs)?;
-        return Ok((m, Found::Exact));
+        return Ok((m, Found::Exact, None));
     }
     let context = rb.context();
     let usable = rb.capacity.saturating_sub(context);
@@ -629,7 +638,7 @@ pub fn max_new_tokens(
     // the cache at the context's length with one layer's keys twice over (`torch.cat` makes
     // the grown copy before the old one goes), and the rest of a step as the short run's peak
     // shows it beyond its cache; the caching allocator's slack is not modelled (hence an
-    // estimate, and the exact search where it is affordable)
+    // estimate, and the exact answer where it is affordable)
     let base = rb.iterations.first().map_or(0, |i| i.start);
     let cache = |t: u64| kv.bytes_at(t) + kv.bytes_at(t) / (2 * kv.layers.max(1));
     let step = rb
@@ -642,20 +651,63 @@ pub fn max_new_tokens(
     let estimate = (room / per_token)
         .saturating_sub(kv.prompt)
         .clamp(b as u64, limit as u64) as i64;
-    // the exact search: about log2 of the range's runs, each as long as the estimate (the
-    // time per generated token from the two runs' difference, the prefill from the first)
+    // the time of a run to the boundary: the prefill from the first run, each generated
+    // token from the two runs' difference
     let per_step = time_b.saturating_sub(time_a).as_secs_f64() / (b - a).max(1) as f64;
     let one_run = time_a.as_secs_f64() + per_step * estimate as f64;
-    let searches = ((estimate - b).max(2) as f64).log2().ceil() + 2.0;
+    // one generation per iteration: a shorter one is a longer one's first steps
+    let single = ra.iterations.len() == 1;
+    let searches = if single {
+        2.0
+    } else {
+        ((estimate - b).max(2) as f64).log2().ceil() + 2.0
+    };
     tracing::debug!(
         estimate,
         seconds_per_run = one_run,
         runs = searches,
         "generation length bracketed"
     );
-    if exact || one_run * searches <= SIMULATION_BUDGET.as_secs_f64() {
-        let m = max_fitting(path, overrides, param, estimate.max(b), limit, opts, runs)?;
-        return Ok((m, Found::Exact));
+    if !(exact || one_run * searches <= SIMULATION_BUDGET.as_secs_f64()) {
+        return Ok((Some(estimate), Found::Estimated, None));
     }
-    Ok((Some(estimate), Found::Estimated))
+    if single {
+        *runs += 1;
+        // a length gpumem refuses to model (the search below says where) answers nothing here
+        let full = match run_with(path, &overrides.with_param(param, limit), opts) {
+            Ok(r) => Some(r),
+            Err(Error::Input { .. } | Error::Usage { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        // the short run's end: what follows its last token
+        let only_frees = rb.generated.and_then(|g| g.tail_allocations) == Some(0);
+        match full.as_ref().map(|f| (f, &f.oom, f.iterations.len())) {
+            Some((f, None, 1)) => {
+                let peaks = (f.peak.peak_allocated, f.peak.peak_reserved);
+                return Ok((Some(limit), Found::Exact, Some(peaks)));
+            }
+            Some((f, Some(o), _)) if o.iteration == Some(0) => {
+                let done = f.generated.filter(|g| (b..limit).contains(&(g.tokens as i64)));
+                if let (Some(g), true) = (done, only_frees) {
+                    let peaks = (g.peak_allocated, g.peak_reserved);
+                    return Ok((Some(g.tokens as i64), Found::Exact, Some(peaks)));
+                }
+                if let Some(g) = done.map(|g| g.tokens as i64) {
+                    *runs += 1;
+                    let confirm = run_with(path, &overrides.with_param(param, g), opts)?;
+                    if confirm.oom.is_none() {
+                        let peaks = (confirm.peak.peak_allocated, confirm.peak.peak_reserved);
+                        return Ok((Some(g), Found::Exact, Some(peaks)));
+                    }
+                    // (a step after the last that allocates: the search below settles it)
+                    let m = max_fitting(path, overrides, param, b, g, opts, runs)?;
+                    return Ok((m, Found::Exact, None));
+                }
+            }
+            _ => {}
+        }
+        tracing::debug!("the long run does not say where a generation stops fitting: searching");
+    }
+    let m = max_fitting(path, overrides, param, estimate.max(b), limit, opts, runs)?;
+    Ok((m, Found::Exact, None))
 }

@@ -366,6 +366,8 @@ fn step(s: &mut String, c: Model, r: &Run, g: &Generate, tk: &Tokens, kind: Step
         "del mx, mx0",
         // del outputs
         "del logits",
+        // the step's token is done: a longer generation runs exactly these steps first
+        "token_done()",
     ] {
         gen_line(s, ind, x);
     }
