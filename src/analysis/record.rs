@@ -161,7 +161,13 @@ impl RunOutcome {
         let o = self.oom.as_ref()?;
         let rec = self.allocator.recorder();
         let site = super::oom::oom_site(rec.ring.iter(), &rec.tags);
-        Some(super::oom::oom_place(&site, o.iteration, o.tokens, o.line, with_line))
+        Some(super::oom::oom_place(
+            &site,
+            o.iteration,
+            o.tokens,
+            o.line,
+            with_line,
+        ))
     }
 }
 

@@ -586,6 +586,10 @@ pub enum Found {
     Estimated,
 }
 
+/// [`max_new_tokens`]'s answer: the longest generation that fits (`None`: not even one
+/// token), how it was found, and its peak allocated and reserved where the search ran it.
+pub type Longest = (Option<i64>, Found, Option<(u64, u64)>);
+
 /// Simulation time `fit` allows itself per remedy before it estimates instead.
 const SIMULATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -613,7 +617,7 @@ pub fn max_new_tokens(
     opts: &RunOptions,
     exact: bool,
     runs: &mut u32,
-) -> Result<(Option<i64>, Found, Option<(u64, u64)>), Error> {
+) -> Result<Longest, Error> {
     let param = "new_tokens";
     let a = start.clamp(1, limit);
     let b = (a + 64).min(limit);
@@ -687,7 +691,9 @@ pub fn max_new_tokens(
                 return Ok((Some(limit), Found::Exact, Some(peaks)));
             }
             Some((f, Some(o), _)) if o.iteration == Some(0) => {
-                let done = f.generated.filter(|g| (b..limit).contains(&(g.tokens as i64)));
+                let done = f
+                    .generated
+                    .filter(|g| (b..limit).contains(&(g.tokens as i64)));
                 if let (Some(g), true) = (done, only_frees) {
                     let peaks = (g.peak_allocated, g.peak_reserved);
                     return Ok((Some(g.tokens as i64), Found::Exact, Some(peaks)));
