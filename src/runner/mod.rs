@@ -34,8 +34,9 @@ use crate::workload::ast::{
 pub use crate::analysis::record::{
     IterationStats, Mark, NamedValues, PeakBreakdown, RunOom, RunOutcome,
 };
+pub use builtins::script_reference;
 use builtins::Args;
-pub use builtins::{script_reference, RUNTIME_FUNCTIONS, RUNTIME_METHODS};
+pub use runtime::{RUNTIME_FUNCTIONS, RUNTIME_METHODS};
 pub use value::Value;
 
 /// The device capacity when neither the workload nor the command line gives one: an 80 GiB card.
@@ -975,6 +976,7 @@ mod ddp;
 mod files;
 mod fsdp;
 pub mod remedies;
+mod runtime;
 
 #[cfg(test)]
 mod bound_tests {
