@@ -175,7 +175,10 @@ fn distributed_keys_run_or_are_refused_by_name() {
             "strategy = \"zero2\"\nreduce_bucket_size = 0\n",
             "reduce_bucket_size",
         ),
-        ("strategy = \"zero1\"\ncpu_offload = true\n", "cpu_offload"),
+        (
+            "strategy = \"zero1\"\nparam_dtype = \"bf16\"\n",
+            "param_dtype",
+        ),
         ("world_size = 0\n", "world_size"),
         ("gradient_as_bucket_view = 1\n", "gradient_as_bucket_view"),
         ("param_dtype = \"bf16\"\n", "param_dtype"),
@@ -410,6 +413,50 @@ fn sharding_remedies_are_tried_for_distributed_runs() {
     assert!(!fsdp.iter().any(|(n, _)| n == "FSDP2"), "{fsdp:?}");
 }
 
+/// An out-of-memory under ZeRO is offered DeepSpeed's own fixes, each re-run: a smaller
+/// reduction bucket (the one that fits here: 2 GB of float32 bucket at the default 5e8
+/// elements), stage 2 over stage 1, the optimizer offloaded, more ranks; none of FSDP2's.
+#[test]
+fn zero_out_of_memory_is_offered_deepspeeds_remedies() {
+    let (code, v) = run_json(&[
+        "run",
+        "fixtures/dist1/cases/llama_s.config.json",
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--dtype",
+        "fp32",
+        "--zero",
+        "1",
+        "--world-size",
+        "2",
+        "--capacity",
+        "3GiB",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    let tried: Vec<(String, bool)> = v["oom"]["remedies"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no remedies: {v}"))
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_string(), r["fits"] == true))
+        .collect();
+    for want in ["ZeRO stage 2", "optimizer offload", "world size 4"] {
+        assert!(tried.iter().any(|(n, _)| n == want), "{want}: {tried:?}");
+    }
+    assert!(
+        tried.contains(&("reduce_bucket_size 50000000".to_string(), true)),
+        "{tried:?}"
+    );
+    assert_eq!(
+        v["oom"]["smallest_fitting_remedy"], "reduce_bucket_size 50000000",
+        "{tried:?}"
+    );
+    for not in ["FSDP2", "CPU offload", "reshard after forward"] {
+        assert!(!tried.iter().any(|(n, _)| n == not), "{not}: {tried:?}");
+    }
+}
+
 /// DeepSpeed ZeRO stage 2 (DeepSpeed 0.19.6's code): the flat parameters replace the
 /// parameters, each rank adds a float32 master partition at construction and Adam's two states
 /// over it at the first step, and the reduction bucket (reduce_bucket_size elements of the
@@ -470,4 +517,62 @@ fn zero_partitions_the_master_weights_and_adams_state() {
     );
     // stage 1 keeps the full gradients through backward: a higher peak than stage 2's
     assert!(peak(&z1) > peak(&z4), "{} {}", peak(&z1), peak(&z4));
+}
+
+/// ZeRO's optimizer offload (`--cpu-offload` with `--zero`, DeepSpeed's `offload_optimizer`):
+/// the float32 master partition, its gradient and Adam's state live on the host; the device
+/// trades the master for a staging buffer of the largest parameter and never holds Adam's
+/// state; the host holds the master, its gradient, the bit16 copy-back buffer, the pinned
+/// staging buffer and, from the first step, Adam's two states.
+#[test]
+fn zero_offload_keeps_the_optimizer_on_the_host() {
+    let cfg = "fixtures/dist1/cases/llama_s.config.json";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
+        args.extend_from_slice(extra);
+        let (code, v) = run_json(&args);
+        assert_eq!(code, Some(0), "{extra:?}: {}", v["verdict"]);
+        v
+    };
+    let start = |v: &Value, i: usize| u(&v["iterations"][i]["start"]);
+    let params = 622_923_776u64;
+    let part = params / 4;
+    // the largest parameter: the embedding (and lm_head), 32,000 x 1,024 float32, in a
+    // segment of its size rounded to 2 MiB whose last 1 MiB is not split off
+    let largest = 32_000u64 * 1_024 * 4;
+    let staging = largest.div_ceil(2 << 20) * (2 << 20);
+    for stage in ["1", "2"] {
+        let on = run(&["--zero", stage, "--world-size", "4"]);
+        let off = run(&["--zero", stage, "--world-size", "4", "--cpu-offload"]);
+        assert_eq!(u(&on["host_memory_peak"]), 0);
+        // at construction: the staging buffer instead of the master partition
+        assert_eq!(
+            start(&on, 0) - start(&off, 0),
+            part - staging,
+            "stage {stage}"
+        );
+        // the first step adds Adam's state on the device only without offload
+        let first_step = |v: &Value| start(v, 1) - start(v, 0);
+        assert_eq!(
+            first_step(&on) - first_step(&off),
+            2 * part,
+            "stage {stage}"
+        );
+        // the host: master, its gradient, the bit16 buffer, Adam's two states (float32
+        // partitions) and the pinned staging buffer
+        assert_eq!(
+            u(&off["host_memory_peak"]),
+            5 * part + largest,
+            "stage {stage}"
+        );
+        assert_eq!(off["ranks"]["strategy"], format!("zero{stage}"));
+    }
+    // the flag needs a sharded run
+    let out = common::at_root(&["run", cfg, "--batch", "1", "--seq", "64", "--cpu-offload"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--cpu-offload") && err.contains("--zero"),
+        "{err}"
+    );
 }

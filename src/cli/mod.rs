@@ -281,8 +281,10 @@ pub struct ModelArgs {
     pub no_reshard_after_forward: bool,
 
     /// With --fsdp2: `CPUOffloadPolicy(pin_memory=True)`: the shards, their gradients and the
-    /// optimizer's step on the host.
-    #[arg(long, requires = "fsdp2")]
+    /// optimizer's step on the host. With --zero: DeepSpeed's `offload_optimizer` to the CPU
+    /// (pinned): the float32 master, its gradient and Adam's state on the host,
+    /// DeepSpeedCPUAdam stepping there.
+    #[arg(long)]
     pub cpu_offload: bool,
 }
 

@@ -276,6 +276,16 @@ fn config_flags(
         if let Some(n) = args.reduce_bucket_size {
             distributed.push(("reduce_bucket_size".to_string(), n.to_string()));
         }
+        if args.cpu_offload {
+            distributed.push(("cpu_offload".to_string(), "true".into()));
+        }
+    }
+    if args.cpu_offload && !args.fsdp2 && args.zero.is_none() {
+        return Err(Error::usage(
+            "--cpu-offload",
+            "--cpu-offload offloads a sharded run: add --fsdp2 (CPUOffloadPolicy) or --zero 1|2 \
+             (offload_optimizer)",
+        ));
     }
     if let Some(n) = args.world_size {
         if !args.ddp && !args.fsdp2 && args.zero.is_none() {

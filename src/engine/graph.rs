@@ -219,4 +219,20 @@ pub(crate) struct Zero {
     pub grads_fill: u64,
     /// The optimizer's `exp_avg` and `exp_avg_sq` over the partition (after the first step).
     pub state: Vec<TensorId>,
+    /// `offload_optimizer` to the host: what it keeps ([`ZeroOffload`]).
+    pub offload: Option<ZeroOffload>,
+}
+
+/// ZeRO's optimizer offload (`offload_optimizer.device = "cpu"`): the float32 master
+/// partition, its gradient and the bit16 copy-back buffer in pinned host memory, Adam's state
+/// on the host, and on the device a staging buffer and each partition gradient's norm.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ZeroOffload {
+    /// Host tensors held to the end (the master's gradient, the bit16 buffer, the pinned
+    /// gradient staging buffer).
+    pub host: Vec<TensorId>,
+    /// `temp_grad_buffer_for_gpu_offload`: the largest parameter's elements, on the device.
+    pub gpu_buffer: Option<TensorId>,
+    /// `norm_for_param_grads`: a float64 scalar per partition gradient, until the step.
+    pub norms: Vec<TensorId>,
 }

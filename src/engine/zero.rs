@@ -23,9 +23,19 @@
 //!   float32 when they are not), `grads_in_partition` dropped, DeepSpeed's FusedAdam (its
 //!   `exp_avg` and `exp_avg_sq` over the partition at the first step, no temporaries), the
 //!   float32 gradient dropped; the update is copied back and all-gathered in place.
+//! - **Optimizer offload** (`offload_optimizer.device = "cpu"`, [`ZeroConfig::offload`]): the
+//!   master partition is made on the host (a device clone of the slice, converted on the
+//!   host, pinned), with a pinned bit16 copy-back buffer, a pinned and a device staging
+//!   buffer of the largest parameter, and the master's pinned float32 gradient, all kept. In
+//!   backward the bucket is the same, but `grads_in_partition` is never made: each reduced
+//!   gradient in the partition gets a float64 copy for its norm (the norm kept to the step),
+//!   the inf/nan check over the whole gradient, and its float32 slice copied to the host;
+//!   then it goes. The step runs DeepSpeedCPUAdam on the host (its state in pageable host
+//!   memory) and copies the update into the flat parameters without a device temporary.
+//!   Host bytes count in [`Tensors::host_memory`].
 
 use super::dtype::DType;
-use super::graph::Zero;
+use super::graph::{Zero, ZeroOffload};
 use super::layout::Layout;
 use super::op::Fill;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
@@ -42,6 +52,8 @@ pub struct ZeroConfig {
     pub world: u64,
     pub bucket_elems: u64,
     pub overlap: bool,
+    /// `offload_optimizer.device = "cpu"` (pinned): DeepSpeedCPUAdam steps on the host.
+    pub offload: bool,
 }
 
 impl<S: Device> Tensors<S> {
@@ -109,6 +121,10 @@ impl<S: Device> Tensors<S> {
         let in_part = (0..params.len())
             .map(|k| offset[k] < part && numel[k] > 0)
             .collect();
+        if cfg.offload {
+            let max_numel = numel.iter().copied().max().unwrap_or(0);
+            return self.zero_init_offload(cfg, params, numel, offset, in_part, part, max_numel);
+        }
         // the float32 master partition: `.clone().float()` of the rank's slice
         let master = if dtype == DType::F32 {
             self.empty(&[part as usize], DType::F32, Category::OptimizerState)?
@@ -139,6 +155,78 @@ impl<S: Device> Tensors<S> {
             grads: None,
             grads_fill: 0,
             state: Vec::new(),
+            offload: None,
+        }));
+        Ok(())
+    }
+
+    /// `zero_init` with the optimizer offloaded (`cpu_offload`, stage_1_and_2.py's
+    /// `__init__`): the rank's slice cloned on the device and converted to float32 on the host
+    /// (`.clone().to("cpu", float32)`: the device clone goes once the copy is made, no float32
+    /// copy on the device), pinned; a pinned bit16 buffer of the partition for the copy-back;
+    /// then a pinned and a device buffer of the largest parameter's elements
+    /// (`temp_grad_buffer_for_cpu_offload`, `temp_grad_buffer_for_gpu_offload`, both kept);
+    /// `initialize_optimizer_states` pins a float32 gradient of the partition and keeps it.
+    #[allow(clippy::too_many_arguments)]
+    fn zero_init_offload(
+        &mut self,
+        cfg: ZeroConfig,
+        params: Vec<TensorId>,
+        numel: Vec<u64>,
+        offset: Vec<u64>,
+        in_part: Vec<bool>,
+        part: u64,
+        max_numel: u64,
+    ) -> Result<(), EngineError> {
+        let dtype = self.dtype(params[0]);
+        let p = part as usize;
+        let mut off = ZeroOffload::default();
+        // `partition.detach().clone().to(device="cpu", dtype=float32)`: the conversion on the
+        // host (a bit16 copy, then float32), then `pin_memory()` copies it into pinned memory
+        let clone = self.empty(&[p], dtype, Category::Temporary)?;
+        let staged = self.host_empty(&[p], dtype, Category::Temporary)?;
+        let pageable = self.host_empty(&[p], DType::F32, Category::OptimizerState)?;
+        self.release(staged);
+        self.release(clone);
+        let master = self.host_empty(&[p], DType::F32, Category::OptimizerState)?;
+        self.release(pageable);
+        // `torch.full(..., device="cpu").pin_memory()`: the bit16 copy-back buffer
+        let pinned = |d: &mut Self, n: usize, dt: DType, c: Category| {
+            let t = d.host_empty(&[n], dt, c)?;
+            let pin = d.host_empty(&[n], dt, c);
+            d.release(t);
+            pin
+        };
+        off.host
+            .push(pinned(self, p, dtype, Category::OptimizerState)?);
+        // after the groups: the largest parameter's staging buffers, host (pinned) and device
+        off.host
+            .push(pinned(self, max_numel as usize, dtype, Category::Gradient)?);
+        let gpu = self.empty(&[max_numel as usize], dtype, Category::Gradient)?;
+        self.fill(gpu, Fill::Zeros)?;
+        off.gpu_buffer = Some(gpu);
+        // `initialize_optimizer_states`: the master's float32 gradient, pinned and kept
+        off.host
+            .push(pinned(self, p, DType::F32, Category::Gradient)?);
+        self.zero = Some(Box::new(Zero {
+            stage: cfg.stage,
+            world: cfg.world,
+            bucket_elems: cfg.bucket_elems,
+            overlap: cfg.overlap,
+            params,
+            numel,
+            offset,
+            in_part,
+            part,
+            dtype,
+            master,
+            buckets: Vec::new(),
+            fill: 0,
+            pending: Vec::new(),
+            grads: None,
+            grads_fill: 0,
+            state: Vec::new(),
+            offload: Some(off),
         }));
         Ok(())
     }
@@ -260,6 +348,15 @@ impl<S: Device> Tensors<S> {
         }
         let z = self.zero.as_ref().expect("under ZeRO");
         let pending = z.pending.clone();
+        if z.offload.is_some() {
+            for k in pending {
+                self.zero_offload_grad(k)?;
+            }
+            let z = self.zero.as_mut().expect("under ZeRO");
+            z.pending.clear();
+            z.fill = 0;
+            return Ok(());
+        }
         if z.grads.is_none() && pending.iter().any(|&k| z.in_part[k]) {
             let n: u64 = (0..z.params.len())
                 .filter(|&k| z.in_part[k])
@@ -285,6 +382,60 @@ impl<S: Device> Tensors<S> {
         z.pending.clear();
         z.fill = 0;
         Ok(())
+    }
+
+    /// `copy_grads_in_partition` with the optimizer offloaded, at the accumulation boundary,
+    /// for parameter `k` of a reduced bucket: a gradient outside rank 0's partition is
+    /// dropped; one in it (its `n` elements there) gets `set_norm_for_param_grad_in_gpu` (a
+    /// float64 copy of the slice, its norm kept to the step), `update_offload_overflow_tracker`
+    /// (`_has_inf_or_nan` over the whole gradient: float32 copy when it is not, `isnan`,
+    /// `isinf`, their `logical_or`, that as float32 for `max()`; the locals go on return, the
+    /// scalar once tested) and `async_inplace_copy_grad_to_fp32_buffer_from_gpu` (the slice
+    /// in float32 when it is not, copied to the pinned gradient), then `param.grad = None`.
+    fn zero_offload_grad(&mut self, k: usize) -> Result<(), EngineError> {
+        let z = self.zero.as_ref().expect("under ZeRO");
+        let (p, dtype, full) = (z.params[k], z.dtype, z.numel[k] as usize);
+        let n = z.numel[k].min(z.part.saturating_sub(z.offset[k])) as usize;
+        let inside = z.in_part[k];
+        if inside && self.grad(p).is_some() {
+            let d = self.empty(&[n], DType::F64, Category::Temporary)?;
+            let norm = self.empty(&[], DType::F64, Category::Temporary);
+            self.release(d);
+            let norm = norm?;
+            let off = self.zero_offload_mut();
+            off.norms.push(norm);
+            let float_x = if dtype == DType::F32 {
+                None
+            } else {
+                Some(self.empty(&[full], DType::F32, Category::Temporary)?)
+            };
+            let mut locals: Vec<TensorId> = float_x.into_iter().collect();
+            for _ in 0..3 {
+                locals.push(self.empty(&[full], DType::Bool, Category::Temporary)?);
+            }
+            let as_float = self.empty(&[full], DType::F32, Category::Temporary)?;
+            let max = self.empty(&[], DType::F32, Category::Temporary);
+            self.release(as_float);
+            for t in locals {
+                self.release(t);
+            }
+            self.release(max?);
+            if dtype != DType::F32 {
+                let f = self.empty(&[n], DType::F32, Category::Temporary)?;
+                self.release(f);
+            }
+        }
+        if let Some(old) = self.info_mut(p).grad.take() {
+            self.release(old);
+        }
+        Ok(())
+    }
+
+    fn zero_offload_mut(&mut self) -> &mut ZeroOffload {
+        self.zero
+            .as_mut()
+            .and_then(|z| z.offload.as_mut())
+            .expect("under ZeRO with offload")
     }
 
     /// What DeepSpeed's engine does once `loss.backward()` returns: stage 1 reduces every
@@ -317,6 +468,9 @@ impl<S: Device> Tensors<S> {
         let Some(z) = self.zero.as_ref() else {
             return Err(EngineError::Invalid("zero_step without zero_init".into()));
         };
+        if z.offload.is_some() {
+            return self.zero_step_offload();
+        }
         let Some(grads) = z.grads else {
             // no gradient reached the partition: DeepSpeed steps nothing
             return Ok(());
@@ -363,6 +517,35 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
+    /// `step()` with the optimizer offloaded: `has_overflow` (a one-byte device tensor
+    /// all-reduced), the norm (`complete_grad_norm_calculation_for_cpu_offload`: the kept
+    /// norms read, a one-element float32 device tensor all-reduced, the rest on the host),
+    /// DeepSpeedCPUAdam on the host (its `exp_avg` and `exp_avg_sq` at the first step, in
+    /// pageable host memory), the update copied through the pinned bit16 buffer straight into
+    /// the flat parameters (no device temporary), then `reset_cpu_buffers` drops the norms.
+    fn zero_step_offload(&mut self) -> Result<(), EngineError> {
+        if self.zero_offload_mut().norms.is_empty() {
+            // no gradient reached the partition: DeepSpeed steps nothing
+            return Ok(());
+        }
+        let overflow = self.empty(&[1], DType::U8, Category::Temporary)?;
+        self.release(overflow);
+        let total = self.empty(&[1], DType::F32, Category::Temporary)?;
+        self.release(total);
+        let part = self.zero.as_ref().expect("under ZeRO").part as usize;
+        if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
+            for _ in 0..2 {
+                let s = self.host_empty(&[part], DType::F32, Category::OptimizerState)?;
+                self.zero.as_mut().expect("under ZeRO").state.push(s);
+            }
+        }
+        let norms = std::mem::take(&mut self.zero_offload_mut().norms);
+        for t in norms {
+            self.release(t);
+        }
+        Ok(())
+    }
+
     /// The ranks of the ZeRO group and its stage, when the model is under ZeRO.
     pub fn zero_world(&self) -> Option<(u8, u64)> {
         self.zero.as_ref().map(|z| (z.stage, z.world))
@@ -391,6 +574,7 @@ mod tests {
                 world: 4,
                 bucket_elems: 500_000_000,
                 overlap: false,
+                offload: false,
             },
         )
         .unwrap();

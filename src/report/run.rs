@@ -197,9 +197,17 @@ pub fn write_text(
              reduce_bucket_size elements, the partition's gradients, the step's copies), read \
              from its source and not yet checked against a recording; DeepSpeed's documented \
              estimate (estimate_zero2_model_states_mem_needs) counts model states only and \
-             leaves out the bucket, the gradients and the step's copies",
+             leaves out the bucket, the gradients and the step's copies{}",
             if stage == 2 {
                 " (and, in backward, of the gradients)"
+            } else {
+                ""
+            },
+            if r.host_memory_peak > 0 {
+                ". With offload_optimizer the master, its gradient and Adam's state are on \
+                 the host (DeepSpeedCPUAdam steps there; the host line below): the device \
+                 keeps the flat parameters, the bucket, a staging buffer of the largest \
+                 parameter and each partition gradient's norm to the step"
             } else {
                 ""
             }
@@ -228,8 +236,9 @@ pub fn write_text(
     }
     if r.host_memory_peak > 0 {
         let line = format!(
-            "host memory: {} at most (not device memory: the offloaded shards and their \
-             gradients, pinned; the optimizer's state and step)",
+            "host memory: {} at most (not device memory: what is offloaded, pinned \
+             buffers (FSDP2's shards and their gradients; ZeRO's master, its gradient and \
+             staging buffers) and the optimizer's state and step)",
             format_bytes(r.host_memory_peak)
         );
         writeln!(out, "{}", super::style::wrap(&line))?;

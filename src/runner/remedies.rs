@@ -223,6 +223,52 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                 "fully_shard each decoder layer and the model instead of DistributedDataParallel",
                 RemedyKind::Sharding,
             ));
+        } else if d.strategy.starts_with("zero") {
+            if d.strategy == "zero1" {
+                hf_remedies.push(set(
+                    &[("strategy", "\"zero2\"")],
+                    "ZeRO stage 2",
+                    "zero_optimization.stage 2: the gradients partitioned too",
+                    RemedyKind::Sharding,
+                ));
+            }
+            // the bucket lives through every backward, reduce_bucket_size elements whatever
+            // the model's size (2 GB in float32 at DeepSpeed's 5e8): a tenth of it
+            if let Some(n) = d.reduce_bucket_size.filter(|n| *n >= 10_000_000) {
+                let smaller = (n / 10).to_string();
+                hf_remedies.push(set(
+                    &[("reduce_bucket_size", smaller.as_str())],
+                    &format!("reduce_bucket_size {smaller}"),
+                    &format!(
+                        "zero_optimization.reduce_bucket_size {smaller} instead of {n} \
+                         elements: a smaller reduction bucket through backward"
+                    ),
+                    RemedyKind::Sharding,
+                ));
+            }
+            if !d.cpu_offload {
+                hf_remedies.push(set(
+                    &[("cpu_offload", "true")],
+                    "optimizer offload",
+                    "zero_optimization.offload_optimizer.device \"cpu\": the float32 master \
+                     weights, their gradient and Adam's state on the host (DeepSpeedCPUAdam)",
+                    RemedyKind::Sharding,
+                ));
+            }
+            let more = (d.world_size * 2).to_string();
+            hf_remedies.push(Remedy {
+                name: format!("world size {more}"),
+                change: format!(
+                    "{more} ranks instead of {}: smaller partitions",
+                    d.world_size
+                ),
+                ..set(
+                    &[("world_size", more.as_str())],
+                    "",
+                    "",
+                    RemedyKind::Sharding,
+                )
+            });
         } else {
             if !d.reshard_after_forward {
                 hf_remedies.push(set(

@@ -110,8 +110,8 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_ddp_init,
     ),
     rt(
-        "zero_init(params, stage=2, world_size=1, reduce_bucket_size=500000000, overlap_comm=false)",
-        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition (one backward per step: gradient accumulation is not modelled)",
+        "zero_init(params, stage=2, world_size=1, reduce_bucket_size=500000000, overlap_comm=false, offload_optimizer=false)",
+        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition (one backward per step: gradient accumulation is not modelled); offload_optimizer: the master, its gradient and Adam's state on the host, DeepSpeedCPUAdam stepping there (pinned buffers counted as host memory)",
         rt_zero_init,
     ),
     rt(
@@ -303,6 +303,7 @@ fn rt_zero_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Va
         world: int("world_size", 1.0)?,
         bucket_elems: int("reduce_bucket_size", 5e8)?,
         overlap: Runner::bool_kw(span, a, "overlap_comm", false)?,
+        offload: Runner::bool_kw(span, a, "offload_optimizer", false)?,
     };
     me.dev
         .zero_init(&params, cfg)

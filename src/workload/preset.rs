@@ -86,12 +86,14 @@ pub struct PresetInfo {
 /// A wrapped model's `[distributed]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedInfo {
-    /// `ddp` or `fsdp2`.
+    /// `ddp`, `fsdp2`, `zero1` or `zero2`.
     pub strategy: &'static str,
     pub world_size: u64,
     pub reshard_after_forward: bool,
     pub cpu_offload: bool,
     pub param_bf16: bool,
+    /// ZeRO's `reduce_bucket_size` in elements (`None` for DDP and FSDP2).
+    pub reduce_bucket_size: Option<u64>,
 }
 
 /// How a generation's KV cache grows: bytes per token, what the prompt holds, and the

@@ -58,6 +58,8 @@ pub(crate) struct ZeroRun {
     pub reduce_bucket_size: u64,
     /// `overlap_comm` (DeepSpeed's default for stages 1 and 2: false): two buckets.
     pub overlap_comm: bool,
+    /// `cpu_offload`: `offload_optimizer = {device = "cpu", pin_memory = true}`.
+    pub offload_optimizer: bool,
 }
 
 /// What `[distributed]` asks for.
@@ -128,13 +130,19 @@ pub(super) fn distributed_run(
         ],
         ["gradient_as_bucket_view", "bucket_cap_mb"],
     );
-    let both: Vec<&str> = fsdp_keys.iter().chain(&ddp_keys).copied().collect();
+    // (cpu_offload is ZeRO's too: its optimizer offload)
+    let both: Vec<&str> = fsdp_keys
+        .iter()
+        .chain(&ddp_keys)
+        .copied()
+        .filter(|k| !(zero && *k == "cpu_offload"))
+        .collect();
     let (foreign, owner): (&[&str], &str) = if strategy == "ddp" {
         (&fsdp_keys, "fsdp2 (and cpu_offload of zero): DDP has none")
     } else if zero {
         (
-            &both,
-            "DDP or FSDP2 (ZeRO's optimizer offload is not modelled yet)",
+            &both[..],
+            "DDP or FSDP2 (ZeRO offloads with cpu_offload = true)",
         )
     } else {
         (&ddp_keys, "DDP: FSDP2 has no buckets")
@@ -189,6 +197,7 @@ pub(super) fn distributed_run(
             world_size: world,
             reduce_bucket_size: bucket,
             overlap_comm: d.flag("overlap_comm")?,
+            offload_optimizer: d.flag("cpu_offload")?,
         }));
     }
     if strategy == "fsdp2" {

@@ -308,12 +308,13 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         // wraps; it steps the float32 partition)
         let _ = writeln!(
             s,
-            "zero_init([{}], stage={}, world_size={}, reduce_bucket_size={}, overlap_comm={})",
+            "zero_init([{}], stage={}, world_size={}, reduce_bucket_size={}, overlap_comm={}, offload_optimizer={})",
             list.join(", "),
             z.stage,
             z.world_size,
             z.reduce_bucket_size,
-            z.overlap_comm
+            z.overlap_comm,
+            z.offload_optimizer
         );
     }
     if let Some(f) = &r.fsdp {

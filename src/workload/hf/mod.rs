@@ -597,6 +597,7 @@ pub(crate) fn expand(
                 reshard_after_forward: true,
                 cpu_offload: false,
                 param_bf16: false,
+                reduce_bucket_size: None,
             }),
             (None, Some(f)) => Some(super::preset::DistributedInfo {
                 strategy: "fsdp2",
@@ -604,8 +605,16 @@ pub(crate) fn expand(
                 reshard_after_forward: f.reshard_after_forward,
                 cpu_offload: f.cpu_offload,
                 param_bf16: f.param_bf16,
+                reduce_bucket_size: None,
             }),
-            (None, None) => None,
+            (None, None) => run.zero.as_ref().map(|z| super::preset::DistributedInfo {
+                strategy: if z.stage == 1 { "zero1" } else { "zero2" },
+                world_size: z.world_size,
+                reshard_after_forward: true,
+                cpu_offload: z.offload_optimizer,
+                param_bf16: false,
+                reduce_bucket_size: Some(z.reduce_bucket_size),
+            }),
         },
         bf16_weights: run.bf16_weights,
         kv_cache: match &cfg {
