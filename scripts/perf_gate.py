@@ -36,12 +36,16 @@ SIM = [
     ("sim_gpt2_small", "fixtures/workloads/presets/gpt2_small_sdpa_adamw.toml"),
     ("sim_llama_t", "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml"),
     ("sim_mlp_adam", "fixtures/workloads/presets/mlp_adam.toml"),
+    # generation: decode steps of a Hugging Face Llama config (KV cache grown by `cat`)
+    ("sim_llama_t_generate", "fixtures/hf/workloads/llama_t_generate_bf16.toml"),
 ]
 # (metric, small snapshot, big snapshot) for instructions per byte; `None`: an empty snapshot
 SUMMARY = [
     ("summary_mlp_leak_grown", "fixtures/snapshots/snapshot_mlp_leak.pickle",
      "fixtures/snapshots/grown_mlp_leak_x8.pickle"),
     ("summary_gpt2s", None, "fixtures/snapshots/snapshot_gpt2s_b8_sdpa_adamw_bf16.pickle"),
+    # a Hugging Face model's snapshot: Python stacks of many frames per event
+    ("summary_hf_llama_s", None, "fixtures/snapshots/snapshot_llama_s_sdpa_adamw_fp32.pickle"),
 ]
 # pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4)
 EMPTY_SNAPSHOT = bytes.fromhex(

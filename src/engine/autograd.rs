@@ -64,7 +64,7 @@ impl<S: Device> Tensors<S> {
         saves: &[Save],
     ) {
         let needs = |s: &Self, i: usize| s.info(inputs[i]).requires_grad;
-        let mut saved: Vec<(TensorId, Role)> = Vec::new();
+        let mut saved: Vec<(TensorId, Role)> = Vec::with_capacity(saves.len() + outputs.len());
         for s in saves {
             match *s {
                 Save::Input(i) => saved.push((self.save(inputs[i]), Role::Input(i))),
@@ -345,9 +345,7 @@ impl<S: Device> Tensors<S> {
             }
             let mut grads = buffers.remove(&n).expect("a ready node has its gradient");
             let op = self.nodes[n.0 as usize].op.name();
-            self.alloc
-                .recorder_mut()
-                .push_tag(&format!("{op}_backward"));
+            self.alloc.recorder_mut().push_backward(op);
             let out = self.run_node(n, &mut grads, retain_graph);
             self.alloc.recorder_mut().pop_tag();
             // (FSDP's post-backward is the function of its alias node)

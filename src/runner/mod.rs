@@ -452,29 +452,50 @@ fn peak_breakdown<S: crate::alloc::SegmentSource>(
 ) -> PeakBreakdown {
     use crate::trace::EventKind;
     let rec = a.recorder();
-    // sizes of live allocations by address; the ring is walked twice rather than copied
-    let mut live: rustc_hash::FxHashMap<u64, u64> = Default::default();
+    // the ring is walked twice rather than copied: to the peak of requested bytes, then
+    // to the live set there
     let mut cur: u64 = 0;
     let mut best: (u64, usize) = (0, 0);
-    for (i, e) in rec.ring.iter().enumerate() {
-        match e.kind() {
-            EventKind::Alloc => {
-                live.insert(e.addr, e.size());
-                cur += e.size();
-                if cur > best.0 {
-                    best = (cur, i + 1);
+    if rec.ring.total() == rec.ring.len() as u64 {
+        // every allocation's event is here, and a free's event carries the size its
+        // allocation asked for
+        for (i, e) in rec.ring.iter().enumerate() {
+            match e.kind() {
+                EventKind::Alloc => {
+                    cur += e.size();
+                    if cur > best.0 {
+                        best = (cur, i + 1);
+                    }
                 }
+                EventKind::FreeRequested => cur = cur.saturating_sub(e.size()),
+                _ => {}
             }
-            EventKind::FreeRequested => {
-                if let Some(s) = live.remove(&e.addr) {
-                    cur -= s;
+        }
+    } else {
+        // the oldest events are gone: a free counts only where its allocation is here
+        let mut live: rustc_hash::FxHashMap<u64, u64> = Default::default();
+        for (i, e) in rec.ring.iter().enumerate() {
+            match e.kind() {
+                EventKind::Alloc => {
+                    live.insert(e.addr, e.size());
+                    cur += e.size();
+                    if cur > best.0 {
+                        best = (cur, i + 1);
+                    }
                 }
+                EventKind::FreeRequested => {
+                    if let Some(s) = live.remove(&e.addr) {
+                        cur -= s;
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
-    // the live set at the peak
-    let mut at_peak: rustc_hash::FxHashMap<u64, (u64, crate::trace::StackId)> = Default::default();
+    // the live set at the peak (sized for the most allocations live at once)
+    let most = a.stats().allocation.all().peak.max(0) as usize;
+    let mut at_peak: rustc_hash::FxHashMap<u64, (u64, crate::trace::StackId)> =
+        rustc_hash::FxHashMap::with_capacity_and_hasher(most, Default::default());
     for e in rec.ring.iter().take(best.1) {
         match e.kind() {
             EventKind::Alloc => {

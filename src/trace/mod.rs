@@ -31,6 +31,8 @@ pub struct Recorder {
     statics: rustc_hash::FxHashMap<(usize, usize), TagId>,
     /// The last static tag seen per address bucket ([`Recorder::push_static`]).
     statics_memo: Box<[((usize, usize), TagId); STATIC_MEMO]>,
+    /// `<op>_backward` tags by the op name's address and length ([`Recorder::push_backward`]).
+    backward: rustc_hash::FxHashMap<(usize, usize), TagId>,
 }
 
 impl Default for Recorder {
@@ -49,6 +51,7 @@ impl Recorder {
             current: StackId::ROOT,
             statics: rustc_hash::FxHashMap::default(),
             statics_memo: Box::new([((0, 0), TagId(0)); STATIC_MEMO]),
+            backward: rustc_hash::FxHashMap::default(),
         }
     }
 
@@ -83,6 +86,21 @@ impl Recorder {
         };
         self.current = self.tags.child(self.current, t);
         self.current
+    }
+
+    /// Enters `<op>_backward` for an op's static name (a backward node's tag): the same
+    /// stacks as [`Recorder::push_tag`] of the formatted name, without formatting it per node.
+    pub fn push_backward(&mut self, op: &'static str) -> StackId {
+        let key = (op.as_ptr() as usize, op.len());
+        let t = match self.backward.get(&key) {
+            Some(&t) => t,
+            None => {
+                let t = self.tags.intern(&format!("{op}_backward"));
+                self.backward.insert(key, t);
+                t
+            }
+        };
+        self.push_tag_id(t)
     }
 
     /// Enters a tag already interned in [`Recorder::tags`].
