@@ -707,8 +707,15 @@ pub fn max_new_tokens(
     let one_run = time_a.as_secs_f64() + per_step * estimate as f64;
     // one generation per iteration: a shorter one is a longer one's first steps
     let single = ra.iterations.len() == 1;
+    // the short run's end: what follows its last token
+    let only_frees = rb.generated.and_then(|g| g.tail_allocations) == Some(0);
     let searches = if single {
-        2.0
+        // the long run, and a confirming one where the end allocates
+        if only_frees {
+            1.0
+        } else {
+            2.0
+        }
     } else {
         ((estimate - b).max(2) as f64).log2().ceil() + 2.0
     };
@@ -729,8 +736,6 @@ pub fn max_new_tokens(
             Err(Error::Input { .. } | Error::Usage { .. }) => None,
             Err(e) => return Err(e),
         };
-        // the short run's end: what follows its last token
-        let only_frees = rb.generated.and_then(|g| g.tail_allocations) == Some(0);
         match full.as_ref().map(|f| (f, &f.oom, f.iterations.len())) {
             Some((f, None, 1)) => {
                 let peaks = (f.peak.peak_allocated, f.peak.peak_reserved);

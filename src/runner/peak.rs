@@ -1,0 +1,102 @@
+//! What held memory at a run's peak: the event trace replayed to the moment the requested
+//! bytes were highest, its live allocations summed by tag stack.
+
+use std::collections::HashMap;
+
+use crate::analysis::record::PeakBreakdown;
+use crate::engine::Category;
+
+/// Replays the event ring to the moment allocated memory was highest and sums the live
+/// allocations there by category and by tag stack.
+pub(super) fn peak_breakdown<S: crate::alloc::SegmentSource>(
+    a: &crate::alloc::CachingAllocator<S>,
+    _hint: u64,
+) -> PeakBreakdown {
+    use crate::trace::EventKind;
+    let rec = a.recorder();
+    // the ring is walked twice rather than copied: to the peak of requested bytes, then
+    // to the live set there
+    let mut cur: u64 = 0;
+    let mut best: (u64, usize) = (0, 0);
+    if rec.ring.total() == rec.ring.len() as u64 {
+        // every allocation's event is here, and a free's event carries the size its
+        // allocation asked for
+        for (i, e) in rec.ring.iter().enumerate() {
+            match e.kind() {
+                EventKind::Alloc => {
+                    cur += e.size();
+                    if cur > best.0 {
+                        best = (cur, i + 1);
+                    }
+                }
+                EventKind::FreeRequested => cur = cur.saturating_sub(e.size()),
+                _ => {}
+            }
+        }
+    } else {
+        // the oldest events are gone: a free counts only where its allocation is here
+        let mut live: rustc_hash::FxHashMap<u64, u64> = Default::default();
+        for (i, e) in rec.ring.iter().enumerate() {
+            match e.kind() {
+                EventKind::Alloc => {
+                    live.insert(e.addr, e.size());
+                    cur += e.size();
+                    if cur > best.0 {
+                        best = (cur, i + 1);
+                    }
+                }
+                EventKind::FreeRequested => {
+                    if let Some(s) = live.remove(&e.addr) {
+                        cur -= s;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    // the live set at the peak (sized for the most allocations live at once)
+    let most = a.stats().allocation.all().peak.max(0) as usize;
+    let mut at_peak: rustc_hash::FxHashMap<u64, (u64, crate::trace::StackId)> =
+        rustc_hash::FxHashMap::with_capacity_and_hasher(most, Default::default());
+    for e in rec.ring.iter().take(best.1) {
+        match e.kind() {
+            EventKind::Alloc => {
+                at_peak.insert(e.addr, (e.size(), e.stack));
+            }
+            EventKind::FreeRequested => {
+                at_peak.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let mut by_cat: HashMap<Category, u64> = HashMap::new();
+    let mut by_stack: HashMap<String, u64> = HashMap::new();
+    for (size, stack) in at_peak.values() {
+        let tags = rec.tags.resolve(*stack);
+        let cat = tags
+            .iter()
+            .rev()
+            .find_map(|t| t.strip_prefix("category:"))
+            .and_then(|c| Category::ALL.iter().copied().find(|k| k.name() == c))
+            .unwrap_or(Category::Temporary);
+        *by_cat.entry(cat).or_default() += size;
+        let name = tags
+            .iter()
+            .filter(|t| !t.starts_with("category:"))
+            .copied()
+            .collect::<Vec<_>>()
+            .join("/");
+        *by_stack.entry(name).or_default() += size;
+    }
+    let mut by_category: Vec<(Category, u64)> = by_cat.into_iter().collect();
+    by_category.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut top_tags: Vec<(String, u64)> = by_stack.into_iter().collect();
+    top_tags.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top_tags.truncate(10);
+    PeakBreakdown {
+        peak_allocated: best.0,
+        peak_reserved: 0,
+        by_category,
+        top_tags,
+    }
+}
