@@ -442,6 +442,58 @@ fn fit_on_generation_length_prints_the_cache_per_token_and_stops_at_the_trained_
     assert_eq!(r["kv_cache"]["context_tokens"], 2064);
 }
 
+/// A generation whose boundary is too far to simulate in `fit`'s few seconds is still
+/// simulated for them: the answer is then a proven lower bound ("at least", the run had not
+/// run out when it stopped), with the KV cache's estimate beside it in a note; that many
+/// tokens fit when run. (On a machine fast enough to reach the boundary, the answer is exact.)
+#[test]
+fn fit_past_its_budget_answers_at_least_what_it_simulated() {
+    let q = config("qwen2.5-7b");
+    let base = [
+        "--batch",
+        "1",
+        "--seq",
+        "512",
+        "--dtype",
+        "bf16",
+        "--capacity",
+        "17GiB",
+        "--iterations",
+        "1",
+    ];
+    let mut a = vec!["fit", q.as_str(), "--param", "new_tokens", "--no-remedies"];
+    a.extend_from_slice(&base);
+    let (_, v) = run_json(&a);
+    let row = &v["results"][0];
+    let max = row["max_fitting"].as_u64().expect("some length fits");
+    match row["found"].as_str() {
+        Some("at_least") => {
+            assert!(max > 64, "{v}");
+            let notes = v["notes"].to_string();
+            assert!(
+                notes.contains("at least") && notes.contains("estimated"),
+                "{notes}"
+            );
+        }
+        Some("exact") => {}
+        other => panic!("found {other:?}: {v}"),
+    }
+    assert!(row["peak_reserved"].as_u64().is_some(), "{v}");
+    let n = max.to_string();
+    let mut r = vec![
+        "run",
+        q.as_str(),
+        "--mode",
+        "generate",
+        "--new-tokens",
+        n.as_str(),
+        "--no-remedies",
+    ];
+    r.extend_from_slice(&base);
+    let (_, out) = run_json(&r);
+    assert!(out["oom"].is_null(), "{n} new tokens: {}", out["oom"]);
+}
+
 #[test]
 fn fit_on_a_short_generation_is_exact() {
     // a small model on a small card, the boundary simulated (--exact: whatever the time)

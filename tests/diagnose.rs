@@ -412,6 +412,7 @@ fn replaying_a_run_trace_rebuilds_its_allocator_state() {
             &w,
             &path,
             &RunOptions {
+                deadline: None,
                 capacity,
                 ..Default::default()
             },

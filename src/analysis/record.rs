@@ -95,6 +95,8 @@ pub struct RunOutcome {
     /// The last iteration's generation as `token_done()` counted it (`None` where the script
     /// counts no tokens).
     pub generated: Option<Generated>,
+    /// Stopped at the run options' deadline: the figures are up to there.
+    pub cut_short: bool,
     pub oom: Option<RunOom>,
     pub peak: PeakBreakdown,
     pub stats: DeviceStats,

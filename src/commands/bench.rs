@@ -98,6 +98,7 @@ fn bench_workload(
     let w = crate::workload::load_with(path, &super::parse_overrides(&[], None)?)?;
     let iters = w.iterations.max(1);
     let opts = |n: u32| RunOptions {
+        deadline: None,
         capacity: None,
         iterations: Some(n),
         device: args.device.clone(),

@@ -167,6 +167,7 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
         let overrides = super::model_overrides(path, &args.model, &args.params, None, required)?;
         let w = load_workload(path, &overrides)?;
         let opts = crate::runner::RunOptions {
+            deadline: None,
             device: device.map(str::to_string),
             ..Default::default()
         };

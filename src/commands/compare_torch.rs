@@ -335,6 +335,7 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
         }
     };
     let opts = RunOptions {
+        deadline: None,
         capacity,
         iterations: None,
         device: None,

@@ -93,6 +93,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         })?,
     };
     let opts = RunOptions {
+        deadline: None,
         capacity,
         iterations: args.iterations,
         device: args.device.clone(),
@@ -161,12 +162,17 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         let mut runs = 0;
         let mut refused = None;
-        let (max, found, peaks) = match (&kv, param.as_str()) {
+        let remedies::Longest {
+            max,
+            found,
+            peaks,
+            estimate,
+        } = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
                 workload, &o, start, limit, kv, &opts, args.exact, &mut runs,
             )?,
-            _ => (
-                remedies::max_fitting_modelled(
+            _ => remedies::Longest {
+                max: remedies::max_fitting_modelled(
                     workload,
                     &o,
                     &param,
@@ -176,10 +182,20 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                     &mut runs,
                     &mut refused,
                 )?,
-                remedies::Found::Exact,
-                None,
-            ),
+                found: remedies::Found::Exact,
+                peaks: None,
+                estimate: None,
+            },
         };
+        if let (remedies::Found::AtLeast, Some(m), Some(e)) = (found, max, estimate) {
+            notes.push(format!(
+                "{name}: at least {} new tokens fit (simulated for a few seconds, then \
+                 stopped before running out); about {} estimated from the KV cache's growth, \
+                 which leaves out the allocator's slack (--exact simulates to the end)",
+                crate::units::group_digits(m as u64),
+                crate::units::group_digits(e as u64)
+            ));
+        }
         if let Some((v, why)) = refused {
             // past what gpumem models the search stops: the answer is the largest modelled
             // value that fits, and the note says where and why it stopped
@@ -291,6 +307,8 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 .map(|v| {
                     if r.found == remedies::Found::Estimated {
                         format!("~{v} (estimated)")
+                    } else if r.found == remedies::Found::AtLeast {
+                        format!(">= {v} (stopped)")
                     } else if v >= limit {
                         format!("{v} (the limit)")
                     } else {
@@ -367,6 +385,7 @@ fn fit_verdict(
         r.max_fitting.map(|m| match r.found {
             remedies::Found::Exact => m.to_string(),
             remedies::Found::Estimated => format!("about {m} (estimated)"),
+            remedies::Found::AtLeast => format!("at least {m} (simulated, then stopped)"),
         })
     });
     let (head, rest) = v

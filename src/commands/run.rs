@@ -57,6 +57,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         b
     });
     let opts = RunOptions {
+        deadline: None,
         capacity,
         iterations: args.iterations,
         device: None,

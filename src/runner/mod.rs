@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// Overrides the workload's device (`--device` of fit, check and bench; `run` gives it in
     /// its [`Target`], which wins). Out-of-memory remedies run on it too, else simulated.
     pub device: Option<String>,
+    /// Stop simulating at this moment (checked every 1,024 statements): the outcome is then
+    /// [`RunOutcome::cut_short`], its figures up to there.
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// Where a run goes and what it keeps beyond memory.
@@ -79,6 +82,8 @@ enum Stop {
     Oom(Span, Box<OutOfMemory>),
     /// Ctrl-C or SIGTERM (checked before each statement).
     Interrupted,
+    /// [`RunOptions::deadline`] passed.
+    Deadline,
 }
 
 type Flow<T> = Result<T, Stop>;
@@ -123,6 +128,8 @@ struct Runner {
     /// `None` where the script counts none: an out-of-memory then says which token it was
     /// generating ([`crate::analysis::record::Generated`]).
     generated: Option<crate::analysis::record::Generated>,
+    /// [`RunOptions::deadline`].
+    deadline: Option<std::time::Instant>,
 }
 
 /// The most statements a script runs (setup, every iteration and every loop pass together,
@@ -275,10 +282,12 @@ pub fn run_on(
         statements: 0,
         max_statements: statement_bound(workload),
         generated: None,
+        deadline: opts.deadline,
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
     let mut oom = None;
+    let mut cut_short = false;
     let iters = opts.iterations.unwrap_or(workload.iterations);
     let to_error =
         |path: &PathBuf, span: Span, msg: String| Error::input(path.clone(), span.location(), msg);
@@ -314,6 +323,7 @@ pub fn run_on(
     match setup {
         Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
         Err(Stop::Interrupted) => return Err(Error::Interrupted),
+        Err(Stop::Deadline) => cut_short = true,
         Err(Stop::Oom(span, e)) => {
             oom = Some(RunOom {
                 error: *e,
@@ -325,7 +335,7 @@ pub fn run_on(
         }
         Ok(()) => {}
     }
-    if oom.is_none() {
+    if oom.is_none() && !cut_short {
         for it in 0..iters {
             r.iteration = Some(it);
             r.generated = None;
@@ -369,6 +379,10 @@ pub fn run_on(
             match res {
                 Err(Stop::Script(span, msg)) => return Err(to_error(&path, span, msg)),
                 Err(Stop::Interrupted) => return Err(Error::Interrupted),
+                Err(Stop::Deadline) => {
+                    cut_short = true;
+                    break;
+                }
                 Err(Stop::Oom(span, e)) => {
                     oom = Some(RunOom {
                         error: *e,
@@ -434,6 +448,7 @@ pub fn run_on(
         iteration_ends,
         marks: r.marks,
         generated: r.generated,
+        cut_short,
         oom,
         peak,
         stats: r.dev.alloc.stats().clone(),
@@ -483,6 +498,13 @@ impl Runner {
         }
         // a graph or a set of tensors that grows without end (`x = x * 2` in a loop, with
         // grad) would take the host's memory before the device's: checked now and then
+        if self.statements.is_multiple_of(1024)
+            && self
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            return Err(Stop::Deadline);
+        }
         if self.statements.is_multiple_of(1024) && self.dev.live_objects() > MAX_LIVE_OBJECTS {
             return script(
                 span,
