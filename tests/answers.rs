@@ -494,6 +494,27 @@ fn fit_past_its_budget_answers_at_least_what_it_simulated() {
     assert!(out["oom"].is_null(), "{n} new tokens: {}", out["oom"]);
 }
 
+/// On a bare config `--new-tokens N` alone asks for a generation (`--mode generate` implied),
+/// as `fit --param new_tokens` does.
+#[test]
+fn new_tokens_alone_generate_from_a_config() {
+    let l = config("llama-3.2-1b");
+    let (code, v) = run_json(&[
+        "run",
+        l.as_str(),
+        "--batch",
+        "1",
+        "--seq",
+        "16",
+        "--new-tokens",
+        "4",
+        "--dtype",
+        "bf16",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["kv_cache"]["context_tokens"], 20, "{}", v["kv_cache"]);
+}
+
 #[test]
 fn fit_on_a_short_generation_is_exact() {
     // a small model on a small card, the boundary simulated (--exact: whatever the time)

@@ -201,6 +201,31 @@ pub fn model_overrides(
         }
     }
     let mut overrides = parse_overrides(&params, alloc_conf)?;
+    // on a bare config, tokens to generate mean a generation: --new-tokens implies
+    // --mode generate (a workload file says its mode in [train])
+    if let (true, Some(_), Some(mode)) = (
+        crate::workload::is_config(workload),
+        m.new_tokens,
+        m.mode.as_deref().filter(|md| *md != "generate"),
+    ) {
+        return Err(Error::usage(
+            "--new-tokens",
+            format!(
+                "--new-tokens is the length of a generation, and --mode {mode} generates \
+                 nothing: drop one (--new-tokens alone implies --mode generate)"
+            ),
+        ));
+    }
+    let implied;
+    let m = if crate::workload::is_config(workload) && m.new_tokens.is_some() && m.mode.is_none() {
+        implied = crate::cli::ModelArgs {
+            mode: Some("generate".into()),
+            ..m.clone()
+        };
+        &implied
+    } else {
+        m
+    };
     config_flags(workload, m, &mut overrides)?;
     Ok(overrides)
 }
