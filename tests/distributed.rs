@@ -420,7 +420,7 @@ fn sharding_remedies_are_tried_for_distributed_runs() {
 fn zero_out_of_memory_is_offered_deepspeeds_remedies() {
     let (code, v) = run_json(&[
         "run",
-        "fixtures/dist1/cases/llama_s.config.json",
+        ZERO_CFG,
         "--batch",
         "1",
         "--seq",
@@ -457,20 +457,26 @@ fn zero_out_of_memory_is_offered_deepspeeds_remedies() {
     }
 }
 
+/// llama_s (fixtures/dist1) in float32, batch 1 x 64, with `extra` flags, as JSON; it must run.
+fn zero_run(extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run", ZERO_CFG, "--batch", "1", "--seq", "64", "--dtype", "fp32",
+    ];
+    args.extend_from_slice(extra);
+    let (code, v) = run_json(&args);
+    assert_eq!(code, Some(0), "{extra:?}: {}", v["verdict"]);
+    v
+}
+
+const ZERO_CFG: &str = "fixtures/dist1/cases/llama_s.config.json";
+
 /// DeepSpeed ZeRO stage 2 (DeepSpeed 0.19.6's code): the flat parameters replace the
 /// parameters, each rank adds a float32 master partition at construction and Adam's two states
 /// over it at the first step, and the reduction bucket (reduce_bucket_size elements of the
 /// parameters' dtype, 2 GB in float32 at the default) lives through each backward.
 #[test]
 fn zero_partitions_the_master_weights_and_adams_state() {
-    let cfg = "fixtures/dist1/cases/llama_s.config.json";
-    let run = |extra: &[&str]| {
-        let mut args = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
-        args.extend_from_slice(extra);
-        let (code, v) = run_json(&args);
-        assert_eq!(code, Some(0), "{extra:?}: {}", v["verdict"]);
-        v
-    };
+    let run = zero_run;
     let start = |v: &Value, i: usize| u(&v["iterations"][i]["start"]);
     // llama_s: 155,730,944 float32 parameters, a multiple of 2 x 4 ranks: no padding
     let params = 622_923_776u64;
@@ -526,14 +532,7 @@ fn zero_partitions_the_master_weights_and_adams_state() {
 /// staging buffer and, from the first step, Adam's two states.
 #[test]
 fn zero_offload_keeps_the_optimizer_on_the_host() {
-    let cfg = "fixtures/dist1/cases/llama_s.config.json";
-    let run = |extra: &[&str]| {
-        let mut args = vec!["run", cfg, "--batch", "1", "--seq", "64", "--dtype", "fp32"];
-        args.extend_from_slice(extra);
-        let (code, v) = run_json(&args);
-        assert_eq!(code, Some(0), "{extra:?}: {}", v["verdict"]);
-        v
-    };
+    let run = zero_run;
     let start = |v: &Value, i: usize| u(&v["iterations"][i]["start"]);
     let params = 622_923_776u64;
     let part = params / 4;
@@ -568,7 +567,15 @@ fn zero_offload_keeps_the_optimizer_on_the_host() {
         assert_eq!(off["ranks"]["strategy"], format!("zero{stage}"));
     }
     // the flag needs a sharded run
-    let out = common::at_root(&["run", cfg, "--batch", "1", "--seq", "64", "--cpu-offload"]);
+    let out = common::at_root(&[
+        "run",
+        ZERO_CFG,
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--cpu-offload",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(

@@ -121,22 +121,13 @@ impl<S: Device> Tensors<S> {
         let in_part = (0..params.len())
             .map(|k| offset[k] < part && numel[k] > 0)
             .collect();
-        if cfg.offload {
-            let max_numel = numel.iter().copied().max().unwrap_or(0);
-            return self.zero_init_offload(cfg, params, numel, offset, in_part, part, max_numel);
-        }
-        // the float32 master partition: `.clone().float()` of the rank's slice
-        let master = if dtype == DType::F32 {
-            self.empty(&[part as usize], DType::F32, Category::OptimizerState)?
+        let (master, offload) = if cfg.offload {
+            let largest = numel.iter().copied().max().unwrap_or(0);
+            let (m, off) = self.zero_offload_init(dtype, part, largest)?;
+            (m, Some(off))
         } else {
-            let c = self.empty(&[part as usize], dtype, Category::Temporary)?;
-            let m = self.empty(&[part as usize], DType::F32, Category::OptimizerState);
-            self.release(c);
-            m?
+            (self.zero_master(dtype, part)?, None)
         };
-        // `initialize_optimizer_states`: a zero float32 gradient of the partition, dropped
-        let g = self.empty(&[part as usize], DType::F32, Category::Temporary)?;
-        self.release(g);
         self.zero = Some(Box::new(Zero {
             stage: cfg.stage,
             world: cfg.world,
@@ -155,30 +146,42 @@ impl<S: Device> Tensors<S> {
             grads: None,
             grads_fill: 0,
             state: Vec::new(),
-            offload: None,
+            offload,
         }));
         Ok(())
     }
 
-    /// `zero_init` with the optimizer offloaded (`cpu_offload`, stage_1_and_2.py's
-    /// `__init__`): the rank's slice cloned on the device and converted to float32 on the host
-    /// (`.clone().to("cpu", float32)`: the device clone goes once the copy is made, no float32
-    /// copy on the device), pinned; a pinned bit16 buffer of the partition for the copy-back;
-    /// then a pinned and a device buffer of the largest parameter's elements
-    /// (`temp_grad_buffer_for_cpu_offload`, `temp_grad_buffer_for_gpu_offload`, both kept);
-    /// `initialize_optimizer_states` pins a float32 gradient of the partition and keeps it.
-    #[allow(clippy::too_many_arguments)]
-    fn zero_init_offload(
+    /// The float32 master partition on the device (`.clone().float()` of the rank's slice),
+    /// then `initialize_optimizer_states`' zero float32 gradient of it, dropped.
+    fn zero_master(&mut self, dtype: DType, part: u64) -> Result<TensorId, EngineError> {
+        let p = part as usize;
+        let master = if dtype == DType::F32 {
+            self.empty(&[p], DType::F32, Category::OptimizerState)?
+        } else {
+            let c = self.empty(&[p], dtype, Category::Temporary)?;
+            let m = self.empty(&[p], DType::F32, Category::OptimizerState);
+            self.release(c);
+            m?
+        };
+        let g = self.empty(&[p], DType::F32, Category::Temporary)?;
+        self.release(g);
+        Ok(master)
+    }
+
+    /// The master partition and the buffers with the optimizer offloaded (`cpu_offload`,
+    /// stage_1_and_2.py's `__init__`): the rank's slice cloned on the device and converted to
+    /// float32 on the host (`.clone().to("cpu", float32)`: the device clone goes once the copy
+    /// is made, no float32 copy on the device), pinned; a pinned bit16 buffer of the partition
+    /// for the copy-back; then a pinned and a device buffer of the `largest` parameter's
+    /// elements (`temp_grad_buffer_for_cpu_offload`, `temp_grad_buffer_for_gpu_offload`, both
+    /// kept); `initialize_optimizer_states` pins a float32 gradient of the partition and keeps
+    /// it.
+    fn zero_offload_init(
         &mut self,
-        cfg: ZeroConfig,
-        params: Vec<TensorId>,
-        numel: Vec<u64>,
-        offset: Vec<u64>,
-        in_part: Vec<bool>,
+        dtype: DType,
         part: u64,
-        max_numel: u64,
-    ) -> Result<(), EngineError> {
-        let dtype = self.dtype(params[0]);
+        largest: u64,
+    ) -> Result<(TensorId, ZeroOffload), EngineError> {
         let p = part as usize;
         let mut off = ZeroOffload::default();
         // `partition.detach().clone().to(device="cpu", dtype=float32)`: the conversion on the
@@ -190,45 +193,26 @@ impl<S: Device> Tensors<S> {
         self.release(clone);
         let master = self.host_empty(&[p], DType::F32, Category::OptimizerState)?;
         self.release(pageable);
-        // `torch.full(..., device="cpu").pin_memory()`: the bit16 copy-back buffer
+        // a host tensor made, then `.pin_memory()`'s pinned copy kept
         let pinned = |d: &mut Self, n: usize, dt: DType, c: Category| {
             let t = d.host_empty(&[n], dt, c)?;
             let pin = d.host_empty(&[n], dt, c);
             d.release(t);
             pin
         };
+        // `torch.full(..., device="cpu").pin_memory()`: the bit16 copy-back buffer
         off.host
             .push(pinned(self, p, dtype, Category::OptimizerState)?);
         // after the groups: the largest parameter's staging buffers, host (pinned) and device
         off.host
-            .push(pinned(self, max_numel as usize, dtype, Category::Gradient)?);
-        let gpu = self.empty(&[max_numel as usize], dtype, Category::Gradient)?;
+            .push(pinned(self, largest as usize, dtype, Category::Gradient)?);
+        let gpu = self.empty(&[largest as usize], dtype, Category::Gradient)?;
         self.fill(gpu, Fill::Zeros)?;
         off.gpu_buffer = Some(gpu);
         // `initialize_optimizer_states`: the master's float32 gradient, pinned and kept
         off.host
             .push(pinned(self, p, DType::F32, Category::Gradient)?);
-        self.zero = Some(Box::new(Zero {
-            stage: cfg.stage,
-            world: cfg.world,
-            bucket_elems: cfg.bucket_elems,
-            overlap: cfg.overlap,
-            params,
-            numel,
-            offset,
-            in_part,
-            part,
-            dtype,
-            master,
-            buckets: Vec::new(),
-            fill: 0,
-            pending: Vec::new(),
-            grads: None,
-            grads_fill: 0,
-            state: Vec::new(),
-            offload: Some(off),
-        }));
-        Ok(())
+        Ok((master, off))
     }
 
     /// `param.data = flat.narrow(0, offset, numel).view_as(param)`: the parameter's own

@@ -400,7 +400,7 @@ pub fn run_on(
     if let Some(why) = crate::backend::Device::failure(r.dev.alloc.source()) {
         return Err(Error::usage("--device", why));
     }
-    let mut peak = peak::peak_breakdown(&r.dev.alloc, r.run_peak);
+    let mut peak = peak::peak_breakdown(&r.dev.alloc);
     // categories from the engine, which knows each storage's role at that moment (a temporary
     // saved for backward counts as an activation)
     let (peak_allocated, by_category) = r.dev.peak_by_category();
@@ -496,16 +496,19 @@ impl Runner {
                 ),
             );
         }
-        // a graph or a set of tensors that grows without end (`x = x * 2` in a loop, with
-        // grad) would take the host's memory before the device's: checked now and then
-        if self.statements.is_multiple_of(1024)
-            && self
-                .deadline
-                .is_some_and(|d| std::time::Instant::now() >= d)
+        // the rest is checked now and then
+        if !self.statements.is_multiple_of(1024) {
+            return Ok(());
+        }
+        if self
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
         {
             return Err(Stop::Deadline);
         }
-        if self.statements.is_multiple_of(1024) && self.dev.live_objects() > MAX_LIVE_OBJECTS {
+        // a graph or a set of tensors that grows without end (`x = x * 2` in a loop, with
+        // grad) would take the host's memory before the device's
+        if self.dev.live_objects() > MAX_LIVE_OBJECTS {
             return script(
                 span,
                 format!(

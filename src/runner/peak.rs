@@ -10,7 +10,6 @@ use crate::engine::Category;
 /// allocations there by category and by tag stack.
 pub(super) fn peak_breakdown<S: crate::alloc::SegmentSource>(
     a: &crate::alloc::CachingAllocator<S>,
-    _hint: u64,
 ) -> PeakBreakdown {
     use crate::trace::EventKind;
     let rec = a.recorder();
@@ -18,40 +17,29 @@ pub(super) fn peak_breakdown<S: crate::alloc::SegmentSource>(
     // to the live set there
     let mut cur: u64 = 0;
     let mut best: (u64, usize) = (0, 0);
-    if rec.ring.total() == rec.ring.len() as u64 {
-        // every allocation's event is here, and a free's event carries the size its
-        // allocation asked for
-        for (i, e) in rec.ring.iter().enumerate() {
-            match e.kind() {
-                EventKind::Alloc => {
-                    cur += e.size();
-                    if cur > best.0 {
-                        best = (cur, i + 1);
-                    }
+    // a free's event carries the size its allocation asked for; where the oldest events are
+    // gone, a free counts only where its allocation is here (the sizes kept by address)
+    let mut live: Option<rustc_hash::FxHashMap<u64, u64>> =
+        (rec.ring.total() != rec.ring.len() as u64).then(Default::default);
+    for (i, e) in rec.ring.iter().enumerate() {
+        match e.kind() {
+            EventKind::Alloc => {
+                if let Some(l) = &mut live {
+                    l.insert(e.addr, e.size());
                 }
-                EventKind::FreeRequested => cur = cur.saturating_sub(e.size()),
-                _ => {}
+                cur += e.size();
+                if cur > best.0 {
+                    best = (cur, i + 1);
+                }
             }
-        }
-    } else {
-        // the oldest events are gone: a free counts only where its allocation is here
-        let mut live: rustc_hash::FxHashMap<u64, u64> = Default::default();
-        for (i, e) in rec.ring.iter().enumerate() {
-            match e.kind() {
-                EventKind::Alloc => {
-                    live.insert(e.addr, e.size());
-                    cur += e.size();
-                    if cur > best.0 {
-                        best = (cur, i + 1);
-                    }
-                }
-                EventKind::FreeRequested => {
-                    if let Some(s) = live.remove(&e.addr) {
-                        cur -= s;
-                    }
-                }
-                _ => {}
+            EventKind::FreeRequested => {
+                let size = match &mut live {
+                    Some(l) => l.remove(&e.addr).unwrap_or(0),
+                    None => e.size(),
+                };
+                cur = cur.saturating_sub(size);
             }
+            _ => {}
         }
     }
     // the live set at the peak (sized for the most allocations live at once)
