@@ -10,6 +10,8 @@ END_AT=${END_AT:-$(( $(date +%s) + 500 ))}
 mkdir -p /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/ds/*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+# DeepSpeed's op builder cannot parse torch's "9.0a" architecture names: name the GPU's
+export TORCH_CUDA_ARCH_LIST=$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
 DS_BUILD_OPS=0 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site .whl/ds/deepspeed-*.tar.gz 2>&1 | tail -5
 python3 -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__)' 2>&1 | tail -2
 which ninja nvcc; nvcc --version | tail -1
@@ -23,7 +25,7 @@ done
 ( cd "$D" && for f in snapshot_*.pickle; do [ -f "$f" ] && xz -T0 "$f"; done )
 tar -cJf "$OUT/zero.tar.xz" -C "$D" .
 G=$(mktemp -d)
-if (( $(date +%s) < END_AT + 40 )); then
-  timeout 120 python3 scripts/hf_record.py "$G" '{"name": "llama_2l_long_generate_bf16", "model_type": "llama", "cfg": {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 16384}, "attn": "sdpa", "batch": 1, "seq": 512, "weights": "bf16", "generate": 8192}' 2>&1 | tail -3
+if [[ -z ${NO_GEN:-} ]] && (( $(date +%s) < END_AT + 40 )); then
+  echo "== long generation"; timeout ${GEN_TIMEOUT:-240} python3 scripts/hf_record.py "$G" '{"name": "llama_2l_long_generate_bf16", "model_type": "llama", "cfg": {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 16384}, "attn": "sdpa", "batch": 1, "seq": 512, "weights": "bf16", "generate": '"${GEN_TOKENS:-4096}"'}' 2>&1 | tail -3
   tar -cJf "$OUT/gen.tar.xz" -C "$G" .
 fi

@@ -24,6 +24,8 @@ CASES = {
     "zero2_llama_s_adamw_bf16": dict(stage=2, batch=4, seq=1024, bf16=True),
     "zero2_llama_s_offload_fp32": dict(stage=2, batch=4, seq=1024, offload=True),
     "zero1_llama_s_offload_fp32": dict(stage=1, batch=4, seq=1024, offload=True),
+    "zero2_llama_s_offload_bf16": dict(stage=2, batch=4, seq=1024, offload=True, bf16=True),
+    "zero1_llama_s_bucket1e7_bf16": dict(stage=1, batch=2, seq=512, bucket=10_000_000, bf16=True),
 }
 
 

@@ -1,6 +1,7 @@
 //! Issue 39: data-parallel training per rank. DDP at world size 1 against PyTorch 2.11 on an
 //! H200 (fixtures/dist1: ../shared/groundtruth/dist1's case, its allocator trace and gpumem's
-//! workload), and what `[distributed]` refuses.
+//! workload), DeepSpeed ZeRO at world size 1 against DeepSpeed 0.19.6 on an H100
+//! (fixtures/zero), and what `[distributed]` refuses.
 
 mod common;
 
@@ -30,9 +31,14 @@ fn events_match(case: &str) {
 /// The case's recorded fields: `exact` names those that must be equal to the byte (by
 /// iteration and field); the others may be off by `tolerance` (a fraction).
 fn fields_match(case: &str, exact: &dyn Fn(usize, &str) -> bool, tolerance: f64) {
-    let (code, g) = run_json(&["run", &format!("fixtures/dist1/workloads/{case}.toml")]);
+    fields_match_in("dist1", case, exact, tolerance)
+}
+
+/// [`fields_match`] for a case of `fixtures/{dir}` (its record `cases/{dir}_{case}.json`).
+fn fields_match_in(dir: &str, case: &str, exact: &dyn Fn(usize, &str) -> bool, tolerance: f64) {
+    let (code, g) = run_json(&["run", &format!("fixtures/{dir}/workloads/{case}.toml")]);
     assert_eq!(code, Some(0), "{g}");
-    let p = common::root().join(format!("fixtures/dist1/cases/dist1_{case}.json"));
+    let p = common::root().join(format!("fixtures/{dir}/cases/{dir}_{case}.json"));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let t = &doc["cases"][0];
     let (gi, ti) = (
@@ -511,8 +517,9 @@ fn zero_partitions_the_master_weights_and_adams_state() {
         assert_eq!(v["ranks"]["alike"], false);
     }
     // the flat parameters replace the parameters (and their segments' unsplit 1 MiB tails):
-    // the model's parameters and the master partition, no more
-    assert_eq!(start(&z4, 0), params + params / 4 + 1024);
+    // the model's parameters, the master partition and FusedAdam's int32 overflow flag (a
+    // 512-byte block), no more
+    assert_eq!(start(&z4, 0), params + params / 4 + 1024 + 512);
     // the default bucket: 500,000,000 float32 elements through backward
     let peak = |v: &Value| u(&v["peak"]["peak_allocated"]);
     assert!(
@@ -544,17 +551,19 @@ fn zero_offload_keeps_the_optimizer_on_the_host() {
         let on = run(&["--zero", stage, "--world-size", "4"]);
         let off = run(&["--zero", stage, "--world-size", "4", "--cpu-offload"]);
         assert_eq!(u(&on["host_memory_peak"]), 0);
-        // at construction: the staging buffer instead of the master partition
+        // at construction: the staging buffer instead of the master partition, and no
+        // FusedAdam (its overflow flag: 512 bytes)
         assert_eq!(
             start(&on, 0) - start(&off, 0),
-            part - staging,
+            part - staging + 512,
             "stage {stage}"
         );
-        // the first step adds Adam's state on the device only without offload
+        // the first step adds Adam's state (and the kept gradient norm) on the device only
+        // without offload
         let first_step = |v: &Value| start(v, 1) - start(v, 0);
         assert_eq!(
             first_step(&on) - first_step(&off),
-            2 * part,
+            2 * part + 512,
             "stage {stage}"
         );
         // the host: master, its gradient, the bit16 buffer, Adam's two states (float32
@@ -582,4 +591,21 @@ fn zero_offload_keeps_the_optimizer_on_the_host() {
         err.contains("--cpu-offload") && err.contains("--zero"),
         "{err}"
     );
+}
+
+/// DeepSpeed 0.19.6's ZeRO at world size 1, recorded on an H100 (fixtures/zero,
+/// scripts/zero_record.py): stages 1 and 2 in float32, stage 2 over bf16 parameters and with
+/// the optimizer offloaded to the host; every recorded field of every iteration to the byte
+/// (FusedAdam's overflow flag, engine.backward's divided and scaled losses, the kept
+/// `_global_grad_norm` are each 512 bytes of it).
+#[test]
+fn zero_matches_deepspeed_to_the_byte() {
+    for case in [
+        "zero2_llama_s_adamw_fp32",
+        "zero1_llama_s_adamw_fp32",
+        "zero2_llama_s_adamw_bf16",
+        "zero2_llama_s_offload_fp32",
+    ] {
+        fields_match_in("zero", case, &|_, _| true, 0.0);
+    }
 }

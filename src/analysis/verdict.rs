@@ -25,7 +25,9 @@ pub struct FitVerdict {
     /// When it does not fit: the peak reserved on an unbounded device, if it was re-run so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub needs_reserved: Option<u64>,
-    /// `needs_reserved` less `usable`, when more.
+    /// `needs_reserved` less `usable`, when more and the cause is capacity: an out-of-memory
+    /// from fragmentation fits under another allocator setting, and an unbounded device never
+    /// frees the segments it strands, so its peak is no shortfall.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub short_by: Option<u64>,
     /// Capacity or fragmentation, when it ran out.
@@ -88,7 +90,7 @@ pub fn verdict(i: &Inputs) -> FitVerdict {
     }
     let short_by = i
         .needs_reserved
-        .filter(|n| *n > i.usable)
+        .filter(|n| *n > i.usable && i.cause != Some(OomKind::Fragmentation))
         .map(|n| n - i.usable);
     let mut line = match (i.cause, i.needs_reserved) {
         (Some(OomKind::Fragmentation), _) => format!(
@@ -192,7 +194,8 @@ mod tests {
             usable: 2 * GIB,
             peak_reserved: 2 * GIB,
             oom: true,
-            needs_reserved: Some(GIB),
+            // the unbounded run strands segments the bounded one would have freed
+            needs_reserved: Some(17 * GIB),
             cause: Some(OomKind::Fragmentation),
             smallest_fix: Some("expandable_segments:True".into()),
             ..Inputs::default()

@@ -221,6 +221,13 @@ pub(crate) struct Zero {
     pub state: Vec<TensorId>,
     /// `offload_optimizer` to the host: what it keeps ([`ZeroOffload`]).
     pub offload: Option<ZeroOffload>,
+    /// FusedAdam's `_dummy_overflow_buf` (an int32 `[0]` made with the optimizer, before
+    /// ZeRO flattens anything; none with DeepSpeedCPUAdam): held, never read.
+    #[allow(dead_code)]
+    pub overflow_buf: Option<TensorId>,
+    /// `_global_grad_norm`: the last step's norm (a float32 scalar), kept until the next step
+    /// replaces it.
+    pub global_norm: Option<TensorId>,
 }
 
 /// ZeRO's optimizer offload (`offload_optimizer.device = "cpu"`): the float32 master

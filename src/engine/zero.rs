@@ -1,9 +1,11 @@
 //! DeepSpeed ZeRO stages 1 and 2 on one rank, as DeepSpeed 0.19.6's `DeepSpeedZeroOptimizer`
-//! (`deepspeed/runtime/zero/stage_1_and_2.py`) allocates, read from its source; no recording
-//! checks it yet. Every rank holds the same except where padding falls; rank 0 is modelled.
+//! (`deepspeed/runtime/zero/stage_1_and_2.py`) allocates, read from its source and checked
+//! against four recordings at world size 1 (fixtures/zero: every recorded field to the byte).
+//! Every rank holds the same except where padding falls; rank 0 is modelled.
 //!
-//! - **Initialization** ([`Tensors::zero_init`]): the trainable parameters, in group order,
-//!   flattened into one buffer of the parameters' dtype padded to a multiple of
+//! - **Initialization** ([`Tensors::zero_init`]): FusedAdam's overflow flag (an int32, made
+//!   with the optimizer before ZeRO wraps it; none with DeepSpeedCPUAdam); the trainable
+//!   parameters, in group order, flattened into one buffer of the parameters' dtype padded to a multiple of
 //!   2 x world size (`flatten_dense_tensors_aligned`: the padding's zeros, the flat copy, then
 //!   the padding gone); each parameter becomes a view of it and its own storage goes. The
 //!   rank's partition (a 1/world-size slice) is cloned into a float32 master copy (in bf16, the
@@ -19,8 +21,8 @@
 //!   Stage 1 keeps the full gradients through backward and does the same walk, in parameter
 //!   order, once backward returns. The last bucket is reduced and the bucket freed at the end.
 //! - **Step** ([`Tensors::zero_step`]): the gradient norm (each partition gradient copied to
-//!   float64 and dropped), the partition's gradients flattened into one tensor (and copied to
-//!   float32 when they are not), `grads_in_partition` dropped, DeepSpeed's FusedAdam (its
+//!   float64 and dropped), `_global_grad_norm` (a float32 scalar kept to the next step), the
+//!   partition's gradients flattened into one tensor (and copied to float32 when they are not), `grads_in_partition` dropped, DeepSpeed's FusedAdam (its
 //!   `exp_avg` and `exp_avg_sq` over the partition at the first step, no temporaries), the
 //!   float32 gradient dropped; the update is copied back and all-gathered in place.
 //! - **Optimizer offload** (`offload_optimizer.device = "cpu"`, [`ZeroConfig::offload`]): the
@@ -86,6 +88,14 @@ impl<S: Device> Tensors<S> {
                 "zero_init: parameters of several dtypes (one flat group per dtype) are not modelled".into(),
             ));
         }
+        // `_configure_basic_optimizer` runs before ZeRO's: FusedAdam's overflow flag
+        let overflow_buf = if cfg.offload {
+            None
+        } else {
+            let b = self.empty(&[1], DType::I32, Category::OptimizerState)?;
+            self.fill(b, Fill::Zeros)?;
+            Some(b)
+        };
         let numel: Vec<u64> = params
             .iter()
             .map(|&p| self.info(p).layout.numel() as u64)
@@ -147,6 +157,8 @@ impl<S: Device> Tensors<S> {
             grads_fill: 0,
             state: Vec::new(),
             offload,
+            overflow_buf,
+            global_norm: None,
         }));
         Ok(())
     }
@@ -468,6 +480,13 @@ impl<S: Device> Tensors<S> {
         for n in sizes {
             let d = self.empty(&[n as usize], DType::F64, Category::Temporary)?;
             self.release(d);
+        }
+        // `self._global_grad_norm = scaled_global_grad_norm / prev_scale`: a new scalar, the
+        // last step's dropped
+        let norm = self.empty(&[1], DType::F32, Category::OptimizerState)?;
+        let z = self.zero.as_mut().expect("under ZeRO");
+        if let Some(old) = z.global_norm.replace(norm) {
+            self.release(old);
         }
         // the partition's gradients flattened, in float32
         let flat = self.empty(&[part], dtype, Category::Temporary)?;

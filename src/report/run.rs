@@ -195,7 +195,9 @@ pub fn write_text(
              ranks differ by where the boundaries fall. This follows DeepSpeed 0.19.6's code \
              (stage_1_and_2.py with FusedAdam: the flat parameters, the reduction bucket of \
              reduce_bucket_size elements, the partition's gradients, the step's copies), read \
-             from its source and not yet checked against a recording; DeepSpeed's documented \
+             from its source and matched to the byte on DeepSpeed's own runs at world size 1 \
+             (stages 1 and 2, float32 and bf16, offloaded or not; larger world sizes are not \
+             recorded yet); DeepSpeed's documented \
              estimate (estimate_zero2_model_states_mem_needs) counts model states only and \
              leaves out the bucket, the gradients and the step's copies{}",
             if stage == 2 {

@@ -90,8 +90,20 @@ fn micro_batch(
     let _ = writeln!(s, "}}");
     // with accumulation, `loss = out.loss / grad_accum` is what backward runs from; the
     // output keeps its own loss until `del out`
-    let scaled = train && r.grad_accum > 1;
-    if scaled {
+    let scaled = train && r.grad_accum > 1 && r.zero.is_none();
+    if train && r.zero.is_some() {
+        // DeepSpeed's `engine.backward(loss)`: `loss / gradient_accumulation_steps` (even 1),
+        // the ZeRO optimizer's loss scaler's `loss * scale` (1.0 but in fp16), backward from
+        // that; on return the scaled loss goes, then the divided one the caller drops
+        // (after_backward is read once it returned)
+        let _ = writeln!(s, "phase \"backward\" {{");
+        let _ = writeln!(s, "  ds_gas = loss / {}", r.grad_accum);
+        let _ = writeln!(s, "  ds_scaled = ds_gas * 1.0");
+        let _ = writeln!(s, "  ds_scaled.backward()");
+        let _ = writeln!(s, "  del ds_scaled, ds_gas");
+        let _ = writeln!(s, "}}");
+        let _ = writeln!(s, "value = loss.item()");
+    } else if scaled {
         let _ = writeln!(s, "scaled = loss / {}", r.grad_accum);
         let _ = writeln!(s, "scaled.backward()");
         let _ = writeln!(s, "value = scaled.item()");
