@@ -1,4 +1,4 @@
-"""Records DeepSpeed ZeRO stage 1/2 cases on the GPU machine at world size 1 (NCCL, one
+"""Records DeepSpeed ZeRO stage 1/2/3 cases on the GPU machine at world size 1 (NCCL, one
 process), on ../shared/tools/dist1.py's Llama config, in dist1.py's format: per-iteration
 figures, the end's memory_stats, NVML-free driver usage and PyTorch's snapshot with Python
 stacks. The optimizer is what `"optimizer": {"type": "AdamW"}` gives: DeepSpeed's FusedAdam on
@@ -26,6 +26,11 @@ CASES = {
     "zero1_llama_s_offload_fp32": dict(stage=1, batch=4, seq=1024, offload=True),
     "zero2_llama_s_offload_bf16": dict(stage=2, batch=4, seq=1024, offload=True, bf16=True),
     "zero1_llama_s_bucket1e7_bf16": dict(stage=1, batch=2, seq=512, bucket=10_000_000, bf16=True),
+    # stage 3: the parameters partitioned too, fetched per submodule (the model built normally,
+    # partitioned by deepspeed.initialize, not under zero.Init)
+    "zero3_llama_s_adamw_fp32": dict(stage=3, batch=4, seq=1024),
+    "zero3_llama_s_adamw_bf16": dict(stage=3, batch=4, seq=1024, bf16=True),
+    "zero3_llama_s_b1_s64_fp32": dict(stage=3, batch=1, seq=64),
 }
 
 
@@ -61,10 +66,17 @@ def main():
     }
     if kw.get("bf16"):
         ds["bf16"] = {"enabled": True}
+    # stage 3 (or RECORD_INIT=1): the snapshot's history starts before deepspeed.initialize,
+    # so the partitioning is in it (nothing is on the device yet)
+    from_init = kw["stage"] == 3 or bool(os.environ.get("RECORD_INIT"))
+    if from_init:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     torch.cuda.synchronize()
     after_model = torch.cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    after_model_reserved = torch.cuda.memory_reserved()
+    if not from_init:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     rows = []
     for it in range(3):
         torch.cuda.synchronize()
@@ -92,7 +104,8 @@ def main():
     pickle.dump(snap, open(os.path.join(out, f"snapshot_{name}.pickle"), "wb"))
     free, total = torch.cuda.mem_get_info()
     res = {"name": name, "config": kw, "model": dist1.LLAMA_S, "base_allocated": base,
-           "after_model_allocated": after_model, "iterations": rows,
+           "after_model_allocated": after_model, "after_model_reserved": after_model_reserved,
+           "history_from_init": from_init, "iterations": rows,
            "memory_stats_end": dict(torch.cuda.memory_stats()), "driver_used_bytes_end": total - free,
            "deepspeed": deepspeed.__version__, "optimizer": type(engine.optimizer).__name__,
            "basic_optimizer": type(getattr(engine, "basic_optimizer", None)).__name__,
