@@ -14,6 +14,7 @@ the work:
 
 Usage:
   python3 scripts/perf_gate.py [--bin target/release/gpumem] [--update] [--tolerance 0.05]
+                               [--only REGEX]
 
 Fails (exit 1) when a metric is more than --tolerance (5%) above the baseline
 (fixtures/perf/callgrind_baseline.json); --update writes the figures measured now as the new
@@ -46,6 +47,9 @@ SUMMARY = [
     ("summary_gpt2s", None, "fixtures/snapshots/snapshot_gpt2s_b8_sdpa_adamw_bf16.pickle"),
     # a Hugging Face model's snapshot: Python stacks of many frames per event
     ("summary_hf_llama_s", None, "fixtures/snapshots/snapshot_llama_s_sdpa_adamw_fp32.pickle"),
+    # a public snapshot of another shape (issue 41's third): a Transformer's full step, 1,010
+    # segments, short Python stacks; unpacked from .xz into the gate's folder
+    ("summary_kkaitlyn_fullstep", None, "fixtures/external/kkaitlyn_memory_ctx128_fullstep.pickle.xz"),
 ]
 # pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4)
 EMPTY_SNAPSHOT = bytes.fromhex(
@@ -86,9 +90,11 @@ def events(stdout):
     return s["allocation.all.allocated"] + s["allocation.all.freed"]
 
 
-def measure(binary):
+def measure(binary, only=None):
     got = {}
     for name, w in SIM:
+        if only and not re.search(only, name):
+            continue
         i1, o1 = instructions([binary, "run", w, "--iterations", "1", "--json"])
         i4, o4 = instructions([binary, "run", w, "--iterations", "4", "--json"])
         ev = events(o4) - events(o1)
@@ -103,7 +109,15 @@ def measure(binary):
         with open(empty, "wb") as fh:
             fh.write(EMPTY_SNAPSHOT)
         for name, small, big in SUMMARY:
+            if only and not re.search(only, name):
+                continue
             small = small or empty
+            if big.endswith(".xz"):
+                import lzma
+                unpacked = os.path.join(tmp, os.path.basename(big)[:-3])
+                with lzma.open(os.path.join(ROOT, big)) as src, open(unpacked, "wb") as dst:
+                    dst.write(src.read())
+                big = unpacked
             i_s, _ = instructions([binary, "summary", small, "--json"], one)
             i_b, _ = instructions([binary, "summary", big, "--json"], one)
             nbytes = os.path.getsize(os.path.join(ROOT, big)) - os.path.getsize(
@@ -121,13 +135,17 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.05,
                     help="the growth over the baseline that fails (default 0.05: 5%%)")
     ap.add_argument("--baseline", default=BASELINE)
+    ap.add_argument("--only", metavar="REGEX",
+                    help="measure only the metrics whose names match (not with --update)")
     a = ap.parse_args()
+    if a.only and a.update:
+        fail("--update writes every metric: run it without --only")
     if subprocess.run(["valgrind", "--version"], capture_output=True).returncode != 0:
         fail("valgrind is not installed (apt-get install valgrind)")
     if not os.path.exists(a.bin):
         fail(f"{a.bin}: no such binary (cargo build --release)")
     print(f"perf gate: instructions counted by callgrind ({a.bin})", flush=True)
-    got = measure(a.bin)
+    got = measure(a.bin, a.only)
     if a.update:
         doc = {"gpumem_perf_baseline": 1,
                "how": "python3 scripts/perf_gate.py --update (instructions per allocator event "
