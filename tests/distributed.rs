@@ -605,6 +605,8 @@ fn zero_matches_deepspeed_to_the_byte() {
         "zero1_llama_s_adamw_fp32",
         "zero2_llama_s_adamw_bf16",
         "zero2_llama_s_offload_fp32",
+        // held out: recorded after the model was fixed (40 MB buckets, reduced many times)
+        "zero2_llama_s_bucket1e7_fp32",
     ] {
         fields_match_in("zero", case, &|_, _| true, 0.0);
     }
