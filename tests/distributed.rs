@@ -172,7 +172,7 @@ fn distributed_keys_run_or_are_refused_by_name() {
     .replace("seq = 1024", "seq = 64")
     .replace("iterations = 3", "iterations = 2");
     for (extra, key) in [
-        ("strategy = \"zero3\"\n", "strategy"),
+        ("strategy = \"zero4\"\n", "strategy"),
         (
             "strategy = \"zero2\"\nbucket_cap_mb = 25\n",
             "bucket_cap_mb",
@@ -214,6 +214,21 @@ fn distributed_keys_run_or_are_refused_by_name() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{key}: {err}");
         assert!(err.contains(key), "{key} named: {err}");
+    }
+    // ZeRO-3 is modelled at world size 1 only, without offload: the rest is refused by key
+    for (extra, key) in [
+        ("world_size = 2\n", "world_size"),
+        ("world_size = 1\ncpu_offload = true\n", "cpu_offload"),
+    ] {
+        let text = base.replace(
+            "world_size = 1\nstrategy = \"ddp\"\n",
+            &format!("strategy = \"zero3\"\n{extra}"),
+        );
+        let w = s.write(&format!("zero3_{key}.toml"), &text);
+        let out = common::at_root(&["run", w.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "zero3 {key}: {err}");
+        assert!(err.contains(key), "zero3 {key} named: {err}");
     }
     // a preset is refused, as is [distributed] without a model
     let preset = s.write(
@@ -607,6 +622,9 @@ fn zero_matches_deepspeed_to_the_byte() {
         "zero2_llama_s_offload_fp32",
         // held out: recorded after the model was fixed (40 MB buckets, reduced many times)
         "zero2_llama_s_bucket1e7_fp32",
+        // stage 3 at world size 1 (H200), the partitioning recorded from the start
+        "zero3_llama_s_adamw_fp32",
+        "zero3_llama_s_adamw_bf16",
     ] {
         fields_match_in("zero", case, &|_, _| true, 0.0);
     }

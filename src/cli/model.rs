@@ -85,11 +85,12 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "ddp")]
     pub fsdp2: bool,
 
-    /// With a bare config: train under DeepSpeed ZeRO stage 1 or 2 (`[distributed] strategy =
-    /// "zero1"` or `"zero2"`): the flat parameters, a float32 master partition and Adam's state
-    /// per rank, the reduction bucket (`reduce_bucket_size`, 5e8 elements) and the partition's
-    /// gradients, as DeepSpeed 0.19.6's code allocates them. Rank 0 is shown.
-    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=2), conflicts_with_all = ["ddp", "fsdp2"])]
+    /// With a bare config: train under DeepSpeed ZeRO stage 1, 2 or 3 (`[distributed] strategy =
+    /// "zero1"`, `"zero2"` or `"zero3"`): the flat parameters, a float32 master partition and
+    /// Adam's state per rank, the reduction bucket (`reduce_bucket_size`, 5e8 elements) and the
+    /// partition's gradients, as DeepSpeed 0.19.6 allocates them. Rank 0 is shown. Stage 3 is
+    /// modelled at world size 1 only.
+    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(1..=3), conflicts_with_all = ["ddp", "fsdp2"])]
     pub zero: Option<u8>,
 
     /// With --zero: DeepSpeed's `reduce_bucket_size` in elements (default 500000000).

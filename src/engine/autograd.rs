@@ -733,7 +733,13 @@ impl<S: Device> Tensors<S> {
             }
             Back::Alloc | Back::Split => {}
         }
-        let plan = op.grad_plan(meta, (self.shape(grad_out), self.dtype(grad_out)));
+        let mut plan = op.grad_plan(meta, (self.shape(grad_out), self.dtype(grad_out)));
+        if matches!(op, Op::Linear) && self.zero.as_ref().is_some_and(|z| z.stage == 3) {
+            // ZeRO-3 replaces `F.linear` with `LinearFunctionForZeroStage3`, whose backward
+            // makes the input's gradient first, then the weight's straight in its layout
+            plan.reversed = false;
+            plan.through_t = None;
+        }
         if let Some(dims) = &plan.rows {
             let l = self.info(grad_out).layout.clone();
             if l.reshape(dims)?.1.is_none() {

@@ -228,6 +228,10 @@ pub(crate) struct Zero {
     /// `_global_grad_norm`: the last step's norm (a float32 scalar), kept until the next step
     /// replaces it.
     pub global_norm: Option<TensorId>,
+    /// Small tensors kept for the run (ZeRO-3's overflow tracker and barrier byte): held,
+    /// never read.
+    #[allow(dead_code)]
+    pub held: Vec<TensorId>,
 }
 
 /// ZeRO's optimizer offload (`offload_optimizer.device = "cpu"`): the float32 master

@@ -42,6 +42,7 @@ pub mod sdpa;
 pub mod tensor;
 pub mod workspace;
 pub mod zero;
+mod zero3;
 
 pub use dtype::DType;
 

@@ -50,6 +50,7 @@ const ALIGNMENT_FACTOR: u64 = 2;
 /// What `zero_init` is given.
 #[derive(Debug, Clone, Copy)]
 pub struct ZeroConfig {
+    /// 1, 2 or 3 (3: world size 1 only).
     pub stage: u8,
     pub world: u64,
     pub bucket_elems: u64,
@@ -66,9 +67,9 @@ impl<S: Device> Tensors<S> {
                 "zero_init: the model is already under ZeRO".into(),
             ));
         }
-        if !(1..=2).contains(&cfg.stage) || cfg.world == 0 || cfg.bucket_elems == 0 {
+        if !(1..=3).contains(&cfg.stage) || cfg.world == 0 || cfg.bucket_elems == 0 {
             return Err(EngineError::Invalid(format!(
-                "zero_init: stage {} at world size {} with buckets of {} elements is not modelled (stages 1 and 2, world size and buckets at least 1)",
+                "zero_init: stage {} at world size {} with buckets of {} elements is not modelled (stages 1 to 3, world size and buckets at least 1)",
                 cfg.stage, cfg.world, cfg.bucket_elems
             )));
         }
@@ -96,6 +97,9 @@ impl<S: Device> Tensors<S> {
             self.fill(b, Fill::Zeros)?;
             Some(b)
         };
+        if cfg.stage == 3 {
+            return self.zero3_init(params, cfg, overflow_buf);
+        }
         let numel: Vec<u64> = params
             .iter()
             .map(|&p| self.info(p).layout.numel() as u64)
@@ -159,6 +163,7 @@ impl<S: Device> Tensors<S> {
             offload,
             overflow_buf,
             global_norm: None,
+            held: Vec::new(),
         }));
         Ok(())
     }
@@ -253,6 +258,9 @@ impl<S: Device> Tensors<S> {
         let Some(k) = z.params.iter().position(|&p| p == leaf) else {
             return Ok(());
         };
+        if self.zero.as_ref().is_some_and(|z| z.stage == 3) {
+            return self.zero3_grad_ready(k);
+        }
         self.zero_setup_buckets()?;
         if self.zero.as_ref().is_some_and(|z| z.stage == 2) {
             self.zero_bucket_add(k)?;
@@ -305,7 +313,12 @@ impl<S: Device> Tensors<S> {
     }
 
     /// `param.grad` becomes a view of `into` at element `at` (the old gradient goes).
-    fn zero_regrad(&mut self, p: TensorId, into: TensorId, at: usize) -> Result<(), EngineError> {
+    pub(super) fn zero_regrad(
+        &mut self,
+        p: TensorId,
+        into: TensorId,
+        at: usize,
+    ) -> Result<(), EngineError> {
         let shape = self.shape(p).to_vec();
         let mut l = Layout::contiguous(&shape);
         l.offset = at + self.info(into).layout.offset;
@@ -440,6 +453,10 @@ impl<S: Device> Tensors<S> {
         let Some(z) = self.zero.as_ref() else {
             return Ok(());
         };
+        if z.stage == 3 {
+            // (the bucket stays: ZeRO-3 keeps it for the run)
+            return self.zero3_reduce();
+        }
         if z.stage == 1 {
             let params = z.params.clone();
             for (k, &p) in params.iter().enumerate() {
@@ -466,6 +483,9 @@ impl<S: Device> Tensors<S> {
         };
         if z.offload.is_some() {
             return self.zero_step_offload();
+        }
+        if z.stage == 3 {
+            return self.zero3_step();
         }
         let Some(grads) = z.grads else {
             // no gradient reached the partition: DeepSpeed steps nothing

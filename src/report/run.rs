@@ -186,7 +186,19 @@ pub fn write_text(
         let line = format!("  {}: {}", o.what, o.source);
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
-    if let Some((strategy, world)) = r.ranks.filter(|(s, _)| s.starts_with("zero")) {
+    if let Some((_, world)) = r.ranks.filter(|(s, _)| *s == "zero3") {
+        let line = format!(
+            "ranks: {world}; ZeRO stage 3 as DeepSpeed 0.19.6's DeepSpeedZeroOptimizer_Stage3 \
+             allocates for a model partitioned by deepspeed.initialize (FusedAdam): the \
+             parameters in one buffer, a float32 master copy, every gradient's partition and \
+             the reduction bucket (reduce_bucket_size elements) kept for the run, Adam's state \
+             from the first step; F.linear is DeepSpeed's memory-efficient linear. Matched to \
+             the byte on DeepSpeed's own runs at world size 1 (float32 and bf16); above one \
+             rank each submodule's parameters are all-gathered before use, which is not \
+             modelled yet"
+        );
+        writeln!(out, "{}", super::style::wrap(&line))?;
+    } else if let Some((strategy, world)) = r.ranks.filter(|(s, _)| s.starts_with("zero")) {
         let stage = if strategy == "zero1" { 1 } else { 2 };
         let line = format!(
             "ranks: {world}; rank 0 is shown: ZeRO stage {stage} gives each rank a 1/{world} \

@@ -246,7 +246,9 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                     RemedyKind::Sharding,
                 ));
             }
-            if !d.cpu_offload {
+            // (stage 3 is modelled at world size 1 without offload only)
+            let stage3 = d.strategy == "zero3";
+            if !d.cpu_offload && !stage3 {
                 hf_remedies.push(set(
                     &[("cpu_offload", "true")],
                     "optimizer offload",
@@ -256,19 +258,21 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                 ));
             }
             let more = (d.world_size * 2).to_string();
-            hf_remedies.push(Remedy {
-                name: format!("world size {more}"),
-                change: format!(
-                    "{more} ranks instead of {}: smaller partitions",
-                    d.world_size
-                ),
-                ..set(
-                    &[("world_size", more.as_str())],
-                    "",
-                    "",
-                    RemedyKind::Sharding,
-                )
-            });
+            if !stage3 {
+                hf_remedies.push(Remedy {
+                    name: format!("world size {more}"),
+                    change: format!(
+                        "{more} ranks instead of {}: smaller partitions",
+                        d.world_size
+                    ),
+                    ..set(
+                        &[("world_size", more.as_str())],
+                        "",
+                        "",
+                        RemedyKind::Sharding,
+                    )
+                });
+            }
         } else {
             if !d.reshard_after_forward {
                 hf_remedies.push(set(

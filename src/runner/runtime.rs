@@ -111,7 +111,7 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
     ),
     rt(
         "zero_init(params, stage=2, world_size=1, reduce_bucket_size=500000000, overlap_comm=false, offload_optimizer=false)",
-        "DeepSpeed ZeRO stage 1 or 2 (0.19.6's DeepSpeedZeroOptimizer, from its source) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition (one backward per step: gradient accumulation is not modelled); offload_optimizer: the master, its gradient and Adam's state on the host, DeepSpeedCPUAdam stepping there (pinned buffers counted as host memory)",
+        "DeepSpeed ZeRO stage 1, 2 or 3 (0.19.6's DeepSpeedZeroOptimizer, from its source, checked on recorded runs) over the parameters, rank 0 of world_size: the flat parameters, the float32 master partition; in backward the reduction bucket of reduce_bucket_size elements and the partition's gradients; opt.step() then steps FusedAdam over the partition (one backward per step: gradient accumulation is not modelled); offload_optimizer: the master, its gradient and Adam's state on the host, DeepSpeedCPUAdam stepping there (pinned buffers counted as host memory); stage 3 (world size 1, no offload): DeepSpeedZeroOptimizer_Stage3's buffers (the parameters in one buffer, a float32 master copy, every gradient's partition and the bucket, kept) and its memory-efficient linear's backward order",
         rt_zero_init,
     ),
     rt(
@@ -286,10 +286,10 @@ fn rt_zero_init(me: &mut Runner, span: Span, _recv: &Value, a: &Args) -> Flow<Va
         Ok(v as u64)
     };
     let stage = int("stage", 2.0)?;
-    if stage > 2 {
+    if stage > 3 {
         return script(
             span,
-            format!("zero_init: stage {stage} is not modelled yet (stages 1 and 2 are)"),
+            format!("zero_init: stage {stage} does not exist (DeepSpeed's stages are 1 to 3)"),
         );
     }
     if me.dev.computes() {

@@ -102,12 +102,6 @@ pub(super) fn distributed_run(
                 .into(),
         );
     }
-    if strategy == "zero3" {
-        return refuse(
-            "strategy",
-            "[distributed] strategy = \"zero3\" is not modelled yet (\"ddp\", \"fsdp2\", \"zero1\" and \"zero2\" are)".into(),
-        );
-    }
     let zero = strategy.starts_with("zero");
     let zero_keys = ["reduce_bucket_size", "overlap_comm"];
     if !zero {
@@ -192,8 +186,34 @@ pub(super) fn distributed_run(
                 format!("reduce_bucket_size = {bucket}: elements per bucket, 1 to 2^40"),
             );
         }
+        if strategy == "zero3" {
+            // stage 3 above one rank all-gathers each submodule's parameters before use: not
+            // modelled yet
+            if world > 1 {
+                return refuse(
+                    "world_size",
+                    format!(
+                        "strategy = \"zero3\" at world_size = {world} is not modelled yet (its \
+                         per-submodule all-gathers); zero3 at world_size = 1, zero1 and zero2 \
+                         at any size are"
+                    ),
+                );
+            }
+            for key in ["cpu_offload", "overlap_comm"] {
+                if table.contains_key(key) {
+                    return refuse(
+                        key,
+                        format!("'{key}' with strategy = \"zero3\" is not modelled yet"),
+                    );
+                }
+            }
+        }
         return Ok(Distributed::Zero(ZeroRun {
-            stage: if strategy == "zero1" { 1 } else { 2 },
+            stage: match strategy {
+                "zero1" => 1,
+                "zero2" => 2,
+                _ => 3,
+            },
             world_size: world,
             reduce_bucket_size: bucket,
             overlap_comm: d.flag("overlap_comm")?,

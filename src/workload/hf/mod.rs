@@ -608,7 +608,11 @@ pub(crate) fn expand(
                 reduce_bucket_size: None,
             }),
             (None, None) => run.zero.as_ref().map(|z| super::preset::DistributedInfo {
-                strategy: if z.stage == 1 { "zero1" } else { "zero2" },
+                strategy: match z.stage {
+                    1 => "zero1",
+                    2 => "zero2",
+                    _ => "zero3",
+                },
                 world_size: z.world_size,
                 reshard_after_forward: true,
                 cpu_offload: z.offload_optimizer,
