@@ -108,9 +108,14 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             kind: RemedyKind::NoGrad,
         });
     }
+    // under ZeRO only Adam and AdamW (FusedAdam) in float32 or bf16 weights are modelled:
+    // autocast and other optimizers would only be refused
+    let zero = p
+        .and_then(|p| p.distributed.as_ref())
+        .is_some_and(|d| d.strategy.starts_with("zero"));
     let autocast = match p {
         // a model not modelled under autocast is not offered it
-        Some(p) => p.bf16 || !p.can_autocast,
+        Some(p) => p.bf16 || !p.can_autocast || zero,
         None => {
             transform::has_block(&w.body, &|k| matches!(k, BlockKind::Autocast { .. }))
                 || !transform::multiplies_matrices(&w.body)
@@ -326,7 +331,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         }
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
     };
-    if adam {
+    if adam && !zero {
         let plain_adam = match p {
             Some(p) => OptimKind::parse(p.optimizer) == Some(OptimKind::Adam),
             None => !transform::calls(&w.setup, "adamw"),
