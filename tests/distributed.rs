@@ -629,3 +629,50 @@ fn zero_matches_deepspeed_to_the_byte() {
         fields_match_in("zero", case, &|_, _| true, 0.0);
     }
 }
+
+/// ZeRO-3's first backward step by step, as PyTorch recorded it (the first events from
+/// `engine.backward`, fixtures/zero/traces/events_*_backward_start.json, taken from the
+/// recorded snapshot): the loss divided and scaled, the seed, their gradients, the loss's
+/// backward, then lm_head's under DeepSpeed's memory-efficient linear: the input's gradient,
+/// the autograd thread's cuBLAS workspace, then the weight's (native `F.linear` makes the
+/// weight's first).
+#[test]
+fn zero3_backward_starts_as_deepspeed_does() {
+    let case = "zero3_llama_s_adamw_fp32";
+    let want: Vec<(String, u64)> = serde_json::from_str(
+        &std::fs::read_to_string(common::root().join(format!(
+            "fixtures/zero/traces/events_{case}_backward_start.json"
+        )))
+        .unwrap(),
+    )
+    .unwrap();
+    let s = common::Scratch::new("zero3_events");
+    let snap = s.path("snap.json");
+    let out = common::at_root(&[
+        "run",
+        &format!("fixtures/zero/workloads/{case}.toml"),
+        "--iterations",
+        "1",
+        "--snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let stacks = v["stacks"].as_array().unwrap();
+    let got: Vec<(String, u64)> = v["trace"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e["action"].as_str(), Some("alloc" | "free_completed")))
+        .skip_while(|e| {
+            !e["stack"]
+                .as_u64()
+                .and_then(|k| stacks[k as usize].as_array())
+                .is_some_and(|t| t.iter().any(|x| x == "phase:backward"))
+        })
+        .take(want.len())
+        .map(|e| (e["action"].as_str().unwrap()[..1].to_string(), u(&e["size"])))
+        .collect();
+    assert!(want.len() >= 18, "{want:?}");
+    assert_eq!(got, want);
+}
