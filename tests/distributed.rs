@@ -656,7 +656,11 @@ fn zero3_backward_starts_as_deepspeed_does() {
         "--snapshot",
         snap.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
     let stacks = v["stacks"].as_array().unwrap();
     let got: Vec<(String, u64)> = v["trace"]["events"]
@@ -671,7 +675,12 @@ fn zero3_backward_starts_as_deepspeed_does() {
                 .is_some_and(|t| t.iter().any(|x| x == "phase:backward"))
         })
         .take(want.len())
-        .map(|e| (e["action"].as_str().unwrap()[..1].to_string(), u(&e["size"])))
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap()[..1].to_string(),
+                u(&e["size"]),
+            )
+        })
         .collect();
     assert!(want.len() >= 18, "{want:?}");
     assert_eq!(got, want);
