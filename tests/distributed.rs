@@ -646,22 +646,12 @@ fn zero3_backward_starts_as_deepspeed_does() {
         .unwrap(),
     )
     .unwrap();
-    let s = common::Scratch::new("zero3_events");
-    let snap = s.path("snap.json");
-    let out = common::at_root(&[
+    let v = common::run_snapshot(&[
         "run",
         &format!("fixtures/zero/workloads/{case}.toml"),
         "--iterations",
         "1",
-        "--snapshot",
-        snap.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
     let stacks = v["stacks"].as_array().unwrap();
     let got: Vec<(String, u64)> = v["trace"]["events"]
         .as_array()

@@ -100,16 +100,7 @@ impl<S: Device> Tensors<S> {
         if cfg.stage == 3 {
             return self.zero3_init(params, cfg, overflow_buf);
         }
-        let numel: Vec<u64> = params
-            .iter()
-            .map(|&p| self.info(p).layout.numel() as u64)
-            .collect();
-        let mut offset = Vec::with_capacity(numel.len());
-        let mut total = 0u64;
-        for &n in &numel {
-            offset.push(total);
-            total += n;
-        }
+        let (numel, offset, total) = self.zero_flat_layout(&params);
         let align = ALIGNMENT_FACTOR * cfg.world;
         let padded = total.div_ceil(align) * align;
         // `align_dense_tensors`: a zeros tensor for the padding, then the flat copy
@@ -232,9 +223,24 @@ impl<S: Device> Tensors<S> {
         Ok((master, off))
     }
 
+    /// Each parameter's elements, its offset in one flat buffer of them all, and the total.
+    pub(super) fn zero_flat_layout(&self, params: &[TensorId]) -> (Vec<u64>, Vec<u64>, u64) {
+        let numel: Vec<u64> = params
+            .iter()
+            .map(|&p| self.info(p).layout.numel() as u64)
+            .collect();
+        let mut offset = Vec::with_capacity(numel.len());
+        let mut total = 0u64;
+        for &n in &numel {
+            offset.push(total);
+            total += n;
+        }
+        (numel, offset, total)
+    }
+
     /// `param.data = flat.narrow(0, offset, numel).view_as(param)`: the parameter's own
     /// storage goes (when nothing else holds it).
-    fn repoint(&mut self, t: TensorId, base: TensorId, offset: usize) {
+    pub(super) fn repoint(&mut self, t: TensorId, base: TensorId, offset: usize) {
         let shape = self.shape(t).to_vec();
         let mut l = Layout::contiguous(&shape);
         l.offset = offset;

@@ -61,21 +61,12 @@ impl<S: Device> Tensors<S> {
             )));
         }
         let dtype = self.dtype(params[0]);
-        let numel: Vec<u64> = params
-            .iter()
-            .map(|&p| self.info(p).layout.numel() as u64)
-            .collect();
-        let mut offset = Vec::with_capacity(numel.len());
-        let mut total = 0u64;
-        for &n in &numel {
-            offset.push(total);
-            total += n;
-        }
+        let (numel, offset, total) = self.zero_flat_layout(&params);
         // `Init(module=...)`: per parameter its partition, then `free_param` drops the
         // parameter's own storage
         for (k, &p) in params.iter().enumerate() {
             let ds = self.empty(&[numel[k] as usize], dtype, Category::Parameter)?;
-            self.zero3_repoint(p, ds, 0);
+            self.repoint(p, ds, 0);
             self.release(ds);
         }
         let mut held = Vec::new();
@@ -93,7 +84,7 @@ impl<S: Device> Tensors<S> {
         self.alloc.empty_cache();
         let lp = self.empty(&[total as usize], dtype, Category::Parameter)?;
         for (k, &p) in params.iter().enumerate() {
-            self.zero3_repoint(p, lp, offset[k] as usize);
+            self.repoint(p, lp, offset[k] as usize);
         }
         self.release(lp);
         // `_create_fp32_partitions`: the float32 master, a clone (in bf16 of its float32 copy)
@@ -150,21 +141,6 @@ impl<S: Device> Tensors<S> {
             held,
         }));
         Ok(())
-    }
-
-    /// `param.data` becomes a view of `base` at `offset` (what it held goes).
-    fn zero3_repoint(&mut self, p: TensorId, base: TensorId, offset: usize) {
-        let shape = self.shape(p).to_vec();
-        let mut l = super::layout::Layout::contiguous(&shape);
-        l.offset = offset;
-        let v = self.view_with(base, l);
-        let (a, b) = (self.info(p).storage, self.info(v).storage);
-        let (la, lb) = (self.info(p).layout.clone(), self.info(v).layout.clone());
-        self.info_mut(p).storage = b;
-        self.info_mut(p).layout = lb;
-        self.info_mut(v).storage = a;
-        self.info_mut(v).layout = la;
-        self.release(v);
     }
 
     /// A later `dist.barrier()`: a byte and a 4-byte tensor, each dropped.

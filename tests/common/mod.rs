@@ -78,15 +78,7 @@ pub fn u(v: &Value) -> u64 {
 /// built), as tests compare it with `scripts/hf_events.py`'s extracts: ["a", size] per
 /// allocation and ["f", ordinal of the allocation it releases] per free.
 pub fn allocator_events(workload: &str) -> Vec<(String, i64)> {
-    let s = Scratch::new("events");
-    let snap = s.path("snap.json");
-    let out = at_root(&["run", workload, "--snapshot", snap.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let v = run_snapshot(&["run", workload]);
     let stacks = v["stacks"].as_array().unwrap();
     let (mut live, mut n, mut out) = (std::collections::HashMap::new(), 0i64, Vec::new());
     for e in v["trace"]["events"].as_array().unwrap() {
@@ -109,6 +101,22 @@ pub fn allocator_events(workload: &str) -> Vec<(String, i64)> {
         }
     }
     out
+}
+
+/// Runs gpumem with `args` (a `run`) and `--snapshot`, which must succeed; the snapshot
+/// gpumem wrote.
+pub fn run_snapshot(args: &[&str]) -> Value {
+    let s = Scratch::new("snapshot");
+    let snap = s.path("snap.json");
+    let mut all = args.to_vec();
+    all.extend(["--snapshot", snap.to_str().unwrap()]);
+    let out = at_root(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap()
 }
 
 /// Runs gpumem with `args`, which it must refuse: exit 2 with `want` in the message (returned).
