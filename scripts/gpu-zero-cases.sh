@@ -1,9 +1,10 @@
 #!/bin/bash
-# Issue 39: records DeepSpeed ZeRO stage 1/2 cases at world size 1 on the GPU machine
+# Issue 39: records DeepSpeed ZeRO stage 1, 2 and 3 cases at world size 1 on the GPU machine
 # (scripts/zero_record.py; DeepSpeed 0.19.6's sdist and its pure-Python dependencies carried
 # as files in .whl/ds, installed with --no-index into /tmp/site), one fresh process each with
 # PyTorch's snapshot; then issue 37's held-out long generation (figures only).
-# Carry: gpu_carry (../shared/tools' hf_models.py, hf_families.py, dist1.py) and .whl/ds.
+# Carry: gpu_carry (../shared/tools' hf_models.py, hf_families.py, dist1.py) and .whl/ds
+# (scripts/fetch-deepspeed-wheels.sh fills it).
 # Output: $OUT/zero.tar.xz (zero_NAME.json, snapshot_NAME.pickle.xz, logs), $OUT/gen.tar.xz.
 set -u
 END_AT=${END_AT:-$(( $(date +%s) + 500 ))}
