@@ -502,27 +502,11 @@ impl<S: Device> Tensors<S> {
             .filter(|&k| z.in_part[k])
             .map(|k| z.numel[k].min(z.part - z.offset[k]))
             .collect();
-        // `get_grad_norm_direct`: each gradient's float64 copy, dropped
-        for n in sizes {
-            let d = self.empty(&[n as usize], DType::F64, Category::Temporary)?;
-            self.release(d);
-        }
-        // `self._global_grad_norm = scaled_global_grad_norm / prev_scale`: a new scalar, the
-        // last step's dropped
-        let norm = self.empty(&[1], DType::F32, Category::OptimizerState)?;
-        let z = self.zero.as_mut().expect("under ZeRO");
-        if let Some(old) = z.global_norm.replace(norm) {
-            self.release(old);
-        }
+        // `get_grad_norm_direct`; `self._global_grad_norm = scaled_global_grad_norm /
+        // prev_scale` (float32 here)
+        self.zero_norm(&sizes, DType::F32)?;
         // the partition's gradients flattened, in float32
-        let flat = self.empty(&[part], dtype, Category::Temporary)?;
-        let single = if dtype == DType::F32 {
-            flat
-        } else {
-            let f = self.empty(&[part], DType::F32, Category::Temporary);
-            self.release(flat);
-            f?
-        };
+        let single = self.zero_flat_f32(part, dtype)?;
         // `averaged_gradients = None`: the partition gradients go
         let params = self.zero.as_ref().expect("under ZeRO").params.clone();
         for p in params {
@@ -533,16 +517,54 @@ impl<S: Device> Tensors<S> {
         let z = self.zero.as_mut().expect("under ZeRO");
         z.grads = None;
         self.release(grads);
-        // FusedAdam: exp_avg and exp_avg_sq at the first step
-        if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
-            let master = self.zero.as_ref().expect("under ZeRO").master;
-            for _ in 0..2 {
-                let s = self.empty_beside(master, &[part], DType::F32, Category::OptimizerState)?;
-                self.fill(s, Fill::Zeros)?;
-                self.zero.as_mut().expect("under ZeRO").state.push(s);
-            }
-        }
+        self.zero_adam_states(part)?;
         self.release(single);
+        Ok(())
+    }
+
+    /// The step's gradient norm: each gradient's float64 copy (`sizes` elements), one at a
+    /// time, then the norm kept as `_global_grad_norm` (a `dtype` scalar) until the next step.
+    pub(super) fn zero_norm(&mut self, sizes: &[u64], dtype: DType) -> Result<(), EngineError> {
+        for &n in sizes {
+            let d = self.empty(&[n as usize], DType::F64, Category::Temporary)?;
+            self.release(d);
+        }
+        let norm = self.empty(&[1], dtype, Category::OptimizerState)?;
+        let z = self.zero.as_mut().expect("under ZeRO");
+        if let Some(old) = z.global_norm.replace(norm) {
+            self.release(old);
+        }
+        Ok(())
+    }
+
+    /// The partition's gradients flattened (`n` elements of `dtype`), as float32: the same
+    /// tensor in float32, else a float32 copy with the flat one dropped.
+    pub(super) fn zero_flat_f32(
+        &mut self,
+        n: usize,
+        dtype: DType,
+    ) -> Result<TensorId, EngineError> {
+        let flat = self.empty(&[n], dtype, Category::Temporary)?;
+        if dtype == DType::F32 {
+            return Ok(flat);
+        }
+        let f = self.empty(&[n], DType::F32, Category::Temporary);
+        self.release(flat);
+        f
+    }
+
+    /// FusedAdam's `exp_avg` and `exp_avg_sq` over `n` float32 elements beside the master, at
+    /// the first step.
+    pub(super) fn zero_adam_states(&mut self, n: usize) -> Result<(), EngineError> {
+        if !self.zero.as_ref().expect("under ZeRO").state.is_empty() {
+            return Ok(());
+        }
+        let master = self.zero.as_ref().expect("under ZeRO").master;
+        for _ in 0..2 {
+            let s = self.empty_beside(master, &[n], DType::F32, Category::OptimizerState)?;
+            self.fill(s, Fill::Zeros)?;
+            self.zero.as_mut().expect("under ZeRO").state.push(s);
+        }
         Ok(())
     }
 

@@ -206,42 +206,14 @@ impl<S: Device> Tensors<S> {
     /// The stage-3 optimizer's `step()` (FusedAdam over the float32 master).
     pub(crate) fn zero3_step(&mut self) -> Result<(), EngineError> {
         let z = self.zero.as_ref().expect("under ZeRO");
-        let (n, dtype, master) = (z.part as usize, z.dtype, z.master);
-        let sizes = z.numel.clone();
-        // `_get_norm_groups`: each gradient's float64 copy for its norm, one at a time
-        for k in sizes {
-            let d = self.empty(&[k as usize], DType::F64, Category::Temporary)?;
-            self.release(d);
-        }
-        // `self._global_grad_norm = scaled_global_grad_norm / self.loss_scale`: kept
-        let norm = self.empty(&[1], DType::F64, Category::OptimizerState)?;
-        if let Some(old) = self
-            .zero
-            .as_mut()
-            .expect("under ZeRO")
-            .global_norm
-            .replace(norm)
-        {
-            self.release(old);
-        }
+        let (n, dtype, sizes) = (z.part as usize, z.dtype, z.numel.clone());
+        // `_get_norm_groups` (each gradient's float64 copy, one at a time), then
+        // `self._global_grad_norm = scaled_global_grad_norm / self.loss_scale` (float64)
+        self.zero_norm(&sizes, DType::F64)?;
         // `_prepare_fp32_grad_for_sub_group`: the gradients flattened, in float32
-        let flat = self.empty(&[n], dtype, Category::Temporary)?;
-        let single = if dtype == DType::F32 {
-            flat
-        } else {
-            let f = self.empty(&[n], DType::F32, Category::Temporary);
-            self.release(flat);
-            f?
-        };
-        // FusedAdam: exp_avg and exp_avg_sq at the first step
-        if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
-            for _ in 0..2 {
-                let s = self.empty_beside(master, &[n], DType::F32, Category::OptimizerState)?;
-                self.fill(s, Fill::Zeros)?;
-                self.zero.as_mut().expect("under ZeRO").state.push(s);
-            }
-        }
-        // `_release_sub_group`: the float32 gradient goes
+        let single = self.zero_flat_f32(n, dtype)?;
+        // FusedAdam's states at the first step; `_release_sub_group`: the gradient goes
+        self.zero_adam_states(n)?;
         self.release(single);
         Ok(())
     }

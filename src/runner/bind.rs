@@ -283,7 +283,9 @@ impl Runner {
                 let from_state =
                     matches!(a.kw("from"), Some(Value::Str(n)) if !n.starts_with("data:"));
                 let frozen = from_state && !requires_grad;
-                let cat = if (requires_grad && e.name != "arange") || from_state {
+                // (an arange is data, whatever its requires_grad)
+                let arange = matches!(fill, crate::engine::op::Fill::Arange { .. });
+                let cat = if (requires_grad && !arange) || from_state {
                     Category::Parameter
                 } else {
                     Category::Input
