@@ -897,3 +897,137 @@ fn gradient_accumulation_matches_pytorch() {
         }
     }
 }
+
+/// `fit --param new_tokens` fast-forwards a generation's steady decode steps on the allocator
+/// alone (`gpumem::alloc::fastforward`). It must change nothing but the time: on tiny models
+/// whose KV cache grows into the large pool (plain, sliding-window Gemma-2, GPT-2), under each
+/// allocator setting `fit` tries, on cards that run out early, late and not at all, every run
+/// fast-forwarded ends exactly as the engine's run: where memory ran out (iteration, token,
+/// the request, allocated and reserved then), each iteration's peaks, and the allocator's
+/// final memory. Some runs must have skipped the small pool's calls, some must have run out
+/// inside a fast-forward.
+#[test]
+fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
+    use gpumem::alloc::DEFAULT_CONTEXT_OVERHEAD;
+    use gpumem::runner::{remedies::run_with, RunOptions, RunOutcome};
+    use gpumem::workload::transform::Overrides;
+    // a capacity whose usable memory (after the CUDA context's share) is `usable`
+    let capacity = |usable: u64| {
+        let c = usable + DEFAULT_CONTEXT_OVERHEAD;
+        if c / 8 >= DEFAULT_CONTEXT_OVERHEAD {
+            c
+        } else {
+            usable * 8 / 7 + 8
+        }
+    };
+    let ends = |r: &RunOutcome| {
+        let oom = r.oom.as_ref().map(|o| {
+            (
+                o.iteration,
+                o.tokens,
+                o.error.requested,
+                o.error.allocated,
+                o.error.reserved,
+            )
+        });
+        let iters: Vec<_> = r
+            .iterations
+            .iter()
+            .map(|i| {
+                (
+                    i.start,
+                    i.end,
+                    i.peak_allocated,
+                    i.peak_reserved,
+                    i.reserved_end,
+                )
+            })
+            .collect();
+        let s = &r.stats;
+        format!(
+            "oom {oom:?}\niterations {iters:?}\nallocated {} reserved {} segments {} peak {}",
+            s.allocated_bytes.all().current,
+            s.reserved_bytes.all().current,
+            s.segment.all().current,
+            r.peak.peak_reserved,
+        )
+    };
+    // and a llama with a 7B's attention (16 x 128 key/value heads: 4 KiB a token and layer)
+    // at batch 1, whose ids grow out of their block every 64 tokens
+    let dir = Scratch::new("fast-forward");
+    let llama = std::fs::read_to_string("fixtures/hf/cases/llama_t.config.json")
+        .unwrap()
+        .replace("\"head_dim\": 64", "\"head_dim\": 128")
+        .replace("\"hidden_size\": 512", "\"hidden_size\": 2048")
+        .replace("\"num_attention_heads\": 8", "\"num_attention_heads\": 16")
+        .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 2")
+        .replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 16");
+    dir.write("wide.config.json", &llama);
+    let wide = dir.write(
+        "wide.toml",
+        "[model]\nhf_config = \"wide.config.json\"\ndtype = \"bf16\"\n\
+         [train]\nbatch = 1\nseq = 64\niterations = 2\nmode = \"generate\"\n\
+         [generate]\nnew_tokens = 8\npad_token_id = 0\n",
+    );
+    let (mut skipped, mut oom_inside, mut runs) = (0u64, 0, 0);
+    for (workload, batch, n) in [
+        ("fixtures/hf/workloads/llama_t_generate_bf16.toml", 16, 700),
+        (
+            "fixtures/hf2/workloads/gemma2_t_w128_b3_generate_bf16.toml",
+            12,
+            700,
+        ),
+        ("fixtures/hf2/workloads/gpt2_t_generate_bf16.toml", 8, 700),
+        (wide.to_str().unwrap(), 1, 1500),
+    ] {
+        let path = std::path::Path::new(workload);
+        for conf in [
+            None,
+            Some("expandable_segments:True"),
+            Some("max_split_size_mb:21"),
+        ] {
+            let o = Overrides {
+                alloc_conf: conf.map(str::to_string),
+                ..Default::default()
+            }
+            .with_param("batch", batch)
+            .with_param("new_tokens", n);
+            let opts = |capacity: Option<u64>, fast_forward| RunOptions {
+                capacity,
+                fast_forward,
+                ..Default::default()
+            };
+            let free = run_with(path, &o, &opts(None, false)).unwrap();
+            let start = free.iterations[0].start;
+            let top = free.peak.peak_reserved;
+            for f in [0.55, 0.85, 0.97, 1.5] {
+                let usable = start + ((top - start) as f64 * f) as u64;
+                let c = Some(capacity(usable));
+                let engine = run_with(path, &o, &opts(c, false)).unwrap();
+                let fast = run_with(path, &o, &opts(c, true)).unwrap();
+                let what = format!("{workload} {conf:?} at {f} of the peak");
+                assert!(engine.fast_forwarded.is_none(), "{what}");
+                assert_eq!(ends(&fast), ends(&engine), "{what}");
+                // (a card that runs out in the prompt leaves nothing to fast-forward)
+                if let Some(ff) = fast.fast_forwarded {
+                    runs += 1;
+                    skipped += ff.steps - ff.full_steps;
+                }
+                if fast
+                    .oom
+                    .as_ref()
+                    .and_then(|o| o.tokens)
+                    .is_some_and(|t| t > 20)
+                {
+                    oom_inside += 1;
+                }
+            }
+        }
+    }
+    assert!(runs >= 20, "{runs} runs fast-forwarded");
+    assert!(skipped > 0, "no step skipped the small pool in {runs} runs");
+    assert!(
+        oom_inside >= 3,
+        "{oom_inside} of {runs} runs ran out in a fast-forward"
+    );
+}

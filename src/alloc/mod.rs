@@ -6,10 +6,12 @@
 //! - [`stats`]: `memory_stats()` with PyTorch's key names.
 //! - [`snapshot`]: segments and blocks, as `torch.cuda.memory._snapshot()` lists them.
 //! - [`oom`]: the out-of-memory error and its message.
+//! - [`fastforward`]: a generation's decode steps replayed on the allocator alone.
 
 pub mod addrmap;
 pub mod caching;
 pub mod config;
+pub mod fastforward;
 pub mod freeset;
 pub mod oom;
 pub mod snapshot;

@@ -101,6 +101,11 @@ impl StatArray {
         }
     }
 
+    /// Sets the aggregate's peak (at least the current total).
+    pub(crate) fn set_all_peak(&mut self, peak: i64) {
+        self.all_peak = peak.max(self.pools[0].current + self.pools[1].current);
+    }
+
     pub fn small_pool(&self) -> Stat {
         self.pools[0]
     }

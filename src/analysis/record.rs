@@ -97,6 +97,11 @@ pub struct RunOutcome {
     pub generated: Option<Generated>,
     /// Stopped at the run options' deadline: the figures are up to there.
     pub cut_short: bool,
+    /// A generation's steady decode steps were fast-forwarded on the allocator alone
+    /// (`RunOptions::fast_forward`): blocks, segments, peaks and the out-of-memory are exact;
+    /// the event trace, the allocation counts and the engine's categories miss the calls
+    /// it skipped.
+    pub fast_forwarded: Option<FastForwarded>,
     pub oom: Option<RunOom>,
     pub peak: PeakBreakdown,
     pub stats: DeviceStats,
@@ -120,6 +125,14 @@ pub struct RunOutcome {
     /// Unified (managed) memory at most, outside the caching allocator (bitsandbytes' paged
     /// optimizer state).
     pub unified_memory_peak: u64,
+}
+
+/// What a run's fast-forwards did (summed over its iterations): decode steps driven on the
+/// allocator alone, and how many of them played the small pool's calls too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FastForwarded {
+    pub steps: u64,
+    pub full_steps: u64,
 }
 
 /// Device memory the process holds outside the caching allocator, by what holds it.

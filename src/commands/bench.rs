@@ -99,6 +99,7 @@ fn bench_workload(
     let iters = w.iterations.max(1);
     let opts = |n: u32| RunOptions {
         deadline: None,
+        fast_forward: false,
         capacity: None,
         iterations: Some(n),
         device: args.device.clone(),

@@ -336,6 +336,7 @@ fn compare_case(case: &Value, path: &Path, capacity: Option<u64>) -> CaseRow {
     };
     let opts = RunOptions {
         deadline: None,
+        fast_forward: false,
         capacity,
         iterations: None,
         device: None,

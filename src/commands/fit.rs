@@ -94,6 +94,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     };
     let opts = RunOptions {
         deadline: None,
+        fast_forward: false,
         capacity,
         iterations: args.iterations,
         device: args.device.clone(),

@@ -58,6 +58,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     });
     let opts = RunOptions {
         deadline: None,
+        fast_forward: false,
         capacity,
         iterations: args.iterations,
         device: None,

@@ -479,6 +479,25 @@ impl<S: Device> Tensors<S> {
         }
     }
 
+    /// Moves storages to other blocks: each `(from, to, nbytes)` puts the live storage at
+    /// address `from` at `to`, `nbytes` long, in the block the allocator has there (a
+    /// generation's fast-forward made those blocks: [`crate::alloc::fastforward`]). Its
+    /// tensors keep their shapes.
+    pub(crate) fn relocate(&mut self, moves: &[(u64, u64, u64)]) {
+        let to: rustc_hash::FxHashMap<u64, (u64, u64)> =
+            moves.iter().map(|&(f, t, n)| (f, (t, n))).collect();
+        for s in self.storages.iter_mut().filter(|s| s.live && !s.host) {
+            if let Some(&(addr, nbytes)) = to.get(&s.addr) {
+                let block = self.alloc.block_size_at(addr).unwrap_or(s.block);
+                self.by_category[s.category as usize] -= s.block;
+                self.by_category[s.category as usize] += block;
+                s.addr = addr;
+                s.nbytes = nbytes;
+                s.block = block;
+            }
+        }
+    }
+
     /// Allocated bytes by category now.
     pub fn by_category(&self) -> Vec<(Category, u64)> {
         Category::ALL

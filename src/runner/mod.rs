@@ -53,6 +53,13 @@ pub struct RunOptions {
     /// Stop simulating at this moment (checked every 1,024 statements): the outcome is then
     /// [`RunOutcome::cut_short`], its figures up to there.
     pub deadline: Option<std::time::Instant>,
+    /// Fast-forward a generation's last steps where the script says they keep one shape
+    /// (`token_done(until=N)`) and the device computes nothing: replayed on the allocator
+    /// alone ([`crate::alloc::fastforward`]), so its blocks, segments, peaks and
+    /// out-of-memory are exact but the skipped calls are missing from the event trace and
+    /// the allocation counts ([`RunOutcome::fast_forwarded`]). For `fit --param
+    /// new_tokens`, which reads only the tokens, the peaks and where memory ran out.
+    pub fast_forward: bool,
 }
 
 /// Where a run goes and what it keeps beyond memory.
@@ -130,6 +137,13 @@ struct Runner {
     generated: Option<crate::analysis::record::Generated>,
     /// [`RunOptions::deadline`].
     deadline: Option<std::time::Instant>,
+    /// [`RunOptions::fast_forward`], and the logs of the last decode steps while it is on.
+    fast_forward: bool,
+    steps_seen: std::collections::VecDeque<Vec<crate::alloc::caching::StepEvent>>,
+    /// What fast-forwards drove on the allocator (the engine's own figures stop before it).
+    drove: Option<crate::analysis::record::FastForwarded>,
+    /// Set by a fast-forward: the innermost `for` loop running ends after this pass.
+    break_loop: bool,
 }
 
 /// The most statements a script runs (setup, every iteration and every loop pass together,
@@ -283,6 +297,10 @@ pub fn run_on(
         max_statements: statement_bound(workload),
         generated: None,
         deadline: opts.deadline,
+        fast_forward: opts.fast_forward,
+        steps_seen: Default::default(),
+        drove: None,
+        break_loop: false,
     };
     let mut iterations = Vec::new();
     let mut iteration_ends = Vec::new();
@@ -339,6 +357,9 @@ pub fn run_on(
         for it in 0..iters {
             r.iteration = Some(it);
             r.generated = None;
+            // a generation's step logs start anew
+            r.steps_seen.clear();
+            r.dev.alloc.stop_step_log();
             r.dev.alloc.reset_peak_stats();
             r.current = IterationStats {
                 iteration: it,
@@ -405,6 +426,11 @@ pub fn run_on(
     // saved for backward counts as an activation)
     let (peak_allocated, by_category) = r.dev.peak_by_category();
     peak.peak_allocated = peak_allocated;
+    if r.drove.is_some() {
+        // a fast-forward drove the allocator without the engine, whose peak is then short
+        r.note_peak();
+        peak.peak_allocated = peak.peak_allocated.max(r.run_peak);
+    }
     peak.peak_reserved = r.run_peak_reserved;
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
     peak.by_category
@@ -450,6 +476,7 @@ pub fn run_on(
         marks: r.marks,
         generated: r.generated,
         cut_short,
+        fast_forwarded: r.drove,
         oom,
         peak,
         stats: r.dev.alloc.stats().clone(),
@@ -633,6 +660,9 @@ impl Runner {
                         self.tick(count.span)?;
                         self.assign(var, Value::Int(i));
                         self.block(body)?;
+                        if std::mem::take(&mut self.break_loop) {
+                            break;
+                        }
                     }
                 }
                 BlockKind::Scope(name) => {

@@ -4,7 +4,7 @@
 //! `.item()` ([`RUNTIME_FUNCTIONS`], [`RUNTIME_METHODS`]). `builtins` dispatches to them.
 
 use super::builtins::Args;
-use super::{engine_err, script, Flow, Mark, Runner, Value};
+use super::{engine_err, script, Flow, Mark, Runner, Stop, Value};
 use crate::engine::op::script as script_table;
 use crate::engine::optim::{OptimKind, Optimizer};
 use crate::engine::TensorId;
@@ -87,10 +87,12 @@ pub static RUNTIME_FUNCTIONS: &[Runtime] = &[
         rt_mark,
     ),
     rt(
-        "token_done()",
+        "token_done(until=none)",
         "counts a generated token (a generation step finished): an out-of-memory then says \
          which token it was generating, and `fit --param new_tokens` reads the longest \
-         generation that fits from one run",
+         generation that fits from one run; until=N: every step from this one to token N makes \
+         the same allocations, the growing ones by the same bytes each step, so `fit` may \
+         replay them on the allocator alone",
         rt_token_done,
     ),
     rt(
@@ -354,17 +356,96 @@ fn rt_kv_cache(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Valu
 }
 
 fn rt_token_done(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {
-    let _ = (&span, recv, a);
+    let _ = recv;
+    let until = match a.kw("until") {
+        None | Some(Value::None) => None,
+        Some(Value::Int(n)) if *n >= 1 => Some(*n as u64),
+        Some(_) => return script(span, "token_done: until= takes a token count (1 or more)"),
+    };
     let tokens = me.generated.map_or(0, |g| g.tokens) + 1;
-    me.note_peak();
-    me.generated = Some(crate::analysis::record::Generated {
-        tokens,
-        peak_allocated: me.run_peak,
-        peak_reserved: me.run_peak_reserved,
-        tail_allocations: None,
-        allocations: me.dev.alloc.stats().allocation.all().allocated as u64,
-    });
-    Ok(Value::None)
+    me.set_generated(tokens);
+    match until {
+        Some(n) if me.fast_forward && n > tokens => me.fast_forward_to(span, tokens, n),
+        _ => Ok(Value::None),
+    }
+}
+
+impl Runner {
+    /// The generation at `tokens` tokens, with the run's peaks.
+    fn set_generated(&mut self, tokens: u64) {
+        self.note_peak();
+        self.generated = Some(crate::analysis::record::Generated {
+            tokens,
+            peak_allocated: self.run_peak,
+            peak_reserved: self.run_peak_reserved,
+            tail_allocations: None,
+            allocations: self.dev.alloc.stats().allocation.all().allocated as u64,
+        });
+    }
+
+    /// [`super::RunOptions::fast_forward`], at the end of a step that the script says keeps
+    /// its shape to token `until`: the step's allocator calls are logged, and once the last
+    /// few steps agree on a [`Template`](crate::alloc::fastforward::Template), the rest are
+    /// played on the allocator alone and the loop of those steps ends.
+    fn fast_forward_to(&mut self, span: Span, tokens: u64, until: u64) -> Flow<Value> {
+        use crate::alloc::fastforward::{self, DriveEnd, STEPS_TO_INFER};
+        let computes = self.dev.computes();
+        let alloc = &mut self.dev.alloc;
+        match alloc.take_step_log() {
+            None => {
+                // the log starts here: the next step is the first logged
+                alloc.start_step_log();
+                return Ok(Value::None);
+            }
+            Some((_, true)) => self.steps_seen.clear(),
+            Some((events, false)) => {
+                if self.steps_seen.len() == STEPS_TO_INFER {
+                    self.steps_seen.pop_front();
+                }
+                self.steps_seen.push_back(events);
+            }
+        }
+        if self.steps_seen.len() < STEPS_TO_INFER || alloc.collects_garbage() || computes {
+            return Ok(Value::None);
+        }
+        let Some(t) = fastforward::Template::infer(self.steps_seen.make_contiguous()) else {
+            tracing::trace!(tokens, "decode steps differ: no fast-forward yet");
+            return Ok(Value::None);
+        };
+        alloc.stop_step_log();
+        let d = fastforward::drive(alloc, &t, until - tokens, self.deadline);
+        let drove = self.drove.get_or_insert_with(Default::default);
+        drove.steps += d.steps;
+        drove.full_steps += d.full_steps;
+        tracing::debug!(
+            from = tokens,
+            steps = d.steps,
+            end = ?d.end,
+            mallocs_per_step = t.mallocs(),
+            full_steps = d.full_steps,
+            "generation fast-forwarded"
+        );
+        self.set_generated(tokens + d.steps);
+        match d.end {
+            DriveEnd::Done => {
+                // the engine's storages to the blocks the drive left them in, and the loop
+                // of these steps ends here
+                self.dev.relocate(&d.moved);
+                self.break_loop = true;
+                Ok(Value::None)
+            }
+            DriveEnd::Oom(o) => Err(Stop::Oom(span, o)),
+            DriveEnd::Deadline => Err(Stop::Deadline),
+            DriveEnd::Diverged(why) => script(
+                span,
+                format!(
+                    "internal error: the generation's fast-forward lost step with the allocator \
+                     after token {} ({why}); please report it",
+                    tokens + d.steps
+                ),
+            ),
+        }
+    }
 }
 
 fn rt_empty_cache(me: &mut Runner, span: Span, recv: &Value, a: &Args) -> Flow<Value> {

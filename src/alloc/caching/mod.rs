@@ -43,6 +43,9 @@ pub type StreamId = u32;
 
 mod expandable;
 mod release;
+mod steps;
+
+pub use steps::{Guarded, StepEvent};
 
 pub(crate) const NONE: u32 = u32::MAX;
 /// Requests this big are refused outright, as PyTorch's allocator does ("more than 1EB").
@@ -162,6 +165,11 @@ pub struct CachingAllocator<S: SegmentSource> {
     /// Set by a memory fraction below 1: (fraction, allowed bytes).
     fraction: Option<(f64, u64)>,
     recorder: Recorder,
+    /// While on: every malloc and free, for [`crate::alloc::fastforward`] (`steps.rs`).
+    steplog: Option<steps::StepLog>,
+    /// Set by [`CachingAllocator::malloc_guarded`]: stop before releasing every cached
+    /// segment (the out-of-memory path's last resort), which touches both pools.
+    guard_release: bool,
 }
 
 impl<S: SegmentSource> CachingAllocator<S> {
@@ -184,6 +192,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             total_reserved: 0,
             fraction: None,
             recorder: Recorder::default(),
+            steplog: None,
+            guard_release: false,
         };
         if let Some(f) = a.conf.per_process_memory_fraction {
             a.set_memory_fraction(f);
@@ -222,6 +232,8 @@ impl<S: SegmentSource> CachingAllocator<S> {
             total_reserved: self.total_reserved,
             fraction: self.fraction,
             recorder: self.recorder,
+            steplog: self.steplog,
+            guard_release: self.guard_release,
         }
     }
 
@@ -254,6 +266,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `torch.cuda.set_per_process_memory_fraction(f)`: reserve at most f x total memory.
     /// A fraction of 1 (or more) lifts the limit, as in PyTorch 2.11.
     pub fn set_memory_fraction(&mut self, fraction: f64) {
+        self.log_other();
         let f = fraction.clamp(0.0, 1.0);
         self.fraction = if f < 1.0 {
             Some((f, (f * self.source.device_total() as f64) as u64))
@@ -423,7 +436,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
             None => self.malloc_miss(n, size, pool, stream)?,
         };
         let split = self.should_split(id, size);
-        Ok(self.alloc_found_block(id, size, n, split))
+        let addr = self.alloc_found_block(id, size, n, split);
+        if let Some(log) = self.steplog.as_mut() {
+            log.events.push(StepEvent::Malloc { n, stream, addr });
+        }
+        Ok(addr)
     }
 
     /// Note [Retry]: no cached block fits. Kept out of line: the hit path stays small.
@@ -443,6 +460,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut found = self.alloc_block(pool, stream, size, alloc_size, false);
         if found.is_none() && self.release_available_cached_blocks(pool, stream, size) {
             found = self.alloc_block(pool, stream, size, alloc_size, false);
+        }
+        if found.is_none() && self.guard_release {
+            // (malloc_guarded: the caller stops here, before either pool changes)
+            return Err(self.oom_error(n, size, alloc_size, false));
         }
         if found.is_none() {
             self.release_cached_blocks();
@@ -675,6 +696,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .allocated
             .remove(addr)
             .ok_or(PointerError::NotAllocated(addr))?;
+        if let Some(log) = self.steplog.as_mut() {
+            log.events.push(StepEvent::Free { addr });
+        }
         let (pool, size, requested, stream) = {
             let b = &mut self.blocks[id as usize];
             b.allocated = false;
@@ -709,6 +733,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `Tensor.record_stream(s)`: the block was used on `stream` too, so its free waits for
     /// that stream's work.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), PointerError> {
+        self.log_other();
         let id = self
             .allocated
             .get(addr)

@@ -8,6 +8,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// `torch.cuda.empty_cache()`: returns every whole free segment (and every free expandable
     /// page) to the device.
     pub fn empty_cache(&mut self) {
+        self.log_other();
         tracing::debug!("empty_cache");
         self.recorder.record(EventKind::EmptyCache, 0, 0, 0);
         self.release_cached_blocks();

@@ -116,9 +116,9 @@ pub(super) fn body(c: Model, r: &Run, g: &Generate) -> String {
     let n = g.new_tokens;
     // step k generates token k + 1; the processors force no eos while k < min_new_tokens
     let active = |k: u64| k < g.min_new_tokens;
-    step(&mut s, c, r, g, &tokens, Step::Prefill, ind);
+    step(&mut s, c, r, g, &tokens, Step::Prefill, ind, None);
     if n >= 2 {
-        step(&mut s, c, r, g, &tokens, Step::FirstDecode, ind);
+        step(&mut s, c, r, g, &tokens, Step::FirstDecode, ind, None);
     }
     // the later steps, in runs of the same shape (processors forcing, then not; within the
     // sliding window, reaching it, past it)
@@ -139,6 +139,7 @@ pub(super) fn body(c: Model, r: &Run, g: &Generate) -> String {
             &tokens,
             Step::Decode(k),
             &format!("{ind}  "),
+            (end == n).then_some(n),
         );
         let _ = writeln!(s, "{ind}}}");
         k = end;
@@ -260,7 +261,20 @@ enum Step {
 /// One step: the model inputs, the forward, and the token's choice. The minimum-length
 /// processors exist with an eos token and `min_new_tokens` > 0; `force`: they mask eos this
 /// step (fewer than `min_new_tokens` generated).
-fn step(s: &mut String, c: Model, r: &Run, g: &Generate, tk: &Tokens, kind: Step, ind: &str) {
+/// One step of the generation; `until`: this step and every one after it to token `until`
+/// (the generation's last) have its shape, which `token_done(until=...)` tells the runner
+/// (a fast-forward may replay them on the allocator: [`crate::alloc::fastforward`]).
+#[allow(clippy::too_many_arguments)]
+fn step(
+    s: &mut String,
+    c: Model,
+    r: &Run,
+    g: &Generate,
+    tk: &Tokens,
+    kind: Step,
+    ind: &str,
+    until: Option<u64>,
+) {
     let b = r.batch;
     let procs = tk.eos.is_some() && g.min_new_tokens > 0;
     let force = |k: u64| k < g.min_new_tokens;
@@ -366,10 +380,13 @@ fn step(s: &mut String, c: Model, r: &Run, g: &Generate, tk: &Tokens, kind: Step
         "del mx, mx0",
         // del outputs
         "del logits",
-        // the step's token is done: a longer generation runs exactly these steps first
-        "token_done()",
     ] {
         gen_line(s, ind, x);
+    }
+    // the step's token is done: a longer generation runs exactly these steps first
+    match until {
+        Some(n) => gen_line(s, ind, &format!("token_done(until={n})")),
+        None => gen_line(s, ind, "token_done()"),
     }
 }
 
