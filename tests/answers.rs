@@ -979,6 +979,8 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         ),
         ("fixtures/hf2/workloads/gpt2_t_generate_bf16.toml", 8, 700),
         (wide.to_str().unwrap(), 1, 1500),
+        // mixture of experts: the routing decides which experts' products a step makes
+        ("fixtures/hf2/workloads/mixtral_t_generate_bf16.toml", 8, 400),
     ] {
         let path = std::path::Path::new(workload);
         for conf in [
