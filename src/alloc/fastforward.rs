@@ -13,7 +13,7 @@
 //! That is still every allocator call of every step: a 7B model's step makes about 1,900
 //! mallocs, nearly all of them in the small pool and of sizes that do not grow. So the small
 //! pool is skipped where it provably repeats itself. Once the pool's state at each of the
-//! last steps' ends equals its state `P` steps earlier (P up to 12: a block freed and taken
+//! last steps' ends equals its state `P` steps earlier (P up to 24: a block freed and taken
 //! back alternates between two addresses, others among three; over as many steps as a free reaches back, so the
 //! blocks it frees are the period's too), and no small request has changed its rounded size
 //! since, the next steps run on the pool exactly as those `P` did: the same blocks at the same addresses, no
@@ -55,8 +55,9 @@ pub const MAX_BACK: usize = 4;
 const CLOCK_EVERY: u64 = 256;
 
 /// The longest period of the small pool's state looked for (a 7B model's decode steps
-/// repeat every 6: blocks alternating in twos and in threes).
-const MAX_PERIOD: usize = 12;
+/// repeat every 6 early on: blocks alternating in twos and in threes; longer periods later,
+/// or none while its ids and masks of a few hundred KiB shuffle among three segments).
+const MAX_PERIOD: usize = 24;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Call {

@@ -728,8 +728,8 @@ pub struct FitArgs {
 
     /// With `--param new_tokens`: always simulate to the boundary, however long that takes
     /// (by default the simulation stops after a few seconds: the answer is then a lower
-    /// bound, marked "at least", with the KV cache's estimate beside it). About 60 us per
-    /// generated token for a 7B model at batch 1: 91,649 tokens on 20 GiB in 6 s with
+    /// bound, marked "at least", with the KV cache's estimate beside it). About 50 us per
+    /// generated token for a 7B model at batch 1: 91,649 tokens on 20 GiB in 5 s with
     /// --iterations 1.
     #[arg(long)]
     pub exact: bool,
