@@ -980,7 +980,11 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         ("fixtures/hf2/workloads/gpt2_t_generate_bf16.toml", 8, 700),
         (wide.to_str().unwrap(), 1, 1500),
         // mixture of experts: the routing decides which experts' products a step makes
-        ("fixtures/hf2/workloads/mixtral_t_generate_bf16.toml", 8, 400),
+        (
+            "fixtures/hf2/workloads/mixtral_t_generate_bf16.toml",
+            8,
+            400,
+        ),
     ] {
         let path = std::path::Path::new(workload);
         for conf in [
@@ -1032,4 +1036,47 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         oom_inside >= 3,
         "{oom_inside} of {runs} runs ran out in a fast-forward"
     );
+}
+
+/// GPT-2's generation has its KV cache's bytes per token too (every head's keys and values:
+/// the hidden size per layer) and `fit --param new_tokens` stops at its `n_positions`; the
+/// answer, found with the decode steps fast-forwarded, is where `run` stops fitting.
+#[test]
+fn gpt2_generation_has_its_cache_per_token_and_a_fast_exact_fit() {
+    let g = config("gpt2");
+    let base = [
+        "--seq",
+        "512",
+        "--batch",
+        "8",
+        "--dtype",
+        "bf16",
+        "--capacity",
+        "700MiB",
+        "--iterations",
+        "1",
+        "--no-remedies",
+    ];
+    let mut a = vec![g.as_str(), "--param", "new_tokens", "--exact"];
+    a.extend_from_slice(&base);
+    let (code, v) = run_json(&[&["fit"], a.as_slice()].concat());
+    assert_eq!(code, Some(0), "{v}");
+    // 12 layers x (keys, values) x 768 x 2 bytes x batch 8: 288 KiB
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("288.00 KiB per token") && notes.contains("1,024"),
+        "{notes}"
+    );
+    let row = &v["results"][0];
+    assert_eq!(row["found"], "exact", "{v}");
+    let max = row["max_fitting"].as_u64().expect("some length fits");
+    assert!(max > 100 && max < 512, "{v}");
+    for (n, fits) in [(max, true), (max + 1, false)] {
+        let n = n.to_string();
+        let mut r = vec!["run", g.as_str(), "--new-tokens", n.as_str()];
+        r.extend_from_slice(&base);
+        let (_, out) = run_json(&r);
+        assert_eq!(out["oom"].is_null(), fits, "new_tokens {n}");
+        assert_eq!(out["kv_cache"]["bytes_per_token"], 12 * 2 * 768 * 2 * 8);
+    }
 }

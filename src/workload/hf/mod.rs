@@ -637,6 +637,22 @@ pub(crate) fn expand(
                     max_positions: c.max_positions,
                 })
             }
+            config::Family::Gpt2(c) if run.mode == "generate" => {
+                // every head's keys and values: the hidden size, in the weights' dtype
+                let bytes = if run.bf16_weights { 2 } else { 4 };
+                let per_layer = 2 * c.hidden * bytes;
+                Some(super::preset::KvCacheInfo {
+                    bytes_per_token: per_layer * c.layers * run.batch,
+                    bytes_per_token_per_layer: per_layer,
+                    layers: c.layers,
+                    batch: run.batch,
+                    dtype: if run.bf16_weights { "bf16" } else { "float32" },
+                    sliding_window: None,
+                    prompt: run.seq,
+                    // (n_positions: the position embedding has no row past it)
+                    max_positions: Some(c.positions),
+                })
+            }
             _ => None,
         },
         // what the checks above take under bf16 autocast
