@@ -11,12 +11,13 @@ Q3='"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_h
 GP2='"vocab_size": 16000, "n_embd": 512, "n_layer": 4, "n_head": 8, "n_positions": 1024'
 END_AT=${END_AT:-$(( $(date +%s) + 500 ))}
 rec() { # name json
+  if [[ -n ${ONLY:-} && ! $1 =~ $ONLY ]]; then return; fi
   if (( $(date +%s) > END_AT )); then echo "$1: skipped (deadline)"; return; fi
   local t0=$(date +%s)
-  timeout 240 python3 scripts/hf_record.py "$O" "{\"name\": \"$1\", $2}" 2>&1 | tail -2
+  SNAP=${SNAP_OF:+$([[ $1 =~ $SNAP_OF ]] && echo "$1")} timeout 240 python3 scripts/hf_record.py "$O" "{\"name\": \"$1\", $2}" 2>&1 | tail -2
   echo "$1: $(( $(date +%s) - t0 )) s"
 }
-rec llama_wide_b1_g3000_bf16 "\"family\": \"llama\", \"cfg\": {$WIDE}, \"attn\": \"sdpa\", \"batch\": 1, \"seq\": 64, \"weights\": \"bf16\", \"generate\": 3000"
+rec llama_wide_b1_g3000_bf16 "\"model_type\": \"llama\", \"cfg\": {$WIDE}, \"attn\": \"sdpa\", \"batch\": 1, \"seq\": 64, \"weights\": \"bf16\", \"generate\": 3000"
 rec qwen3_t_b2_g2500_bf16 "\"model_type\": \"qwen3\", \"cfg\": {$Q3}, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 200, \"weights\": \"bf16\", \"generate\": 2500"
 rec gpt2_t_b8_g900_bf16 "\"family\": \"gpt2\", \"cfg\": {$GP2}, \"attn\": \"sdpa\", \"batch\": 8, \"seq\": 100, \"weights\": \"bf16\", \"generate\": 900"
 ls -la "$O"

@@ -126,6 +126,13 @@ const CASES: &[(&str, bool, bool)] = &[
     // batch 8 x 512 (both exact at once)
     ("bert_t_cls_bf16w", true, true),
     ("bert_base_mlm_lora_bf16w_b8_s512", true, true),
+    // held-out long generations (recorded on an H100 on 2026-12-06, no snapshots,
+    // scripts/gpu-long-generate.sh), the KV cache grown into the large pool and the ids past
+    // many 512-byte blocks: what `fit --param new_tokens` fast-forwards. Qwen3 at batch 2,
+    // 200 + 2,500 tokens, exact; a Llama with 16 x 128 key/value heads at batch 1, 64 + 3,000
+    // tokens, exact but for the second iteration's peak (4,096 bytes low: a best-fit tie)
+    ("qwen3_t_b2_g2500_bf16", true, false),
+    ("llama_wide_b1_g3000_bf16", false, false),
     // Mixtral under bf16 autocast and with eager attention (recorded on an H100 while refused,
     // exact once the refusal was lifted): the experts as already modelled; under autocast one
     // free in the router weights' cast backward comes a step early (same figures)
