@@ -621,39 +621,36 @@ pub(crate) fn expand(
             }),
         },
         bf16_weights: run.bf16_weights,
-        kv_cache: match &cfg {
-            config::Family::Llama(c) if run.mode == "generate" => {
-                // the cache takes the keys' dtype: float32 unless the weights are bf16
-                let bytes = if run.bf16_weights { 2 } else { 4 };
-                let per_layer = 2 * c.kv_heads * c.head_dim * bytes;
-                Some(super::preset::KvCacheInfo {
-                    bytes_per_token: per_layer * c.layers * run.batch,
-                    bytes_per_token_per_layer: per_layer,
-                    layers: c.layers,
-                    batch: run.batch,
-                    dtype: if run.bf16_weights { "bf16" } else { "float32" },
-                    sliding_window: c.sliding_window,
-                    prompt: run.seq,
-                    max_positions: c.max_positions,
-                })
-            }
-            config::Family::Gpt2(c) if run.mode == "generate" => {
-                // every head's keys and values: the hidden size, in the weights' dtype
-                let bytes = if run.bf16_weights { 2 } else { 4 };
-                let per_layer = 2 * c.hidden * bytes;
-                Some(super::preset::KvCacheInfo {
-                    bytes_per_token: per_layer * c.layers * run.batch,
-                    bytes_per_token_per_layer: per_layer,
-                    layers: c.layers,
-                    batch: run.batch,
-                    dtype: if run.bf16_weights { "bf16" } else { "float32" },
-                    sliding_window: None,
-                    prompt: run.seq,
-                    // (n_positions: the position embedding has no row past it)
-                    max_positions: Some(c.positions),
-                })
-            }
-            _ => None,
+        kv_cache: {
+            // per layer and token: the key/value heads' width, the layers, the sliding window
+            // and the positions the model has (GPT-2: every head, n_positions)
+            let shape = match &cfg {
+                config::Family::Llama(c) => Some((
+                    c.kv_heads * c.head_dim,
+                    c.layers,
+                    c.sliding_window,
+                    c.max_positions,
+                )),
+                config::Family::Gpt2(c) => Some((c.hidden, c.layers, None, Some(c.positions))),
+                config::Family::Bert(_) => None,
+            };
+            shape.filter(|_| run.mode == "generate").map(
+                |(width, layers, sliding_window, max_positions)| {
+                    // the cache takes the keys' dtype: float32 unless the weights are bf16
+                    let bytes = if run.bf16_weights { 2 } else { 4 };
+                    let per_layer = 2 * width * bytes;
+                    super::preset::KvCacheInfo {
+                        bytes_per_token: per_layer * layers * run.batch,
+                        bytes_per_token_per_layer: per_layer,
+                        layers,
+                        batch: run.batch,
+                        dtype: if run.bf16_weights { "bf16" } else { "float32" },
+                        sliding_window,
+                        prompt: run.seq,
+                        max_positions,
+                    }
+                },
+            )
         },
         // what the checks above take under bf16 autocast
         can_autocast: match &cfg {
