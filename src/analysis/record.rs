@@ -107,8 +107,11 @@ pub struct RunOutcome {
     pub stats: DeviceStats,
     /// The allocator's final state (its segment source now the plain address record).
     pub allocator: SimAllocator,
-    /// The device it ran on (`sim`, `cpu`).
+    /// The device it ran on (`sim`, `cpu`, `cuda`).
     pub device: &'static str,
+    /// On the cuda device: its launches by kernel and where each ran (the GPU, or the host
+    /// twin for what no GPU kernel takes yet).
+    pub launches: Vec<crate::backend::Launches>,
     /// With `Target::capture_grads` (`crate::runner::Target`) on a data device: each named parameter's gradient
     /// before the first optimizer step, in the order the parameters were made.
     pub grads: Vec<NamedValues>,

@@ -10,7 +10,9 @@
 //! - [`sim`]: the simulated device. Addresses and sizes only; computes nothing.
 //! - [`cpu`]: real numbers in host memory held at the allocator's addresses; its kernels are the
 //!   reference the CUDA kernels will be checked against.
-//! - [`cuda`]: segments and pages from the NVIDIA driver at its addresses; no kernels yet.
+//! - [`cuda`]: segments and pages from the NVIDIA driver at its addresses; ops run on the GPU
+//!   where a kernel of `kernels/` takes them, else on their host twin (the cpu device's kernel
+//!   on a host copy of the op's buffers).
 //!
 //! Nothing outside this module knows which device runs: the runner opens one by name with
 //! [`open`] and gets an [`AnyDevice`].
@@ -58,6 +60,25 @@ pub struct Launch<'a> {
     pub saved: &'a [(Role, Buffer<'a>)],
 }
 
+/// Where a data device ran a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ran {
+    /// On the GPU: a kernel of `kernels/` (or cuBLAS).
+    Gpu,
+    /// The cpu device's kernel on a host copy of the op's buffers (the cuda device's host
+    /// twin, for an op or a case no GPU kernel takes yet).
+    Host,
+}
+
+/// How many launches of one kernel ran where (a run on the cuda device reports them).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Launches {
+    pub kernel: &'static str,
+    pub ran: Ran,
+    pub count: u64,
+}
+
 /// A device: segments and kernels.
 pub trait Device: SegmentSource + Debug {
     /// `sim`, `cpu` or `cuda`.
@@ -87,6 +108,9 @@ pub enum AnyDevice {
     Sim(SimSource),
     Cpu(cpu::CpuDevice),
     Cuda(Box<cuda::CudaDevice>),
+    /// (tests) The cpu device with every launch through the cuda device's host twin.
+    #[cfg(test)]
+    Twin(cuda::launch::host::twin::TwinDevice),
 }
 
 /// The device names `--device` and `device = "..."` accept, and whether this build has each.
@@ -108,6 +132,8 @@ pub fn open(
         // the allocator may take what the context leaves of a capacity given, as simulated
         "cuda" => cuda::open(given.map(|g| g.saturating_sub(overhead)))
             .map(|d| AnyDevice::Cuda(Box::new(d))),
+        #[cfg(test)]
+        "cpu-twin" => Ok(AnyDevice::Twin(cuda::launch::host::twin::TwinDevice::new(src))),
         other => Err(format!(
             "unknown device '{other}': expected sim, cpu or cuda"
         )),
@@ -122,6 +148,16 @@ impl AnyDevice {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d.into_source(),
             AnyDevice::Cuda(d) => (*d).into_addresses(),
+            #[cfg(test)]
+            AnyDevice::Twin(d) => d.into_source(),
+        }
+    }
+
+    /// The kernels a cuda device launched, by name and where they ran (empty elsewhere).
+    pub fn launches(&self) -> Vec<Launches> {
+        match self {
+            AnyDevice::Cuda(d) => d.launches(),
+            _ => Vec::new(),
         }
     }
 
@@ -130,6 +166,8 @@ impl AnyDevice {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d,
             AnyDevice::Cuda(d) => &**d,
+            #[cfg(test)]
+            AnyDevice::Twin(d) => d,
         }
     }
 
@@ -138,6 +176,8 @@ impl AnyDevice {
             AnyDevice::Sim(d) => d,
             AnyDevice::Cpu(d) => d,
             AnyDevice::Cuda(d) => &mut **d,
+            #[cfg(test)]
+            AnyDevice::Twin(d) => d,
         }
     }
 }
@@ -177,7 +217,7 @@ impl Device for AnyDevice {
         self.inner().name()
     }
     fn computes(&self) -> bool {
-        matches!(self, AnyDevice::Cpu(_))
+        self.inner().computes()
     }
     fn launch(&mut self, l: &Launch) -> Result<(), String> {
         self.inner_mut().launch(l)

@@ -24,7 +24,7 @@ pub fn write_text(
     let device = match r.device {
         "sim" => "the simulated device",
         "cpu" => "the cpu device (real numbers in host memory)",
-        "cuda" => "the NVIDIA GPU (segments from its driver; no kernels yet)",
+        "cuda" => "the NVIDIA GPU (segments from its driver, kernels on it)",
         other => other,
     };
     writeln!(
@@ -36,6 +36,9 @@ pub fn write_text(
             format_bytes(r.capacity)
         ))
     )?;
+    if !r.launches.is_empty() {
+        writeln!(out, "{}", super::style::wrap(&launches_line(&r.launches)))?;
+    }
     let (conf, from) = &r.alloc_conf;
     if !conf.is_empty() || from != "default" {
         let from = match from.as_str() {
@@ -279,11 +282,37 @@ pub fn write_final_state(
     }
 }
 
+/// Where the cuda device ran its launches: how many on the GPU, and which kernels ran on the
+/// host twin (no GPU kernel takes them yet), most launches first.
+fn launches_line(l: &[crate::backend::Launches]) -> String {
+    use crate::backend::Ran;
+    let count = |ran: Ran| -> u64 { l.iter().filter(|x| x.ran == ran).map(|x| x.count).sum() };
+    let (gpu, host) = (count(Ran::Gpu), count(Ran::Host));
+    let mut on_host: Vec<&crate::backend::Launches> =
+        l.iter().filter(|x| x.ran == Ran::Host).collect();
+    on_host.sort_by(|a, b| b.count.cmp(&a.count).then(a.kernel.cmp(b.kernel)));
+    let mut s = format!(
+        "kernels: {} launches on the GPU, {} on the host twin (the cpu device's kernels on host \
+         copies: slow, the same numbers)",
+        crate::units::group_digits(gpu),
+        crate::units::group_digits(host)
+    );
+    if !on_host.is_empty() {
+        let names: Vec<String> = on_host
+            .iter()
+            .map(|x| format!("{} {}", x.kernel, crate::units::group_digits(x.count)))
+            .collect();
+        s.push_str(&format!("; on the host: {}", names.join(", ")));
+    }
+    s
+}
+
 pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
     json!({
         "workload": path,
         "name": r.name,
         "device": r.device,
+        "launches": r.launches,
         "capacity": r.capacity,
         "alloc_conf": {"value": r.alloc_conf.0, "from": r.alloc_conf.1},
         "iterations": r.iterations,

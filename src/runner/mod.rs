@@ -482,6 +482,7 @@ pub fn run_on(
         stats: r.dev.alloc.stats().clone(),
         grads: r.grads.take().unwrap_or_default(),
         device: crate::backend::Device::name(r.dev.alloc.source()),
+        launches: r.dev.alloc.source().launches(),
         allocator: r.dev.alloc.map_source(AnyDevice::into_addresses),
     })
 }

@@ -151,6 +151,45 @@ impl CpuDevice {
         self.src
     }
 
+    /// A device that holds only the given host copies of device memory, by address (disjoint
+    /// ranges): where the CUDA device runs an op without a kernel of its own through this
+    /// device's ([`crate::backend::cuda`]'s host twin). `limit`: host bytes its working
+    /// copies may take.
+    pub(crate) fn mirror(chunks: Vec<(u64, Vec<u8>)>, limit: u64) -> Self {
+        let held = chunks.iter().map(|(_, v)| v.len() as u64).sum();
+        CpuDevice {
+            src: SimSource::new(0, 0),
+            mem: Mem {
+                chunks: chunks.into_iter().collect(),
+            },
+            held,
+            limit: limit.saturating_add(held),
+            failed: None,
+        }
+    }
+
+    /// The host copies a [`CpuDevice::mirror`] holds, as the kernels left them.
+    pub(crate) fn into_chunks(self) -> Vec<(u64, Vec<u8>)> {
+        self.mem.chunks.into_iter().collect()
+    }
+
+    /// Copies device bytes at `addr` (possibly across pages) into `out`.
+    #[cfg(test)]
+    pub(crate) fn get_bytes(&self, addr: u64, out: &mut [u8]) -> Result<(), String> {
+        self.mem.get(addr, out)
+    }
+
+    /// Writes `bytes` at device address `addr`.
+    #[cfg(test)]
+    pub(crate) fn put_bytes(&mut self, addr: u64, bytes: &[u8]) -> Result<(), String> {
+        self.mem.put(addr, bytes)
+    }
+
+    /// Half the host memory available now: what a data device lets itself hold.
+    pub(crate) fn host_limit() -> u64 {
+        host_available() / 2
+    }
+
     /// Host memory for a segment or page the allocator took; false when the host has not
     /// got it (the allocator then sees the device refuse, and the run reports the failure).
     fn hold(&mut self, addr: u64, size: u64) -> bool {
@@ -208,7 +247,7 @@ pub(crate) fn for_each_offset(l: &Layout, mut f: impl FnMut(usize)) {
 
 /// The elements of a strided layout, row-major, from the bytes it spans (which start at element
 /// `first`): rows of the last dimension in parallel.
-fn gather(l: &Layout, first: usize, dtype: DType, bytes: &[u8]) -> Scratch {
+pub(crate) fn gather(l: &Layout, first: usize, dtype: DType, bytes: &[u8]) -> Scratch {
     use rayon::prelude::*;
     let n = l.numel();
     let es = dtype.size() as usize;
@@ -244,7 +283,7 @@ fn gather(l: &Layout, first: usize, dtype: DType, bytes: &[u8]) -> Scratch {
 }
 
 /// The bytes a layout touches: (first element, elements spanned).
-fn extent(l: &Layout) -> (usize, usize) {
+pub(crate) fn extent(l: &Layout) -> (usize, usize) {
     if l.numel() == 0 {
         return (l.offset, 0);
     }
@@ -272,7 +311,7 @@ pub(crate) fn decode(dtype: DType, b: &[u8]) -> f64 {
     }
 }
 
-fn encode(dtype: DType, v: f64, out: &mut [u8]) {
+pub(crate) fn encode(dtype: DType, v: f64, out: &mut [u8]) {
     match dtype {
         DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
         DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
@@ -287,7 +326,7 @@ fn encode(dtype: DType, v: f64, out: &mut [u8]) {
 }
 
 /// Decodes packed elements (in parallel for large tensors).
-fn decode_all(dtype: DType, bytes: &[u8]) -> Scratch {
+pub(crate) fn decode_all(dtype: DType, bytes: &[u8]) -> Scratch {
     use rayon::prelude::*;
     let es = dtype.size() as usize;
     let mut out = Scratch::with_capacity(bytes.len() / es);
@@ -307,7 +346,7 @@ fn decode_all(dtype: DType, bytes: &[u8]) -> Scratch {
 }
 
 /// Encodes elements packed into `out` (in parallel for large tensors).
-fn encode_into(dtype: DType, vals: &[f64], out: &mut [u8]) {
+pub(crate) fn encode_into(dtype: DType, vals: &[f64], out: &mut [u8]) {
     use rayon::prelude::*;
     let es = dtype.size() as usize;
     out.par_chunks_exact_mut(es)

@@ -7,10 +7,13 @@
 //! does. So the device memory a run holds is real, the addresses are the driver's, and the
 //! driver's own refusal is the out-of-memory.
 //!
-//! The engine does not launch kernels here yet: the device computes nothing (like the
-//! simulated one), so a run on it has the simulation's allocator statistics with real device
-//! memory behind them. The kernels written so far ([`kernels`], `kernels/*.cu`) are checked
-//! against their CPU twins by [`selftest`] (`gpumem selftest --device cuda`).
+//! The engine launches every op here ([`launch`]): on the GPU where a kernel of `kernels/*.cu`
+//! takes it, else on its host twin (the cpu device's kernel on a host copy of the op's
+//! buffers), so a run computes what `--device cpu` computes, with the simulation's allocator
+//! statistics and real device memory behind them. Fresh segments and pages are zeroed (as the
+//! cpu device's are), and the launches are waited for before memory goes back to the driver.
+//! The kernels are checked against their CPU twins by [`selftest`] (`gpumem selftest --device
+//! cuda`).
 //!
 //! The driver library is loaded at run time (cudarc's dynamic loading): one binary serves
 //! machines with and without a GPU. cudarc panics when the library is missing, so [`open`]
@@ -21,6 +24,7 @@ use std::fmt;
 
 pub mod blas;
 pub mod kernels;
+pub(crate) mod launch;
 pub mod nvml;
 pub mod selftest;
 
@@ -55,6 +59,8 @@ pub struct CudaDevice {
     addresses: SimSource,
     nvml: Option<nvml_wrapper::Nvml>,
     failure: Option<String>,
+    /// The kernels' side, opened at the first launch.
+    gpu: Option<launch::Gpu>,
 }
 
 // SAFETY: the context is the device's primary context, which the driver lets any thread make
@@ -141,6 +147,7 @@ fn open_checked(capacity: Option<u64>) -> Result<CudaDevice, String> {
         addresses: SimSource::new(total, 0),
         nvml: nvml_wrapper::Nvml::init().ok(),
         failure: None,
+        gpu: None,
     })
 }
 
@@ -173,6 +180,24 @@ impl CudaDevice {
         std::mem::replace(&mut self.addresses, SimSource::new(0, 0))
     }
 
+    /// Waits for the launches so far (before memory goes back to the driver).
+    fn wait(&mut self) {
+        if let Some(Err(e)) = self.gpu.as_ref().map(launch::Gpu::synchronize) {
+            tracing::warn!("{e}");
+            self.failure.get_or_insert(e);
+        }
+    }
+
+    /// Launches so far by kernel name and where they ran.
+    pub fn launches(&self) -> Vec<super::Launches> {
+        self.gpu.as_ref().map_or_else(Vec::new, |g| {
+            g.counts
+                .iter()
+                .map(|(&(kernel, ran), &count)| super::Launches { kernel, ran, count })
+                .collect()
+        })
+    }
+
     fn note(&mut self, what: &str, r: sys::CUresult) {
         if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             let m = format!("{what} failed: {r:?}");
@@ -185,6 +210,7 @@ impl CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         self.current();
+        self.wait();
         // SAFETY: each address below was returned by the driver and is given back once
         unsafe {
             for (&a, &(h, s)) in &self.pages {
@@ -241,6 +267,11 @@ impl SegmentSource for CudaDevice {
         // SAFETY: a plain device allocation, freed in `free` or at drop
         match unsafe { result::malloc_sync(size as usize) } {
             Ok(a) => {
+                // fresh memory reads as zeros, as on the cpu device
+                // SAFETY: the segment just allocated, `size` bytes
+                if let Err(e) = unsafe { result::memset_d8_sync(a, 0, size as usize) } {
+                    self.note("cuMemsetD8", e.0);
+                }
                 self.used += size;
                 self.segments.insert(a, size);
                 self.addresses.hint_next(a, false);
@@ -256,6 +287,7 @@ impl SegmentSource for CudaDevice {
 
     fn free(&mut self, addr: u64, size: u64) {
         self.current();
+        self.wait();
         if self.segments.remove(&addr).is_some() {
             // SAFETY: an address cuMemAlloc returned, freed once
             if let Err(e) = unsafe { result::free_sync(addr) } {
@@ -330,6 +362,10 @@ impl SegmentSource for CudaDevice {
             let _ = unsafe { sys::cuMemRelease(h) };
             return false;
         }
+        // SAFETY: the page just mapped, `size` bytes
+        if let Err(e) = unsafe { result::memset_d8_sync(addr, 0, size as usize) } {
+            self.note("cuMemsetD8", e.0);
+        }
         self.pages.insert(addr, (h, size));
         self.used += size;
         self.addresses.map(addr, size);
@@ -338,6 +374,7 @@ impl SegmentSource for CudaDevice {
 
     fn unmap(&mut self, addr: u64, size: u64) {
         self.current();
+        self.wait();
         if let Some((h, _)) = self.pages.remove(&addr) {
             // SAFETY: a page mapped in `map`, unmapped and released once
             unsafe {
@@ -352,22 +389,34 @@ impl SegmentSource for CudaDevice {
     }
 }
 
-/// No kernels yet: as the simulated device, it computes nothing and keeps no data.
+/// A data device: every op runs, on the GPU where a kernel of `kernels/` takes it, else on
+/// its host twin ([`launch`]).
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
         "cuda"
     }
     fn computes(&self) -> bool {
-        false
+        true
     }
-    fn launch(&mut self, _l: &Launch) -> Result<(), String> {
-        Ok(())
+    fn launch(&mut self, l: &Launch) -> Result<(), String> {
+        self.current();
+        if self.gpu.is_none() {
+            self.gpu = Some(launch::Gpu::open()?);
+        }
+        let gpu = self.gpu.as_mut().expect("opened above");
+        launch::launch(gpu, l).map(|_| ())
     }
-    fn read(&self, _b: &Buffer) -> Result<Option<Vec<f64>>, String> {
-        Ok(None)
+    fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        self.current();
+        launch::mem::read(b).map(Some)
     }
-    fn write(&mut self, _b: &Buffer, _values: &[f64]) -> Result<(), String> {
-        Ok(())
+    fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
+        self.current();
+        launch::mem::write(b, values)
+    }
+    fn synchronize(&mut self) {
+        self.current();
+        self.wait();
     }
     fn failure(&self) -> Option<String> {
         self.failure.clone()

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use serde::Serialize;
 
@@ -51,33 +51,13 @@ pub struct Report {
 /// after the transcendental functions' own error.
 const TOL: f64 = 2e-6;
 
-/// A view for a kernel: shape, strides (elements) and offset, as `kernels/elementwise.cu`'s
-/// `Strided`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Strided {
-    shape: [i64; 8],
-    stride: [i64; 8],
-    offset: i64,
-    ndim: i32,
-}
-
-// SAFETY: a plain C struct of integers, laid out as the kernel's
-unsafe impl DeviceRepr for Strided {}
+/// A view for a kernel ([`super::launch::Strided`]); the self-test's views have at most 8
+/// dimensions.
+struct Strided;
 
 impl Strided {
-    fn of(l: &Layout) -> Strided {
-        let mut s = Strided {
-            shape: [1; 8],
-            stride: [0; 8],
-            offset: l.offset as i64,
-            ndim: l.shape.len() as i32,
-        };
-        for (i, (&d, &st)) in l.shape.iter().zip(&l.strides).enumerate() {
-            s.shape[i] = d as i64;
-            s.stride[i] = st as i64;
-        }
-        s
+    fn of(l: &Layout) -> super::launch::Strided {
+        super::launch::Strided::of(l).expect("a view of at most 8 dimensions")
     }
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 40 on the GPU machine, one call: the cuda device computing (GPU kernels where they take
+# the launch, the host twin elsewhere) against --device cpu (losses, gradients) and --device sim
+# (memory_stats and iteration rows), per workload, with the launches' split and the times.
+# Needs target/release/gpumem carried. WORKLOADS="a.toml b.toml" to pick; defaults below.
+set -uo pipefail
+G=target/release/gpumem
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+echo "== selftest"
+$G selftest --device cuda --json > "$OUT/selftest.json"; echo "selftest rc=$?"
+python3 -c "
+import json; r=json.load(open('$OUT/selftest.json'))
+bad=[c for c in r['checks'] if not c['ok']]
+print(r['gpu'], len(r['checks']), 'checks,', len(bad), 'failed', bad[:3])" 2>&1
+W=${WORKLOADS:-"$(ls fixtures/cpu/*.toml) fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_sdpa_adamw_bf16w.toml fixtures/hf/workloads/llama_t_generate_bf16.toml fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml"}
+echo "== cpu / cuda / sim"
+python3 - "$G" "$OUT" $W <<'PY' | tee "$OUT/compare.txt"
+import json, subprocess, sys, time
+g, out, ws = sys.argv[1], sys.argv[2], sys.argv[3:]
+def run(w, dev, extra=()):
+    t = time.time()
+    p = subprocess.run([g, "run", w, "--device", dev, "--json", "--no-remedies", *extra],
+                       capture_output=True, text=True)
+    dt = time.time() - t
+    if p.returncode not in (0, 1):
+        return None, dt, p.stderr.strip()[-600:]
+    return json.loads(p.stdout), dt, None
+import safetensors.numpy as stn, numpy as np
+fields = ["start", "after_forward", "after_backward", "after_step", "end", "after_generate",
+          "peak_allocated", "peak_reserved", "reserved_end"]
+for w in ws:
+    tag = w.split("/")[-1]
+    res = {}
+    for dev in ("sim", "cpu", "cuda"):
+        extra = ("--save-grads", f"/tmp/{tag}.{dev}.grads.safetensors") if dev != "sim" else ()
+        res[dev] = run(w, dev, extra)
+    errs = {d: r[2] for d, r in res.items() if r[0] is None}
+    if errs:
+        print(f"{tag}: ERROR {errs}")
+        continue
+    s, c, k = res["sim"][0], res["cpu"][0], res["cuda"][0]
+    lc = [i.get("loss") for i in c["iterations"]]
+    lk = [i.get("loss") for i in k["iterations"]]
+    dl = max((abs(a - b) / max(abs(a), 1e-30) for a, b in zip(lc, lk) if a is not None and b is not None), default=None)
+    rows = sum(1 for x, y in zip(s["iterations"], k["iterations"]) for f in fields if x.get(f) != y.get(f))
+    ms = [m for m in s["memory_stats"] if s["memory_stats"][m] != k["memory_stats"].get(m)]
+    gdiff = None
+    try:
+        gc = stn.load_file(f"/tmp/{tag}.cpu.grads.safetensors")
+        gk = stn.load_file(f"/tmp/{tag}.cuda.grads.safetensors")
+        gdiff = max(float(np.max(np.abs(gc[n].astype(np.float64) - gk[n].astype(np.float64))) / max(float(np.max(np.abs(gc[n].astype(np.float64)))), 1e-30)) for n in gc)
+    except Exception as e:
+        gdiff = f"n/a ({type(e).__name__}: {e})"
+    gpu = sum(x["count"] for x in k.get("launches", []) if x["ran"] == "gpu")
+    host = sum(x["count"] for x in k.get("launches", []) if x["ran"] == "host")
+    hostk = sorted({x["kernel"] for x in k.get("launches", []) if x["ran"] == "host"})
+    print(f"{tag}: losses cpu={lc} cuda={lk} max_rel={dl} grads_max_rel={gdiff} "
+          f"rows_vs_sim={rows} stats_vs_sim={len(ms)} {ms[:4]} launches gpu={gpu} host={host} "
+          f"host_kernels={hostk} t_sim={res['sim'][1]:.2f}s t_cpu={res['cpu'][1]:.2f}s t_cuda={res['cuda'][1]:.2f}s")
+PY
+echo "== text report (first lines)"
+$G run fixtures/cpu/gpt_tiny_sdpa_adamw.toml --device cuda --no-remedies 2>&1 | head -8

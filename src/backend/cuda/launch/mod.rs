@@ -1,0 +1,200 @@
+//! The engine's launches on the GPU: each op's kernel of `kernels/*.cu` (or cuBLAS) on the
+//! buffers at the caching allocator's addresses, and the host twin for the rest.
+//!
+//! A launch runs on the GPU where a kernel of its own covers it: the op, the pass, the dtypes
+//! (float32 so far) and the layouts its kernel takes (inputs of any strided view, contiguous
+//! outputs). Every other launch runs on its host twin ([`host`]): the bytes its buffers span
+//! are copied to the host, the cpu device's kernel (the reference the CUDA kernels are checked
+//! against) computes there, and what it wrote is copied back. So a run on cuda computes every
+//! op the cpu device computes, with the same numbers, while the kernels that exist run on the
+//! GPU; [`Gpu::counts`] says which ran where, and the run reports it, so nothing is silently
+//! slow. Families mirror `src/backend/cpu/`'s files: [`elementwise`], [`nn`], [`linalg`]
+//! (cuBLAS), [`optim`].
+//!
+//! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
+//! and allocates nothing. Kernels go on the legacy default stream, and the driver's synchronous
+//! copies wait for them, so reads see every launch before them; [`Gpu::synchronize`] waits
+//! before a segment goes back to the driver.
+
+mod elementwise;
+pub(crate) mod host;
+mod linalg;
+pub(crate) mod mem;
+mod nn;
+mod optim;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig};
+
+use super::kernels;
+use crate::backend::Launch;
+use crate::engine::layout::Layout;
+
+/// A view for a kernel: shape, strides (elements) and offset, as `kernels/elementwise.cu`'s
+/// `Strided`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Strided {
+    shape: [i64; 8],
+    stride: [i64; 8],
+    offset: i64,
+    ndim: i32,
+}
+
+// SAFETY: a plain C struct of integers, laid out as the kernel's
+unsafe impl DeviceRepr for Strided {}
+
+impl Strided {
+    /// The view of `l`, or `None` past the kernels' 8 dimensions.
+    pub(crate) fn of(l: &Layout) -> Option<Strided> {
+        if l.shape.len() > 8 {
+            return None;
+        }
+        let mut s = Strided {
+            shape: [1; 8],
+            stride: [0; 8],
+            offset: l.offset as i64,
+            ndim: l.shape.len() as i32,
+        };
+        for (i, (&d, &st)) in l.shape.iter().zip(&l.strides).enumerate() {
+            s.shape[i] = d as i64;
+            s.stride[i] = st as i64;
+        }
+        Some(s)
+    }
+}
+
+pub(crate) use crate::backend::Ran;
+
+/// The GPU side of the cuda device: the context's default stream, the kernels' modules (each
+/// source compiled at its first use) and what ran where.
+pub(crate) struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: BTreeMap<&'static str, Arc<CudaModule>>,
+    blas: Option<cudarc::cublas::CudaBlas>,
+    /// Launches by kernel name and where they ran.
+    pub counts: BTreeMap<(&'static str, Ran), u64>,
+    /// Host bytes the host twin's working copies may take.
+    pub host_limit: u64,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("counts", &self.counts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which source of `kernels/` defines a kernel.
+fn source_of(kernel: &str) -> &'static str {
+    if kernel.starts_with("softmax") {
+        "softmax.cu"
+    } else if kernel.contains("_norm") {
+        "norm.cu"
+    } else if kernel.starts_with("embedding")
+        || kernel.starts_with("nll_loss")
+        || kernel.starts_with("dropout")
+    {
+        "nn.cu"
+    } else if kernel == "reduce" {
+        "reduce.cu"
+    } else if kernel.ends_with("_step") {
+        "optim.cu"
+    } else if kernel.starts_with("attention") {
+        "attention.cu"
+    } else {
+        "elementwise.cu"
+    }
+}
+
+impl Gpu {
+    /// The GPU of the device's primary context (device 0).
+    pub(crate) fn open() -> Result<Gpu, String> {
+        let ctx = CudaContext::new(0).map_err(|e| format!("opening GPU 0: {e:?}"))?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            modules: BTreeMap::new(),
+            blas: None,
+            counts: BTreeMap::new(),
+            host_limit: crate::backend::cpu::CpuDevice::host_limit(),
+        })
+    }
+
+    fn function(&mut self, kernel: &str) -> Result<CudaFunction, String> {
+        let file = source_of(kernel);
+        if !self.modules.contains_key(file) {
+            let (m, _) = kernels::load(&self.ctx, file)?;
+            self.modules.insert(file, m);
+        }
+        self.modules[file]
+            .load_function(kernel)
+            .map_err(|e| format!("kernel {kernel}: {e:?}"))
+    }
+
+    /// cuBLAS's handle on the stream (made at the first product).
+    fn blas(&mut self) -> Result<cudarc::cublas::sys::cublasHandle_t, String> {
+        if self.blas.is_none() {
+            self.blas = Some(super::blas::handle(self.stream.clone())?);
+        }
+        Ok(*self.blas.as_ref().expect("made above").handle())
+    }
+
+    /// Waits for every launch so far.
+    pub(crate) fn synchronize(&self) -> Result<(), String> {
+        self.ctx
+            .synchronize()
+            .map_err(|e| format!("cuCtxSynchronize: {e:?}"))
+    }
+
+    /// A grid-stride launch over `n` elements.
+    fn elems(n: usize) -> LaunchConfig {
+        LaunchConfig::for_num_elems(n.clamp(1, 1 << 30) as u32)
+    }
+
+    /// One block of 256 threads per row (softmax.cu's and norm.cu's row kernels).
+    fn rows(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// Runs one launch: on the GPU where a kernel covers it, else on its host twin.
+pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
+    let name = l.op.kernel().unwrap_or("none");
+    let ran = if elementwise::launch(gpu, l)?
+        || nn::launch(gpu, l)?
+        || linalg::launch(gpu, l)?
+        || optim::launch(gpu, l)?
+    {
+        Ran::Gpu
+    } else {
+        host::run(gpu.host_limit, l)?;
+        Ran::Host
+    };
+    let kernel = match l.pass {
+        crate::backend::Pass::Forward => name,
+        crate::backend::Pass::Grad { .. } => l.op.backward_kernel().unwrap_or(name),
+    };
+    *gpu.counts.entry((kernel, ran)).or_default() += 1;
+    Ok(ran)
+}
+
+/// The address of element 0 of a contiguous float32 buffer, if it is one.
+fn contiguous_f32(b: &crate::backend::Buffer) -> Option<u64> {
+    (b.dtype == crate::engine::DType::F32 && b.layout.is_contiguous())
+        .then(|| b.addr + 4 * b.layout.offset as u64)
+}
+
+/// Whether a buffer is float32 (any layout).
+fn f32(b: &crate::backend::Buffer) -> bool {
+    b.dtype == crate::engine::DType::F32
+}

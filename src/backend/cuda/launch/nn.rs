@@ -1,0 +1,192 @@
+//! Neural-network launches on the GPU: softmax and log_softmax over the last dimension
+//! (`kernels/softmax.cu`), layer_norm and rms_norm (`kernels/norm.cu`), forward and every
+//! input's gradient, on contiguous float32 rows. The twin of `src/backend/cpu/nn.rs`; what a
+//! kernel here does not take runs on the host twin.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{contiguous_f32, Gpu};
+use crate::backend::{Launch, Pass};
+use crate::engine::op::norm::Norm;
+use crate::engine::op::{Op, Role};
+
+/// Runs `l` here if a kernel of this family takes it; `false` where none does.
+pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
+    let Some(out) = l.outputs.first() else {
+        return Ok(false);
+    };
+    let Some(o) = contiguous_f32(out) else {
+        return Ok(false);
+    };
+    match (l.op, l.pass) {
+        (Op::Softmax { dim, log, .. }, pass) => {
+            let nd = out.layout.shape.len() as i64;
+            // over the last dimension of contiguous rows only
+            if nd == 0 || (*dim != -1 && *dim != nd - 1) {
+                return Ok(false);
+            }
+            let cols = out.layout.shape[nd as usize - 1];
+            let n = out.layout.numel();
+            if cols == 0 || n == 0 {
+                return Ok(false);
+            }
+            let (rows, cc, lg) = ((n / cols) as i64, cols as i64, *log as i32);
+            match pass {
+                Pass::Forward => {
+                    let Some(x) = contiguous_f32(&l.inputs[0]) else {
+                        return Ok(false);
+                    };
+                    let f = g.function("softmax")?;
+                    // SAFETY: x and the output hold rows x cols contiguous floats
+                    unsafe {
+                        g.stream
+                            .launch_builder(&f)
+                            .arg(&lg)
+                            .arg(&x)
+                            .arg(&o)
+                            .arg(&rows)
+                            .arg(&cc)
+                            .launch(Gpu::rows(rows as usize))
+                    }
+                    .map_err(|e| format!("softmax: {e:?}"))?;
+                }
+                Pass::Grad { .. } => {
+                    let y = l
+                        .saved
+                        .iter()
+                        .find(|(r, _)| *r == Role::Output)
+                        .and_then(|(_, b)| contiguous_f32(b));
+                    let (Some(gr), Some(y)) = (contiguous_f32(&l.inputs[0]), y) else {
+                        return Ok(false);
+                    };
+                    let f = g.function("softmax_backward")?;
+                    // SAFETY: every buffer holds rows x cols contiguous floats
+                    unsafe {
+                        g.stream
+                            .launch_builder(&f)
+                            .arg(&lg)
+                            .arg(&gr)
+                            .arg(&y)
+                            .arg(&o)
+                            .arg(&rows)
+                            .arg(&cc)
+                            .launch(Gpu::rows(rows as usize))
+                    }
+                    .map_err(|e| format!("softmax_backward: {e:?}"))?;
+                }
+            }
+            Ok(true)
+        }
+        (Op::Norm(norm), pass) => self::norm(g, l, *norm, pass, o),
+        _ => Ok(false),
+    }
+}
+
+fn saved(l: &Launch, r: Role) -> Option<u64> {
+    l.saved
+        .iter()
+        .find(|(role, _)| *role == r)
+        .and_then(|(_, b)| contiguous_f32(b))
+}
+
+/// layer_norm (`Layer`) or rms_norm over the last dimension: forward (the output, then the
+/// mean and rstd the backward keeps) and the gradient of the input, weight or bias.
+fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: u64) -> Result<bool, String> {
+    let layer = matches!(norm, Norm::Layer { .. });
+    let x = match pass {
+        Pass::Forward => &l.inputs[0],
+        Pass::Grad { .. } => match l.saved.iter().find(|(r, _)| *r == Role::Input(0)) {
+            Some((_, b)) => b,
+            None => return Ok(false),
+        },
+    };
+    let Some(xp) = contiguous_f32(x) else {
+        return Ok(false);
+    };
+    let cols = *x.layout.shape.last().unwrap_or(&0);
+    let n = x.layout.numel();
+    if cols == 0 || n == 0 {
+        return Ok(false);
+    }
+    let rows = n / cols;
+    let (rr, cc) = (rows as i64, cols as i64);
+    // a missing weight or bias: any valid address, flagged absent
+    match pass {
+        Pass::Forward => {
+            let eps = match norm {
+                Norm::Layer { eps } | Norm::Rms { eps } => eps as f32,
+            };
+            let w = l.inputs.get(1).map(contiguous_f32);
+            let b = l.inputs.get(2).map(contiguous_f32);
+            if w == Some(None) || b == Some(None) {
+                return Ok(false);
+            }
+            let (w, b) = (w.flatten(), b.flatten());
+            let (hw, hb) = (w.is_some() as i32, b.is_some() as i32);
+            let (w, b) = (w.unwrap_or(xp), b.unwrap_or(xp));
+            let stats: Vec<Option<u64>> = l.outputs[1..].iter().map(contiguous_f32).collect();
+            let need = if layer { 2 } else { 1 };
+            if stats.len() != need || stats.iter().any(|s| s.is_none()) {
+                return Ok(false);
+            }
+            let f = g.function(if layer { "layer_norm" } else { "rms_norm" })?;
+            // SAFETY: x and y hold rows x cols floats, w and b cols, the statistics rows
+            unsafe {
+                let mut lb = g.stream.launch_builder(&f);
+                lb.arg(&xp).arg(&w);
+                if layer {
+                    let (mean, rstd) = (stats[0].expect("checked"), stats[1].expect("checked"));
+                    lb.arg(&b).arg(&hw).arg(&hb).arg(&o).arg(&mean).arg(&rstd);
+                    lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
+                } else {
+                    let rstd = stats[0].expect("checked");
+                    lb.arg(&hw).arg(&o).arg(&rstd);
+                    lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
+                }
+            }
+            .map_err(|e| format!("{}: {e:?}", norm.name()))?;
+        }
+        Pass::Grad { input } => {
+            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            let w = saved(l, Role::Input(1));
+            let hw = w.is_some() as i32;
+            let w = w.unwrap_or(xp);
+            let (mean, rstd) = if layer {
+                (saved(l, Role::Extra(0)), saved(l, Role::Extra(1)))
+            } else {
+                (Some(xp), saved(l, Role::Extra(0)))
+            };
+            let (Some(mean), Some(rstd)) = (mean, rstd) else {
+                return Ok(false);
+            };
+            let want = if input == 0 { n } else { cols };
+            if l.outputs[0].layout.numel() != want || input > if layer { 2 } else { 1 } {
+                return Ok(false);
+            }
+            let inp = input as i32;
+            let cfg = if input == 0 {
+                Gpu::rows(rows)
+            } else {
+                Gpu::elems(cols)
+            };
+            let f = g.function(if layer {
+                "layer_norm_backward"
+            } else {
+                "rms_norm_backward"
+            })?;
+            // SAFETY: as in the forward; the output holds the input's (or column's) elements
+            unsafe {
+                let mut lb = g.stream.launch_builder(&f);
+                lb.arg(&inp).arg(&gr).arg(&xp).arg(&w).arg(&hw);
+                if layer {
+                    lb.arg(&mean);
+                }
+                lb.arg(&rstd).arg(&o).arg(&rr).arg(&cc).launch(cfg)
+            }
+            .map_err(|e| format!("{}: {e:?}", norm.name()))?;
+        }
+    }
+    Ok(true)
+}
