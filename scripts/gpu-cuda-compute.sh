@@ -13,7 +13,7 @@ python3 -c "
 import json; r=json.load(open('$OUT/selftest.json'))
 bad=[c for c in r['checks'] if not c['ok']]
 print(r['gpu'], len(r['checks']), 'checks,', len(bad), 'failed', bad[:3])" 2>&1
-W=${WORKLOADS:-"$(ls fixtures/cpu/*.toml) fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_sdpa_adamw_bf16w.toml fixtures/hf/workloads/llama_t_generate_bf16.toml fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml"}
+W=${WORKLOADS:-"$(ls fixtures/cpu/*.toml) fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_sdpa_adamw_bf16w.toml fixtures/hf/workloads/llama_t_generate_bf16.toml fixtures/hf/workloads/llama_t_generate_fp32.toml fixtures/hf/workloads/llama_t_nograd_fp32.toml fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml"}
 echo "== cpu / cuda / sim"
 python3 - "$G" "$OUT" $W <<'PY' | tee "$OUT/compare.txt"
 import json, subprocess, sys, time
@@ -49,15 +49,37 @@ for w in ws:
     try:
         gc = stn.load_file(f"/tmp/{tag}.cpu.grads.safetensors")
         gk = stn.load_file(f"/tmp/{tag}.cuda.grads.safetensors")
-        gdiff = max(float(np.max(np.abs(gc[n].astype(np.float64) - gk[n].astype(np.float64))) / max(float(np.max(np.abs(gc[n].astype(np.float64)))), 1e-30)) for n in gc)
+        # each parameter's largest difference over its largest gradient, that floored at 1e-3
+        # of the model's largest (a gradient near zero is all rounding: Llama's q/k at init)
+        top = max(float(np.max(np.abs(gc[n].astype(np.float64)))) for n in gc)
+        per = sorted(((float(np.max(np.abs(gc[n].astype(np.float64) - gk[n].astype(np.float64))) / max(float(np.max(np.abs(gc[n].astype(np.float64)))), 1e-3 * top, 1e-30)), n) for n in gc), reverse=True)
+        gdiff = per[0][0]
+        if gdiff > 1e-4:
+            print(f"  {tag}: worst gradients {per[:6]}")
     except Exception as e:
         gdiff = f"n/a ({type(e).__name__}: {e})"
     gpu = sum(x["count"] for x in k.get("launches", []) if x["ran"] == "gpu")
     host = sum(x["count"] for x in k.get("launches", []) if x["ran"] == "host")
     hostk = sorted({x["kernel"] for x in k.get("launches", []) if x["ran"] == "host"})
+    gpuk = sorted({x["kernel"] for x in k.get("launches", []) if x["ran"] == "gpu"})
     print(f"{tag}: losses cpu={lc} cuda={lk} max_rel={dl} grads_max_rel={gdiff} "
           f"rows_vs_sim={rows} stats_vs_sim={len(ms)} {ms[:4]} launches gpu={gpu} host={host} "
-          f"host_kernels={hostk} t_sim={res['sim'][1]:.2f}s t_cpu={res['cpu'][1]:.2f}s t_cuda={res['cuda'][1]:.2f}s")
+          f"host_kernels={hostk} gpu_kernels={gpuk} t_sim={res['sim'][1]:.2f}s t_cpu={res['cpu'][1]:.2f}s t_cuda={res['cuda'][1]:.2f}s")
 PY
 echo "== text report (first lines)"
 $G run fixtures/cpu/gpt_tiny_sdpa_adamw.toml --device cuda --no-remedies 2>&1 | head -8
+if [ -n "${BISECT:-}" ]; then
+  echo "== bisect $BISECT: each GPU kernel sent to the host twin in turn"
+  for k in none unary unary_backward binary scalar copy softmax softmax_backward gemm fill adam_step layer_norm layer_norm_backward rms_norm rms_norm_backward; do
+    GPUMEM_CUDA_HOST_KERNELS=$k WORKLOADS=$BISECT python3 - "$G" "$OUT" $BISECT <<'PY'
+import json, os, subprocess, sys
+import safetensors.numpy as stn, numpy as np
+g, out, w = sys.argv[1], sys.argv[2], sys.argv[3]
+for dev in ("cpu", "cuda"):
+    subprocess.run([g, "run", w, "--device", dev, "--json", "--no-remedies", "--save-grads", f"/tmp/b.{dev}.safetensors"], capture_output=True)
+gc = stn.load_file("/tmp/b.cpu.safetensors"); gk = stn.load_file("/tmp/b.cuda.safetensors")
+per = sorted(((float(np.max(np.abs(gc[n].astype(np.float64) - gk[n].astype(np.float64))) / max(float(np.max(np.abs(gc[n].astype(np.float64)))), 1e-30)), n) for n in gc), reverse=True)
+print(os.environ["GPUMEM_CUDA_HOST_KERNELS"], "worst", per[:2])
+PY
+  done
+fi

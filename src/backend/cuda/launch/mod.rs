@@ -9,13 +9,14 @@
 //! op the cpu device computes, with the same numbers, while the kernels that exist run on the
 //! GPU; [`Gpu::counts`] says which ran where, and the run reports it, so nothing is silently
 //! slow. Families mirror `src/backend/cpu/`'s files: [`elementwise`], [`nn`], [`linalg`]
-//! (cuBLAS), [`optim`].
+//! (cuBLAS), [`attention`], [`optim`].
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
 //! and allocates nothing. Kernels go on the legacy default stream, and the driver's synchronous
 //! copies wait for them, so reads see every launch before them; [`Gpu::synchronize`] waits
 //! before a segment goes back to the driver.
 
+mod attention;
 mod elementwise;
 pub(crate) mod host;
 mod linalg;
@@ -79,6 +80,9 @@ pub(crate) struct Gpu {
     pub counts: BTreeMap<(&'static str, Ran), u64>,
     /// Host bytes the host twin's working copies may take.
     pub host_limit: u64,
+    /// Kernels sent to the host twin even where a GPU kernel takes them
+    /// (`GPUMEM_CUDA_HOST_KERNELS=gemm,softmax`: to tell which kernel a difference comes from).
+    on_host: Vec<String>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -123,6 +127,9 @@ impl Gpu {
             blas: None,
             counts: BTreeMap::new(),
             host_limit: crate::backend::cpu::CpuDevice::host_limit(),
+            on_host: std::env::var("GPUMEM_CUDA_HOST_KERNELS")
+                .map(|v| v.split(',').map(|k| k.trim().to_string()).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -170,19 +177,22 @@ impl Gpu {
 /// Runs one launch: on the GPU where a kernel covers it, else on its host twin.
 pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
     let name = l.op.kernel().unwrap_or("none");
-    let ran = if elementwise::launch(gpu, l)?
-        || nn::launch(gpu, l)?
-        || linalg::launch(gpu, l)?
-        || optim::launch(gpu, l)?
+    let kernel = match l.pass {
+        crate::backend::Pass::Forward => name,
+        crate::backend::Pass::Grad { .. } => l.op.backward_kernel().unwrap_or(name),
+    };
+    let forced = !gpu.on_host.is_empty() && gpu.on_host.iter().any(|k| k == kernel);
+    let ran = if !forced
+        && (elementwise::launch(gpu, l)?
+            || nn::launch(gpu, l)?
+            || linalg::launch(gpu, l)?
+            || attention::launch(gpu, l)?
+            || optim::launch(gpu, l)?)
     {
         Ran::Gpu
     } else {
         host::run(gpu.host_limit, l)?;
         Ran::Host
-    };
-    let kernel = match l.pass {
-        crate::backend::Pass::Forward => name,
-        crate::backend::Pass::Grad { .. } => l.op.backward_kernel().unwrap_or(name),
     };
     *gpu.counts.entry((kernel, ran)).or_default() += 1;
     Ok(ran)

@@ -1,6 +1,7 @@
 //! Neural-network launches on the GPU: softmax and log_softmax over the last dimension
 //! (`kernels/softmax.cu`), layer_norm and rms_norm (`kernels/norm.cu`), forward and every
-//! input's gradient, on contiguous float32 rows. The twin of `src/backend/cpu/nn.rs`; what a
+//! input's gradient, on contiguous float32 rows; `embedding` forward and the table's
+//! gradient (`kernels/nn.cu`). The twin of `src/backend/cpu/nn.rs`; what a
 //! kernel here does not take runs on the host twin.
 
 use cudarc::driver::PushKernelArg;
@@ -78,8 +79,119 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             Ok(true)
         }
         (Op::Norm(norm), pass) => self::norm(g, l, *norm, pass, o),
+        (Op::Embedding { .. }, pass) => embedding(g, l, pass, o),
         _ => Ok(false),
     }
+}
+
+/// A contiguous int64 buffer's first element, if it is one.
+fn contiguous_i64(b: &crate::backend::Buffer) -> Option<u64> {
+    (b.dtype == crate::engine::DType::I64 && b.layout.is_contiguous())
+        .then(|| b.addr + 8 * b.layout.offset as u64)
+}
+
+/// `F.embedding` (rows of a contiguous [V, dim] table, indices checked first as the cpu twin
+/// does) and the table's gradient (zeroed, then each use's row added).
+fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String> {
+    let idx_buf = match pass {
+        Pass::Forward => &l.inputs[0],
+        Pass::Grad { .. } => match l.saved.iter().find(|(r, _)| *r == Role::Input(0)) {
+            Some((_, b)) => b,
+            None => return Ok(false),
+        },
+    };
+    let Some(idx) = contiguous_i64(idx_buf) else {
+        return Ok(false);
+    };
+    let n = idx_buf.layout.numel();
+    let out = &l.outputs[0];
+    let (rows, dim) = match pass {
+        Pass::Forward => {
+            let t = &l.inputs[1].layout.shape;
+            if t.len() != 2 || contiguous_f32(&l.inputs[1]).is_none() {
+                return Ok(false);
+            }
+            (t[0], t[1])
+        }
+        Pass::Grad { .. } => {
+            if out.layout.shape.len() != 2 {
+                return Ok(false);
+            }
+            (out.layout.shape[0], out.layout.shape[1])
+        }
+    };
+    if n == 0 || dim == 0 {
+        return Ok(false);
+    }
+    // an index out of the table is the cpu twin's error, not a read past the table
+    let mut host = vec![0i64; n];
+    super::mem::get(idx, bytemuck_i64(&mut host))?;
+    if let Some(&i) = host.iter().find(|&&i| i < 0 || i as usize >= rows) {
+        return Err(format!(
+            "index {i} is out of range for an embedding of {rows} rows"
+        ));
+    }
+    let (nn, dd) = (n as i64, dim as i64);
+    let cfg = Gpu::elems(n * dim);
+    match pass {
+        Pass::Forward => {
+            if out.layout.numel() != n * dim {
+                return Ok(false);
+            }
+            let table = contiguous_f32(&l.inputs[1]).expect("checked above");
+            let f = g.function("embedding")?;
+            // SAFETY: n checked indices into a [rows, dim] table; the output holds n x dim floats
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&idx)
+                    .arg(&nn)
+                    .arg(&table)
+                    .arg(&dd)
+                    .arg(&o)
+                    .launch(cfg)
+            }
+            .map_err(|e| format!("embedding: {e:?}"))?;
+        }
+        Pass::Grad { .. } => {
+            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            if l.inputs[0].layout.numel() != n * dim {
+                return Ok(false);
+            }
+            // SAFETY: the output is rows x dim floats, zeroed on the stream before the adds
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    o,
+                    0,
+                    rows * dim * 4,
+                    g.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| format!("embedding_backward: {e:?}"))?;
+            let f = g.function("embedding_backward")?;
+            // SAFETY: n checked indices; grad holds n x dim floats, the output rows x dim
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&idx)
+                    .arg(&nn)
+                    .arg(&gr)
+                    .arg(&dd)
+                    .arg(&o)
+                    .launch(cfg)
+            }
+            .map_err(|e| format!("embedding_backward: {e:?}"))?;
+        }
+    }
+    Ok(true)
+}
+
+/// An int64 slice as its bytes, for a copy from the device.
+fn bytemuck_i64(v: &mut [i64]) -> &mut [u8] {
+    // SAFETY: i64 has no padding and every byte pattern is a valid i64
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 fn saved(l: &Launch, r: Role) -> Option<u64> {
