@@ -70,7 +70,7 @@ echo "== text report (first lines)"
 $G run fixtures/cpu/gpt_tiny_sdpa_adamw.toml --device cuda --no-remedies 2>&1 | head -8
 if [ -n "${BISECT:-}" ]; then
   echo "== bisect $BISECT: each GPU kernel sent to the host twin in turn"
-  for k in none unary unary_backward binary scalar copy softmax softmax_backward gemm fill adam_step layer_norm layer_norm_backward rms_norm rms_norm_backward; do
+  for k in none unary unary_backward binary scalar copy softmax softmax_backward gemm fill adam_step layer_norm layer_norm_backward embedding embedding_backward attention; do
     GPUMEM_CUDA_HOST_KERNELS=$k WORKLOADS=$BISECT python3 - "$G" "$OUT" $BISECT <<'PY'
 import json, os, subprocess, sys
 import safetensors.numpy as stn, numpy as np

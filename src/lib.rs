@@ -7,7 +7,9 @@
 //! - [`alloc`]: the caching allocator policy over a segment source (simulated device here).
 //! - [`workload`]: workload files (TOML and the line language of `setup`/`body`), parsed and checked.
 //! - [`backend`]: devices (segment source and kernels together): `sim` computes nothing,
-//!   `cpu` computes real numbers in host memory at the allocator's addresses.
+//!   `cpu` computes real numbers in host memory at the allocator's addresses, `cuda` on the
+//!   GPU at the driver's (its own kernels where they take an op, the cpu kernels on host copies
+//!   elsewhere).
 //! - [`engine`]: ops defined once, tensors, storages, layouts, autograd and optimizers over the
 //!   allocator and a device.
 //! - [`runner`]: runs a workload on the engine; remedies and `fit` re-run it with changes.

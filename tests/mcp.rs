@@ -158,7 +158,7 @@ fn a_session_answers_every_tool() {
         (
             "run",
             json!({"preset": "mlp-adam", "iterations": 2, "by": "op"}),
-            "gpumem.run/1",
+            "gpumem.run/2",
         ),
         (
             "fit",
@@ -603,7 +603,7 @@ fn documents_match_their_versioned_schemas() {
 #[test]
 fn a_changed_document_breaks_its_schema() {
     let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("src/commands/mcp/gpumem.run.1.json")).unwrap(),
+        &std::fs::read_to_string(root().join("src/commands/mcp/gpumem.run.2.json")).unwrap(),
     )
     .unwrap();
     let good = doc(&["run", "--preset", "mlp-adam"]);

@@ -114,7 +114,12 @@ pub enum AnyDevice {
 }
 
 /// The device names `--device` and `device = "..."` accept, and whether this build has each.
-pub const DEVICES: &[(&str, bool)] = &[("sim", true), ("cpu", true), ("cuda", true)];
+pub const DEVICES: &[(&str, bool)] = &[
+    ("sim", true),
+    ("cpu", true),
+    ("cuda", true),
+    ("cuda-memory", true),
+];
 
 /// Opens device `name` with `total` bytes of memory, `overhead` of which the CUDA context holds.
 /// The CUDA device has its own memory: `given` is the capacity the user asked for, if any (at
@@ -130,12 +135,14 @@ pub fn open(
         "sim" => Ok(AnyDevice::Sim(src)),
         "cpu" => Ok(AnyDevice::Cpu(cpu::CpuDevice::new(src))),
         // the allocator may take what the context leaves of a capacity given, as simulated
-        "cuda" => cuda::open(given.map(|g| g.saturating_sub(overhead)))
-            .map(|d| AnyDevice::Cuda(Box::new(d))),
+        "cuda" | "cuda-memory" => {
+            cuda::open(given.map(|g| g.saturating_sub(overhead)), name == "cuda")
+                .map(|d| AnyDevice::Cuda(Box::new(d)))
+        }
         #[cfg(test)]
         "cpu-twin" => Ok(AnyDevice::Twin(cuda::launch::host::twin::TwinDevice::new(src))),
         other => Err(format!(
-            "unknown device '{other}': expected sim, cpu or cuda"
+            "unknown device '{other}': expected sim, cpu, cuda or cuda-memory"
         )),
     }
 }

@@ -221,9 +221,11 @@ pub struct RunArgs {
 
     /// Where to run, instead of the workload's `device`: `sim`, the simulated device (the
     /// default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory
-    /// at the same addresses: the same allocator figures, plus each iteration's loss), or
-    /// `cuda` (segments from the NVIDIA driver of the first GPU, at its addresses, with NVML's
-    /// view of the process; no kernels yet, so nothing is computed).
+    /// at the same addresses: the same allocator figures, plus each iteration's loss), `cuda`
+    /// (the first GPU: segments from its NVIDIA driver at its addresses, with NVML's view of
+    /// the process, and the ops computed there: on the GPU where a kernel of gpumem's takes
+    /// them, else on the host with the cpu device's kernels; the run lists which), or
+    /// `cuda-memory` (the GPU's segments only, nothing computed: as fast as `sim`).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 
@@ -401,8 +403,9 @@ pub struct CheckArgs {
     #[arg(short, long, conflicts_with_all = ["json", "markdown"])]
     pub quiet: bool,
 
-    /// Run workloads on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
-    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    /// Run workloads on this device instead of the workload's: `sim` (the default), `cpu`,
+    /// `cuda` (the GPU's segments, the ops computed there) or `cuda-memory` (the GPU's segments
+    /// only); see `gpumem run --help`.
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 
@@ -700,8 +703,9 @@ pub struct FitArgs {
     #[arg(short, long, conflicts_with = "json")]
     pub quiet: bool,
 
-    /// Run every trial on this device instead of the simulated one: `sim` (the default), `cpu` or `cuda`
-    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    /// Run every trial on this device instead of the simulated one: `sim` (the default), `cpu`,
+    /// `cuda` (the GPU's segments, every trial computed there: slow) or `cuda-memory` (the
+    /// GPU's segments only, the figures of `cuda`); see `gpumem run --help`.
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 
@@ -876,8 +880,9 @@ pub struct ReplayArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment, after_long_help = EXIT_CODES)]
 pub struct BenchArgs {
-    /// With --workload: run it on this device instead of the workload's: `sim` (the default), `cpu` or `cuda`
-    /// (segments from the NVIDIA driver; see `gpumem run --help`).
+    /// With --workload: run it on this device instead of the workload's: `sim` (the default),
+    /// `cpu`, `cuda` (the GPU's segments, the ops computed there) or `cuda-memory` (the GPU's
+    /// segments only); see `gpumem run --help`.
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 

@@ -24,7 +24,7 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 
 /// The documents' schemas, by name (`gpumem.NAME/VERSION`).
-pub const SCHEMAS: [(&str, &str); 6] = [
+pub const SCHEMAS: [(&str, &str); 7] = [
     (
         "gpumem.summary/1",
         include_str!("mcp/gpumem.summary.1.json"),
@@ -34,6 +34,8 @@ pub const SCHEMAS: [(&str, &str); 6] = [
         include_str!("mcp/gpumem.explain_oom.1.json"),
     ),
     ("gpumem.run/1", include_str!("mcp/gpumem.run.1.json")),
+    // 2: `launches` (the cuda device's kernels by where they ran)
+    ("gpumem.run/2", include_str!("mcp/gpumem.run.2.json")),
     ("gpumem.fit/1", include_str!("mcp/gpumem.fit.1.json")),
     ("gpumem.diff/1", include_str!("mcp/gpumem.diff.1.json")),
     ("gpumem.check/1", include_str!("mcp/gpumem.check.1.json")),
@@ -44,7 +46,7 @@ pub mod schema {
     pub const SUMMARY: &str = "gpumem.summary/1";
     pub const RANKS: &str = "gpumem.ranks/1";
     pub const EXPLAIN_OOM: &str = "gpumem.explain_oom/1";
-    pub const RUN: &str = "gpumem.run/1";
+    pub const RUN: &str = "gpumem.run/2";
     pub const FIT: &str = "gpumem.fit/1";
     pub const DIFF: &str = "gpumem.diff/1";
     pub const CHECK: &str = "gpumem.check/1";

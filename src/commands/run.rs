@@ -38,7 +38,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         Some(d) if !crate::backend::DEVICES.iter().any(|(n, _)| *n == d) => {
             return Err(Error::usage(
                 "--device",
-                format!("unknown device '{d}': expected sim, cpu or cuda"),
+                format!("unknown device '{d}': expected sim, cpu, cuda or cuda-memory"),
             ));
         }
         Some(d) => Some(d.to_string()),

@@ -25,6 +25,7 @@ pub fn write_text(
         "sim" => "the simulated device",
         "cpu" => "the cpu device (real numbers in host memory)",
         "cuda" => "the NVIDIA GPU (segments from its driver, kernels on it)",
+        "cuda-memory" => "the NVIDIA GPU's memory (segments from its driver, no kernels)",
         other => other,
     };
     writeln!(

@@ -244,7 +244,7 @@ pub fn run_on(
     };
     if fsdp && dev.computes() {
         return Err(sim_only(
-            "FSDP2 is modelled on the simulated device only, for now: run it with --device sim"
+            "FSDP2 is modelled on the simulated device only, for now: run it with --device sim (or --device cuda-memory for the GPU driver's segments)"
                 .into(),
         ));
     }
@@ -257,7 +257,7 @@ pub fn run_on(
         .filter(|k| k.simulated_only() && dev.computes())
     {
         return Err(sim_only(format!(
-            "optimizer \"{}\" is modelled on the simulated device only (its memory; there is no kernel for its update): run it with --device sim, or pick adamw to compute",
+            "optimizer \"{}\" is modelled on the simulated device only (its memory; there is no kernel for its update): run it with --device sim (or cuda-memory), or pick adamw to compute",
             kind.name()
         )));
     }
@@ -435,7 +435,7 @@ pub fn run_on(
     peak.by_category = by_category.into_iter().filter(|(_, b)| *b > 0).collect();
     peak.by_category
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let measured = crate::backend::Device::name(r.dev.alloc.source()) == "cuda";
+    let measured = crate::backend::Device::name(r.dev.alloc.source()).starts_with("cuda");
     let mut outside = Vec::new();
     if (r.ddp.is_some() || r.dev.fsdp_groups() > 0 || r.dev.zero_world().is_some()) && !measured {
         outside.push(crate::analysis::record::Outside {

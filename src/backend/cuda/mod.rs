@@ -61,6 +61,8 @@ pub struct CudaDevice {
     failure: Option<String>,
     /// The kernels' side, opened at the first launch.
     gpu: Option<launch::Gpu>,
+    /// Whether ops run (`cuda`), or only segments come from the driver (`cuda-memory`).
+    compute: bool,
 }
 
 // SAFETY: the context is the device's primary context, which the driver lets any thread make
@@ -86,12 +88,13 @@ pub fn driver_present() -> bool {
 
 /// Opens device 0. `capacity`: at most this many bytes for the allocator (`--capacity`), else
 /// the device's memory. An error, never a panic, where there is no driver or no device.
-pub fn open(capacity: Option<u64>) -> Result<CudaDevice, String> {
+/// `compute`: ops run on the device (`cuda`); else it holds segments only (`cuda-memory`).
+pub fn open(capacity: Option<u64>, compute: bool) -> Result<CudaDevice, String> {
     if !driver_present() {
         return Err(NO_DRIVER.into());
     }
     // cudarc panics on a symbol the library lacks (a driver older than its bindings)
-    std::panic::catch_unwind(|| open_checked(capacity)).unwrap_or_else(|_| {
+    std::panic::catch_unwind(|| open_checked(capacity, compute)).unwrap_or_else(|_| {
         Err(
             "the NVIDIA driver library is too old for gpumem's CUDA bindings (CUDA 13.0, \
              driver 580 or later)"
@@ -104,7 +107,7 @@ fn driver_err(what: &str, e: result::DriverError) -> String {
     format!("{what} failed: {e:?}")
 }
 
-fn open_checked(capacity: Option<u64>) -> Result<CudaDevice, String> {
+fn open_checked(capacity: Option<u64>, compute: bool) -> Result<CudaDevice, String> {
     result::init().map_err(|e| driver_err("cuInit", e))?;
     let n = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
     if n < 1 {
@@ -148,6 +151,7 @@ fn open_checked(capacity: Option<u64>) -> Result<CudaDevice, String> {
         nvml: nvml_wrapper::Nvml::init().ok(),
         failure: None,
         gpu: None,
+        compute,
     })
 }
 
@@ -390,15 +394,23 @@ impl SegmentSource for CudaDevice {
 }
 
 /// A data device: every op runs, on the GPU where a kernel of `kernels/` takes it, else on
-/// its host twin ([`launch`]).
+/// its host twin ([`launch`]). As `cuda-memory` it computes nothing and keeps no data (as the
+/// simulated device), its segments still the driver's.
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
-        "cuda"
+        if self.compute {
+            "cuda"
+        } else {
+            "cuda-memory"
+        }
     }
     fn computes(&self) -> bool {
-        true
+        self.compute
     }
     fn launch(&mut self, l: &Launch) -> Result<(), String> {
+        if !self.compute {
+            return Ok(());
+        }
         self.current();
         if self.gpu.is_none() {
             self.gpu = Some(launch::Gpu::open()?);
@@ -407,10 +419,16 @@ impl Device for CudaDevice {
         launch::launch(gpu, l).map(|_| ())
     }
     fn read(&self, b: &Buffer) -> Result<Option<Vec<f64>>, String> {
+        if !self.compute {
+            return Ok(None);
+        }
         self.current();
         launch::mem::read(b).map(Some)
     }
     fn write(&mut self, b: &Buffer, values: &[f64]) -> Result<(), String> {
+        if !self.compute {
+            return Ok(());
+        }
         self.current();
         launch::mem::write(b, values)
     }

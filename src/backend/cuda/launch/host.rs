@@ -154,6 +154,7 @@ mod tests {
             "fixtures/cpu/gpt_tiny_sdpa_adamw_ckpt.toml",
             "fixtures/cpu/mlp_wide_adam_accum2.toml",
             "fixtures/cpu/gpt_tiny_sdpa_sgd_momentum.toml",
+            "fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml",
         ] {
             let (cpu, twin) = (run(w, "cpu"), run(w, "cpu-twin"));
             assert_eq!(twin.device, "cpu-twin");
