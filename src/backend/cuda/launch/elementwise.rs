@@ -33,6 +33,14 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     let nn = n as i64;
     let cfg = Gpu::elems(n);
     match (l.op, l.pass) {
+        (
+            Op::Fill {
+                fill: Fill::Empty, ..
+            },
+            Pass::Forward,
+        ) => {
+            // uninitialized memory: nothing to write, here as on the cpu device
+        }
         (Op::Fill { fill, .. }, Pass::Forward) => {
             let v = match *fill {
                 Fill::Zeros => 0.0f32,

@@ -44,6 +44,28 @@ fn gemm(g: &mut Gpu, p: Product, a: u64, b: u64, c: u64) -> Result<(), String> {
     .map_err(|e| format!("cuBLAS sgemm: {e:?}"))
 }
 
+/// `out[j] = sum over r of g[r, j]` for contiguous `g` [rows, n] (reduce.cu's `reduce`): a
+/// bias's gradient.
+fn column_sums(g: &mut Gpu, gr: u64, o: u64, rows: usize, n: usize) -> Result<(), String> {
+    use cudarc::driver::PushKernelArg;
+    let (mean, outer, len, inner) = (0i32, 1i64, rows as i64, n as i64);
+    let f = g.function("reduce")?;
+    // SAFETY: g holds rows x n floats, the output n
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&mean)
+            .arg(&gr)
+            .arg(&outer)
+            .arg(&len)
+            .arg(&inner)
+            .arg(&o)
+            .launch(Gpu::elems(n))
+    }
+    .map(|_| ())
+    .map_err(|e| format!("a bias's gradient: {e:?}"))
+}
+
 /// `y[r, j] += b[j]` for contiguous `y` [rows, n] (elementwise.cu's `binary`, in place).
 fn add_rows(g: &mut Gpu, y: u64, b: u64, rows: usize, n: usize) -> Result<(), String> {
     use cudarc::driver::PushKernelArg;
@@ -122,16 +144,21 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 add_rows(g, o, b, rows, n)?;
             }
         }
-        (Op::Linear, Pass::Grad { input }) if input < 2 => {
+        (Op::Linear, Pass::Grad { input }) => {
             let Some(gr) = contiguous_f32(&l.inputs[0]) else {
                 return Ok(false);
             };
             let n = *l.inputs[0].layout.shape.last().unwrap_or(&0);
             let rows = l.inputs[0].layout.numel() / n.max(1);
-            if n == 0 {
+            if n == 0 || rows == 0 {
                 return Ok(false);
             }
-            if input == 0 {
+            if input == 2 {
+                if out.layout.numel() != n {
+                    return Ok(false);
+                }
+                column_sums(g, gr, o, rows, n)?;
+            } else if input == 0 {
                 let Some((w, ws)) = saved_f32(l, Role::Input(1)) else {
                     return Ok(false);
                 };
@@ -165,6 +192,93 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     tb: false,
                 };
                 gemm(g, p, gr, x, o)?;
+            }
+        }
+        (Op::Addmm, Pass::Forward) => {
+            // [rows, k] @ [k, m] + a bias of [m] (a full [rows, m] one runs on the host)
+            let (Some(x), Some(w), Some(b)) = (
+                contiguous_f32(&l.inputs[0]),
+                contiguous_f32(&l.inputs[1]),
+                l.inputs.get(2).and_then(contiguous_f32),
+            ) else {
+                return Ok(false);
+            };
+            let ws = &l.inputs[1].layout.shape;
+            if ws.len() != 2 {
+                return Ok(false);
+            }
+            let (k, m) = (ws[0], ws[1]);
+            let rows = l.inputs[0].layout.numel() / k.max(1);
+            if k == 0
+                || rows * k != l.inputs[0].layout.numel()
+                || out.layout.numel() != rows * m
+                || l.inputs[2].layout.numel() != m
+            {
+                return Ok(false);
+            }
+            let p = Product {
+                m: rows,
+                k,
+                n: m,
+                ta: false,
+                tb: false,
+            };
+            gemm(g, p, x, w, o)?;
+            add_rows(g, o, b, rows, m)?;
+        }
+        (Op::Addmm, Pass::Grad { input }) => {
+            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            let m = *l.inputs[0].layout.shape.last().unwrap_or(&0);
+            let rows = l.inputs[0].layout.numel() / m.max(1);
+            if m == 0 || rows == 0 {
+                return Ok(false);
+            }
+            match input {
+                0 => {
+                    // grad @ w^T
+                    let Some((w, ws)) = saved_f32(l, Role::Input(1)) else {
+                        return Ok(false);
+                    };
+                    let k = ws.iter().product::<usize>() / m;
+                    if out.layout.numel() != rows * k {
+                        return Ok(false);
+                    }
+                    let p = Product {
+                        m: rows,
+                        k: m,
+                        n: k,
+                        ta: false,
+                        tb: true,
+                    };
+                    gemm(g, p, gr, w, o)?;
+                }
+                1 => {
+                    // x^T @ grad
+                    let Some((x, xs)) = saved_f32(l, Role::Input(0)) else {
+                        return Ok(false);
+                    };
+                    let k = xs.iter().product::<usize>() / rows;
+                    if out.layout.numel() != k * m {
+                        return Ok(false);
+                    }
+                    let p = Product {
+                        m: k,
+                        k: rows,
+                        n: m,
+                        ta: true,
+                        tb: false,
+                    };
+                    gemm(g, p, x, gr, o)?;
+                }
+                _ => {
+                    // a bias of [m]: its columns' sums (a full one is the gradient itself)
+                    if out.layout.numel() != m {
+                        return Ok(false);
+                    }
+                    column_sums(g, gr, o, rows, m)?;
+                }
             }
         }
         (Op::Matmul, pass) => {
