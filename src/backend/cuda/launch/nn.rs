@@ -1,12 +1,13 @@
 //! Neural-network launches on the GPU: softmax and log_softmax over the last dimension
 //! (`kernels/softmax.cu`), layer_norm and rms_norm (`kernels/norm.cu`), forward and every
 //! input's gradient, on contiguous float32 rows; `embedding` forward and the table's
-//! gradient (`kernels/nn.cu`). The twin of `src/backend/cpu/nn.rs`; what a
+//! gradient (`kernels/nn.cu`); `sum` and `mean` over adjacent dimensions and their gradient
+//! (`kernels/reduce.cu`, `scalar`). The twin of `src/backend/cpu/nn.rs`; what a
 //! kernel here does not take runs on the host twin.
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, Gpu};
+use super::{contiguous_f32, f32, Gpu, Strided};
 use crate::backend::{Launch, Pass};
 use crate::engine::op::norm::Norm;
 use crate::engine::op::{Op, Role};
@@ -80,8 +81,110 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         (Op::Norm(norm), pass) => self::norm(g, l, *norm, pass, o),
         (Op::Embedding { .. }, pass) => embedding(g, l, pass, o),
+        (Op::Reduce { mean, dims, .. }, pass) => reduce(g, l, *mean, dims, pass, o),
         _ => Ok(false),
     }
+}
+
+/// `sum`/`mean` over a run of adjacent dimensions of a contiguous tensor (reduce.cu's
+/// `reduce` over [outer, len, inner]), and its gradient: the incoming gradient expanded back
+/// over the reduced dimensions and scaled (elementwise.cu's `scalar` through a stride-0 view).
+fn reduce(
+    g: &mut Gpu,
+    l: &Launch,
+    mean: bool,
+    dims: &crate::engine::op::reduce::DimList,
+    pass: Pass,
+    o: u64,
+) -> Result<bool, String> {
+    use crate::engine::layout::Layout;
+    let out = &l.outputs[0];
+    let x_shape = match pass {
+        Pass::Forward => l.inputs[0].layout.shape.to_vec(),
+        Pass::Grad { .. } => out.layout.shape.to_vec(),
+    };
+    let Ok(red) = dims.reduced(x_shape.len()) else {
+        return Ok(false);
+    };
+    // the reduced dimensions must be one run [a, b)
+    let (Some(a), Some(b)) = (
+        red.iter().position(|&r| r),
+        red.iter().rposition(|&r| r).map(|i| i + 1),
+    ) else {
+        return Ok(false);
+    };
+    if red[a..b].iter().any(|&r| !r) {
+        return Ok(false);
+    }
+    let prod = |s: &[usize]| s.iter().product::<usize>();
+    let (outer, len, inner) = (prod(&x_shape[..a]), prod(&x_shape[a..b]), prod(&x_shape[b..]));
+    if outer * len * inner == 0 {
+        return Ok(false);
+    }
+    match pass {
+        Pass::Forward => {
+            let Some(x) = contiguous_f32(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            if out.layout.numel() != outer * inner {
+                return Ok(false);
+            }
+            let (m, oo, ll, ii) = (mean as i32, outer as i64, len as i64, inner as i64);
+            let f = g.function("reduce")?;
+            // SAFETY: x holds outer x len x inner floats, the output outer x inner
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&m)
+                    .arg(&x)
+                    .arg(&oo)
+                    .arg(&ll)
+                    .arg(&ii)
+                    .arg(&o)
+                    .launch(Gpu::elems(outer * inner))
+            }
+            .map_err(|e| format!("reduce: {e:?}"))?;
+        }
+        Pass::Grad { .. } => {
+            let gb = &l.inputs[0];
+            if !f32(gb) || !gb.layout.is_contiguous() || gb.layout.numel() != outer * inner {
+                return Ok(false);
+            }
+            let kept: Vec<usize> = x_shape
+                .iter()
+                .zip(&red)
+                .map(|(&s, &r)| if r { 1 } else { s })
+                .collect();
+            let sizes: Vec<i64> = x_shape.iter().map(|&s| s as i64).collect();
+            let Ok(mut gl) = Layout::contiguous(&kept).expand(&sizes) else {
+                return Ok(false);
+            };
+            gl.offset = gb.layout.offset;
+            let Some(gs) = Strided::of(&gl) else {
+                return Ok(false);
+            };
+            let n = outer * len * inner;
+            let scale = if mean { 1.0 / len as f64 } else { 1.0 } as f32;
+            let (code, rev, nn) = (crate::engine::op::Binary::Mul as i32, 0i32, n as i64);
+            let f = g.function("scalar")?;
+            // SAFETY: the gradient read through a stride-0 view of the input's shape; the
+            // output holds n contiguous floats
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&code)
+                    .arg(&rev)
+                    .arg(&scale)
+                    .arg(&gb.addr)
+                    .arg(&gs)
+                    .arg(&o)
+                    .arg(&nn)
+                    .launch(Gpu::elems(n))
+            }
+            .map_err(|e| format!("reduce's backward: {e:?}"))?;
+        }
+    }
+    Ok(true)
 }
 
 /// A contiguous int64 buffer's first element, if it is one.
