@@ -12,7 +12,8 @@
 //! (cuBLAS), [`attention`], [`optim`].
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
-//! and allocates nothing. Kernels go on the legacy default stream, and the driver's synchronous
+//! and allocates nothing (cuBLAS's handle keeps its own workspace outside the allocator, where
+//! PyTorch takes one from it: the driver's view shows it, `memory_stats` does not). Kernels go on the legacy default stream, and the driver's synchronous
 //! copies wait for them, so reads see every launch before them; [`Gpu::synchronize`] waits
 //! before a segment goes back to the driver.
 
