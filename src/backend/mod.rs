@@ -140,7 +140,9 @@ pub fn open(
                 .map(|d| AnyDevice::Cuda(Box::new(d)))
         }
         #[cfg(test)]
-        "cpu-twin" => Ok(AnyDevice::Twin(cuda::launch::host::twin::TwinDevice::new(src))),
+        "cpu-twin" => Ok(AnyDevice::Twin(cuda::launch::host::twin::TwinDevice::new(
+            src,
+        ))),
         other => Err(format!(
             "unknown device '{other}': expected sim, cpu, cuda or cuda-memory"
         )),

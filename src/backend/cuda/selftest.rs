@@ -9,9 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 
 use super::kernels::{self, Origin};

@@ -45,8 +45,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         &l.inputs[1].layout.shape,
         &l.inputs[2].layout.shape,
     );
-    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 || qs[..2] != ks[..2] || ks[..3] != vs[..3]
-    {
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 || qs[..2] != ks[..2] || ks[..3] != vs[..3] {
         return Ok(false);
     }
     let (bh, t, s, d, dv) = (qs[0] * qs[1], qs[2], ks[2], qs[3], vs[3]);

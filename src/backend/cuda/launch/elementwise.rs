@@ -50,8 +50,15 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let f = g.function("fill")?;
             // SAFETY: `o` is a contiguous float32 buffer of n elements
-            unsafe { g.stream.launch_builder(&f).arg(&o).arg(&nn).arg(&v).launch(cfg) }
-                .map_err(|e| format!("fill: {e:?}"))?;
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&o)
+                    .arg(&nn)
+                    .arg(&v)
+                    .launch(cfg)
+            }
+            .map_err(|e| format!("fill: {e:?}"))?;
         }
         (Op::Unary(u), Pass::Forward) => {
             let code = unary_code(*u);

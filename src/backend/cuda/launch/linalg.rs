@@ -7,9 +7,9 @@
 use cudarc::cublas::result as cublas;
 
 use super::{contiguous_f32, Gpu, Strided};
-use crate::engine::layout::Layout;
 use crate::backend::cuda::blas::Product;
 use crate::backend::{Launch, Pass};
+use crate::engine::layout::Layout;
 use crate::engine::op::{Op, Role};
 
 /// `c = op(a) op(b)` (row-major, contiguous float32 at device addresses).

@@ -102,7 +102,14 @@ mod tests {
     #[test]
     fn overlapping_ranges_merge_and_touching_ones_stay_apart() {
         assert_eq!(
-            merge(vec![(100, 10), (0, 8), (105, 20), (8, 4), (200, 0), (50, 1)]),
+            merge(vec![
+                (100, 10),
+                (0, 8),
+                (105, 20),
+                (8, 4),
+                (200, 0),
+                (50, 1)
+            ]),
             vec![(0, 8), (8, 4), (50, 1), (100, 25)]
         );
         // one range inside another

@@ -117,7 +117,11 @@ fn reduce(
         return Ok(false);
     }
     let prod = |s: &[usize]| s.iter().product::<usize>();
-    let (outer, len, inner) = (prod(&x_shape[..a]), prod(&x_shape[a..b]), prod(&x_shape[b..]));
+    let (outer, len, inner) = (
+        prod(&x_shape[..a]),
+        prod(&x_shape[a..b]),
+        prod(&x_shape[b..]),
+    );
     if outer * len * inner == 0 {
         return Ok(false);
     }
@@ -265,12 +269,7 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String
             }
             // SAFETY: the output is rows x dim floats, zeroed on the stream before the adds
             unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    o,
-                    0,
-                    rows * dim * 4,
-                    g.stream.cu_stream(),
-                )
+                cudarc::driver::result::memset_d8_async(o, 0, rows * dim * 4, g.stream.cu_stream())
             }
             .map_err(|e| format!("embedding_backward: {e:?}"))?;
             let f = g.function("embedding_backward")?;
