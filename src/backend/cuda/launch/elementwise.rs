@@ -4,7 +4,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, f32, Gpu, Strided};
+use super::{contiguous_f32, f32, output_f32, Gpu, Strided};
 use crate::backend::{Launch, Pass};
 use crate::engine::layout::Layout;
 use crate::engine::op::{Fill, Op, Role, Save, Unary};
@@ -17,13 +17,10 @@ const FROM_OUTPUT: [usize; 6] = [3, 4, 7, 8, 9, 10];
 
 /// Runs `l` here if a kernel of this family takes it; `false` where none does.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some(out) = l.outputs.first() else {
+    let Some((out, o)) = output_f32(l) else {
         return Ok(false);
     };
     let n = out.layout.numel();
-    let Some(o) = contiguous_f32(out) else {
-        return Ok(false);
-    };
     if n == 0 {
         return Ok(matches!(
             l.op,

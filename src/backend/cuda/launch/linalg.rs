@@ -6,7 +6,7 @@
 
 use cudarc::cublas::result as cublas;
 
-use super::{contiguous_f32, Gpu, Strided};
+use super::{contiguous_f32, output_f32, Gpu, Strided};
 use crate::backend::cuda::blas::Product;
 use crate::backend::{Launch, Pass};
 use crate::engine::layout::Layout;
@@ -101,35 +101,32 @@ fn saved_f32(l: &Launch, r: Role) -> Option<(u64, Vec<usize>)> {
         .and_then(|(_, b)| Some((contiguous_f32(b)?, b.layout.shape.to_vec())))
 }
 
-/// Runs `l` here if cuBLAS takes it; `false` where it does not.
-pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some(out) = l.outputs.first() else {
-        return Ok(false);
-    };
-    let Some(o) = contiguous_f32(out) else {
-        return Ok(false);
-    };
-    match (l.op, l.pass) {
-        (Op::Linear, Pass::Forward) => {
+/// `y = x W' + b` with `x` [rows, k] and `W'` the weight [n, k] transposed (`wt`: linear) or
+/// [k, n] as it is (addmm), the bias [n] (a full [rows, n] one runs on the host), forward and
+/// the gradient of the input, the weight or the bias.
+fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, String> {
+    let out = &l.outputs[0];
+    match pass {
+        Pass::Forward => {
             let (Some(x), Some(w)) = (contiguous_f32(&l.inputs[0]), contiguous_f32(&l.inputs[1]))
             else {
                 return Ok(false);
             };
             let ws = &l.inputs[1].layout.shape;
+            if ws.len() != 2 {
+                return Ok(false);
+            }
+            let (n, k) = if wt { (ws[0], ws[1]) } else { (ws[1], ws[0]) };
             let bias = match l.inputs.get(2) {
                 None => None,
-                Some(b) if b.layout.numel() == ws[0] => match contiguous_f32(b) {
+                Some(b) if b.layout.numel() == n => match contiguous_f32(b) {
                     Some(b) => Some(b),
                     None => return Ok(false),
                 },
                 Some(_) => return Ok(false),
             };
-            if ws.len() != 2 {
-                return Ok(false);
-            }
-            let (n, k) = (ws[0], ws[1]);
             let rows = l.inputs[0].layout.numel() / k.max(1);
-            if rows * k != l.inputs[0].layout.numel() || out.layout.numel() != rows * n {
+            if k == 0 || rows * k != l.inputs[0].layout.numel() || out.layout.numel() != rows * n {
                 return Ok(false);
             }
             let p = Product {
@@ -137,14 +134,14 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 k,
                 n,
                 ta: false,
-                tb: true,
+                tb: wt,
             };
             gemm(g, p, x, w, o)?;
             if let Some(b) = bias {
                 add_rows(g, o, b, rows, n)?;
             }
         }
-        (Op::Linear, Pass::Grad { input }) => {
+        Pass::Grad { input } => {
             let Some(gr) = contiguous_f32(&l.inputs[0]) else {
                 return Ok(false);
             };
@@ -153,134 +150,77 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             if n == 0 || rows == 0 {
                 return Ok(false);
             }
-            if input == 2 {
-                if out.layout.numel() != n {
-                    return Ok(false);
-                }
-                column_sums(g, gr, o, rows, n)?;
-            } else if input == 0 {
-                let Some((w, ws)) = saved_f32(l, Role::Input(1)) else {
-                    return Ok(false);
-                };
-                let k = ws.iter().product::<usize>() / n;
-                if out.layout.numel() != rows * k {
-                    return Ok(false);
-                }
-                // [rows, n] @ [n, k]
-                let p = Product {
-                    m: rows,
-                    k: n,
-                    n: k,
-                    ta: false,
-                    tb: false,
-                };
-                gemm(g, p, gr, w, o)?;
-            } else {
-                let Some((x, xs)) = saved_f32(l, Role::Input(0)) else {
-                    return Ok(false);
-                };
-                let k = xs.iter().product::<usize>() / rows.max(1);
-                if out.layout.numel() != n * k {
-                    return Ok(false);
-                }
-                // [rows, n]^T @ [rows, k]
-                let p = Product {
-                    m: n,
-                    k: rows,
-                    n: k,
-                    ta: true,
-                    tb: false,
-                };
-                gemm(g, p, gr, x, o)?;
-            }
-        }
-        (Op::Addmm, Pass::Forward) => {
-            // [rows, k] @ [k, m] + a bias of [m] (a full [rows, m] one runs on the host)
-            let (Some(x), Some(w), Some(b)) = (
-                contiguous_f32(&l.inputs[0]),
-                contiguous_f32(&l.inputs[1]),
-                l.inputs.get(2).and_then(contiguous_f32),
-            ) else {
-                return Ok(false);
-            };
-            let ws = &l.inputs[1].layout.shape;
-            if ws.len() != 2 {
-                return Ok(false);
-            }
-            let (k, m) = (ws[0], ws[1]);
-            let rows = l.inputs[0].layout.numel() / k.max(1);
-            if k == 0
-                || rows * k != l.inputs[0].layout.numel()
-                || out.layout.numel() != rows * m
-                || l.inputs[2].layout.numel() != m
-            {
-                return Ok(false);
-            }
-            let p = Product {
-                m: rows,
-                k,
-                n: m,
-                ta: false,
-                tb: false,
-            };
-            gemm(g, p, x, w, o)?;
-            add_rows(g, o, b, rows, m)?;
-        }
-        (Op::Addmm, Pass::Grad { input }) => {
-            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
-                return Ok(false);
-            };
-            let m = *l.inputs[0].layout.shape.last().unwrap_or(&0);
-            let rows = l.inputs[0].layout.numel() / m.max(1);
-            if m == 0 || rows == 0 {
-                return Ok(false);
-            }
             match input {
                 0 => {
-                    // grad @ w^T
+                    // [rows, n] @ W'^T
                     let Some((w, ws)) = saved_f32(l, Role::Input(1)) else {
                         return Ok(false);
                     };
-                    let k = ws.iter().product::<usize>() / m;
+                    let k = ws.iter().product::<usize>() / n;
                     if out.layout.numel() != rows * k {
                         return Ok(false);
                     }
                     let p = Product {
                         m: rows,
-                        k: m,
+                        k: n,
                         n: k,
                         ta: false,
-                        tb: true,
+                        tb: !wt,
                     };
                     gemm(g, p, gr, w, o)?;
                 }
                 1 => {
-                    // x^T @ grad
+                    // linear's [n, k] = grad^T @ x; addmm's [k, n] = x^T @ grad
                     let Some((x, xs)) = saved_f32(l, Role::Input(0)) else {
                         return Ok(false);
                     };
                     let k = xs.iter().product::<usize>() / rows;
-                    if out.layout.numel() != k * m {
+                    if out.layout.numel() != n * k {
                         return Ok(false);
                     }
-                    let p = Product {
-                        m: k,
-                        k: rows,
-                        n: m,
-                        ta: true,
-                        tb: false,
+                    let (p, a, b) = if wt {
+                        let p = Product {
+                            m: n,
+                            k: rows,
+                            n: k,
+                            ta: true,
+                            tb: false,
+                        };
+                        (p, gr, x)
+                    } else {
+                        let p = Product {
+                            m: k,
+                            k: rows,
+                            n,
+                            ta: true,
+                            tb: false,
+                        };
+                        (p, x, gr)
                     };
-                    gemm(g, p, x, gr, o)?;
+                    gemm(g, p, a, b, o)?;
                 }
                 _ => {
-                    // a bias of [m]: its columns' sums (a full one is the gradient itself)
-                    if out.layout.numel() != m {
+                    // a bias of [n]: its columns' sums (a full one's is the gradient itself)
+                    if out.layout.numel() != n {
                         return Ok(false);
                     }
-                    column_sums(g, gr, o, rows, m)?;
+                    column_sums(g, gr, o, rows, n)?;
                 }
             }
         }
+    }
+    Ok(true)
+}
+
+/// Runs `l` here if cuBLAS takes it; `false` where it does not.
+pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
+    let Some((out, o)) = output_f32(l) else {
+        return Ok(false);
+    };
+    match (l.op, l.pass) {
+        // `linear` keeps its weight as [out, in], `addmm` (GPT-2's Conv1D) as [in, out]
+        (Op::Linear, pass) => return dense(g, l, pass, o, true),
+        (Op::Addmm, pass) => return dense(g, l, pass, o, false),
         (Op::Matmul, pass) => {
             // contiguous [batch.., r, c] operands with equal batch dimensions only
             let shapes = match pass {

@@ -205,6 +205,13 @@ fn contiguous_f32(b: &crate::backend::Buffer) -> Option<u64> {
         .then(|| b.addr + 4 * b.layout.offset as u64)
 }
 
+/// A launch's first output, if it is a contiguous float32 buffer (what every GPU kernel
+/// here writes): the buffer and its first element's address.
+fn output_f32<'a>(l: &'a Launch) -> Option<(&'a crate::backend::Buffer<'a>, u64)> {
+    let out = l.outputs.first()?;
+    Some((out, contiguous_f32(out)?))
+}
+
 /// Whether a buffer is float32 (any layout).
 fn f32(b: &crate::backend::Buffer) -> bool {
     b.dtype == crate::engine::DType::F32

@@ -7,17 +7,14 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, f32, Gpu, Strided};
+use super::{contiguous_f32, f32, output_f32, Gpu, Strided};
 use crate::backend::{Launch, Pass};
 use crate::engine::op::norm::Norm;
 use crate::engine::op::{Op, Role};
 
 /// Runs `l` here if a kernel of this family takes it; `false` where none does.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some(out) = l.outputs.first() else {
-        return Ok(false);
-    };
-    let Some(o) = contiguous_f32(out) else {
+    let Some((out, o)) = output_f32(l) else {
         return Ok(false);
     };
     match (l.op, l.pass) {
