@@ -273,6 +273,39 @@ fn llama_on_the_cpu_device_allocates_as_simulated() {
     }
 }
 
+/// Hugging Face gradient checkpointing on a data device: the recompute feeds every backward
+/// kernel (RMSNorm's `weight * hidden`, whose weight gradient is made in the broadcast shape
+/// and summed after the node's recomputed tensors are released), so three iterations give the
+/// losses of the same model without checkpointing, and the allocator figures of sim.
+#[test]
+fn checkpointed_llama_trains_on_the_cpu_device() {
+    let w = "fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml";
+    let plain = "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml";
+    let short = ["--seq", "64", "--iterations", "3"];
+    let run = |w: &str, dev: &str| {
+        let mut a = vec!["run", w, "--device", dev];
+        a.extend(short);
+        let (c, v) = run_json(&a);
+        assert_eq!(c, Some(0), "{w} on {dev}: {v}");
+        v
+    };
+    let (sim, cpu, cpu_plain) = (run(w, "sim"), run(w, "cpu"), run(plain, "cpu"));
+    assert_eq!(sim["memory_stats"], cpu["memory_stats"]);
+    let losses = |v: &Value| -> Vec<f64> {
+        v["iterations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["loss"].as_f64().expect("a loss on cpu"))
+            .collect()
+    };
+    let (a, b) = (losses(&cpu), losses(&cpu_plain));
+    assert_eq!(a.len(), 3);
+    // the recompute is the forward's own arithmetic: equal, not close
+    assert_eq!(a, b, "checkpointed {a:?} vs plain {b:?}");
+    assert!(a[2] < a[0], "the loss falls: {a:?}");
+}
+
 /// `compare-torch` takes hf_models.py's files: the given llama case runs from its recorded
 /// config and is exact, beside accelerate's and MemTracker's estimates with their errors.
 #[test]

@@ -19,6 +19,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod parity;
 pub mod sim;
 
 use std::fmt::Debug;

@@ -106,14 +106,18 @@ Exit codes:
 )]
 pub struct McpArgs {}
 
-/// Check the CUDA kernels (kernels/*.cu, compiled by NVRTC at first use and cached) against
-/// their CPU twins: each kernel, forward and backward, on fresh random float32 inputs (a
-/// transposed view and a broadcast operand among them), with the largest relative error.
+/// Check `--device cuda` against `--device cpu`, op by op: every op the workloads use, run
+/// through gpumem's engine on both devices from the same random non-zero inputs (strided
+/// views and broadcast operands among them), in float32 and bf16, forward and then every
+/// input's gradient, with the largest relative difference of each and how many of its
+/// launches ran on the GPU's kernels (kernels/*.cu, compiled by NVRTC at first use and
+/// cached; cuBLAS) and how many on the host twin.
 ///
-/// The CPU side is what `--device cpu` computes for the same op, through the same engine. So
-/// far: fill, the pointwise unary ops and their gradients, add, sub, mul and div (with
-/// broadcasting), a tensor with a number, strided copies, softmax and log_softmax, and
-/// layer_norm and rms_norm, with their gradients.
+/// The cases: fill; the pointwise unary ops; add, sub, mul and div (tensors, broadcast rows,
+/// numbers); pow; copies and casts; masked_fill, where, comparisons and cat; sum and mean;
+/// softmax and log_softmax; layer_norm and rms_norm; embedding; cross_entropy; linear, addmm
+/// and batched matmul; scaled_dot_product_attention (causal or not); SGD, momentum, Adam and
+/// AdamW steps. The tolerance is 2e-5 in float32 and two bf16 roundings (2^-7) in bf16.
 ///
 /// Examples:
 ///   gpumem selftest --device cuda
@@ -123,8 +127,8 @@ pub struct McpArgs {}
     verbatim_doc_comment,
     after_long_help = "\
 Exit codes:
-  0  every kernel within its tolerance
-  1  a kernel off its tolerance
+  0  every check within its tolerance
+  1  a check off its tolerance
   2  usage error, or no NVIDIA driver, GPU or NVRTC here
   130 interrupted (Ctrl-C or SIGTERM)"
 )]
@@ -133,8 +137,8 @@ pub struct SelftestArgs {
     #[arg(long, value_name = "DEVICE", default_value = "cuda")]
     pub device: String,
 
-    /// Print JSON (the GPU, and each check's kernel, case, elements, max_rel_error,
-    /// tolerance and ok).
+    /// Print JSON (the GPU, and each check's op, case, dtype, values, elements,
+    /// max_rel_error, worst, tolerance, ok, gpu_launches, host_launches and host_kernels).
     #[arg(long)]
     pub json: bool,
 }

@@ -58,11 +58,15 @@ impl<S: Device> Tensors<S> {
                                 g
                             };
                             made.push((e, g));
-                            if f.full.is_some() {
-                                full.push((made.len() - 1, f));
-                            } else if self.computes() {
+                            // computed here, inside the function, while what the node saved
+                            // (a checkpoint's recomputed tensors) still exists; a broadcast
+                            // shape is summed to the input's below
+                            if self.computes() {
                                 let saved = self.saved_roles(n);
                                 self.launch_grad(op, f.slot, &[grad_out], g, &saved)?;
+                            }
+                            if f.full.is_some() {
+                                full.push((made.len() - 1, f));
                             }
                         }
                     }
@@ -85,12 +89,7 @@ impl<S: Device> Tensors<S> {
                 // the same shape in a wider dtype: computed there, then cast
                 let g = self.empty(shape, *dtype, cat_for(self, &e))?;
                 let whole = std::mem::replace(&mut made[at].1, g);
-                let r = if self.computes() {
-                    let saved = self.saved_roles(n);
-                    self.launch_grad(op, f.slot, &[grad_out], g, &saved)
-                } else {
-                    Ok(())
-                };
+                let r = self.launch(&Op::Copy, &[whole], &[g]);
                 self.release(whole);
                 r?;
                 continue;
@@ -100,10 +99,7 @@ impl<S: Device> Tensors<S> {
             let g = self.empty(shape, *full_dtype, cat_for(self, &e))?;
             made[at].1 = g;
             let r: Result<(), EngineError> = (|| {
-                if self.computes() {
-                    let saved = self.saved_roles(n);
-                    self.launch_grad(op, f.slot, &[grad_out], g, &saved)?;
-                }
+                self.launch(&Op::SumTo, &[whole], &[g])?;
                 let full_shape = &f.full.as_ref().expect("a broadcast gradient").0;
                 let dims = super::op::grad::sum_to_dims(full_shape, shape);
                 self.reduce_scratch(full_shape, &dims, *full_dtype)

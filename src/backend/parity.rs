@@ -1,0 +1,858 @@
+//! One harness above the engine for the devices that compute: every op the workloads use,
+//! forward and backward, run through [`Tensors`] on two devices from the same random non-zero
+//! inputs, in float32 and bf16, with the largest relative difference of every output and
+//! every input's gradient.
+//!
+//! `gpumem selftest --device cuda` runs it with the cuda device against the cpu device (the
+//! reference its kernels are written after); the tests run it with the host twin against the
+//! cpu device. Nothing here knows a kernel: a case is an op applied as a workload applies it
+//! (`Tensors::apply`, the optimizers' `step`, ...), so a case checks whatever the device does
+//! with the op's launches, and says how many of them ran on the GPU and how many on the host
+//! twin.
+
+use serde::Serialize;
+
+use crate::alloc::{AllocConf, CachingAllocator};
+use crate::backend::{AnyDevice, Device, Launches, Ran};
+use crate::engine::op::norm::Norm;
+use crate::engine::op::{Binary, Cmp, Fill, Op, Unary};
+use crate::engine::optim::OptimKind;
+use crate::engine::optim::Optimizer;
+use crate::engine::{Category, DType, TensorId, Tensors};
+
+/// One op on one case in one dtype, and how far the two devices were apart.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The op (its PyTorch name).
+    pub op: String,
+    /// What was run: shapes, views, attributes.
+    pub case: String,
+    pub dtype: &'static str,
+    /// The values compared ("output", "gradient of input 1", "parameter 0") and their
+    /// elements in all.
+    pub values: Vec<String>,
+    pub elements: usize,
+    /// The largest `|a - b| / max(|b|, 1)` over them, and which value it was in.
+    pub max_rel_error: f64,
+    pub worst: String,
+    pub tolerance: f64,
+    pub ok: bool,
+    /// The device's launches for the case: on the GPU, on the host twin (with the kernels
+    /// that went there).
+    pub gpu_launches: u64,
+    pub host_launches: u64,
+    pub host_kernels: Vec<&'static str>,
+}
+
+/// An input of a case.
+#[derive(Debug, Clone)]
+enum Arg {
+    /// Floating, in the case's dtype, uniform in [lo, hi] and never 0; `grad`: requires grad;
+    /// `t`: made with its last two dimensions swapped and passed transposed (a strided view).
+    F {
+        shape: Vec<usize>,
+        lo: f64,
+        hi: f64,
+        grad: bool,
+        t: bool,
+    },
+    /// int64 indices in [0, hi).
+    Idx { shape: Vec<usize>, hi: usize },
+    /// A bool mask, about half of it set.
+    Mask { shape: Vec<usize> },
+}
+
+fn f(shape: &[usize]) -> Arg {
+    Arg::F {
+        shape: shape.to_vec(),
+        lo: -2.0,
+        hi: 2.0,
+        grad: true,
+        t: false,
+    }
+}
+
+fn f_in(shape: &[usize], lo: f64, hi: f64) -> Arg {
+    Arg::F {
+        shape: shape.to_vec(),
+        lo,
+        hi,
+        grad: true,
+        t: false,
+    }
+}
+
+fn f_t(shape: &[usize]) -> Arg {
+    Arg::F {
+        shape: shape.to_vec(),
+        lo: -2.0,
+        hi: 2.0,
+        grad: true,
+        t: true,
+    }
+}
+
+fn no_grad(a: Arg) -> Arg {
+    match a {
+        Arg::F {
+            shape, lo, hi, t, ..
+        } => Arg::F {
+            shape,
+            lo,
+            hi,
+            grad: false,
+            t,
+        },
+        other => other,
+    }
+}
+
+/// How a case runs its op.
+#[derive(Debug, Clone)]
+enum Run {
+    Apply(Op),
+    Fill(Fill),
+    Cast(DType),
+    Contiguous,
+    Sum { mean: bool, dim: Option<i64> },
+    CrossEntropy,
+    Sdpa { causal: bool },
+    Optim(OptimKind),
+}
+
+/// One case: an op, its inputs, and the dtypes it runs in.
+#[derive(Debug, Clone)]
+pub struct Case {
+    op: String,
+    case: String,
+    run: Run,
+    args: Vec<Arg>,
+    dtypes: &'static [DType],
+}
+
+const BOTH: &[DType] = &[DType::F32, DType::BF16];
+const F32: &[DType] = &[DType::F32];
+
+fn case(op: &str, what: &str, run: Run, args: Vec<Arg>, dtypes: &'static [DType]) -> Case {
+    Case {
+        op: op.to_string(),
+        case: what.to_string(),
+        run,
+        args,
+        dtypes,
+    }
+}
+
+/// Every case, in the order the report lists them.
+pub fn cases() -> Vec<Case> {
+    let (r, c) = (48usize, 129usize);
+    let mut v = vec![case(
+        "fill",
+        "full(-2.75)",
+        Run::Fill(Fill::Full(-2.75)),
+        vec![],
+        BOTH,
+    )];
+    for u in Unary::ALL {
+        if matches!(u, Unary::Tril | Unary::BitwiseNot) {
+            continue;
+        }
+        let (lo, hi) = match u {
+            Unary::Rsqrt | Unary::Sqrt => (0.05, 4.0),
+            Unary::Exp => (-4.0, 4.0),
+            _ => (-3.0, 3.0),
+        };
+        let x = f_in(&[r, c], lo, hi);
+        v.push(case(
+            u.name(),
+            "contiguous",
+            Run::Apply(Op::Unary(u)),
+            vec![x.clone()],
+            BOTH,
+        ));
+        if let Arg::F { shape, .. } = x {
+            v.push(case(
+                u.name(),
+                "of a transposed view",
+                Run::Apply(Op::Unary(u)),
+                vec![Arg::F {
+                    shape,
+                    lo,
+                    hi,
+                    grad: true,
+                    t: true,
+                }],
+                BOTH,
+            ));
+        }
+    }
+    for b in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+        let rhs = match b {
+            Binary::Div => f_in(&[c], 0.5, 2.0),
+            _ => f(&[c]),
+        };
+        v.push(case(
+            b.name(),
+            "a transposed view and a broadcast row",
+            Run::Apply(Op::Binary(b)),
+            vec![f_t(&[r, c]), rhs],
+            BOTH,
+        ));
+        v.push(case(
+            b.name(),
+            "same shape",
+            Run::Apply(Op::Binary(b)),
+            vec![f(&[r, c]), f_in(&[r, c], 0.5, 2.0)],
+            BOTH,
+        ));
+        // (a number divided by a tensor keeps nothing for its gradient in the engine)
+        let reversals: &[bool] = if b == Binary::Div {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        for &reversed in reversals {
+            v.push(case(
+                b.name(),
+                if reversed {
+                    "a number, reversed"
+                } else {
+                    "and a number"
+                },
+                Run::Apply(Op::Scalar {
+                    op: b,
+                    value: 1.75,
+                    reversed,
+                }),
+                vec![f_in(&[r, c], 0.5, 2.0)],
+                BOTH,
+            ));
+        }
+    }
+    v.extend([
+        case(
+            "pow",
+            "x ** 2",
+            Run::Apply(Op::Pow { exponent: 2.0 }),
+            vec![f(&[r, c])],
+            BOTH,
+        ),
+        case(
+            "copy",
+            "contiguous() of a transposed view",
+            Run::Contiguous,
+            vec![f_t(&[r, c])],
+            BOTH,
+        ),
+        case(
+            "to",
+            "float32 to bf16",
+            Run::Cast(DType::BF16),
+            vec![f(&[r, c])],
+            F32,
+        ),
+        case(
+            "to",
+            "bf16 to float32",
+            Run::Cast(DType::F32),
+            vec![f(&[r, c])],
+            &[DType::BF16],
+        ),
+        case(
+            "masked_fill",
+            "a broadcast mask, -1e4",
+            Run::Apply(Op::MaskedFill { value: -1e4 }),
+            vec![f(&[4, r, c]), Arg::Mask { shape: vec![r, c] }],
+            BOTH,
+        ),
+        case(
+            "where",
+            "a mask and two tensors",
+            Run::Apply(Op::Where),
+            vec![Arg::Mask { shape: vec![r, c] }, f(&[r, c]), f(&[c])],
+            BOTH,
+        ),
+        case(
+            "lt",
+            "two tensors, one broadcast",
+            Run::Apply(Op::Compare {
+                cmp: Cmp::Lt,
+                scalar: None,
+            }),
+            vec![no_grad(f(&[r, c])), no_grad(f(&[c]))],
+            BOTH,
+        ),
+        case(
+            "cat",
+            "along the last dimension",
+            Run::Apply(Op::Cat { dim: -1 }),
+            vec![f(&[4, r, 32]), f_t(&[4, r, 17])],
+            BOTH,
+        ),
+        case(
+            "sum",
+            "over the last dimension",
+            Run::Sum {
+                mean: false,
+                dim: Some(-1),
+            },
+            vec![f(&[8, r, c])],
+            BOTH,
+        ),
+        case(
+            "mean",
+            "over the first dimension",
+            Run::Sum {
+                mean: true,
+                dim: Some(0),
+            },
+            vec![f(&[8, r, c])],
+            BOTH,
+        ),
+        case(
+            "sum",
+            "of everything",
+            Run::Sum {
+                mean: false,
+                dim: None,
+            },
+            vec![f(&[r, c])],
+            BOTH,
+        ),
+    ]);
+    for log in [false, true] {
+        v.push(case(
+            if log { "log_softmax" } else { "softmax" },
+            "over the last dimension",
+            Run::Apply(Op::Softmax {
+                dim: -1,
+                log,
+                safe: false,
+            }),
+            vec![f_in(&[4, r, c], -6.0, 6.0)],
+            BOTH,
+        ));
+    }
+    for n in crate::engine::op::norm::EXAMPLES {
+        let mut args = vec![f(&[4, r, c]), f(&[c])];
+        if matches!(n, Norm::Layer { .. }) {
+            args.push(f(&[c]));
+        }
+        v.push(case(
+            n.name(),
+            "over the last dimension, with weight",
+            Run::Apply(Op::Norm(*n)),
+            args,
+            BOTH,
+        ));
+    }
+    v.extend([
+        case(
+            "embedding",
+            "1000 rows of 64",
+            Run::Apply(Op::Embedding { strided: false }),
+            vec![
+                Arg::Idx {
+                    shape: vec![4, 33],
+                    hi: 1000,
+                },
+                f(&[1000, 64]),
+            ],
+            BOTH,
+        ),
+        case(
+            "cross_entropy",
+            "64 rows of 1000 classes",
+            Run::CrossEntropy,
+            vec![
+                f_in(&[64, 1000], -4.0, 4.0),
+                Arg::Idx {
+                    shape: vec![64],
+                    hi: 1000,
+                },
+            ],
+            BOTH,
+        ),
+        case(
+            "linear",
+            "x [4, 33, 64], weight [96, 64], bias",
+            Run::Apply(Op::Linear),
+            vec![f(&[4, 33, 64]), f(&[96, 64]), f(&[96])],
+            BOTH,
+        ),
+        case(
+            "linear",
+            "a transposed input, no bias",
+            Run::Apply(Op::Linear),
+            vec![f_t(&[100, 64]), f(&[96, 64])],
+            BOTH,
+        ),
+        case(
+            "addmm",
+            "x [64, 96], weight [96, 80], bias",
+            Run::Apply(Op::Addmm),
+            vec![f(&[64, 96]), f(&[96, 80]), f(&[80])],
+            BOTH,
+        ),
+        case(
+            "matmul",
+            "batched [4, 33, 48] @ [4, 48, 40]",
+            Run::Apply(Op::Matmul),
+            vec![f(&[4, 33, 48]), f(&[4, 48, 40])],
+            BOTH,
+        ),
+        case(
+            "matmul",
+            "batched, the right one transposed",
+            Run::Apply(Op::Matmul),
+            vec![f(&[4, 33, 48]), f_t(&[4, 48, 40])],
+            BOTH,
+        ),
+    ]);
+    for causal in [false, true] {
+        v.push(case(
+            "scaled_dot_product_attention",
+            if causal {
+                "[2, 4, 65, 32], causal"
+            } else {
+                "[2, 4, 65, 32]"
+            },
+            Run::Sdpa { causal },
+            vec![f(&[2, 4, 65, 32]), f(&[2, 4, 65, 32]), f(&[2, 4, 65, 32])],
+            BOTH,
+        ));
+    }
+    for k in [
+        OptimKind::Sgd,
+        OptimKind::SgdMomentum,
+        OptimKind::Adam,
+        OptimKind::AdamW,
+    ] {
+        v.push(case(
+            k.name(),
+            "two steps on [48, 129] and [129]",
+            Run::Optim(k),
+            vec![f(&[r, c]), f(&[c])],
+            F32,
+        ));
+    }
+    v
+}
+
+/// Pseudo-random values in [lo, hi] (SplitMix64), never zero.
+fn random(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+            let v = lo + (hi - lo) * u;
+            if v == 0.0 {
+                1e-3
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+type Values = Vec<(String, Vec<f64>)>;
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// A fresh engine on a device, with 8 GiB for the harness's tensors.
+pub fn engine(dev: AnyDevice) -> Tensors<AnyDevice> {
+    Tensors::new(CachingAllocator::new(AllocConf::default(), dev))
+}
+
+/// Runs `c` in `dtype` on `d`: every output's values, then every input's gradient of
+/// `sum(y * r)` for a random `r` (the backward kernels given a non-trivial incoming gradient).
+/// What it made is released, so one engine runs every case.
+fn run_case(
+    d: &mut Tensors<AnyDevice>,
+    c: &Case,
+    dtype: DType,
+    seed: u64,
+) -> Result<Values, String> {
+    let mut made: Vec<TensorId> = Vec::new();
+    let r = run_case_in(d, c, dtype, seed, &mut made);
+    for t in made.into_iter().rev() {
+        d.clear_grad(t);
+        d.release(t);
+    }
+    r
+}
+
+fn run_case_in(
+    d: &mut Tensors<AnyDevice>,
+    c: &Case,
+    dtype: DType,
+    seed: u64,
+    made: &mut Vec<TensorId>,
+) -> Result<Values, String> {
+    let mut inputs = Vec::new();
+    let mut leaves = Vec::new();
+    for (i, a) in c.args.iter().enumerate() {
+        let s = seed.wrapping_mul(31).wrapping_add(i as u64 + 1);
+        let t = match a {
+            Arg::F {
+                shape,
+                lo,
+                hi,
+                grad,
+                t,
+            } => {
+                let mut made_shape = shape.clone();
+                let n = made_shape.len();
+                if *t {
+                    made_shape.swap(n - 2, n - 1);
+                }
+                let x = d
+                    .factory_fill(&made_shape, dtype, *grad, Category::Input, Fill::Empty)
+                    .map_err(err)?;
+                made.push(x);
+                let vals = random(made_shape.iter().product(), s, *lo, *hi);
+                d.write(x, &vals).map_err(err)?;
+                let x = if *t {
+                    let l = d.info(x).layout.transpose(-2, -1).map_err(|e| e.0)?;
+                    let v = d.view_with(x, l);
+                    made.push(v);
+                    v
+                } else {
+                    x
+                };
+                if *grad {
+                    leaves.push((i, x));
+                }
+                x
+            }
+            Arg::Idx { shape, hi } => {
+                let x = d
+                    .factory_fill(shape, DType::I64, false, Category::Input, Fill::Empty)
+                    .map_err(err)?;
+                made.push(x);
+                let vals: Vec<f64> = random(shape.iter().product(), s, 0.0, *hi as f64)
+                    .into_iter()
+                    .map(|v| v.floor().min(*hi as f64 - 1.0))
+                    .collect();
+                d.write(x, &vals).map_err(err)?;
+                x
+            }
+            Arg::Mask { shape } => {
+                let x = d
+                    .factory_fill(shape, DType::Bool, false, Category::Input, Fill::Empty)
+                    .map_err(err)?;
+                made.push(x);
+                let vals: Vec<f64> = random(shape.iter().product(), s, -1.0, 1.0)
+                    .into_iter()
+                    .map(|v| f64::from(u8::from(v > 0.0)))
+                    .collect();
+                d.write(x, &vals).map_err(err)?;
+                x
+            }
+        };
+        inputs.push(t);
+    }
+    let mut out = Values::new();
+    if let Run::Optim(k) = c.run {
+        // gradients of sum(p * r), then two steps: the parameters after them
+        let mut opt = Optimizer::new(k, inputs.clone(), false);
+        for step in 0..2u64 {
+            for (j, &p) in inputs.iter().enumerate() {
+                let shape = d.shape(p).to_vec();
+                let g = d
+                    .factory_fill(&shape, dtype, false, Category::Input, Fill::Empty)
+                    .map_err(err)?;
+                made.push(g);
+                let gv = random(
+                    shape.iter().product(),
+                    seed + 97 * step + j as u64,
+                    -1.0,
+                    1.0,
+                );
+                d.write(g, &gv).map_err(err)?;
+                let y = d.binary(Binary::Mul, p, g).map_err(err)?;
+                made.push(y);
+                let loss = d.reduce(false, y, None, false).map_err(err)?;
+                made.push(loss);
+                d.backward(loss, false).map_err(err)?;
+            }
+            opt.step(d).map_err(err)?;
+            opt.zero_grad(d, true).map_err(err)?;
+        }
+        for (j, &p) in inputs.iter().enumerate() {
+            out.push((format!("parameter {j}"), read(d, p)?));
+        }
+        opt.release(d);
+        return Ok(out);
+    }
+    let y = match &c.run {
+        Run::Apply(op) => d.apply(op, &inputs),
+        Run::Fill(fill) => d.factory_fill(&[48, 129], dtype, false, Category::Input, *fill),
+        Run::Cast(to) => d.cast_op(inputs[0], *to),
+        Run::Contiguous => d.clone_op(inputs[0]),
+        Run::Sum { mean, dim } => d.reduce(*mean, inputs[0], *dim, false),
+        Run::CrossEntropy => d.cross_entropy(inputs[0], inputs[1]),
+        Run::Sdpa { causal } => d.sdpa_with(inputs[0], inputs[1], inputs[2], false, 0.0, *causal),
+        Run::Optim(_) => unreachable!("handled above"),
+    }
+    .map_err(err)?;
+    made.push(y);
+    out.push(("output".into(), read(d, y)?));
+    if leaves.is_empty() || !d.dtype(y).is_floating() || !d.info(y).requires_grad {
+        return Ok(out);
+    }
+    let shape = d.shape(y).to_vec();
+    let rt = d
+        .factory_fill(&shape, d.dtype(y), false, Category::Input, Fill::Empty)
+        .map_err(err)?;
+    made.push(rt);
+    d.write(
+        rt,
+        &random(shape.iter().product(), seed ^ 0x5eed, -1.0, 1.0),
+    )
+    .map_err(err)?;
+    let p = d.binary(Binary::Mul, y, rt).map_err(err)?;
+    made.push(p);
+    let loss = d.reduce(false, p, None, false).map_err(err)?;
+    made.push(loss);
+    d.backward(loss, false).map_err(err)?;
+    for (i, x) in leaves {
+        let g = d
+            .grad(x)
+            .ok_or_else(|| format!("no gradient of input {i}"))?;
+        out.push((format!("gradient of input {i}"), read(d, g)?));
+    }
+    Ok(out)
+}
+
+fn read(d: &Tensors<AnyDevice>, t: TensorId) -> Result<Vec<f64>, String> {
+    d.read(t)
+        .map_err(err)?
+        .ok_or_else(|| format!("the {} device keeps no values", d.alloc.source().name()))
+}
+
+/// What a device has launched so far, per kernel and where.
+fn launched(d: &Tensors<AnyDevice>) -> Vec<Launches> {
+    d.alloc.source().launches()
+}
+
+/// The tolerance of a dtype: float32 kernels against float64 references are a few units in
+/// float32's last place apart after a sum over the case's longest dimension (1,000 classes,
+/// 129 columns); bf16 results are rounded once to 8 bits, so one unit there (2^-8), and twice
+/// where a bf16 result feeds another op of the case (the gradient of a bf16 output).
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2.0 * 2f64.powi(-8),
+        DType::F16 => 2.0 * 2f64.powi(-11),
+        _ => 2e-5,
+    }
+}
+
+/// Runs every case on `a` (the device under test) and `b` (the reference), each in each of
+/// its dtypes. A case that fails to run on either device is reported as off with the error as
+/// its `worst` value, and the rest go on.
+pub fn compare(
+    a: &mut Tensors<AnyDevice>,
+    b: &mut Tensors<AnyDevice>,
+    cases: &[Case],
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (k, c) in cases.iter().enumerate() {
+        for &dtype in c.dtypes {
+            let seed = 1 + k as u64;
+            let before = launched(a);
+            let got = run_case(a, c, dtype, seed);
+            let after = launched(a);
+            let want = run_case(b, c, dtype, seed);
+            let (gpu, host, host_kernels) = delta(&before, &after);
+            let tol = tolerance(dtype);
+            let mut check = Check {
+                op: c.op.clone(),
+                case: c.case.clone(),
+                dtype: dtype.name(),
+                values: Vec::new(),
+                elements: 0,
+                max_rel_error: 0.0,
+                worst: String::new(),
+                tolerance: tol,
+                ok: false,
+                gpu_launches: gpu,
+                host_launches: host,
+                host_kernels,
+            };
+            match (got, want) {
+                (Ok(got), Ok(want)) => {
+                    let m = measure(&got, &want);
+                    check.values = want.iter().map(|(n, _)| n.clone()).collect();
+                    check.elements = m.elements;
+                    check.max_rel_error = m.max_rel_error;
+                    check.worst = m.worst;
+                    check.ok = m.same_shape && m.max_rel_error <= tol;
+                }
+                (Err(e), _) => {
+                    check.max_rel_error = f64::INFINITY;
+                    check.worst = format!("failed on {}: {e}", a.alloc.source().name());
+                }
+                (_, Err(e)) => {
+                    check.max_rel_error = f64::INFINITY;
+                    check.worst = format!("failed on {}: {e}", b.alloc.source().name());
+                }
+            }
+            checks.push(check);
+        }
+    }
+    checks
+}
+
+/// How far one device's values are from the reference's.
+struct Measured {
+    elements: usize,
+    max_rel_error: f64,
+    worst: String,
+    /// The same values in the same counts.
+    same_shape: bool,
+}
+
+/// The largest `|a - b| / max(|b|, 1)` over every value (NaN on one side only counts as
+/// infinitely far; NaN on both as equal).
+fn measure(got: &Values, want: &Values) -> Measured {
+    let mut m = Measured {
+        elements: 0,
+        max_rel_error: 0.0,
+        worst: String::new(),
+        same_shape: got.len() == want.len(),
+    };
+    for ((name, g), (_, w)) in got.iter().zip(want) {
+        m.same_shape &= g.len() == w.len();
+        m.elements += w.len();
+        for (x, y) in g.iter().zip(w) {
+            let e = if x.is_nan() || y.is_nan() {
+                if x.is_nan() && y.is_nan() {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else {
+                (x - y).abs() / y.abs().max(1.0)
+            };
+            if e > m.max_rel_error || m.worst.is_empty() {
+                m.max_rel_error = m.max_rel_error.max(e);
+                m.worst = name.clone();
+            }
+        }
+    }
+    m
+}
+
+/// Launches between two tallies: on the GPU, on the host, and the kernels that went to the
+/// host.
+fn delta(before: &[Launches], after: &[Launches]) -> (u64, u64, Vec<&'static str>) {
+    let (mut gpu, mut host, mut kernels) = (0, 0, Vec::new());
+    for l in after {
+        let was = before
+            .iter()
+            .find(|b| b.kernel == l.kernel && b.ran == l.ran)
+            .map_or(0, |b| b.count);
+        let n = l.count - was;
+        if n == 0 {
+            continue;
+        }
+        match l.ran {
+            Ran::Gpu => gpu += n,
+            Ran::Host => {
+                host += n;
+                if !kernels.contains(&l.kernel) {
+                    kernels.push(l.kernel);
+                }
+            }
+        }
+    }
+    (gpu, host, kernels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str) -> Tensors<AnyDevice> {
+        engine(crate::backend::open(name, 8 << 30, 0, None).expect("a device"))
+    }
+
+    /// The harness itself: the host twin against the cpu device is the same arithmetic, so
+    /// every case runs on both, in each of its dtypes, and agrees exactly; a device that
+    /// computes something else is caught.
+    #[test]
+    fn every_case_runs_and_the_host_twin_equals_the_cpu_device() {
+        let cases = cases();
+        assert!(cases.len() >= 60, "{}", cases.len());
+        let (mut a, mut b) = (dev("cpu-twin"), dev("cpu"));
+        let checks = compare(&mut a, &mut b, &cases);
+        let bad: Vec<_> = checks
+            .iter()
+            .filter(|c| !c.ok || c.max_rel_error != 0.0)
+            .map(|c| {
+                format!(
+                    "{} {} {}: {} {}",
+                    c.op, c.case, c.dtype, c.max_rel_error, c.worst
+                )
+            })
+            .collect();
+        assert!(bad.is_empty(), "{bad:#?}");
+        assert!(checks.iter().any(|c| c.dtype == "bfloat16"));
+        assert!(checks.iter().all(|c| c.elements > 0));
+        // every case ran its op, not only made inputs
+        let with_grads = checks
+            .iter()
+            .filter(|c| c.values.iter().any(|v| v.starts_with("gradient")))
+            .count();
+        assert!(with_grads > 80, "{with_grads} of {}", checks.len());
+        assert!(checks
+            .iter()
+            .all(|c| c.values[0] == "output" || c.op.contains("sgd") || c.op.contains("adam")));
+    }
+
+    /// A difference is found and named, a NaN on one side only is off, and a case that does
+    /// not run is reported as off rather than stopping the harness.
+    #[test]
+    fn differences_and_failures_are_reported() {
+        let want: Values = vec![
+            ("output".into(), vec![1.0, 2.0]),
+            ("gradient of input 0".into(), vec![4.0, -8.0]),
+        ];
+        let mut got = want.clone();
+        assert_eq!(measure(&got, &want).max_rel_error, 0.0);
+        got[1].1[1] = -8.08;
+        let m = measure(&got, &want);
+        assert!(
+            (m.max_rel_error - 0.01).abs() < 1e-12,
+            "{}",
+            m.max_rel_error
+        );
+        assert_eq!(m.worst, "gradient of input 0");
+        got[0].1[0] = f64::NAN;
+        assert!(measure(&got, &want).max_rel_error.is_infinite());
+        got[0].1.pop();
+        assert!(!measure(&got, &want).same_shape);
+        // a case whose inputs are missing fails on both devices: off, and the next one runs
+        let mut cs: Vec<Case> = cases().into_iter().filter(|c| c.op == "exp").collect();
+        cs[0].args.clear();
+        let (mut a, mut b) = (dev("cpu-twin"), dev("cpu"));
+        let c = compare(&mut a, &mut b, &cs);
+        assert!(c.len() >= 4, "{c:?}");
+        assert!(
+            c.iter()
+                .filter(|c| c.op == "exp")
+                .take(2)
+                .all(|c| !c.ok && c.worst.contains("failed")),
+            "{c:?}"
+        );
+        assert!(c.iter().skip(2).all(|c| c.ok), "{c:?}");
+    }
+}
