@@ -1,30 +1,11 @@
-// gpumem's elementwise kernels, float32, compiled at run time by NVRTC.
+// gpumem's elementwise kernels, compiled at run time by NVRTC after common.cuh.
 //
 // Each kernel carries the name the engine's ops give it (`Op::kernel`, `Op::backward_kernel` in
-// src/engine/op/mod.rs) and computes what its CPU twin in src/backend/cpu/elementwise.rs
-// computes. `code` picks the function: the index of `Unary::ALL` for unary ops, of
-// `Binary::ALL` (add, sub, mul, div) for binary ones. An input may be any strided view (up to
-// 8 dimensions; a broadcast dimension has stride 0); outputs are contiguous.
-
-#define GM_MAXD 8
-
-struct Strided {
-    long long shape[GM_MAXD];
-    long long stride[GM_MAXD];
-    long long offset;
-    int ndim;
-};
-
-// The element offset of row-major index `i` of the view `s`.
-__device__ __forceinline__ long long gm_at(const Strided& s, long long i) {
-    long long off = s.offset;
-    for (int d = s.ndim - 1; d >= 0; --d) {
-        long long k = i % s.shape[d];
-        i /= s.shape[d];
-        off += k * s.stride[d];
-    }
-    return off;
-}
+// src/backend/cuda/launch/elementwise.rs takes them) and computes what its CPU twin in
+// src/backend/cpu/elementwise.rs computes. `code` picks the function: the index of `Unary::ALL`
+// for unary ops, of `Binary::ALL` (add, sub, mul, div) for binary ones. Every buffer is a view
+// of any dtype (common.cuh): inputs of any strides, broadcast to the output's shape; values
+// computed in float32 and rounded to the output's dtype.
 
 __device__ __forceinline__ float gm_unary(int code, float x) {
     switch (code) {
@@ -68,109 +49,77 @@ __device__ __forceinline__ float gm_unary_grad(int code, float x, float y) {
     }
 }
 
-extern "C" __global__ void fill(float* out, long long n, float value) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = value;
+extern "C" __global__ void fill(void* out, Strided os, long long n, float value) {
+    GM_EACH(i, n) gm_put(out, os, i, value);
+}
+
+extern "C" __global__ void unary(int code, const void* x, Strided xs, void* out, Strided os,
+                                 long long n) {
+    GM_EACH(i, n) gm_put(out, os, i, gm_unary(code, gm_get(x, xs, i)));
+}
+
+// The input's gradient: grad * f'(x), from the saved input x or output y (views of the
+// gradient's shape).
+extern "C" __global__ void unary_backward(int code, const void* grad, Strided gs, const void* x,
+                                          Strided xs, void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        float v = gm_get(x, xs, i);
+        gm_put(out, os, i, gm_get(grad, gs, i) * gm_unary_grad(code, v, v));
     }
 }
 
-extern "C" __global__ void unary(int code, const float* x, Strided xs, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = gm_unary(code, x[gm_at(xs, i)]);
-    }
-}
-
-// The input's gradient: grad * f'(x), from the saved input x and output y (contiguous).
-extern "C" __global__ void unary_backward(int code, const float* grad, const float* x,
-                                          const float* y, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = grad[i] * gm_unary_grad(code, x[i], y[i]);
+__device__ __forceinline__ float gm_binary(int code, float x, float y) {
+    switch (code) {
+        case 0: return x + y;
+        case 1: return x - y;
+        case 2: return x * y;
+        default: return x / y;
     }
 }
 
 // a op b over the output's shape: each input a view broadcast to it.
-extern "C" __global__ void binary(int code, const float* a, Strided as, const float* b,
-                                  Strided bs, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        float x = a[gm_at(as, i)], y = b[gm_at(bs, i)];
-        float r;
-        switch (code) {
-            case 0: r = x + y; break;
-            case 1: r = x - y; break;
-            case 2: r = x * y; break;
-            default: r = x / y; break;
-        }
-        out[i] = r;
-    }
+extern "C" __global__ void binary(int code, const void* a, Strided as, const void* b, Strided bs,
+                                  void* out, Strided os, long long n) {
+    GM_EACH(i, n) gm_put(out, os, i, gm_binary(code, gm_get(a, as, i), gm_get(b, bs, i)));
 }
 
 // x op value (value op x when `reversed`), `code` as for `binary`.
-extern "C" __global__ void scalar(int code, int reversed, float value, const float* x,
-                                  Strided xs, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        float a = x[gm_at(xs, i)], b = value;
-        if (reversed) { float t = a; a = b; b = t; }
-        float r;
-        switch (code) {
-            case 0: r = a + b; break;
-            case 1: r = a - b; break;
-            case 2: r = a * b; break;
-            default: r = a / b; break;
-        }
-        out[i] = r;
+extern "C" __global__ void scalar(int code, int reversed, float value, const void* x, Strided xs,
+                                  void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        float a = gm_get(x, xs, i);
+        gm_put(out, os, i, reversed ? gm_binary(code, value, a) : gm_binary(code, a, value));
     }
 }
 
-// A view copied into contiguous memory (clone, contiguous(), a copy between layouts).
-extern "C" __global__ void copy(const float* x, Strided xs, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = x[gm_at(xs, i)];
-    }
+// A view copied into another (clone, contiguous(), a cast, a copy between layouts; cat's part
+// into its slice of the output and split's slice out of it).
+extern "C" __global__ void copy(const void* x, Strided xs, void* out, Strided os, long long n) {
+    GM_EACH(i, n) gm_put(out, os, i, gm_get(x, xs, i));
 }
 
 // `x.masked_fill(mask, value)`: value where the (bool, possibly broadcast) mask is set, else x.
 // Its backward is the same kernel on the incoming gradient with value 0.
-extern "C" __global__ void masked_fill(const float* x, Strided xs, const unsigned char* mask,
-                                       Strided ms, float value, float* out, long long n) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        out[i] = mask[gm_at(ms, i)] ? value : x[gm_at(xs, i)];
-    }
-}
-
-// n elements of the view `xs` into the view `os`, in row-major index order.
-__device__ __forceinline__ void gm_copy_views(const float* x, const Strided& xs, float* out,
-                                              const Strided& os, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[gm_at(os, i)] = x[gm_at(xs, i)];
-    }
+extern "C" __global__ void masked_fill(const void* x, Strided xs, const void* mask, Strided ms,
+                                       float value, void* out, Strided os, long long n) {
+    GM_EACH(i, n) gm_put(out, os, i, gm_get(mask, ms, i) != 0.0f ? value : gm_get(x, xs, i));
 }
 
 // One part of `torch.cat`: the part (any view) written into its slice of the output, a view
 // `os` of the output's storage (the output's strides, its offset where the part starts).
-extern "C" __global__ void cat(const float* x, Strided xs, float* out, Strided os, long long n) {
-    gm_copy_views(x, xs, out, os, n);
-}
-
-// Its backward, and `split`'s forward copy: the slice `xs` of the gradient into a part `os`.
-extern "C" __global__ void split(const float* x, Strided xs, float* out, Strided os, long long n) {
-    gm_copy_views(x, xs, out, os, n);
+extern "C" __global__ void cat(const void* x, Strided xs, void* out, Strided os, long long n) {
+    GM_EACH(i, n) gm_put(out, os, i, gm_get(x, xs, i));
 }
 
 // A comparison (code: the index of `Cmp`'s variants: le, lt, ge, gt, eq, ne) of two views
-// broadcast to the output (a number is a one-element view with stride 0): a bool result.
-extern "C" __global__ void compare(int code, const float* a, Strided as, const float* b,
-                                   Strided bs, unsigned char* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        float x = a[gm_at(as, i)], y = b[gm_at(bs, i)];
+// broadcast to the output, or of one with a number (`has_scalar`: b is not read; compared in
+// double, as the number was written): a bool result.
+extern "C" __global__ void compare(int code, int has_scalar, double value, const void* a,
+                                   Strided as, const void* b, Strided bs, void* out, Strided os,
+                                   long long n) {
+    GM_EACH(i, n) {
+        double x = gm_get(a, as, i);
+        double y = has_scalar ? value : (double)gm_get(b, bs, i);
         bool r;
         switch (code) {
             case 0: r = x <= y; break;
@@ -180,26 +129,25 @@ extern "C" __global__ void compare(int code, const float* a, Strided as, const f
             case 4: r = x == y; break;
             default: r = x != y; break;
         }
-        out[i] = r;
+        gm_put(out, os, i, r ? 1.0f : 0.0f);
     }
 }
 
 // `torch.where(c, a, b)` over views broadcast to the output.
-extern "C" __global__ void where(const unsigned char* c, Strided cs, const float* a, Strided as,
-                                 const float* b, Strided bs, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = c[gm_at(cs, i)] ? a[gm_at(as, i)] : b[gm_at(bs, i)];
+extern "C" __global__ void where(const void* c, Strided cs, const void* a, Strided as,
+                                 const void* b, Strided bs, void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        float v = gm_get(c, cs, i) != 0.0f ? gm_get(a, as, i) : gm_get(b, bs, i);
+        gm_put(out, os, i, v);
     }
 }
 
 // Its gradient for `input` 1 (a: where c holds) or 2 (b: where it does not), in the output's
 // shape (an operand that was broadcast then sums it back with `reduce`).
-extern "C" __global__ void where_backward(int input, const unsigned char* c, Strided cs,
-                                          const float* g, float* out, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        bool pick = c[gm_at(cs, i)] != 0;
-        out[i] = pick == (input == 1) ? g[i] : 0.0f;
+extern "C" __global__ void where_backward(int input, const void* c, Strided cs, const void* g,
+                                          Strided gs, void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        bool pick = gm_get(c, cs, i) != 0.0f;
+        gm_put(out, os, i, pick == (input == 1) ? gm_get(g, gs, i) : 0.0f);
     }
 }

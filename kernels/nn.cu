@@ -1,30 +1,28 @@
-// gpumem's embedding and loss kernels: float32 values, int64 indices, compiled at run time by
-// NVRTC.
+// gpumem's embedding, loss and dropout kernels: int64 indices, compiled at run time by NVRTC
+// after common.cuh.
 //
 // Each carries the name the engine's ops give it (`Op::kernel`, `Op::backward_kernel` in
 // src/engine/op/mod.rs) and computes what its CPU twin in src/backend/cpu/nn.rs computes.
 // Inputs are contiguous (the engine copies a strided index tensor before the lookup).
 
-// `F.embedding`: row idx[r] of the [V, dim] table for each of the n indices.
-extern "C" __global__ void embedding(const long long* idx, long long n, const float* table,
-                                     long long dim, float* out) {
-    long long total = n * dim;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+// `F.embedding`: row idx[r] of the [V, dim] table for each of the n indices (any floating
+// dtype, the output's the table's).
+extern "C" __global__ void embedding(const long long* idx, long long n, const void* table,
+                                     int tdt, long long dim, void* out, int odt) {
+    GM_EACH(i, n * dim) {
         long long r = i / dim, c = i % dim;
-        out[i] = table[idx[r] * dim + c];
+        gm_st(out, odt, i, gm_ld(table, tdt, idx[r] * dim + c));
     }
 }
 
-// The table's gradient: each index's row of `grad` added into its row of `out` (zeroed by the
-// caller); an index that repeats adds once per use.
+// The table's gradient: each index's row of `grad` added into its row of `out` (float32,
+// zeroed by the caller); an index that repeats adds once per use.
 extern "C" __global__ void embedding_backward(const long long* idx, long long n,
-                                              const float* grad, long long dim, float* out) {
-    long long total = n * dim;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+                                              const void* grad, int gdt, long long dim,
+                                              float* out) {
+    GM_EACH(i, n * dim) {
         long long r = i / dim, c = i % dim;
-        atomicAdd(&out[idx[r] * dim + c], grad[i]);
+        atomicAdd(&out[idx[r] * dim + c], gm_ld(grad, gdt, i));
     }
 }
 

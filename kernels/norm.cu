@@ -1,7 +1,9 @@
-// gpumem's normalization kernels over the last dimension of contiguous rows, float32, as the
-// CPU twins in src/backend/cpu/nn.rs: layer_norm (writes the row's mean and rstd) and
-// rms_norm (writes the row's rstd). Forward and the input's gradient run a block of 256
-// threads per row; the weight's and bias's gradients a thread per column.
+// gpumem's normalization kernels over the last dimension of contiguous rows, as the CPU twins
+// in src/backend/cpu/nn.rs, compiled after common.cuh: each buffer a pointer and its dtype's
+// code, computed in float32 (the statistics kept in float32, as PyTorch keeps them for bf16
+// inputs). layer_norm writes the row's mean and rstd, rms_norm the row's rstd. Forward and the
+// input's gradient run a block of 256 threads per row; the weight's and bias's gradients a
+// thread per column.
 
 #define GM_THREADS 256
 
@@ -17,101 +19,115 @@ __device__ float gm_block_sum(float v, float* red) {
     return r;
 }
 
-extern "C" __global__ void layer_norm(const float* x, const float* w, const float* b, int has_w,
-                                      int has_b, float* y, float* mean, float* rstd,
+#define X(i) gm_ld(x, xdt, (i))
+#define W(j) (has_w ? gm_ld(w, wdt, (j)) : 1.0f)
+
+extern "C" __global__ void layer_norm(const void* x, int xdt, const void* w, int wdt,
+                                      const void* b, int bdt, int has_w, int has_b, void* y,
+                                      int ydt, void* mean, int mdt, void* rstd, int rdt,
                                       long long rows, long long cols, float eps) {
     __shared__ float red[GM_THREADS];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * cols;
+        long long at = r * cols;
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += xr[j];
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += X(at + j);
         float mu = gm_block_sum(s, red) / cols;
         float v = 0.0f;
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) v += (xr[j] - mu) * (xr[j] - mu);
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
+            float d = X(at + j) - mu;
+            v += d * d;
+        }
         float rs = rsqrtf(gm_block_sum(v, red) / cols + eps);
         for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-            float o = (xr[j] - mu) * rs;
-            if (has_w) o *= w[j];
-            if (has_b) o += b[j];
-            y[r * cols + j] = o;
+            float o = (X(at + j) - mu) * rs * W(j);
+            if (has_b) o += gm_ld(b, bdt, j);
+            gm_st(y, ydt, at + j, o);
         }
-        if (threadIdx.x == 0) { mean[r] = mu; rstd[r] = rs; }
+        if (threadIdx.x == 0) {
+            gm_st(mean, mdt, r, mu);
+            gm_st(rstd, rdt, r, rs);
+        }
     }
 }
 
 // The gradient of input `input` (0: x, 1: weight, 2: bias) from the incoming gradient g.
-extern "C" __global__ void layer_norm_backward(int input, const float* g, const float* x,
-                                               const float* w, int has_w, const float* mean,
-                                               const float* rstd, float* out, long long rows,
+extern "C" __global__ void layer_norm_backward(int input, const void* g, int gdt, const void* x,
+                                               int xdt, const void* w, int wdt, int has_w,
+                                               const void* mean, int mdt, const void* rstd,
+                                               int rdt, void* out, int odt, long long rows,
                                                long long cols) {
     if (input == 0) {
         __shared__ float red[GM_THREADS];
         for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+            long long at = r * cols;
+            float mu = gm_ld(mean, mdt, r), rs = gm_ld(rstd, rdt, r);
             float s1 = 0.0f, s2 = 0.0f;
             for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-                float gh = g[r * cols + j] * (has_w ? w[j] : 1.0f);
+                float gh = gm_ld(g, gdt, at + j) * W(j);
                 s1 += gh;
-                s2 += gh * (x[r * cols + j] - mean[r]) * rstd[r];
+                s2 += gh * (X(at + j) - mu) * rs;
             }
             s1 = gm_block_sum(s1, red);
             s2 = gm_block_sum(s2, red);
             for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-                float gh = g[r * cols + j] * (has_w ? w[j] : 1.0f);
-                float xh = (x[r * cols + j] - mean[r]) * rstd[r];
-                out[r * cols + j] = rstd[r] * (gh - s1 / cols - xh * s2 / cols);
+                float gh = gm_ld(g, gdt, at + j) * W(j);
+                float xh = (X(at + j) - mu) * rs;
+                gm_st(out, odt, at + j, rs * (gh - s1 / cols - xh * s2 / cols));
             }
         }
         return;
     }
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
-         j += (long long)gridDim.x * blockDim.x) {
+    GM_EACH(j, cols) {
         float s = 0.0f;
         for (long long r = 0; r < rows; ++r) {
-            float gv = g[r * cols + j];
-            s += input == 1 ? gv * (x[r * cols + j] - mean[r]) * rstd[r] : gv;
+            float gv = gm_ld(g, gdt, r * cols + j);
+            s += input == 1 ? gv * (X(r * cols + j) - gm_ld(mean, mdt, r)) * gm_ld(rstd, rdt, r)
+                            : gv;
         }
-        out[j] = s;
+        gm_st(out, odt, j, s);
     }
 }
 
-extern "C" __global__ void rms_norm(const float* x, const float* w, int has_w, float* y,
-                                    float* rstd, long long rows, long long cols, float eps) {
+extern "C" __global__ void rms_norm(const void* x, int xdt, const void* w, int wdt, int has_w,
+                                    void* y, int ydt, void* rstd, int rdt, long long rows,
+                                    long long cols, float eps) {
     __shared__ float red[GM_THREADS];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * cols;
+        long long at = r * cols;
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += xr[j] * xr[j];
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += X(at + j) * X(at + j);
         float rs = rsqrtf(gm_block_sum(s, red) / cols + eps);
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-            y[r * cols + j] = xr[j] * rs * (has_w ? w[j] : 1.0f);
-        }
-        if (threadIdx.x == 0) rstd[r] = rs;
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS)
+            gm_st(y, ydt, at + j, X(at + j) * rs * W(j));
+        if (threadIdx.x == 0) gm_st(rstd, rdt, r, rs);
     }
 }
 
 // The gradient of input `input` (0: x, 1: weight).
-extern "C" __global__ void rms_norm_backward(int input, const float* g, const float* x,
-                                             const float* w, int has_w, const float* rstd,
-                                             float* out, long long rows, long long cols) {
+extern "C" __global__ void rms_norm_backward(int input, const void* g, int gdt, const void* x,
+                                             int xdt, const void* w, int wdt, int has_w,
+                                             const void* rstd, int rdt, void* out, int odt,
+                                             long long rows, long long cols) {
     if (input == 0) {
         __shared__ float red[GM_THREADS];
         for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+            long long at = r * cols;
             float dot = 0.0f;
             for (long long j = threadIdx.x; j < cols; j += GM_THREADS)
-                dot += g[r * cols + j] * (has_w ? w[j] : 1.0f) * x[r * cols + j];
+                dot += gm_ld(g, gdt, at + j) * W(j) * X(at + j);
             dot = gm_block_sum(dot, red);
-            float rs = rstd[r];
+            float rs = gm_ld(rstd, rdt, r);
             for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-                float wj = has_w ? w[j] : 1.0f;
-                out[r * cols + j] = rs * g[r * cols + j] * wj - rs * rs * rs * x[r * cols + j] * dot / cols;
+                float v = rs * gm_ld(g, gdt, at + j) * W(j) - rs * rs * rs * X(at + j) * dot / cols;
+                gm_st(out, odt, at + j, v);
             }
         }
         return;
     }
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < cols;
-         j += (long long)gridDim.x * blockDim.x) {
+    GM_EACH(j, cols) {
         float s = 0.0f;
-        for (long long r = 0; r < rows; ++r) s += g[r * cols + j] * x[r * cols + j] * rstd[r];
-        out[j] = s;
+        for (long long r = 0; r < rows; ++r)
+            s += gm_ld(g, gdt, r * cols + j) * X(r * cols + j) * gm_ld(rstd, rdt, r);
+        gm_st(out, odt, j, s);
     }
 }

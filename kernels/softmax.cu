@@ -1,6 +1,7 @@
-// gpumem's softmax kernels, float32, over the last dimension of contiguous rows (the engine
-// moves the softmax dimension last, as the CPU twin in src/backend/cpu/nn.rs does). One block
-// of 256 threads per row; `log` selects log_softmax.
+// gpumem's softmax kernels over the last dimension of contiguous rows (the engine moves the
+// softmax dimension last, as the CPU twin in src/backend/cpu/nn.rs does), compiled after
+// common.cuh: each buffer a pointer and its dtype's code, computed in float32. One block of
+// 256 threads per row; `log` selects log_softmax.
 
 #define GM_THREADS 256
 
@@ -20,39 +21,44 @@ __device__ float gm_block_reduce(float v, bool is_max, float* red) {
     return r;
 }
 
-extern "C" __global__ void softmax(int log, const float* x, float* y, long long rows,
-                                   long long cols) {
+extern "C" __global__ void softmax(int log, const void* x, int xdt, void* y, int ydt,
+                                   long long rows, long long cols) {
     __shared__ float red[GM_THREADS];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* xr = x + r * cols;
-        float* yr = y + r * cols;
+        long long at = r * cols;
         float m = __int_as_float(0xff800000);  // -inf (NVRTC has no math headers)
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) m = fmaxf(m, xr[j]);
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS)
+            m = fmaxf(m, gm_ld(x, xdt, at + j));
         m = gm_block_reduce(m, true, red);
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += expf(xr[j] - m);
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS)
+            s += expf(gm_ld(x, xdt, at + j) - m);
         s = gm_block_reduce(s, false, red);
         float ls = logf(s);
         for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-            yr[j] = log ? xr[j] - m - ls : expf(xr[j] - m) / s;
+            float v = gm_ld(x, xdt, at + j);
+            gm_st(y, ydt, at + j, log ? v - m - ls : expf(v - m) / s);
         }
     }
 }
 
 // The input's gradient from the output y and the incoming gradient g:
 // softmax: y * (g - sum(g * y)); log_softmax: g - exp(y) * sum(g).
-extern "C" __global__ void softmax_backward(int log, const float* g, const float* y, float* out,
-                                            long long rows, long long cols) {
+extern "C" __global__ void softmax_backward(int log, const void* g, int gdt, const void* y,
+                                            int ydt, void* out, int odt, long long rows,
+                                            long long cols) {
     __shared__ float red[GM_THREADS];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float* gr = g + r * cols;
-        const float* yr = y + r * cols;
-        float* o = out + r * cols;
+        long long at = r * cols;
         float s = 0.0f;
-        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) s += log ? gr[j] : gr[j] * yr[j];
+        for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
+            float gv = gm_ld(g, gdt, at + j);
+            s += log ? gv : gv * gm_ld(y, ydt, at + j);
+        }
         s = gm_block_reduce(s, false, red);
         for (long long j = threadIdx.x; j < cols; j += GM_THREADS) {
-            o[j] = log ? gr[j] - expf(yr[j]) * s : yr[j] * (gr[j] - s);
+            float gv = gm_ld(g, gdt, at + j), yv = gm_ld(y, ydt, at + j);
+            gm_st(out, odt, at + j, log ? gv - expf(yv) * s : yv * (gv - s));
         }
     }
 }

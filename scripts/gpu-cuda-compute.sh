@@ -9,11 +9,17 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 echo "== selftest"
 $G selftest --device cuda --json > "$OUT/selftest.json"; echo "selftest rc=$?"
-python3 -c "
-import json; r=json.load(open('$OUT/selftest.json'))
-bad=[c for c in r['checks'] if not c['ok']]
-print(r['gpu'], len(r['checks']), 'checks,', len(bad), 'failed', bad[:3])" 2>&1
-W=${WORKLOADS:-"$(ls fixtures/cpu/*.toml) fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_sdpa_adamw_bf16w.toml fixtures/hf/workloads/llama_t_generate_bf16.toml fixtures/hf/workloads/llama_t_generate_fp32.toml fixtures/hf/workloads/llama_t_nograd_fp32.toml fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml"}
+python3 - "$OUT/selftest.json" <<'PY' 2>&1
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = [c for c in r["checks"] if not c["ok"]]
+print(r["gpu"], len(r["checks"]), "checks,", len(bad), "off")
+for c in r["checks"]:
+    print(f"  {c['op']:<30} {c['case'][:40]:<40} {c['dtype']:<9} {c['max_rel_error']:.2e} "
+          f"{'ok ' if c['ok'] else 'OFF'} gpu={c['gpu_launches']} host={c['host_launches']} "
+          f"{','.join(c['host_kernels'])} {'' if c['ok'] else c['worst'][:200]}")
+PY
+W=${WORKLOADS:-"$(ls fixtures/cpu/*.toml) fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_sdpa_adamw_bf16w.toml fixtures/hf/workloads/llama_t_generate_bf16.toml fixtures/hf/workloads/llama_t_generate_fp32.toml fixtures/hf/workloads/llama_t_nograd_fp32.toml fixtures/hf/workloads/gpt2_t_sdpa_adamw_fp32.toml fixtures/hf/workloads/llama_t_lora_adamw_fp32.toml fixtures/hf/workloads/llama_t_ckpt_adamw_fp32.toml fixtures/hf/workloads/llama_s_sdpa_adamw_bf16amp.toml"}
 echo "== cpu / cuda / sim"
 python3 - "$G" "$OUT" $W <<'PY' | tee "$OUT/compare.txt"
 import json, subprocess, sys, time

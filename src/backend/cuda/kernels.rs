@@ -29,6 +29,9 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What every source starts with when compiled (`kernels/common.cuh`: views of any dtype).
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
 /// The names of the kernels a source defines (`extern "C" __global__ void NAME(`).
 pub fn defined(src: &str) -> Vec<&str> {
     src.split("extern \"C\" __global__ void ")
@@ -96,7 +99,7 @@ pub fn load(ctx: &Arc<CudaContext>, file: &str) -> Result<(Arc<CudaModule>, Orig
         .compute_capability()
         .map_err(|e| format!("the GPU's compute capability: {e:?}"))?;
     let arch = arch(cc);
-    let key = fnv1a(&[src.as_bytes(), arch.as_bytes()]);
+    let key = fnv1a(&[COMMON.as_bytes(), src.as_bytes(), arch.as_bytes()]);
     let path = cache_dir().map(|d| {
         d.join(format!(
             "{}-{arch}-{key:016x}.ptx",
@@ -120,7 +123,8 @@ pub fn load(ctx: &Arc<CudaContext>, file: &str) -> Result<(Arc<CudaModule>, Orig
                 name: Some(file.to_string()),
                 ..Default::default()
             };
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+            let whole = format!("{COMMON}\n{src}");
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(whole, opts)
                 .map_err(|e| format!("NVRTC could not compile kernels/{file}: {e:?}"))?;
             let text = ptx.to_src();
             if let Some(p) = &path {
@@ -227,8 +231,10 @@ mod tests {
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
         // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward, cat,
-        // split, compare, where, where_backward
-        assert_eq!(found, 29);
+        // compare, where, where_backward
+        assert_eq!(found, 28);
+        // the shared prelude defines no kernel of its own
+        assert!(defined(COMMON).is_empty());
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! Elementwise launches on the GPU (`kernels/elementwise.cu`): fills, unary ops forward and
-//! backward, binary ops with broadcasting, a tensor with a number, copies of views. The twin of
-//! `src/backend/cpu/elementwise.rs`; what a kernel here does not take runs on the host twin.
+//! backward, binary ops with broadcasting and their gradients, a tensor with a number, copies
+//! and casts of views, masked_fill, where, comparisons and cat, in float32, bf16 and float16
+//! (computed in float32, rounded on store). The twin of `src/backend/cpu/elementwise.rs`; what
+//! a kernel here does not take runs on the host twin.
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, f32, output_f32, Gpu, Strided};
-use crate::backend::{Launch, Pass};
+use super::{floating, fview, fview_as, mask_as, Gpu, Strided};
+use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::Layout;
-use crate::engine::op::{Fill, Op, Role, Save, Unary};
+use crate::engine::op::{Binary, Cmp, Fill, Op, Role, Save, Unary};
 
 /// Unary codes whose derivative `unary_backward` takes from the input (sin, cos, gelu, silu),
 /// and those it takes from the output (exp, relu, sigmoid, tanh, rsqrt, sqrt); neg needs
@@ -15,30 +17,64 @@ use crate::engine::op::{Fill, Op, Role, Save, Unary};
 const FROM_INPUT: [usize; 4] = [1, 2, 5, 6];
 const FROM_OUTPUT: [usize; 6] = [3, 4, 7, 8, 9, 10];
 
+/// Launches `name` over `n` elements with the arguments pushed by `push`.
+fn run<'a>(
+    g: &'a Gpu,
+    f: &'a cudarc::driver::CudaFunction,
+    name: &str,
+    n: usize,
+    push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+) -> Result<(), String> {
+    let mut b = g.stream.launch_builder(f);
+    push(&mut b);
+    // SAFETY: every pointer pushed is a buffer of the launch at the caching allocator's
+    // address, read or written through a view the engine gave it (within its storage)
+    unsafe { b.launch(Gpu::elems(n)) }
+        .map(|_| ())
+        .map_err(|e| format!("{name}: {e:?}"))
+}
+
 /// Runs `l` here if a kernel of this family takes it; `false` where none does.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some((out, o)) = output_f32(l) else {
+    let Some(out) = l.outputs.first() else {
         return Ok(false);
     };
     let n = out.layout.numel();
-    if n == 0 {
-        return Ok(matches!(
-            l.op,
-            Op::Fill { .. } | Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::Clone
-        ));
-    }
+    let Some(os) = Strided::of(out.layout, out.dtype) else {
+        return Ok(false);
+    };
+    let o = out.addr;
     let nn = n as i64;
-    let cfg = Gpu::elems(n);
+    let takes = matches!(
+        (l.op, l.pass),
+        (Op::Fill { .. }, Pass::Forward)
+            | (Op::Unary(_) | Op::Binary(_), _)
+            | (Op::Scalar { .. }, _)
+            | (Op::Clone | Op::Copy | Op::Cast, Pass::Forward)
+            | (Op::MaskedFill { .. } | Op::Where, _)
+            | (Op::Cat { .. }, Pass::Forward)
+            | (Op::Compare { .. }, Pass::Forward)
+    );
+    if !takes {
+        return Ok(false);
+    }
+    if n == 0 {
+        return Ok(true);
+    }
+    // everything here writes a floating output, but a comparison's bool
+    if !floating(out.dtype) && !matches!(l.op, Op::Compare { .. }) {
+        return Ok(false);
+    }
     match (l.op, l.pass) {
         (
             Op::Fill {
                 fill: Fill::Empty, ..
             },
-            Pass::Forward,
+            _,
         ) => {
             // uninitialized memory: nothing to write, here as on the cpu device
         }
-        (Op::Fill { fill, .. }, Pass::Forward) => {
+        (Op::Fill { fill, .. }, _) => {
             let v = match *fill {
                 Fill::Zeros => 0.0f32,
                 Fill::Ones => 1.0,
@@ -46,107 +82,107 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 _ => return Ok(false),
             };
             let f = g.function("fill")?;
-            // SAFETY: `o` is a contiguous float32 buffer of n elements
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&o)
-                    .arg(&nn)
-                    .arg(&v)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("fill: {e:?}"))?;
+            run(g, &f, "fill", n, |b| {
+                b.arg(&o).arg(&os).arg(&nn).arg(&v);
+            })?;
         }
         (Op::Unary(u), Pass::Forward) => {
-            let code = unary_code(*u);
-            let x = &l.inputs[0];
-            let (Some(code), true, Some(xs)) = (code, f32(x), Strided::of(x.layout)) else {
+            let (Some(code), Some((x, xs))) = (unary_code(*u), fview(&l.inputs[0])) else {
                 return Ok(false);
             };
-            let f = g.function("unary")?;
             let c = code as i32;
-            // SAFETY: `x.addr` is the input's storage, read through its view; `o` n floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&c)
-                    .arg(&x.addr)
-                    .arg(&xs)
-                    .arg(&o)
-                    .arg(&nn)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("unary: {e:?}"))?;
+            let f = g.function("unary")?;
+            run(g, &f, "unary", n, |b| {
+                b.arg(&c).arg(&x).arg(&xs).arg(&o).arg(&os).arg(&nn);
+            })?;
         }
         (Op::Unary(u), Pass::Grad { .. }) => {
             let Some(code) = unary_code(*u) else {
                 return Ok(false);
             };
-            let grad = contiguous_f32(&l.inputs[0]);
-            // the saved tensor the kernel reads must be the one the op saved
-            let saved_as = |r: Role| {
-                l.saved
-                    .iter()
-                    .find(|(role, _)| *role == r)
-                    .and_then(|(_, b)| contiguous_f32(b))
-            };
-            let (x, y) = match u.saves().first() {
-                Some(Save::Input(_)) if FROM_INPUT.contains(&code) => {
-                    let x = saved_as(Role::Input(0));
-                    (x, x)
-                }
-                Some(Save::Output) if FROM_OUTPUT.contains(&code) => {
-                    let y = saved_as(Role::Output);
-                    (y, y)
-                }
-                None if code == 0 => (grad, grad),
-                _ => return Ok(false),
-            };
-            let (Some(gr), Some(x), Some(y)) = (grad, x, y) else {
+            let Some((gr, gs)) = fview(&l.inputs[0]) else {
                 return Ok(false);
             };
-            let f = g.function("unary_backward")?;
-            let c = code as i32;
-            // SAFETY: every buffer is contiguous float32 of n elements
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&c)
-                    .arg(&gr)
-                    .arg(&x)
-                    .arg(&y)
-                    .arg(&o)
-                    .arg(&nn)
-                    .launch(cfg)
+            // the saved tensor the kernel reads must be the one the op saved
+            let saved_as = |r: Role| saved(l, r).and_then(|b| fview_as(b, l.inputs[0].layout));
+            let v = match u.saves().first() {
+                Some(Save::Input(_)) if FROM_INPUT.contains(&code) => saved_as(Role::Input(0)),
+                Some(Save::Output) if FROM_OUTPUT.contains(&code) => saved_as(Role::Output),
+                None if code == 0 => Some((gr, gs)),
+                _ => None,
+            };
+            let Some((v, vs)) = v else {
+                return Ok(false);
+            };
+            if !same_shape(&l.inputs[0], out) {
+                return Ok(false);
             }
-            .map_err(|e| format!("unary_backward: {e:?}"))?;
+            let c = code as i32;
+            let f = g.function("unary_backward")?;
+            run(g, &f, "unary_backward", n, |b| {
+                b.arg(&c)
+                    .arg(&gr)
+                    .arg(&gs)
+                    .arg(&v)
+                    .arg(&vs)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
         }
-        (Op::Binary(b), Pass::Forward) => {
-            let (x, y) = (&l.inputs[0], &l.inputs[1]);
-            let code = *b as i32;
-            let (true, true, Some(xs), Some(ys)) = (
-                f32(x),
-                f32(y),
-                broadcast(x.layout, out.layout).and_then(|v| Strided::of(&v)),
-                broadcast(y.layout, out.layout).and_then(|v| Strided::of(&v)),
+        (Op::Binary(op), Pass::Forward) => {
+            let (Some((x, xs)), Some((y, ys))) = (
+                broadcast_view(&l.inputs[0], out.layout),
+                broadcast_view(&l.inputs[1], out.layout),
             ) else {
                 return Ok(false);
             };
+            let code = *op as i32;
             let f = g.function("binary")?;
-            // SAFETY: both inputs are read through views of the output's shape; `o` n floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&code)
-                    .arg(&x.addr)
+            run(g, &f, "binary", n, |b| {
+                b.arg(&code)
+                    .arg(&x)
                     .arg(&xs)
-                    .arg(&y.addr)
+                    .arg(&y)
                     .arg(&ys)
                     .arg(&o)
-                    .arg(&nn)
-                    .launch(cfg)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
+        }
+        (Op::Binary(op), Pass::Grad { input }) => {
+            // the gradient in the incoming gradient's shape only (a broadcast operand's is
+            // summed by the host twin's sum_to)
+            if !same_shape(&l.inputs[0], out) {
+                return Ok(false);
             }
-            .map_err(|e| format!("binary: {e:?}"))?;
+            let Some((gr, gs)) = fview(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            let other =
+                |k: usize| saved(l, Role::Input(k)).and_then(|b| broadcast_view(b, out.layout));
+            match (op, input) {
+                (Binary::Add, _) | (Binary::Sub, 0) => {
+                    copy_view(g, (gr, gs), (o, os), n)?;
+                }
+                (Binary::Sub, _) => {
+                    scalar(g, Binary::Mul, false, -1.0, (gr, gs), (o, os), n)?;
+                }
+                (Binary::Mul, k) => {
+                    let Some((y, ys)) = other(1 - k) else {
+                        return Ok(false);
+                    };
+                    binary(g, Binary::Mul, (gr, gs), (y, ys), (o, os), n)?;
+                }
+                (Binary::Div, 0) => {
+                    let Some((y, ys)) = other(1) else {
+                        return Ok(false);
+                    };
+                    binary(g, Binary::Div, (gr, gs), (y, ys), (o, os), n)?;
+                }
+                // -g * a / b^2: two passes through the output would round twice in bf16
+                (Binary::Div, _) => return Ok(false),
+            }
         }
         (
             Op::Scalar {
@@ -154,53 +190,249 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 value,
                 reversed,
             },
-            Pass::Forward,
+            pass,
         ) => {
-            let x = &l.inputs[0];
-            let (true, Some(xs)) = (f32(x), Strided::of(x.layout)) else {
+            let Some((x, xs)) = fview(&l.inputs[0]) else {
                 return Ok(false);
             };
-            let (code, rev, v) = (*op as i32, *reversed as i32, *value as f32);
-            let f = g.function("scalar")?;
-            // SAFETY: the input read through its view; `o` n floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&code)
-                    .arg(&rev)
-                    .arg(&v)
-                    .arg(&x.addr)
-                    .arg(&xs)
-                    .arg(&o)
-                    .arg(&nn)
-                    .launch(cfg)
+            match pass {
+                Pass::Forward => scalar(g, *op, *reversed, *value as f32, (x, xs), (o, os), n)?,
+                Pass::Grad { .. } => match (op, reversed) {
+                    (Binary::Add, _) | (Binary::Sub, false) => copy_view(g, (x, xs), (o, os), n)?,
+                    (Binary::Sub, true) => {
+                        scalar(g, Binary::Mul, false, -1.0, (x, xs), (o, os), n)?
+                    }
+                    (Binary::Mul, _) => {
+                        scalar(g, Binary::Mul, false, *value as f32, (x, xs), (o, os), n)?
+                    }
+                    (Binary::Div, false) => {
+                        scalar(g, Binary::Div, false, *value as f32, (x, xs), (o, os), n)?
+                    }
+                    (Binary::Div, true) => return Ok(false),
+                },
             }
-            .map_err(|e| format!("scalar: {e:?}"))?;
         }
         (Op::Clone | Op::Copy | Op::Cast, Pass::Forward) => {
             let x = &l.inputs[0];
-            let (true, Some(xs)) = (f32(x), Strided::of(x.layout)) else {
-                return Ok(false);
-            };
             if x.layout.numel() != n {
                 return Ok(false);
             }
-            let f = g.function("copy")?;
-            // SAFETY: the input read through its view; `o` n floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&x.addr)
-                    .arg(&xs)
-                    .arg(&o)
-                    .arg(&nn)
-                    .launch(cfg)
+            let Some((xa, xs)) = fview(x) else {
+                return Ok(false);
+            };
+            copy_view(g, (xa, xs), (o, os), n)?;
+        }
+        (Op::MaskedFill { value }, pass) => {
+            let (x, mask, v) = match pass {
+                Pass::Forward => (&l.inputs[0], Some(&l.inputs[1]), *value as f32),
+                Pass::Grad { .. } => (&l.inputs[0], saved(l, Role::Input(1)), 0.0),
+            };
+            let (Some((xa, xs)), Some((m, ms))) = (
+                broadcast_view(x, out.layout),
+                mask.and_then(|m| expand(m.layout, out.layout).and_then(|v| mask_as(m, &v))),
+            ) else {
+                return Ok(false);
+            };
+            if matches!(pass, Pass::Grad { .. }) && !same_shape(x, out) {
+                return Ok(false);
             }
-            .map_err(|e| format!("copy: {e:?}"))?;
+            let f = g.function("masked_fill")?;
+            run(g, &f, "masked_fill", n, |b| {
+                b.arg(&xa)
+                    .arg(&xs)
+                    .arg(&m)
+                    .arg(&ms)
+                    .arg(&v)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
+        }
+        (Op::Where, Pass::Forward) => {
+            let c = &l.inputs[0];
+            let (Some((ca, cs)), Some((a, as_)), Some((b_, bs))) = (
+                expand(c.layout, out.layout).and_then(|v| mask_as(c, &v)),
+                broadcast_view(&l.inputs[1], out.layout),
+                broadcast_view(&l.inputs[2], out.layout),
+            ) else {
+                return Ok(false);
+            };
+            let f = g.function("where")?;
+            run(g, &f, "where", n, |b| {
+                b.arg(&ca)
+                    .arg(&cs)
+                    .arg(&a)
+                    .arg(&as_)
+                    .arg(&b_)
+                    .arg(&bs)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
+        }
+        (Op::Where, Pass::Grad { input }) => {
+            let gb = &l.inputs[0];
+            if !same_shape(gb, out) || input == 0 {
+                return Ok(false);
+            }
+            let (Some((gr, gs)), Some((ca, cs))) = (
+                fview(gb),
+                saved(l, Role::Input(0))
+                    .and_then(|c| expand(c.layout, gb.layout).and_then(|v| mask_as(c, &v))),
+            ) else {
+                return Ok(false);
+            };
+            let which = input as i32;
+            let f = g.function("where_backward")?;
+            run(g, &f, "where_backward", n, |b| {
+                b.arg(&which)
+                    .arg(&ca)
+                    .arg(&cs)
+                    .arg(&gr)
+                    .arg(&gs)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
+        }
+        (Op::Compare { cmp, scalar }, Pass::Forward) => {
+            let x = &l.inputs[0];
+            let Some((xa, xs)) = broadcast_view(x, out.layout) else {
+                return Ok(false);
+            };
+            let code = cmp_code(*cmp);
+            let (has, value) = (scalar.is_some() as i32, scalar.unwrap_or(0.0));
+            let (ya, ys) = match scalar {
+                Some(_) => (xa, xs),
+                None => match broadcast_view(&l.inputs[1], out.layout) {
+                    Some(v) => v,
+                    None => return Ok(false),
+                },
+            };
+            let f = g.function("compare")?;
+            run(g, &f, "compare", n, |b| {
+                b.arg(&code)
+                    .arg(&has)
+                    .arg(&value)
+                    .arg(&xa)
+                    .arg(&xs)
+                    .arg(&ya)
+                    .arg(&ys)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&nn);
+            })?;
+        }
+        (Op::Cat { dim }, Pass::Forward) => {
+            // each part into its slice of the output: a view of the output's storage
+            let nd = out.layout.shape.len();
+            let Ok(dim) = crate::engine::layout::wrap_dim(*dim, nd) else {
+                return Ok(false);
+            };
+            let mut at = 0usize;
+            let mut parts = Vec::new();
+            for p in l.inputs {
+                if crate::engine::op::cat_skips(&p.layout.shape) {
+                    continue;
+                }
+                let Some((pa, ps)) = fview(p) else {
+                    return Ok(false);
+                };
+                let mut slice = out.layout.clone();
+                slice.shape[dim] = p.layout.shape[dim];
+                slice.offset += at * out.layout.strides[dim];
+                at += p.layout.shape[dim];
+                let Some(ss) = Strided::of(&slice, out.dtype) else {
+                    return Ok(false);
+                };
+                parts.push((pa, ps, ss, p.layout.numel()));
+            }
+            if at != out.layout.shape[dim] {
+                return Ok(false);
+            }
+            for (pa, ps, ss, m) in parts {
+                if m > 0 {
+                    copy_view(g, (pa, ps), (o, ss), m)?;
+                }
+            }
         }
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// The saved buffer of role `r`.
+fn saved<'a>(l: &'a Launch, r: Role) -> Option<&'a Buffer<'a>> {
+    l.saved.iter().find(|(role, _)| *role == r).map(|(_, b)| b)
+}
+
+fn same_shape(a: &Buffer, b: &Buffer) -> bool {
+    a.layout.shape == b.layout.shape
+}
+
+fn copy_view(g: &mut Gpu, x: (u64, Strided), o: (u64, Strided), n: usize) -> Result<(), String> {
+    let nn = n as i64;
+    let f = g.function("copy")?;
+    run(g, &f, "copy", n, |b| {
+        b.arg(&x.0).arg(&x.1).arg(&o.0).arg(&o.1).arg(&nn);
+    })
+}
+
+fn scalar(
+    g: &mut Gpu,
+    op: Binary,
+    reversed: bool,
+    value: f32,
+    x: (u64, Strided),
+    o: (u64, Strided),
+    n: usize,
+) -> Result<(), String> {
+    let (code, rev, nn) = (op as i32, reversed as i32, n as i64);
+    let f = g.function("scalar")?;
+    run(g, &f, "scalar", n, |b| {
+        b.arg(&code)
+            .arg(&rev)
+            .arg(&value)
+            .arg(&x.0)
+            .arg(&x.1)
+            .arg(&o.0)
+            .arg(&o.1)
+            .arg(&nn);
+    })
+}
+
+fn binary(
+    g: &mut Gpu,
+    op: Binary,
+    x: (u64, Strided),
+    y: (u64, Strided),
+    o: (u64, Strided),
+    n: usize,
+) -> Result<(), String> {
+    let (code, nn) = (op as i32, n as i64);
+    let f = g.function("binary")?;
+    run(g, &f, "binary", n, |b| {
+        b.arg(&code)
+            .arg(&x.0)
+            .arg(&x.1)
+            .arg(&y.0)
+            .arg(&y.1)
+            .arg(&o.0)
+            .arg(&o.1)
+            .arg(&nn);
+    })
+}
+
+/// The kernel's code of a comparison (its index among `Cmp`'s variants).
+fn cmp_code(c: Cmp) -> i32 {
+    match c {
+        Cmp::Le => 0,
+        Cmp::Lt => 1,
+        Cmp::Ge => 2,
+        Cmp::Gt => 3,
+        Cmp::Eq => 4,
+        Cmp::Ne => 5,
+    }
 }
 
 /// The kernel's code of a pointwise unary op (its index in `Unary::ALL`); `None` for those it
@@ -212,10 +444,15 @@ fn unary_code(u: Unary) -> Option<usize> {
 
 /// `l` seen with the output's shape (`expand`), as the cpu twin reads a binary op's operands;
 /// `None` where it does not expand to it.
-fn broadcast(l: &Layout, to: &Layout) -> Option<Layout> {
+fn expand(l: &Layout, to: &Layout) -> Option<Layout> {
     if l.shape == to.shape {
         return Some(l.clone());
     }
     let sizes: Vec<i64> = to.shape.iter().map(|&s| s as i64).collect();
     l.expand(&sizes).ok()
+}
+
+/// A floating operand broadcast to the output's layout.
+fn broadcast_view(b: &Buffer, to: &Layout) -> Option<(u64, Strided)> {
+    fview_as(b, &expand(b.layout, to)?)
 }

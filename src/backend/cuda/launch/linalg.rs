@@ -1,65 +1,111 @@
-//! Matrix products on the GPU through cuBLAS (float32, default math mode: no TF32, as
-//! PyTorch's `allow_tf32 = False`): `linear` forward and its input's and weight's gradients,
-//! and `matmul` of contiguous operands with the same batch dimensions (no broadcasting),
-//! forward and backward. The twin of `src/backend/cpu/linalg.rs`; the rest (a bias's
-//! gradient, broadcast batches, `addmm`, other dtypes) runs on the host twin.
+//! Matrix products on the GPU through cuBLAS: `cublasGemmStridedBatchedEx` with float32
+//! accumulation (`CUBLAS_COMPUTE_32F`, default math mode: no TF32, as PyTorch's
+//! `allow_tf32 = False`; bf16 and float16 operands accumulate in float32 as PyTorch's do).
+//! `linear` and `addmm` forward with the bias and the gradients of the input, the weight and
+//! the bias; `matmul` of contiguous operands with the same batch dimensions (no broadcasting),
+//! forward and backward, one strided-batched call. The twin of `src/backend/cpu/linalg.rs`; the
+//! rest (broadcast batches, strided operands, mixed dtypes) runs on the host twin.
 
-use cudarc::cublas::result as cublas;
+use cudarc::cublas::{result as cublas, sys};
 
-use super::{contiguous_f32, output_f32, Gpu, Strided};
+use super::{contiguous, Gpu, Strided};
 use crate::backend::cuda::blas::Product;
-use crate::backend::{Launch, Pass};
+use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::Layout;
 use crate::engine::op::{Op, Role};
 
-/// `c = op(a) op(b)` (row-major, contiguous float32 at device addresses).
-fn gemm(g: &mut Gpu, p: Product, a: u64, b: u64, c: u64) -> Result<(), String> {
-    if p.m == 0 || p.n == 0 {
+/// cuBLAS's name of a dtype the products take.
+fn cuda_type(code: i32) -> Option<sys::cudaDataType> {
+    Some(match code {
+        0 => sys::cudaDataType::CUDA_R_32F,
+        1 => sys::cudaDataType::CUDA_R_16BF,
+        2 => sys::cudaDataType::CUDA_R_16F,
+        _ => return None,
+    })
+}
+
+/// `batch` products `c_i = op(a_i) op(b_i)` (row-major, contiguous, all of dtype `code`, the
+/// i-th matrix of each `stride` elements after the one before).
+fn gemm(
+    g: &mut Gpu,
+    p: Product,
+    (a, b, c): (u64, u64, u64),
+    code: i32,
+    batch: usize,
+    (sa, sb, sc): (usize, usize, usize),
+) -> Result<(), String> {
+    if p.m == 0 || p.n == 0 || batch == 0 {
         return Ok(());
     }
+    let dt = cuda_type(code).ok_or("a product in a dtype cuBLAS is not given here")?;
     let cfg = p.config(1.0, 0.0)?;
     let (first, second) = Product::operands(&a, &b);
+    let (s1, s2) = Product::operands(&sa, &sb);
+    let nb = i32::try_from(batch).map_err(|_| format!("{batch} products in one call"))?;
     let h = g.blas()?;
-    // SAFETY: each address holds the contiguous row-major matrix its operand spans (the
-    // caller checked the buffers' shapes), and the leading dimensions are those of contiguous
-    // storage
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: each address holds `batch` contiguous row-major matrices of its operand's span
+    // (the caller checked the buffers' shapes), the leading dimensions those of contiguous
+    // storage; alpha and beta are float32, as CUBLAS_COMPUTE_32F takes them
     unsafe {
-        cublas::sgemm(
+        cublas::gemm_strided_batched_ex(
             h,
             cfg.transa,
             cfg.transb,
             cfg.m,
             cfg.n,
             cfg.k,
-            &cfg.alpha,
-            *first as *const f32,
+            (&alpha as *const f32).cast(),
+            *first as *const std::ffi::c_void,
+            dt,
             cfg.lda,
-            *second as *const f32,
+            *s1 as i64,
+            *second as *const std::ffi::c_void,
+            dt,
             cfg.ldb,
-            &cfg.beta,
-            c as *mut f32,
+            *s2 as i64,
+            (&beta as *const f32).cast(),
+            c as *mut std::ffi::c_void,
+            dt,
             cfg.ldc,
+            sc as i64,
+            nb,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| format!("cuBLAS sgemm: {e:?}"))
+    .map_err(|e| format!("cuBLAS gemm: {e:?}"))
+}
+
+/// One product (`batch` 1).
+fn gemm1(g: &mut Gpu, p: Product, abc: (u64, u64, u64), code: i32) -> Result<(), String> {
+    gemm(g, p, abc, code, 1, (0, 0, 0))
 }
 
 /// `out[j] = sum over r of g[r, j]` for contiguous `g` [rows, n] (reduce.cu's `reduce`): a
 /// bias's gradient.
-fn column_sums(g: &mut Gpu, gr: u64, o: u64, rows: usize, n: usize) -> Result<(), String> {
+fn column_sums(
+    g: &mut Gpu,
+    gr: (u64, i32),
+    o: (u64, i32),
+    rows: usize,
+    n: usize,
+) -> Result<(), String> {
     use cudarc::driver::PushKernelArg;
     let (mean, outer, len, inner) = (0i32, 1i64, rows as i64, n as i64);
     let f = g.function("reduce")?;
-    // SAFETY: g holds rows x n floats, the output n
+    // SAFETY: g holds rows x n elements, the output n
     unsafe {
         g.stream
             .launch_builder(&f)
             .arg(&mean)
-            .arg(&gr)
+            .arg(&gr.0)
+            .arg(&gr.1)
             .arg(&outer)
             .arg(&len)
             .arg(&inner)
-            .arg(&o)
+            .arg(&o.0)
+            .arg(&o.1)
             .launch(Gpu::elems(n))
     }
     .map(|_| ())
@@ -67,26 +113,29 @@ fn column_sums(g: &mut Gpu, gr: u64, o: u64, rows: usize, n: usize) -> Result<()
 }
 
 /// `y[r, j] += b[j]` for contiguous `y` [rows, n] (elementwise.cu's `binary`, in place).
-fn add_rows(g: &mut Gpu, y: u64, b: u64, rows: usize, n: usize) -> Result<(), String> {
+fn add_rows(g: &mut Gpu, y: &Buffer, b: &Buffer, rows: usize, n: usize) -> Result<(), String> {
     use cudarc::driver::PushKernelArg;
-    let ys = Layout::contiguous(&[rows, n]);
-    let mut bs = ys.clone();
+    let mut ys = Layout::contiguous(&[rows, n]);
+    ys.offset = y.layout.offset;
+    let mut bs = Layout::contiguous(&[rows, n]);
     bs.strides = smallvec::smallvec![0, 1];
-    let (Some(ys), Some(bs)) = (Strided::of(&ys), Strided::of(&bs)) else {
-        return Err("a bias over more than 8 dimensions".into());
+    bs.offset = b.layout.offset;
+    let (Some(ys), Some(bs)) = (Strided::of(&ys, y.dtype), Strided::of(&bs, b.dtype)) else {
+        return Err("a bias in a dtype the kernels do not take".into());
     };
     let (code, total) = (0i32, (rows * n) as i64);
     let f = g.function("binary")?;
-    // SAFETY: y holds rows x n floats, b n; each element is read and written by one thread
+    // SAFETY: y holds rows x n elements, b n; each element is read and written by one thread
     unsafe {
         g.stream
             .launch_builder(&f)
             .arg(&code)
-            .arg(&y)
+            .arg(&y.addr)
             .arg(&ys)
-            .arg(&b)
+            .arg(&b.addr)
             .arg(&bs)
-            .arg(&y)
+            .arg(&y.addr)
+            .arg(&ys)
             .arg(&total)
             .launch(Gpu::elems(rows * n))
     }
@@ -94,21 +143,33 @@ fn add_rows(g: &mut Gpu, y: u64, b: u64, rows: usize, n: usize) -> Result<(), St
     .map_err(|e| format!("linear's bias: {e:?}"))
 }
 
-fn saved_f32(l: &Launch, r: Role) -> Option<(u64, Vec<usize>)> {
+/// A saved contiguous operand of the product's dtype: its address and shape.
+fn saved_operand(l: &Launch, r: Role, code: i32) -> Option<(u64, Vec<usize>)> {
     l.saved
         .iter()
         .find(|(role, _)| *role == r)
-        .and_then(|(_, b)| Some((contiguous_f32(b)?, b.layout.shape.to_vec())))
+        .and_then(|(_, b)| {
+            let (a, c) = contiguous(b)?;
+            (c == code).then(|| (a, b.layout.shape.to_vec()))
+        })
+}
+
+/// A contiguous operand of the product's dtype.
+fn operand(b: &Buffer, code: i32) -> Option<u64> {
+    contiguous(b).filter(|&(_, c)| c == code).map(|(a, _)| a)
 }
 
 /// `y = x W' + b` with `x` [rows, k] and `W'` the weight [n, k] transposed (`wt`: linear) or
 /// [k, n] as it is (addmm), the bias [n] (a full [rows, n] one runs on the host), forward and
 /// the gradient of the input, the weight or the bias.
-fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, String> {
+fn dense(g: &mut Gpu, l: &Launch, pass: Pass, wt: bool) -> Result<bool, String> {
     let out = &l.outputs[0];
+    let Some((o, code)) = contiguous(out) else {
+        return Ok(false);
+    };
     match pass {
         Pass::Forward => {
-            let (Some(x), Some(w)) = (contiguous_f32(&l.inputs[0]), contiguous_f32(&l.inputs[1]))
+            let (Some(x), Some(w)) = (operand(&l.inputs[0], code), operand(&l.inputs[1], code))
             else {
                 return Ok(false);
             };
@@ -119,10 +180,7 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
             let (n, k) = if wt { (ws[0], ws[1]) } else { (ws[1], ws[0]) };
             let bias = match l.inputs.get(2) {
                 None => None,
-                Some(b) if b.layout.numel() == n => match contiguous_f32(b) {
-                    Some(b) => Some(b),
-                    None => return Ok(false),
-                },
+                Some(b) if b.layout.numel() == n && b.layout.is_contiguous() => Some(b),
                 Some(_) => return Ok(false),
             };
             let rows = l.inputs[0].layout.numel() / k.max(1);
@@ -136,13 +194,13 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
                 ta: false,
                 tb: wt,
             };
-            gemm(g, p, x, w, o)?;
+            gemm1(g, p, (x, w, o), code)?;
             if let Some(b) = bias {
-                add_rows(g, o, b, rows, n)?;
+                add_rows(g, out, b, rows, n)?;
             }
         }
         Pass::Grad { input } => {
-            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+            let Some(gr) = contiguous(&l.inputs[0]) else {
                 return Ok(false);
             };
             let n = *l.inputs[0].layout.shape.last().unwrap_or(&0);
@@ -153,7 +211,7 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
             match input {
                 0 => {
                     // [rows, n] @ W'^T
-                    let Some((w, ws)) = saved_f32(l, Role::Input(1)) else {
+                    let Some((w, ws)) = saved_operand(l, Role::Input(1), code) else {
                         return Ok(false);
                     };
                     let k = ws.iter().product::<usize>() / n;
@@ -167,11 +225,14 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
                         ta: false,
                         tb: !wt,
                     };
-                    gemm(g, p, gr, w, o)?;
+                    if gr.1 != code {
+                        return Ok(false);
+                    }
+                    gemm1(g, p, (gr.0, w, o), code)?;
                 }
                 1 => {
                     // linear's [n, k] = grad^T @ x; addmm's [k, n] = x^T @ grad
-                    let Some((x, xs)) = saved_f32(l, Role::Input(0)) else {
+                    let Some((x, xs)) = saved_operand(l, Role::Input(0), code) else {
                         return Ok(false);
                     };
                     let k = xs.iter().product::<usize>() / rows;
@@ -186,7 +247,7 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
                             ta: true,
                             tb: false,
                         };
-                        (p, gr, x)
+                        (p, gr.0, x)
                     } else {
                         let p = Product {
                             m: k,
@@ -195,16 +256,19 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
                             ta: true,
                             tb: false,
                         };
-                        (p, x, gr)
+                        (p, x, gr.0)
                     };
-                    gemm(g, p, a, b, o)?;
+                    if gr.1 != code {
+                        return Ok(false);
+                    }
+                    gemm1(g, p, (a, b, o), code)?;
                 }
                 _ => {
                     // a bias of [n]: its columns' sums (a full one's is the gradient itself)
                     if out.layout.numel() != n {
                         return Ok(false);
                     }
-                    column_sums(g, gr, o, rows, n)?;
+                    column_sums(g, gr, (o, code), rows, n)?;
                 }
             }
         }
@@ -214,13 +278,16 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, o: u64, wt: bool) -> Result<bool, 
 
 /// Runs `l` here if cuBLAS takes it; `false` where it does not.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some((out, o)) = output_f32(l) else {
+    let Some(out) = l.outputs.first() else {
+        return Ok(false);
+    };
+    let Some((o, code)) = contiguous(out) else {
         return Ok(false);
     };
     match (l.op, l.pass) {
         // `linear` keeps its weight as [out, in], `addmm` (GPT-2's Conv1D) as [in, out]
-        (Op::Linear, pass) => return dense(g, l, pass, o, true),
-        (Op::Addmm, pass) => return dense(g, l, pass, o, false),
+        (Op::Linear, pass) => return dense(g, l, pass, true),
+        (Op::Addmm, pass) => return dense(g, l, pass, false),
         (Op::Matmul, pass) => {
             // contiguous [batch.., r, c] operands with equal batch dimensions only
             let shapes = match pass {
@@ -229,9 +296,10 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     l.inputs[1].layout.shape.to_vec(),
                 ),
                 Pass::Grad { .. } => {
-                    let (Some((_, a)), Some((_, b))) =
-                        (saved_f32(l, Role::Input(0)), saved_f32(l, Role::Input(1)))
-                    else {
+                    let (Some((_, a)), Some((_, b))) = (
+                        saved_operand(l, Role::Input(0), code),
+                        saved_operand(l, Role::Input(1), code),
+                    ) else {
                         return Ok(false);
                     };
                     (a, b)
@@ -250,7 +318,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let (pa, pb, p, sa_el, sb_el) = match pass {
                 Pass::Forward => {
                     let (Some(a), Some(b)) =
-                        (contiguous_f32(&l.inputs[0]), contiguous_f32(&l.inputs[1]))
+                        (operand(&l.inputs[0], code), operand(&l.inputs[1], code))
                     else {
                         return Ok(false);
                     };
@@ -264,11 +332,11 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     (a, b, p, n * k, k * m)
                 }
                 Pass::Grad { input } => {
-                    let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+                    let Some(gr) = operand(&l.inputs[0], code) else {
                         return Ok(false);
                     };
                     if input == 0 {
-                        let (b, _) = saved_f32(l, Role::Input(1)).expect("checked above");
+                        let (b, _) = saved_operand(l, Role::Input(1), code).expect("checked above");
                         // [n, m] @ [k, m]^T
                         let p = Product {
                             m: n,
@@ -279,7 +347,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         };
                         (gr, b, p, n * m, k * m)
                     } else {
-                        let (a, _) = saved_f32(l, Role::Input(0)).expect("checked above");
+                        let (a, _) = saved_operand(l, Role::Input(0), code).expect("checked above");
                         // [n, k]^T @ [n, m]
                         let p = Product {
                             m: k,
@@ -295,15 +363,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             if out.layout.numel() != batch * p.m * p.n {
                 return Ok(false);
             }
-            for i in 0..batch as u64 {
-                gemm(
-                    g,
-                    p,
-                    pa + 4 * i * sa_el as u64,
-                    pb + 4 * i * sb_el as u64,
-                    o + 4 * i * (p.m * p.n) as u64,
-                )?;
-            }
+            gemm(g, p, (pa, pb, o), code, batch, (sa_el, sb_el, p.m * p.n))?;
         }
         _ => return Ok(false),
     }

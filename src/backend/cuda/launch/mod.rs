@@ -33,8 +33,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRe
 use super::kernels;
 use crate::backend::Launch;
 use crate::engine::layout::Layout;
+use crate::engine::DType;
 
-/// A view for a kernel: shape, strides (elements) and offset, as `kernels/elementwise.cu`'s
+/// A view for a kernel: shape, strides (elements), offset, dtype, as `kernels/common.cuh`'s
 /// `Strided`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -43,14 +44,37 @@ pub(crate) struct Strided {
     stride: [i64; 8],
     offset: i64,
     ndim: i32,
+    dtype: i32,
+    contiguous: i32,
+    pad: i32,
 }
 
 // SAFETY: a plain C struct of integers, laid out as the kernel's
 unsafe impl DeviceRepr for Strided {}
 
+/// The kernels' code of a dtype (`kernels/common.cuh`), for those they read and write.
+pub(crate) fn dtype_code(d: DType) -> Option<i32> {
+    Some(match d {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+        DType::Bool | DType::U8 => 3,
+        DType::I64 => 4,
+        DType::I32 => 5,
+        _ => return None,
+    })
+}
+
+/// Whether the kernels compute in a dtype: float32, bf16 and float16, each computed in float32
+/// and rounded on store, as PyTorch's CUDA kernels do.
+pub(crate) fn floating(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::BF16 | DType::F16)
+}
+
 impl Strided {
-    /// The view of `l`, or `None` past the kernels' 8 dimensions.
-    pub(crate) fn of(l: &Layout) -> Option<Strided> {
+    /// The view `l` of a buffer of `dtype`, or `None` past the kernels' 8 dimensions or for a
+    /// dtype they do not read.
+    pub(crate) fn of(l: &Layout, dtype: DType) -> Option<Strided> {
         if l.shape.len() > 8 {
             return None;
         }
@@ -59,6 +83,9 @@ impl Strided {
             stride: [0; 8],
             offset: l.offset as i64,
             ndim: l.shape.len() as i32,
+            dtype: dtype_code(dtype)?,
+            contiguous: l.is_contiguous() as i32,
+            pad: 0,
         };
         for (i, (&d, &st)) in l.shape.iter().zip(&l.strides).enumerate() {
             s.shape[i] = d as i64;
@@ -66,6 +93,32 @@ impl Strided {
         }
         Some(s)
     }
+}
+
+/// A floating buffer as a kernel's view: its address and view.
+pub(crate) fn fview(b: &crate::backend::Buffer) -> Option<(u64, Strided)> {
+    floating(b.dtype).then(|| Some((b.addr, Strided::of(b.layout, b.dtype)?)))?
+}
+
+/// A floating buffer seen through another layout of its storage (a broadcast).
+pub(crate) fn fview_as(b: &crate::backend::Buffer, l: &Layout) -> Option<(u64, Strided)> {
+    floating(b.dtype).then(|| Some((b.addr, Strided::of(l, b.dtype)?)))?
+}
+
+/// A bool (or uint8) mask as a kernel's view through `l`.
+pub(crate) fn mask_as(b: &crate::backend::Buffer, l: &Layout) -> Option<(u64, Strided)> {
+    matches!(b.dtype, DType::Bool | DType::U8).then(|| Some((b.addr, Strided::of(l, b.dtype)?)))?
+}
+
+/// A contiguous floating buffer: its first element's address and its dtype's code (the row
+/// kernels of softmax.cu, norm.cu, reduce.cu and nn.cu).
+pub(crate) fn contiguous(b: &crate::backend::Buffer) -> Option<(u64, i32)> {
+    (floating(b.dtype) && b.layout.is_contiguous()).then(|| {
+        Some((
+            b.addr + b.dtype.size() * b.layout.offset as u64,
+            dtype_code(b.dtype)?,
+        ))
+    })?
 }
 
 pub(crate) use crate::backend::Ran;
@@ -203,16 +256,4 @@ pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
 fn contiguous_f32(b: &crate::backend::Buffer) -> Option<u64> {
     (b.dtype == crate::engine::DType::F32 && b.layout.is_contiguous())
         .then(|| b.addr + 4 * b.layout.offset as u64)
-}
-
-/// A launch's first output, if it is a contiguous float32 buffer (what every GPU kernel
-/// here writes): the buffer and its first element's address.
-fn output_f32<'a>(l: &'a Launch) -> Option<(&'a crate::backend::Buffer<'a>, u64)> {
-    let out = l.outputs.first()?;
-    Some((out, contiguous_f32(out)?))
-}
-
-/// Whether a buffer is float32 (any layout).
-fn f32(b: &crate::backend::Buffer) -> bool {
-    b.dtype == crate::engine::DType::F32
 }

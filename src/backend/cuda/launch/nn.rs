@@ -7,14 +7,17 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, f32, output_f32, Gpu, Strided};
+use super::{contiguous, floating, Gpu, Strided};
 use crate::backend::{Launch, Pass};
 use crate::engine::op::norm::Norm;
 use crate::engine::op::{Op, Role};
 
 /// Runs `l` here if a kernel of this family takes it; `false` where none does.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let Some((out, o)) = output_f32(l) else {
+    let Some(out) = l.outputs.first() else {
+        return Ok(false);
+    };
+    let Some(o) = contiguous(out) else {
         return Ok(false);
     };
     match (l.op, l.pass) {
@@ -32,17 +35,19 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let (rows, cc, lg) = ((n / cols) as i64, cols as i64, *log as i32);
             match pass {
                 Pass::Forward => {
-                    let Some(x) = contiguous_f32(&l.inputs[0]) else {
+                    let Some(x) = contiguous(&l.inputs[0]) else {
                         return Ok(false);
                     };
                     let f = g.function("softmax")?;
-                    // SAFETY: x and the output hold rows x cols contiguous floats
+                    // SAFETY: x and the output hold rows x cols contiguous elements
                     unsafe {
                         g.stream
                             .launch_builder(&f)
                             .arg(&lg)
-                            .arg(&x)
-                            .arg(&o)
+                            .arg(&x.0)
+                            .arg(&x.1)
+                            .arg(&o.0)
+                            .arg(&o.1)
                             .arg(&rows)
                             .arg(&cc)
                             .launch(Gpu::rows(rows as usize))
@@ -54,19 +59,22 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         .saved
                         .iter()
                         .find(|(r, _)| *r == Role::Output)
-                        .and_then(|(_, b)| contiguous_f32(b));
-                    let (Some(gr), Some(y)) = (contiguous_f32(&l.inputs[0]), y) else {
+                        .and_then(|(_, b)| contiguous(b));
+                    let (Some(gr), Some(y)) = (contiguous(&l.inputs[0]), y) else {
                         return Ok(false);
                     };
                     let f = g.function("softmax_backward")?;
-                    // SAFETY: every buffer holds rows x cols contiguous floats
+                    // SAFETY: every buffer holds rows x cols contiguous elements
                     unsafe {
                         g.stream
                             .launch_builder(&f)
                             .arg(&lg)
-                            .arg(&gr)
-                            .arg(&y)
-                            .arg(&o)
+                            .arg(&gr.0)
+                            .arg(&gr.1)
+                            .arg(&y.0)
+                            .arg(&y.1)
+                            .arg(&o.0)
+                            .arg(&o.1)
                             .arg(&rows)
                             .arg(&cc)
                             .launch(Gpu::rows(rows as usize))
@@ -92,7 +100,7 @@ fn reduce(
     mean: bool,
     dims: &crate::engine::op::reduce::DimList,
     pass: Pass,
-    o: u64,
+    o: (u64, i32),
 ) -> Result<bool, String> {
     use crate::engine::layout::Layout;
     let out = &l.outputs[0];
@@ -124,7 +132,7 @@ fn reduce(
     }
     match pass {
         Pass::Forward => {
-            let Some(x) = contiguous_f32(&l.inputs[0]) else {
+            let Some(x) = contiguous(&l.inputs[0]) else {
                 return Ok(false);
             };
             if out.layout.numel() != outer * inner {
@@ -137,18 +145,23 @@ fn reduce(
                 g.stream
                     .launch_builder(&f)
                     .arg(&m)
-                    .arg(&x)
+                    .arg(&x.0)
+                    .arg(&x.1)
                     .arg(&oo)
                     .arg(&ll)
                     .arg(&ii)
-                    .arg(&o)
+                    .arg(&o.0)
+                    .arg(&o.1)
                     .launch(Gpu::elems(outer * inner))
             }
             .map_err(|e| format!("reduce: {e:?}"))?;
         }
         Pass::Grad { .. } => {
             let gb = &l.inputs[0];
-            if !f32(gb) || !gb.layout.is_contiguous() || gb.layout.numel() != outer * inner {
+            if !floating(gb.dtype)
+                || !gb.layout.is_contiguous()
+                || gb.layout.numel() != outer * inner
+            {
                 return Ok(false);
             }
             let kept: Vec<usize> = x_shape
@@ -161,7 +174,10 @@ fn reduce(
                 return Ok(false);
             };
             gl.offset = gb.layout.offset;
-            let Some(gs) = Strided::of(&gl) else {
+            let (Some(gs), Some(os)) = (
+                Strided::of(&gl, gb.dtype),
+                Strided::of(out.layout, out.dtype),
+            ) else {
                 return Ok(false);
             };
             let n = outer * len * inner;
@@ -178,7 +194,8 @@ fn reduce(
                     .arg(&scale)
                     .arg(&gb.addr)
                     .arg(&gs)
-                    .arg(&o)
+                    .arg(&out.addr)
+                    .arg(&os)
                     .arg(&nn)
                     .launch(Gpu::elems(n))
             }
@@ -196,7 +213,7 @@ fn contiguous_i64(b: &crate::backend::Buffer) -> Option<u64> {
 
 /// `F.embedding` (rows of a contiguous [V, dim] table, indices checked first as the cpu twin
 /// does) and the table's gradient (zeroed, then each use's row added).
-fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String> {
+fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool, String> {
     let idx_buf = match pass {
         Pass::Forward => &l.inputs[0],
         Pass::Grad { .. } => match l.saved.iter().find(|(r, _)| *r == Role::Input(0)) {
@@ -212,7 +229,7 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String
     let (rows, dim) = match pass {
         Pass::Forward => {
             let t = &l.inputs[1].layout.shape;
-            if t.len() != 2 || contiguous_f32(&l.inputs[1]).is_none() {
+            if t.len() != 2 || contiguous(&l.inputs[1]).is_none() {
                 return Ok(false);
             }
             (t[0], t[1])
@@ -242,28 +259,32 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String
             if out.layout.numel() != n * dim {
                 return Ok(false);
             }
-            let table = contiguous_f32(&l.inputs[1]).expect("checked above");
+            let table = contiguous(&l.inputs[1]).expect("checked above");
             let f = g.function("embedding")?;
-            // SAFETY: n checked indices into a [rows, dim] table; the output holds n x dim floats
+            // SAFETY: n checked indices into a [rows, dim] table; the output holds n x dim
             unsafe {
                 g.stream
                     .launch_builder(&f)
                     .arg(&idx)
                     .arg(&nn)
-                    .arg(&table)
+                    .arg(&table.0)
+                    .arg(&table.1)
                     .arg(&dd)
-                    .arg(&o)
+                    .arg(&o.0)
+                    .arg(&o.1)
                     .launch(cfg)
             }
             .map_err(|e| format!("embedding: {e:?}"))?;
         }
         Pass::Grad { .. } => {
-            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+            let Some(gr) = contiguous(&l.inputs[0]) else {
                 return Ok(false);
             };
-            if l.inputs[0].layout.numel() != n * dim {
+            // atomic adds into a float32 table's gradient only
+            if l.inputs[0].layout.numel() != n * dim || o.1 != 0 {
                 return Ok(false);
             }
+            let o = o.0;
             // SAFETY: the output is rows x dim floats, zeroed on the stream before the adds
             unsafe {
                 cudarc::driver::result::memset_d8_async(o, 0, rows * dim * 4, g.stream.cu_stream())
@@ -276,7 +297,8 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: u64) -> Result<bool, String
                     .launch_builder(&f)
                     .arg(&idx)
                     .arg(&nn)
-                    .arg(&gr)
+                    .arg(&gr.0)
+                    .arg(&gr.1)
                     .arg(&dd)
                     .arg(&o)
                     .launch(cfg)
@@ -293,16 +315,16 @@ fn bytemuck_i64(v: &mut [i64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-fn saved(l: &Launch, r: Role) -> Option<u64> {
+fn saved(l: &Launch, r: Role) -> Option<(u64, i32)> {
     l.saved
         .iter()
         .find(|(role, _)| *role == r)
-        .and_then(|(_, b)| contiguous_f32(b))
+        .and_then(|(_, b)| contiguous(b))
 }
 
 /// layer_norm (`Layer`) or rms_norm over the last dimension: forward (the output, then the
 /// mean and rstd the backward keeps) and the gradient of the input, weight or bias.
-fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: u64) -> Result<bool, String> {
+fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: (u64, i32)) -> Result<bool, String> {
     let layer = matches!(norm, Norm::Layer { .. });
     let x = match pass {
         Pass::Forward => &l.inputs[0],
@@ -311,7 +333,7 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: u64) -> Result<bool,
             None => return Ok(false),
         },
     };
-    let Some(xp) = contiguous_f32(x) else {
+    let Some(xp) = contiguous(x) else {
         return Ok(false);
     };
     let cols = *x.layout.shape.last().unwrap_or(&0);
@@ -327,38 +349,39 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: u64) -> Result<bool,
             let eps = match norm {
                 Norm::Layer { eps } | Norm::Rms { eps } => eps as f32,
             };
-            let w = l.inputs.get(1).map(contiguous_f32);
-            let b = l.inputs.get(2).map(contiguous_f32);
+            let w = l.inputs.get(1).map(contiguous);
+            let b = l.inputs.get(2).map(contiguous);
             if w == Some(None) || b == Some(None) {
                 return Ok(false);
             }
             let (w, b) = (w.flatten(), b.flatten());
             let (hw, hb) = (w.is_some() as i32, b.is_some() as i32);
             let (w, b) = (w.unwrap_or(xp), b.unwrap_or(xp));
-            let stats: Vec<Option<u64>> = l.outputs[1..].iter().map(contiguous_f32).collect();
+            let stats: Vec<Option<(u64, i32)>> = l.outputs[1..].iter().map(contiguous).collect();
             let need = if layer { 2 } else { 1 };
             if stats.len() != need || stats.iter().any(|s| s.is_none()) {
                 return Ok(false);
             }
             let f = g.function(if layer { "layer_norm" } else { "rms_norm" })?;
-            // SAFETY: x and y hold rows x cols floats, w and b cols, the statistics rows
+            // SAFETY: x and y hold rows x cols elements, w and b cols, the statistics rows
             unsafe {
                 let mut lb = g.stream.launch_builder(&f);
-                lb.arg(&xp).arg(&w);
+                lb.arg(&xp.0).arg(&xp.1).arg(&w.0).arg(&w.1);
                 if layer {
                     let (mean, rstd) = (stats[0].expect("checked"), stats[1].expect("checked"));
-                    lb.arg(&b).arg(&hw).arg(&hb).arg(&o).arg(&mean).arg(&rstd);
+                    lb.arg(&b.0).arg(&b.1).arg(&hw).arg(&hb).arg(&o.0).arg(&o.1);
+                    lb.arg(&mean.0).arg(&mean.1).arg(&rstd.0).arg(&rstd.1);
                     lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
                 } else {
                     let rstd = stats[0].expect("checked");
-                    lb.arg(&hw).arg(&o).arg(&rstd);
+                    lb.arg(&hw).arg(&o.0).arg(&o.1).arg(&rstd.0).arg(&rstd.1);
                     lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
                 }
             }
             .map_err(|e| format!("{}: {e:?}", norm.name()))?;
         }
         Pass::Grad { input } => {
-            let Some(gr) = contiguous_f32(&l.inputs[0]) else {
+            let Some(gr) = contiguous(&l.inputs[0]) else {
                 return Ok(false);
             };
             let w = saved(l, Role::Input(1));
@@ -390,11 +413,13 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: u64) -> Result<bool,
             // SAFETY: as in the forward; the output holds the input's (or column's) elements
             unsafe {
                 let mut lb = g.stream.launch_builder(&f);
-                lb.arg(&inp).arg(&gr).arg(&xp).arg(&w).arg(&hw);
+                lb.arg(&inp).arg(&gr.0).arg(&gr.1).arg(&xp.0).arg(&xp.1);
+                lb.arg(&w.0).arg(&w.1).arg(&hw);
                 if layer {
-                    lb.arg(&mean);
+                    lb.arg(&mean.0).arg(&mean.1);
                 }
-                lb.arg(&rstd).arg(&o).arg(&rr).arg(&cc).launch(cfg)
+                lb.arg(&rstd.0).arg(&rstd.1).arg(&o.0).arg(&o.1);
+                lb.arg(&rr).arg(&cc).launch(cfg)
             }
             .map_err(|e| format!("{}: {e:?}", norm.name()))?;
         }

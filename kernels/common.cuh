@@ -1,0 +1,98 @@
+// What every kernel source shares, put before each of them when NVRTC compiles it
+// (src/backend/cuda/kernels.rs): views of any dtype, loaded as float and stored rounded.
+//
+// A buffer is its storage's address plus a `Strided` view: shape, strides and offset in
+// elements (up to 8 dimensions; a broadcast dimension has stride 0), whether it is contiguous
+// (then element i is at offset + i) and its dtype's code (`dtype_code` in
+// src/backend/cuda/launch/mod.rs). Values are computed in float32, as PyTorch's CUDA kernels
+// compute bf16 and float16 ("opmath"), and rounded to the buffer's dtype on store (to
+// nearest, ties to even).
+
+#define GM_MAXD 8
+#define GM_F32 0
+#define GM_BF16 1
+#define GM_F16 2
+#define GM_BOOL 3
+#define GM_I64 4
+#define GM_I32 5
+
+struct Strided {
+    long long shape[GM_MAXD];
+    long long stride[GM_MAXD];
+    long long offset;
+    int ndim;
+    int dtype;
+    int contiguous;
+    int pad_;
+};
+
+// The element offset of row-major index `i` of the view `s`.
+__device__ __forceinline__ long long gm_at(const Strided& s, long long i) {
+    if (s.contiguous) return s.offset + i;
+    long long off = s.offset;
+    for (int d = s.ndim - 1; d >= 0; --d) {
+        long long k = i % s.shape[d];
+        i /= s.shape[d];
+        off += k * s.stride[d];
+    }
+    return off;
+}
+
+__device__ __forceinline__ float gm_bf16_to_f32(unsigned short h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+__device__ __forceinline__ unsigned short gm_f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+__device__ __forceinline__ float gm_f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short gm_f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Element `off` (in elements) of a buffer of dtype `dt`, as float.
+__device__ __forceinline__ float gm_ld(const void* p, int dt, long long off) {
+    switch (dt) {
+        case GM_F32: return ((const float*)p)[off];
+        case GM_BF16: return gm_bf16_to_f32(((const unsigned short*)p)[off]);
+        case GM_F16: return gm_f16_to_f32(((const unsigned short*)p)[off]);
+        case GM_BOOL: return ((const unsigned char*)p)[off] ? 1.0f : 0.0f;
+        case GM_I64: return (float)((const long long*)p)[off];
+        default: return (float)((const int*)p)[off];
+    }
+}
+
+__device__ __forceinline__ void gm_st(void* p, int dt, long long off, float v) {
+    switch (dt) {
+        case GM_F32: ((float*)p)[off] = v; break;
+        case GM_BF16: ((unsigned short*)p)[off] = gm_f32_to_bf16(v); break;
+        case GM_F16: ((unsigned short*)p)[off] = gm_f32_to_f16(v); break;
+        case GM_BOOL: ((unsigned char*)p)[off] = v != 0.0f; break;
+        case GM_I64: ((long long*)p)[off] = (long long)v; break;
+        default: ((int*)p)[off] = (int)v; break;
+    }
+}
+
+// Row-major element i of a view.
+__device__ __forceinline__ float gm_get(const void* p, const Strided& s, long long i) {
+    return gm_ld(p, s.dtype, gm_at(s, i));
+}
+
+__device__ __forceinline__ void gm_put(void* p, const Strided& s, long long i, float v) {
+    gm_st(p, s.dtype, gm_at(s, i), v);
+}
+
+#define GM_EACH(i, n)                                                              \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)gridDim.x * blockDim.x)
