@@ -1,11 +1,12 @@
-// gpumem's attention kernels (`scaled_dot_product_attention`), float32, compiled at run time by
-// NVRTC, computing what src/backend/cpu/attention.rs computes.
+// gpumem's attention kernels (`scaled_dot_product_attention`), compiled at run time by NVRTC
+// after common.cuh, computing what src/backend/cpu/attention.rs computes.
 //
 // Memory-efficient in PyTorch's sense: the forward keeps only its output and one logsumexp per
-// query row in global memory (never the [T, S] probabilities); the backward recomputes each
-// row's probabilities from the logsumexp. One block per (batch x head, query row); its threads
-// share the row's scores in shared memory (S at most GM_MAX_KEYS keys). q, k, v, out and the
-// gradients are contiguous [BH, T or S, D]; causal masks key j > query i.
+// query row (float32) in global memory, never the [T, S] probabilities; the backward
+// recomputes them from the logsumexp. q, k, v, the output and the gradients are views of any
+// float dtype (common.cuh) shaped [B, H, T or S, D]; key and value may have H / rep heads
+// (grouped-query attention: query head h reads key head h / rep). Causal masks key j > query
+// i. Scores, sums and products in float32; results rounded to their views' dtypes.
 
 #define GM_MAX_KEYS 4096
 
@@ -33,119 +34,156 @@ struct GmSum {
     __device__ float operator()(float a, float b) const { return a + b; }
 };
 
-// The row's probabilities into p[0..s) (zeros past the causal limit), from its logsumexp when
-// `given`, else computed and returned. `red` is a blockDim.x scratch.
-__device__ float gm_row_probs(const float* q, const float* k, long long s, long long d,
-                              long long i, int causal, float scale, float* p, float* red,
-                              int given, float lse) {
+#define GM_NEG_INF (-__int_as_float(0x7f800000))
+
+// Element c of row r of head bh (of `rows` rows of `cols`) of a [B, H, rows, cols] view.
+__device__ __forceinline__ float gm_row(const void* p, const Strided& s, long long bh,
+                                        long long r, long long rows, long long c,
+                                        long long cols) {
+    return gm_get(p, s, (bh * rows + r) * cols + c);
+}
+
+// The key/value head of query head bh (`heads` query heads per batch, `rep` per key head).
+__device__ __forceinline__ long long gm_kv_head(long long bh, long long heads, long long rep) {
+    return (bh / heads) * (heads / rep) + (bh % heads) / rep;
+}
+
+// Query i's scaled scores against every key into p[0..s) (-inf past the causal limit).
+__device__ void gm_scores(const void* q, const Strided& qs, const void* k, const Strided& ks,
+                          long long bh, long long kh, long long i, long long t, long long s,
+                          long long d, int causal, float scale, float* p) {
     long long last = causal ? (i < s ? i : s - 1) : s - 1;
-    float mx = -__int_as_float(0x7f800000);
     for (long long j = threadIdx.x; j < s; j += blockDim.x) {
-        float x = -__int_as_float(0x7f800000);
+        float x = GM_NEG_INF;
         if (j <= last) {
             float dot = 0.0f;
-            for (long long c = 0; c < d; ++c) {
-                dot += q[c] * k[j * d + c];
-            }
+            for (long long c = 0; c < d; ++c)
+                dot += gm_row(q, qs, bh, i, t, c, d) * gm_row(k, ks, kh, j, s, c, d);
             x = dot * scale;
         }
         p[j] = x;
-        mx = fmaxf(mx, x);
     }
     __syncthreads();
-    if (!given) {
-        mx = gm_block_reduce(mx, red, GmMax());
-        float sum = 0.0f;
-        for (long long j = threadIdx.x; j <= last; j += blockDim.x) {
-            sum += expf(p[j] - mx);
-        }
-        sum = gm_block_reduce(sum, red, GmSum());
-        lse = mx + logf(sum);
-    }
-    for (long long j = threadIdx.x; j < s; j += blockDim.x) {
-        p[j] = j <= last ? expf(p[j] - lse) : 0.0f;
-    }
-    __syncthreads();
-    return lse;
 }
 
 // out[bh, i] = softmax(q k^T * scale) v, and the row's logsumexp into lse[bh * lse_width + i].
-extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out,
-                                     float* lse, long long t, long long s, long long d,
-                                     long long dv, long long lse_width, int causal,
-                                     float scale) {
+// One block per (query row, batch x head).
+extern "C" __global__ void attention(const void* q, Strided qs, const void* k, Strided ks,
+                                     const void* v, Strided vs, void* out, Strided os,
+                                     float* lse, long long heads, long long rep, long long t,
+                                     long long s, long long d, long long dv,
+                                     long long lse_width, int causal, float scale) {
     __shared__ float p[GM_MAX_KEYS];
     __shared__ float red[1024];
     long long bh = blockIdx.y, i = blockIdx.x;
-    const float* qi = q + (bh * t + i) * d;
-    const float* kb = k + bh * s * d;
-    const float* vb = v + bh * s * dv;
-    float l = gm_row_probs(qi, kb, s, d, i, causal, scale, p, red, 0, 0.0f);
+    long long kh = gm_kv_head(bh, heads, rep);
+    gm_scores(q, qs, k, ks, bh, kh, i, t, s, d, causal, scale, p);
+    float mx = GM_NEG_INF;
+    for (long long j = threadIdx.x; j < s; j += blockDim.x) mx = fmaxf(mx, p[j]);
+    mx = gm_block_reduce(mx, red, GmMax());
+    float sum = 0.0f;
+    if (mx != GM_NEG_INF)
+        for (long long j = threadIdx.x; j < s; j += blockDim.x) sum += expf(p[j] - mx);
+    sum = gm_block_reduce(sum, red, GmSum());
+    float l = mx == GM_NEG_INF ? GM_NEG_INF : mx + logf(sum);
+    for (long long j = threadIdx.x; j < s; j += blockDim.x)
+        p[j] = l == GM_NEG_INF ? 0.0f : expf(p[j] - l);
+    __syncthreads();
     for (long long c = threadIdx.x; c < dv; c += blockDim.x) {
         float acc = 0.0f;
         for (long long j = 0; j < s; ++j) {
-            acc += p[j] * vb[j * dv + c];
+            if (p[j] != 0.0f) acc += p[j] * gm_row(v, vs, kh, j, s, c, dv);
         }
-        out[(bh * t + i) * dv + c] = acc;
+        gm_put(out, os, (bh * t + i) * dv + c, acc);
     }
-    if (threadIdx.x == 0) {
-        lse[bh * lse_width + i] = l;
-    }
+    if (threadIdx.x == 0) lse[bh * lse_width + i] = l;
 }
 
-// The gradients of q (written), k and v (added atomically: zeroed by the caller) for the
-// incoming gradient g of the output, with dS = P (g v^T - rowsum(g * out)).
-extern "C" __global__ void attention_backward(const float* g, const float* q, const float* k,
-                                              const float* v, const float* out,
-                                              const float* lse, float* gq, float* gk,
-                                              float* gv, long long t, long long s, long long d,
-                                              long long dv, long long lse_width, int causal,
-                                              float scale) {
+// The query's gradient for the incoming gradient g of the output o: with
+// dS_ij = P_ij (g_i . v_j - g_i . o_i), dQ_i = scale * sum_j dS_ij k_j. One block per
+// (query row, batch x head); P recomputed from the saved logsumexp.
+extern "C" __global__ void attention_backward(
+    int which, const void* g, Strided gs, const void* q, Strided qs, const void* k, Strided ks,
+    const void* v, Strided vs, const void* o, Strided os, const float* lse, void* out,
+    Strided outs, long long heads, long long rep, long long t, long long s, long long d,
+    long long dv, long long lse_width, int causal, float scale) {
     __shared__ float p[GM_MAX_KEYS];
     __shared__ float red[1024];
-    long long bh = blockIdx.y, i = blockIdx.x;
-    const float* qi = q + (bh * t + i) * d;
-    const float* gi = g + (bh * t + i) * dv;
-    const float* oi = out + (bh * t + i) * dv;
-    const float* kb = k + bh * s * d;
-    const float* vb = v + bh * s * dv;
-    gm_row_probs(qi, kb, s, d, i, causal, scale, p, red, 1, lse[bh * lse_width + i]);
-    // delta = rowsum(g * out)
-    float part = 0.0f;
-    for (long long c = threadIdx.x; c < dv; c += blockDim.x) {
-        part += gi[c] * oi[c];
+    if (which == 0) {
+        long long bh = blockIdx.y, i = blockIdx.x;
+        long long kh = gm_kv_head(bh, heads, rep);
+        float l = lse[bh * lse_width + i];
+        gm_scores(q, qs, k, ks, bh, kh, i, t, s, d, causal, scale, p);
+        float part = 0.0f;
+        for (long long c = threadIdx.x; c < dv; c += blockDim.x)
+            part += gm_row(g, gs, bh, i, t, c, dv) * gm_row(o, os, bh, i, t, c, dv);
+        float delta = gm_block_reduce(part, red, GmSum());
+        for (long long j = threadIdx.x; j < s; j += blockDim.x) {
+            float pj = l == GM_NEG_INF ? 0.0f : expf(p[j] - l);
+            float ds = 0.0f;
+            if (pj != 0.0f) {
+                float dp = 0.0f;
+                for (long long c = 0; c < dv; ++c)
+                    dp += gm_row(g, gs, bh, i, t, c, dv) * gm_row(v, vs, kh, j, s, c, dv);
+                ds = pj * (dp - delta);
+            }
+            p[j] = ds;
+        }
+        __syncthreads();
+        for (long long c = threadIdx.x; c < d; c += blockDim.x) {
+            float acc = 0.0f;
+            for (long long j = 0; j < s; ++j)
+                if (p[j] != 0.0f) acc += p[j] * gm_row(k, ks, kh, j, s, c, d);
+            gm_put(out, outs, (bh * t + i) * d + c, acc * scale);
+        }
+        return;
     }
-    float delta = gm_block_reduce(part, red, GmSum());
-    // dV[j] += P_ij g_i; dS_ij = P_ij (g_i . v_j - delta)
-    for (long long j = threadIdx.x; j < s; j += blockDim.x) {
-        float pj = p[j];
-        if (pj == 0.0f) {
-            p[j] = 0.0f;
-            continue;
+    // which 1 (key) or 2 (value): one block per (key row j, batch x key head); the weights
+    // w_i of each query row of each query head of the group into shared memory, then each
+    // channel's sum over them: dV_j = sum_i P_ij g_i, dK_j = scale * sum_i dS_ij q_i
+    long long j = blockIdx.x, kh = blockIdx.y;
+    long long kv_heads = heads / rep;
+    long long b = kh / kv_heads, first = b * heads + (kh % kv_heads) * rep;
+    long long cols = which == 1 ? d : dv;
+    float* w = p;
+    __shared__ float acc[1024];
+    for (long long c = threadIdx.x; c < cols && c < 1024; c += blockDim.x) acc[c] = 0.0f;
+    for (long long bh = first; bh < first + rep; ++bh) {
+        for (long long i = threadIdx.x; i < t; i += blockDim.x) {
+            float wi = 0.0f;
+            float l = lse[bh * lse_width + i];
+            bool seen = !causal || j <= i;
+            if (seen && l != GM_NEG_INF) {
+                float dot = 0.0f;
+                for (long long c = 0; c < d; ++c)
+                    dot += gm_row(q, qs, bh, i, t, c, d) * gm_row(k, ks, kh, j, s, c, d);
+                float pij = expf(dot * scale - l);
+                if (which == 2) {
+                    wi = pij;
+                } else {
+                    float dp = 0.0f, delta = 0.0f;
+                    for (long long c = 0; c < dv; ++c) {
+                        float gc = gm_row(g, gs, bh, i, t, c, dv);
+                        dp += gc * gm_row(v, vs, kh, j, s, c, dv);
+                        delta += gc * gm_row(o, os, bh, i, t, c, dv);
+                    }
+                    wi = pij * (dp - delta) * scale;
+                }
+            }
+            w[i] = wi;
         }
-        float dp = 0.0f;
-        for (long long c = 0; c < dv; ++c) {
-            dp += gi[c] * vb[j * dv + c];
-            atomicAdd(&gv[(bh * s + j) * dv + c], pj * gi[c]);
+        __syncthreads();
+        for (long long c = threadIdx.x; c < cols && c < 1024; c += blockDim.x) {
+            float a = 0.0f;
+            for (long long i = 0; i < t; ++i) {
+                if (w[i] == 0.0f) continue;
+                a += w[i] * (which == 2 ? gm_row(g, gs, bh, i, t, c, dv)
+                                        : gm_row(q, qs, bh, i, t, c, d));
+            }
+            acc[c] += a;
         }
-        p[j] = pj * (dp - delta);
+        __syncthreads();
     }
-    __syncthreads();
-    // dQ_i = scale * sum_j dS_ij k_j; dK_j += scale * dS_ij q_i
-    for (long long c = threadIdx.x; c < d; c += blockDim.x) {
-        float acc = 0.0f;
-        for (long long j = 0; j < s; ++j) {
-            acc += p[j] * kb[j * d + c];
-        }
-        gq[(bh * t + i) * d + c] = acc * scale;
-    }
-    for (long long j = threadIdx.x; j < s; j += blockDim.x) {
-        float ds = p[j];
-        if (ds == 0.0f) {
-            continue;
-        }
-        for (long long c = 0; c < d; ++c) {
-            atomicAdd(&gk[(bh * s + j) * d + c], scale * ds * qi[c]);
-        }
-    }
+    for (long long c = threadIdx.x; c < cols && c < 1024; c += blockDim.x)
+        gm_put(out, outs, (kh * s + j) * cols + c, acc[c]);
 }

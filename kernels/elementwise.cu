@@ -49,22 +49,66 @@ __device__ __forceinline__ float gm_unary_grad(int code, float x, float y) {
     }
 }
 
-extern "C" __global__ void fill(void* out, Strided os, long long n, float value) {
-    GM_EACH(i, n) gm_put(out, os, i, value);
+// Draw m (0-based) of the cpu device's SplitMix64 stream seeded `seed`
+// (src/backend/cpu/rng.rs): the state advances by a constant per draw, so any draw is computed
+// directly.
+__device__ __forceinline__ unsigned long long gm_draw(unsigned long long seed,
+                                                      unsigned long long m) {
+    unsigned long long z = (seed ^ 0x5851F42D4C957F2DULL) + (m + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
 }
 
-extern "C" __global__ void unary(int code, const void* x, Strided xs, void* out, Strided os,
-                                 long long n) {
-    GM_EACH(i, n) gm_put(out, os, i, gm_unary(code, gm_get(x, xs, i)));
+__device__ __forceinline__ double gm_uniform(unsigned long long seed, unsigned long long m) {
+    return (double)(gm_draw(seed, m) >> 40) / 16777216.0;
+}
+
+// A factory: `mode` 0 the constant `value`, 1 standard normals, 2 uniforms on [0, 1), 3
+// `start + step * i`. Random element e is drawn as the cpu device draws it: from the stream
+// seeded seed ^ (k << 32) for its block k of 65,536 elements, a normal from the Box-Muller pair
+// of draws 2i and 2i + 1 within the block, a uniform from draw i; computed in double.
+extern "C" __global__ void fill(int mode, float value, double start, double step,
+                                unsigned long long seed, void* out, Strided os, long long n) {
+    GM_EACH(e, n) {
+        double v = value;
+        unsigned long long k = (unsigned long long)e >> 16, i = (unsigned long long)e & 0xffffULL;
+        unsigned long long sd = seed ^ (k << 32);
+        if (mode == 1) {
+            double u1 = 1.0 - gm_uniform(sd, 2 * i), u2 = gm_uniform(sd, 2 * i + 1);
+            v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        } else if (mode == 2) {
+            v = gm_uniform(sd, i);
+        } else if (mode == 3) {
+            v = start + step * (double)e;
+        }
+        gm_put(out, os, e, (float)v);
+    }
+}
+
+// Code 11 is `x ** e` (Op::Pow), computed in double as the CPU twin computes it.
+extern "C" __global__ void unary(int code, double e, const void* x, Strided xs, void* out,
+                                 Strided os, long long n) {
+    GM_EACH(i, n) {
+        float v = gm_get(x, xs, i);
+        gm_put(out, os, i, code == 11 ? (float)pow((double)v, e) : gm_unary(code, v));
+    }
 }
 
 // The input's gradient: grad * f'(x), from the saved input x or output y (views of the
 // gradient's shape).
-extern "C" __global__ void unary_backward(int code, const void* grad, Strided gs, const void* x,
-                                          Strided xs, void* out, Strided os, long long n) {
+// Code 11 (`x ** e`): grad * e * x^(e - 1) in double, 0 where e is 0.
+extern "C" __global__ void unary_backward(int code, double e, const void* grad, Strided gs,
+                                          const void* x, Strided xs, void* out, Strided os,
+                                          long long n) {
     GM_EACH(i, n) {
-        float v = gm_get(x, xs, i);
-        gm_put(out, os, i, gm_get(grad, gs, i) * gm_unary_grad(code, v, v));
+        float v = gm_get(x, xs, i), g = gm_get(grad, gs, i);
+        if (code == 11) {
+            double d = e == 0.0 ? 0.0 : (double)g * e * pow((double)v, e - 1.0);
+            gm_put(out, os, i, (float)d);
+        } else {
+            gm_put(out, os, i, g * gm_unary_grad(code, v, v));
+        }
     }
 }
 
@@ -94,8 +138,23 @@ extern "C" __global__ void scalar(int code, int reversed, float value, const voi
 
 // A view copied into another (clone, contiguous(), a cast, a copy between layouts; cat's part
 // into its slice of the output and split's slice out of it).
+// Between views of the same dtype it copies bit for bit (integer tensors and masks too); else
+// through float32 (a cast: rounded to nearest, or truncated to an integer).
 extern "C" __global__ void copy(const void* x, Strided xs, void* out, Strided os, long long n) {
-    GM_EACH(i, n) gm_put(out, os, i, gm_get(x, xs, i));
+    GM_EACH(i, n) {
+        if (xs.dtype != os.dtype) {
+            gm_put(out, os, i, gm_get(x, xs, i));
+            continue;
+        }
+        long long a = gm_at(xs, i), b = gm_at(os, i);
+        switch (xs.dtype) {
+            case GM_F32: case GM_I32: ((int*)out)[b] = ((const int*)x)[a]; break;
+            case GM_BF16: case GM_F16:
+                ((unsigned short*)out)[b] = ((const unsigned short*)x)[a]; break;
+            case GM_BOOL: ((unsigned char*)out)[b] = ((const unsigned char*)x)[a]; break;
+            default: ((long long*)out)[b] = ((const long long*)x)[a]; break;
+        }
+    }
 }
 
 // `x.masked_fill(mask, value)`: value where the (bool, possibly broadcast) mask is set, else x.

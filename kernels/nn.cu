@@ -82,25 +82,25 @@ __device__ __forceinline__ unsigned long long gm_splitmix(unsigned long long see
     return z ^ (z >> 31);
 }
 
-// `F.dropout(x, p)` in training: element i is kept when its uniform draw (the top 24 bits of
-// draw i, over 2^24) is at least p, i.e. when those bits are at least `keep_from` =
-// ceil(p * 2^24); kept elements are scaled by 1 / (1 - p). The bool mask is kept for backward.
-extern "C" __global__ void dropout(const float* x, float* out, unsigned char* mask, long long n,
-                                   unsigned long long seed, unsigned long long keep_from,
-                                   float scale) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+// `F.dropout(x, p)` in training, x and the output contiguous of any float dtype: element i is
+// kept when its uniform draw (the top 24 bits of draw i, over 2^24) is at least p, i.e. when
+// those bits are at least `keep_from` = ceil(p * 2^24); kept elements are scaled by
+// 1 / (1 - p) in double, as the cpu twin scales them. The bool mask is kept for backward.
+extern "C" __global__ void dropout(const void* x, int xdt, void* out, int odt,
+                                   unsigned char* mask, long long n, unsigned long long seed,
+                                   unsigned long long keep_from, double scale) {
+    GM_EACH(i, n) {
         unsigned char k = (gm_splitmix(seed, (unsigned long long)i) >> 40) >= keep_from;
         mask[i] = k;
-        out[i] = k ? x[i] * scale : 0.0f;
+        gm_st(out, odt, i, k ? (float)((double)gm_ld(x, xdt, i) * scale) : 0.0f);
     }
 }
 
 // Its gradient: the incoming gradient where kept, scaled, 0 elsewhere.
-extern "C" __global__ void dropout_backward(const float* grad, const unsigned char* mask,
-                                            float* out, long long n, float scale) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = mask[i] ? grad[i] * scale : 0.0f;
+extern "C" __global__ void dropout_backward(const void* grad, int gdt, const unsigned char* mask,
+                                            void* out, int odt, long long n, double scale) {
+    GM_EACH(i, n) {
+        float v = mask[i] ? (float)((double)gm_ld(grad, gdt, i) * scale) : 0.0f;
+        gm_st(out, odt, i, v);
     }
 }

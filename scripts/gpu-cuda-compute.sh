@@ -89,3 +89,22 @@ print(os.environ["GPUMEM_CUDA_HOST_KERNELS"], "worst", per[:2])
 PY
   done
 fi
+if [ -n "${SPEED:-}" ]; then
+  echo "== speed: $SPEED on cuda and sim (wall seconds, launches)"
+  for w in $SPEED; do
+    /usr/bin/time -f "cuda wall %e s, max RSS %M KB" $G run "$w" --device cuda --json --no-remedies > "$OUT/speed.json" 2> "$OUT/speed.err"
+    tail -1 "$OUT/speed.err"
+    python3 - "$OUT/speed.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+gpu = sum(x["count"] for x in r.get("launches", []) if x["ran"] == "gpu")
+host = [(x["kernel"], x["count"]) for x in r.get("launches", []) if x["ran"] == "host"]
+print("iterations", [(i["iteration"], i.get("loss"), i["peak_allocated"]) for i in r["iterations"]])
+print("launches on the GPU", gpu, "on the host", sorted(host, key=lambda k: -k[1]))
+PY
+    /usr/bin/time -f "sim wall %e s" $G run "$w" --json --no-remedies > "$OUT/speed_sim.json" 2> "$OUT/speed_sim.err"; tail -1 "$OUT/speed_sim.err"
+    python3 -c "
+import json; a=json.load(open('$OUT/speed.json')); b=json.load(open('$OUT/speed_sim.json'))
+print('memory_stats equal to sim:', a['memory_stats']==b['memory_stats'], 'rows equal:', [{k:v for k,v in i.items() if k!='loss'} for i in a['iterations']]==[{k:v for k,v in i.items() if k!='loss'} for i in b['iterations']])"
+  done
+fi

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::alloc::{AllocConf, CachingAllocator};
 use crate::backend::{AnyDevice, Device, Launches, Ran};
 use crate::engine::op::norm::Norm;
-use crate::engine::op::{Binary, Cmp, Fill, Op, Unary};
+use crate::engine::op::{Binary, Cmp, Fill, InPlace, Op, Unary};
 use crate::engine::optim::OptimKind;
 use crate::engine::optim::Optimizer;
 use crate::engine::{Category, DType, TensorId, Tensors};
@@ -60,6 +60,8 @@ enum Arg {
     Idx { shape: Vec<usize>, hi: usize },
     /// A bool mask, about half of it set.
     Mask { shape: Vec<usize> },
+    /// The same tensor as input `i` (an op given one tensor twice).
+    Same(usize),
 }
 
 fn f(shape: &[usize]) -> Arg {
@@ -114,10 +116,18 @@ enum Run {
     Fill(Fill),
     Cast(DType),
     Contiguous,
-    Sum { mean: bool, dim: Option<i64> },
+    Sum {
+        mean: bool,
+        dim: Option<i64>,
+    },
     CrossEntropy,
-    Sdpa { causal: bool },
+    Sdpa {
+        causal: bool,
+        gqa: bool,
+    },
     Optim(OptimKind),
+    /// A clone of the first input changed in place (with the second as the operand).
+    InPlace(InPlace),
 }
 
 /// One case: an op, its inputs, and the dtypes it runs in.
@@ -146,13 +156,46 @@ fn case(op: &str, what: &str, run: Run, args: Vec<Arg>, dtypes: &'static [DType]
 /// Every case, in the order the report lists them.
 pub fn cases() -> Vec<Case> {
     let (r, c) = (48usize, 129usize);
-    let mut v = vec![case(
-        "fill",
-        "full(-2.75)",
-        Run::Fill(Fill::Full(-2.75)),
-        vec![],
-        BOTH,
-    )];
+    let mut v = vec![
+        case(
+            "fill",
+            "full(-2.75)",
+            Run::Fill(Fill::Full(-2.75)),
+            vec![],
+            BOTH,
+        ),
+        case(
+            "randn",
+            "the cpu device's normals",
+            Run::Fill(Fill::Randn),
+            vec![],
+            BOTH,
+        ),
+        case(
+            "rand",
+            "the cpu device's uniforms",
+            Run::Fill(Fill::Rand),
+            vec![],
+            BOTH,
+        ),
+        case(
+            "arange",
+            "from -3 by 0.25",
+            Run::Fill(Fill::Arange {
+                start: -3.0,
+                step: 0.25,
+            }),
+            vec![],
+            BOTH,
+        ),
+        case(
+            "dropout",
+            "p = 0.25 (the cpu device's elements kept)",
+            Run::Apply(Op::Dropout { p: 0.25, seed: 0 }),
+            vec![f(&[4, r, c])],
+            BOTH,
+        ),
+    ];
     for u in Unary::ALL {
         if matches!(u, Unary::Tril | Unary::BitwiseNot) {
             continue;
@@ -320,6 +363,66 @@ pub fn cases() -> Vec<Case> {
             BOTH,
         ),
     ]);
+    let dims = |d: &[i64]| crate::engine::op::reduce::DimList::from_slice(d).expect("a few dims");
+    v.extend([
+        case(
+            "mul",
+            "one tensor by itself (its gradients accumulated)",
+            Run::Apply(Op::Binary(Binary::Mul)),
+            vec![f(&[r, c]), Arg::Same(0)],
+            BOTH,
+        ),
+        case(
+            "sum",
+            "over dimensions 0 and 2 of a transposed view, keepdim",
+            Run::Apply(Op::Reduce {
+                mean: false,
+                dims: dims(&[0, 2]),
+                keepdim: true,
+            }),
+            vec![f_t(&[6, r, 17])],
+            BOTH,
+        ),
+        case(
+            "mean",
+            "over the middle dimension",
+            Run::Apply(Op::Reduce {
+                mean: true,
+                dims: dims(&[1]),
+                keepdim: false,
+            }),
+            vec![f(&[6, r, 17])],
+            BOTH,
+        ),
+        case(
+            "add_",
+            "in place, a broadcast row",
+            Run::InPlace(InPlace::Tensor(Binary::Add)),
+            vec![f(&[r, c]), f(&[c])],
+            BOTH,
+        ),
+        case(
+            "mul_",
+            "in place, by a number",
+            Run::InPlace(InPlace::Scalar(Binary::Mul, -0.75)),
+            vec![f(&[r, c])],
+            BOTH,
+        ),
+        case(
+            "masked_fill_",
+            "in place",
+            Run::InPlace(InPlace::MaskedFill(0.5)),
+            vec![f(&[r, c]), Arg::Mask { shape: vec![c] }],
+            BOTH,
+        ),
+        case(
+            "copy_",
+            "in place, from a transposed view",
+            Run::InPlace(InPlace::Copy),
+            vec![no_grad(f(&[r, c])), no_grad(f_t(&[r, c]))],
+            BOTH,
+        ),
+    ]);
     for log in [false, true] {
         v.push(case(
             if log { "log_softmax" } else { "softmax" },
@@ -417,11 +520,21 @@ pub fn cases() -> Vec<Case> {
             } else {
                 "[2, 4, 65, 32]"
             },
-            Run::Sdpa { causal },
+            Run::Sdpa { causal, gqa: false },
             vec![f(&[2, 4, 65, 32]), f(&[2, 4, 65, 32]), f(&[2, 4, 65, 32])],
             BOTH,
         ));
     }
+    v.push(case(
+        "scaled_dot_product_attention",
+        "grouped heads: q [2, 8, 40, 16], k and v [2, 2, 40, 16], causal",
+        Run::Sdpa {
+            causal: true,
+            gqa: true,
+        },
+        vec![f(&[2, 8, 40, 16]), f(&[2, 2, 40, 16]), f(&[2, 2, 40, 16])],
+        BOTH,
+    ));
     for k in [
         OptimKind::Sgd,
         OptimKind::SgdMomentum,
@@ -544,6 +657,7 @@ fn run_case_in(
                 d.write(x, &vals).map_err(err)?;
                 x
             }
+            Arg::Same(j) => inputs[*j],
             Arg::Mask { shape } => {
                 let x = d
                     .factory_fill(shape, DType::Bool, false, Category::Input, Fill::Empty)
@@ -599,8 +713,16 @@ fn run_case_in(
         Run::Contiguous => d.clone_op(inputs[0]),
         Run::Sum { mean, dim } => d.reduce(*mean, inputs[0], *dim, false),
         Run::CrossEntropy => d.cross_entropy(inputs[0], inputs[1]),
-        Run::Sdpa { causal } => d.sdpa_with(inputs[0], inputs[1], inputs[2], false, 0.0, *causal),
+        Run::Sdpa { causal, gqa } => {
+            d.sdpa_with(inputs[0], inputs[1], inputs[2], *gqa, 0.0, *causal)
+        }
         Run::Optim(_) => unreachable!("handled above"),
+        Run::InPlace(ip) => {
+            let y = d.clone_op(inputs[0]).map_err(err)?;
+            made.push(y);
+            d.inplace(*ip, y, inputs.get(1).copied()).map_err(err)?;
+            Ok(d.retain(y))
+        }
     }
     .map_err(err)?;
     made.push(y);

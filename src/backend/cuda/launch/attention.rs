@@ -1,103 +1,202 @@
-//! Attention on the GPU (`kernels/attention.cu`, memory-efficient: the output and one
-//! logsumexp per query row, never the probabilities): the forward of
-//! `scaled_dot_product_attention` on contiguous float32 [B, H, T, D] q, k, v with as many key
-//! heads as query heads, causal or not, without a mask or dropout, and at most 4,096 keys. The
-//! twin of `src/backend/cpu/attention.rs`. The backward needs the logsumexp, which the engine
-//! keeps but does not hand to the gradient's launch, so it runs on the host twin, as do masks,
-//! grouped heads and dropout.
+//! Attention on the GPU (`kernels/attention.cu`, memory-efficient: the output and one float32
+//! logsumexp per query row, never the probabilities): `scaled_dot_product_attention` forward
+//! and the gradient of each of q, k and v, on [B, H, T, D] views of float32, bf16 or float16,
+//! grouped-query heads included, causal or not, at most 4,096 keys (the forward's shared row)
+//! and 4,096 queries (the key gradients' shared column). The backward reads the logsumexp the
+//! forward kept (the last three-dimensional tensor the node saved). The twin of
+//! `src/backend/cpu/attention.rs`; an additive mask and dropout run on the host twin.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{contiguous_f32, Gpu};
-use crate::backend::{Launch, Pass};
-use crate::engine::op::Op;
+use super::{fview, Gpu};
+use crate::backend::{Buffer, Launch, Pass};
+use crate::engine::op::{Op, Role};
 
-/// `kernels/attention.cu`'s shared row of scores.
+/// `kernels/attention.cu`'s shared rows.
 const MAX_KEYS: usize = 4096;
 
-/// Runs `l` here if the kernel takes it; `false` where it does not.
+/// The logsumexp [B, H, width] as float32 contiguous: its address and width.
+fn lse_of(b: &Buffer) -> Option<(u64, usize)> {
+    (b.layout.shape.len() == 3 && b.dtype == crate::engine::DType::F32 && b.layout.is_contiguous())
+        .then(|| (b.addr + 4 * b.layout.offset as u64, b.layout.shape[2]))
+}
+
+/// Runs `l` here if the kernels take it; `false` where they do not.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
-    let (
-        Op::Sdpa {
-            dropout, causal, ..
-        },
-        Pass::Forward,
-    ) = (l.op, l.pass)
+    let Op::Sdpa {
+        dropout, causal, ..
+    } = l.op
     else {
         return Ok(false);
     };
-    if *dropout > 0.0 || l.inputs.len() != 3 {
+    if *dropout > 0.0 {
         return Ok(false);
     }
-    let bufs: Option<Vec<u64>> = l.inputs.iter().map(contiguous_f32).collect();
-    let (Some(bufs), Some(o)) = (bufs, l.outputs.first().and_then(contiguous_f32)) else {
-        return Ok(false);
+    let saved = |r: Role| l.saved.iter().find(|(role, _)| *role == r).map(|(_, b)| b);
+    let (q, k, v) = match l.pass {
+        Pass::Forward if l.inputs.len() == 3 => (&l.inputs[0], &l.inputs[1], &l.inputs[2]),
+        Pass::Grad { .. } if saved(Role::Input(3)).is_none() => {
+            match (
+                saved(Role::Input(0)),
+                saved(Role::Input(1)),
+                saved(Role::Input(2)),
+            ) {
+                (Some(q), Some(k), Some(v)) => (q, k, v),
+                _ => return Ok(false),
+            }
+        }
+        _ => return Ok(false),
     };
-    // the logsumexp: the last output, [B, H, width]
-    let Some(lse_buf) = l.outputs[1..].last().filter(|b| b.layout.shape.len() == 3) else {
-        return Ok(false);
-    };
-    let Some(lse) = contiguous_f32(lse_buf) else {
-        return Ok(false);
-    };
-    let (qs, ks, vs) = (
-        &l.inputs[0].layout.shape,
-        &l.inputs[1].layout.shape,
-        &l.inputs[2].layout.shape,
-    );
-    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 || qs[..2] != ks[..2] || ks[..3] != vs[..3] {
+    let (qs, ks, vs) = (&q.layout.shape, &k.layout.shape, &v.layout.shape);
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 || ks[..3] != vs[..3] || qs[0] != ks[0] {
         return Ok(false);
     }
-    let (bh, t, s, d, dv) = (qs[0] * qs[1], qs[2], ks[2], qs[3], vs[3]);
-    let width = lse_buf.layout.shape[2];
-    if ks[3] != d || s == 0 || s > MAX_KEYS || t == 0 || width < t || bh > 65_535 {
+    let (heads, kv_heads) = (qs[1], ks[1]);
+    if kv_heads == 0 || heads % kv_heads != 0 {
         return Ok(false);
     }
-    if l.outputs[0].layout.numel() != bh * t * dv || lse_buf.layout.numel() != bh * width {
+    let rep = heads / kv_heads;
+    let (bh, t, s, d, dv) = (qs[0] * heads, qs[2], ks[2], qs[3], vs[3]);
+    if ks[3] != d || s == 0 || s > MAX_KEYS || t == 0 || t > MAX_KEYS || bh > 65_535 {
         return Ok(false);
     }
-    let cfg = LaunchConfig {
-        grid_dim: (t.min(1 << 30) as u32, bh as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
+    if d > 1024 || dv > 1024 {
+        return Ok(false);
+    }
+    let (Some(qv), Some(kv), Some(vv)) = (fview(q), fview(k), fview(v)) else {
+        return Ok(false);
     };
-    let (tt, ss, dd, ddv, ww, c) = (
+    let out = &l.outputs[0];
+    let Some(ov) = fview(out) else {
+        return Ok(false);
+    };
+    let (hh, rr, tt, ss, dd, ddv, c) = (
+        heads as i64,
+        rep as i64,
         t as i64,
         s as i64,
         d as i64,
         dv as i64,
-        width as i64,
         *causal as i32,
     );
     let scale = 1.0 / (d as f32).sqrt();
-    if width > t {
-        // the padding past the rows: zeros, as the cpu twin writes
-        // SAFETY: the logsumexp buffer holds bh x width floats
-        unsafe {
-            cudarc::driver::result::memset_d8_async(lse, 0, bh * width * 4, g.stream.cu_stream())
+    let rows = |n: usize, by: usize| LaunchConfig {
+        grid_dim: (n as u32, by as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    match l.pass {
+        Pass::Forward => {
+            // the logsumexp: the last output, [B, H, width]
+            let Some((lse, width)) = l.outputs[1..].last().and_then(lse_of) else {
+                return Ok(false);
+            };
+            if out.layout.numel() != bh * t * dv || width < t {
+                return Ok(false);
+            }
+            if width > t {
+                // the padding past the rows: zeros, as the cpu twin writes
+                // SAFETY: the logsumexp buffer holds bh x width floats
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        lse,
+                        0,
+                        bh * width * 4,
+                        g.stream.cu_stream(),
+                    )
+                }
+                .map_err(|e| format!("attention: {e:?}"))?;
+            }
+            let ww = width as i64;
+            let f = g.function("attention")?;
+            // SAFETY: q, k, v and the output are read and written through their views of
+            // [B, H, T or S, D]; the logsumexp holds bh x width floats; s keys fit the
+            // kernel's shared row
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&qv.0)
+                    .arg(&qv.1)
+                    .arg(&kv.0)
+                    .arg(&kv.1)
+                    .arg(&vv.0)
+                    .arg(&vv.1)
+                    .arg(&ov.0)
+                    .arg(&ov.1)
+                    .arg(&lse)
+                    .arg(&hh)
+                    .arg(&rr)
+                    .arg(&tt)
+                    .arg(&ss)
+                    .arg(&dd)
+                    .arg(&ddv)
+                    .arg(&ww)
+                    .arg(&c)
+                    .arg(&scale)
+                    .launch(rows(t, bh))
+            }
+            .map_err(|e| format!("attention: {e:?}"))?;
         }
-        .map_err(|e| format!("attention: {e:?}"))?;
+        Pass::Grad { input } => {
+            let lse = l
+                .saved
+                .iter()
+                .filter(|(r, _)| matches!(r, Role::Extra(_)))
+                .filter_map(|(_, b)| lse_of(b))
+                .last();
+            let (Some((lse, width)), Some(o), Some(gr)) = (
+                lse,
+                saved(Role::Output).and_then(fview),
+                fview(&l.inputs[0]),
+            ) else {
+                return Ok(false);
+            };
+            if width < t || l.inputs[0].layout.numel() != bh * t * dv || input > 2 {
+                return Ok(false);
+            }
+            let want = [bh * t * d, bh / rep * s * d, bh / rep * s * dv][input];
+            if out.layout.numel() != want {
+                return Ok(false);
+            }
+            let (which, ww) = (input as i32, width as i64);
+            let cfg = if input == 0 {
+                rows(t, bh)
+            } else {
+                rows(s, bh / rep)
+            };
+            let f = g.function("attention_backward")?;
+            // SAFETY: every tensor read and written through its view, as in the forward; the
+            // logsumexp the forward wrote, bh x width floats
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&which)
+                    .arg(&gr.0)
+                    .arg(&gr.1)
+                    .arg(&qv.0)
+                    .arg(&qv.1)
+                    .arg(&kv.0)
+                    .arg(&kv.1)
+                    .arg(&vv.0)
+                    .arg(&vv.1)
+                    .arg(&o.0)
+                    .arg(&o.1)
+                    .arg(&lse)
+                    .arg(&ov.0)
+                    .arg(&ov.1)
+                    .arg(&hh)
+                    .arg(&rr)
+                    .arg(&tt)
+                    .arg(&ss)
+                    .arg(&dd)
+                    .arg(&ddv)
+                    .arg(&ww)
+                    .arg(&c)
+                    .arg(&scale)
+                    .launch(cfg)
+            }
+            .map_err(|e| format!("attention_backward: {e:?}"))?;
+        }
     }
-    let f = g.function("attention")?;
-    // SAFETY: q [bh, t, d], k [bh, s, d], v [bh, s, dv] and the output [bh, t, dv] are
-    // contiguous floats, the logsumexp bh x width; s keys fit the kernel's shared row
-    unsafe {
-        g.stream
-            .launch_builder(&f)
-            .arg(&bufs[0])
-            .arg(&bufs[1])
-            .arg(&bufs[2])
-            .arg(&o)
-            .arg(&lse)
-            .arg(&tt)
-            .arg(&ss)
-            .arg(&dd)
-            .arg(&ddv)
-            .arg(&ww)
-            .arg(&c)
-            .arg(&scale)
-            .launch(cfg)
-    }
-    .map_err(|e| format!("attention: {e:?}"))?;
     Ok(true)
 }

@@ -9,7 +9,7 @@ use cudarc::driver::PushKernelArg;
 use super::{floating, fview, fview_as, mask_as, Gpu, Strided};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::Layout;
-use crate::engine::op::{Binary, Cmp, Fill, Op, Role, Save, Unary};
+use crate::engine::op::{Binary, Cmp, Fill, InPlace, Op, Role, Save, Unary};
 
 /// Unary codes whose derivative `unary_backward` takes from the input (sin, cos, gelu, silu),
 /// and those it takes from the output (exp, relu, sigmoid, tanh, rsqrt, sqrt); neg needs
@@ -54,6 +54,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             | (Op::MaskedFill { .. } | Op::Where, _)
             | (Op::Cat { .. }, Pass::Forward)
             | (Op::Compare { .. }, Pass::Forward)
+            | (Op::Pow { .. } | Op::Accumulate, _)
+            | (Op::InPlace(_), Pass::Forward)
     );
     if !takes {
         return Ok(false);
@@ -62,7 +64,11 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         return Ok(true);
     }
     // everything here writes a floating output, but a comparison's bool
-    if !floating(out.dtype) && !matches!(l.op, Op::Compare { .. }) {
+    let any_dtype = matches!(
+        l.op,
+        Op::Compare { .. } | Op::Clone | Op::Copy | Op::Cast | Op::InPlace(InPlace::Copy)
+    );
+    if !floating(out.dtype) && !any_dtype {
         return Ok(false);
     }
     match (l.op, l.pass) {
@@ -74,27 +80,98 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         ) => {
             // uninitialized memory: nothing to write, here as on the cpu device
         }
-        (Op::Fill { fill, .. }, _) => {
-            let v = match *fill {
-                Fill::Zeros => 0.0f32,
-                Fill::Ones => 1.0,
-                Fill::Full(x) => x as f32,
-                _ => return Ok(false),
+        (Op::Fill { fill: what, seed }, _) => {
+            let (mode, v, start, step) = match *what {
+                Fill::Zeros => (0i32, 0.0f32, 0.0, 0.0),
+                Fill::Ones => (0, 1.0, 0.0, 0.0),
+                Fill::Full(x) => (0, x as f32, 0.0, 0.0),
+                Fill::Randn => (1, 0.0, 0.0, 0.0),
+                Fill::Rand => (2, 0.0, 0.0, 0.0),
+                Fill::Arange { start, step } => (3, 0.0, start, step),
+                Fill::Empty => unreachable!("matched above"),
             };
-            let f = g.function("fill")?;
-            run(g, &f, "fill", n, |b| {
-                b.arg(&o).arg(&os).arg(&nn).arg(&v);
-            })?;
+            fill(g, mode, v, (start, step), *seed, (o, os), n)?;
         }
         (Op::Unary(u), Pass::Forward) => {
             let (Some(code), Some((x, xs))) = (unary_code(*u), fview(&l.inputs[0])) else {
                 return Ok(false);
             };
-            let c = code as i32;
-            let f = g.function("unary")?;
-            run(g, &f, "unary", n, |b| {
-                b.arg(&c).arg(&x).arg(&xs).arg(&o).arg(&os).arg(&nn);
-            })?;
+            unary(g, code as i32, 0.0, (x, xs), (o, os), n)?;
+        }
+        (Op::Pow { exponent }, Pass::Forward) => {
+            let Some(x) = fview(&l.inputs[0]) else {
+                return Ok(false);
+            };
+            unary(g, POW, *exponent, x, (o, os), n)?;
+        }
+        (Op::Pow { exponent }, Pass::Grad { .. }) => {
+            let (Some(gr), Some(x)) = (
+                fview(&l.inputs[0]),
+                saved(l, Role::Input(0)).and_then(fview),
+            ) else {
+                return Ok(false);
+            };
+            if !same_shape(&l.inputs[0], out) {
+                return Ok(false);
+            }
+            unary_backward(g, POW, *exponent, gr, x, (o, os), n)?;
+        }
+        (Op::InPlace(ip), Pass::Forward) => {
+            // the output is the tensor changed in place: each element read, then written by
+            // the same thread
+            let me = (o, os);
+            match ip {
+                InPlace::Tensor(op) => {
+                    let Some(y) = l.inputs.get(1).and_then(|y| broadcast_view(y, out.layout))
+                    else {
+                        return Ok(false);
+                    };
+                    binary(g, *op, me, y, me, n)?;
+                }
+                InPlace::Scalar(op, v) => scalar(g, *op, false, *v as f32, me, me, n)?,
+                InPlace::Unary(u) => {
+                    let Some(code) = unary_code(*u) else {
+                        return Ok(false);
+                    };
+                    unary(g, code as i32, 0.0, me, me, n)?;
+                }
+                InPlace::Fill(v) => fill(g, 0, *v as f32, (0.0, 0.0), 0, me, n)?,
+                InPlace::Copy => {
+                    let Some(y) = l.inputs.get(1).and_then(|y| {
+                        Strided::of(&expand(y.layout, out.layout)?, y.dtype).map(|s| (y.addr, s))
+                    }) else {
+                        return Ok(false);
+                    };
+                    copy_view(g, y, me, n)?;
+                }
+                InPlace::MaskedFill(v) => {
+                    let Some(m) = l
+                        .inputs
+                        .get(1)
+                        .and_then(|m| expand(m.layout, out.layout).and_then(|e| mask_as(m, &e)))
+                    else {
+                        return Ok(false);
+                    };
+                    let (v, f) = (*v as f32, g.function("masked_fill")?);
+                    run(g, &f, "masked_fill", n, |b| {
+                        b.arg(&o)
+                            .arg(&os)
+                            .arg(&m.0)
+                            .arg(&m.1)
+                            .arg(&v)
+                            .arg(&o)
+                            .arg(&os)
+                            .arg(&nn);
+                    })?;
+                }
+            }
+        }
+        (Op::Accumulate, _) => {
+            // a gradient added into the one accumulated so far
+            let Some(y) = l.inputs.first().and_then(|y| broadcast_view(y, out.layout)) else {
+                return Ok(false);
+            };
+            binary(g, Binary::Add, (o, os), y, (o, os), n)?;
         }
         (Op::Unary(u), Pass::Grad { .. }) => {
             let Some(code) = unary_code(*u) else {
@@ -103,32 +180,26 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let Some((gr, gs)) = fview(&l.inputs[0]) else {
                 return Ok(false);
             };
-            // the saved tensor the kernel reads must be the one the op saved
-            let saved_as = |r: Role| saved(l, r).and_then(|b| fview_as(b, l.inputs[0].layout));
+            // the saved tensor the kernel reads must be the one the op saved (read through its
+            // own view: it has the gradient's shape)
+            let saved_as = |r: Role| {
+                saved(l, r)
+                    .filter(|b| b.layout.shape == l.inputs[0].layout.shape)
+                    .and_then(fview)
+            };
             let v = match u.saves().first() {
                 Some(Save::Input(_)) if FROM_INPUT.contains(&code) => saved_as(Role::Input(0)),
                 Some(Save::Output) if FROM_OUTPUT.contains(&code) => saved_as(Role::Output),
                 None if code == 0 => Some((gr, gs)),
                 _ => None,
             };
-            let Some((v, vs)) = v else {
+            let Some(v) = v else {
                 return Ok(false);
             };
             if !same_shape(&l.inputs[0], out) {
                 return Ok(false);
             }
-            let c = code as i32;
-            let f = g.function("unary_backward")?;
-            run(g, &f, "unary_backward", n, |b| {
-                b.arg(&c)
-                    .arg(&gr)
-                    .arg(&gs)
-                    .arg(&v)
-                    .arg(&vs)
-                    .arg(&o)
-                    .arg(&os)
-                    .arg(&nn);
-            })?;
+            unary_backward(g, code as i32, 0.0, (gr, gs), v, (o, os), n)?;
         }
         (Op::Binary(op), Pass::Forward) => {
             let (Some((x, xs)), Some((y, ys))) = (
@@ -213,14 +284,15 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             }
         }
         (Op::Clone | Op::Copy | Op::Cast, Pass::Forward) => {
+            // any dtype the kernels read: bit for bit within one, through float32 across two
             let x = &l.inputs[0];
             if x.layout.numel() != n {
                 return Ok(false);
             }
-            let Some((xa, xs)) = fview(x) else {
+            let Some(xs) = Strided::of(x.layout, x.dtype) else {
                 return Ok(false);
             };
-            copy_view(g, (xa, xs), (o, os), n)?;
+            copy_view(g, (x.addr, xs), (o, os), n)?;
         }
         (Op::MaskedFill { value }, pass) => {
             let (x, mask, v) = match pass {
@@ -368,6 +440,79 @@ fn saved<'a>(l: &'a Launch, r: Role) -> Option<&'a Buffer<'a>> {
 
 fn same_shape(a: &Buffer, b: &Buffer) -> bool {
     a.layout.shape == b.layout.shape
+}
+
+/// `fill`: a constant (`mode` 0), the cpu device's normals (1) or uniforms (2) of `seed`, or
+/// an arange (3).
+fn fill(
+    g: &mut Gpu,
+    mode: i32,
+    value: f32,
+    (start, step): (f64, f64),
+    seed: u64,
+    o: (u64, Strided),
+    n: usize,
+) -> Result<(), String> {
+    let nn = n as i64;
+    let f = g.function("fill")?;
+    run(g, &f, "fill", n, |b| {
+        b.arg(&mode)
+            .arg(&value)
+            .arg(&start)
+            .arg(&step)
+            .arg(&seed)
+            .arg(&o.0)
+            .arg(&o.1)
+            .arg(&nn);
+    })
+}
+
+/// `unary`'s code for `x ** e`.
+const POW: i32 = 11;
+
+fn unary(
+    g: &mut Gpu,
+    code: i32,
+    e: f64,
+    x: (u64, Strided),
+    o: (u64, Strided),
+    n: usize,
+) -> Result<(), String> {
+    let nn = n as i64;
+    let f = g.function("unary")?;
+    run(g, &f, "unary", n, |b| {
+        b.arg(&code)
+            .arg(&e)
+            .arg(&x.0)
+            .arg(&x.1)
+            .arg(&o.0)
+            .arg(&o.1)
+            .arg(&nn);
+    })
+}
+
+fn unary_backward(
+    g: &mut Gpu,
+    code: i32,
+    e: f64,
+    gr: (u64, Strided),
+    x: (u64, Strided),
+    o: (u64, Strided),
+    n: usize,
+) -> Result<(), String> {
+    let nn = n as i64;
+    let f = g.function("unary_backward")?;
+    run(g, &f, "unary_backward", n, |b| {
+        b.arg(&code)
+            .arg(&e)
+            .arg(&gr.0)
+            .arg(&gr.1)
+            .arg(&x.0)
+            .arg(&x.1)
+            .arg(&o.0)
+            .arg(&o.1)
+            .arg(&nn);
+    })
 }
 
 fn copy_view(g: &mut Gpu, x: (u64, Strided), o: (u64, Strided), n: usize) -> Result<(), String> {

@@ -82,36 +82,6 @@ fn gemm1(g: &mut Gpu, p: Product, abc: (u64, u64, u64), code: i32) -> Result<(),
     gemm(g, p, abc, code, 1, (0, 0, 0))
 }
 
-/// `out[j] = sum over r of g[r, j]` for contiguous `g` [rows, n] (reduce.cu's `reduce`): a
-/// bias's gradient.
-fn column_sums(
-    g: &mut Gpu,
-    gr: (u64, i32),
-    o: (u64, i32),
-    rows: usize,
-    n: usize,
-) -> Result<(), String> {
-    use cudarc::driver::PushKernelArg;
-    let (mean, outer, len, inner) = (0i32, 1i64, rows as i64, n as i64);
-    let f = g.function("reduce")?;
-    // SAFETY: g holds rows x n elements, the output n
-    unsafe {
-        g.stream
-            .launch_builder(&f)
-            .arg(&mean)
-            .arg(&gr.0)
-            .arg(&gr.1)
-            .arg(&outer)
-            .arg(&len)
-            .arg(&inner)
-            .arg(&o.0)
-            .arg(&o.1)
-            .launch(Gpu::elems(n))
-    }
-    .map(|_| ())
-    .map_err(|e| format!("a bias's gradient: {e:?}"))
-}
-
 /// `y[r, j] += b[j]` for contiguous `y` [rows, n] (elementwise.cu's `binary`, in place).
 fn add_rows(g: &mut Gpu, y: &Buffer, b: &Buffer, rows: usize, n: usize) -> Result<(), String> {
     use cudarc::driver::PushKernelArg;
@@ -265,10 +235,19 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, wt: bool) -> Result<bool, String> 
                 }
                 _ => {
                     // a bias of [n]: its columns' sums (a full one's is the gradient itself)
-                    if out.layout.numel() != n {
+                    if out.layout.numel() != n || !l.inputs[0].layout.is_contiguous() {
                         return Ok(false);
                     }
-                    column_sums(g, gr, (o, code), rows, n)?;
+                    let mut g2 = Layout::contiguous(&[rows, n]);
+                    g2.offset = l.inputs[0].layout.offset;
+                    let whole = Buffer {
+                        addr: l.inputs[0].addr,
+                        layout: &g2,
+                        dtype: l.inputs[0].dtype,
+                    };
+                    if !super::nn::reduce_view(g, &whole, &[true, false], false, out)? {
+                        return Ok(false);
+                    }
                 }
             }
         }

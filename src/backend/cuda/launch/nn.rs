@@ -17,6 +17,35 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     let Some(out) = l.outputs.first() else {
         return Ok(false);
     };
+    match (l.op, l.pass) {
+        (Op::Reduce { mean, .. }, Pass::Forward) => {
+            let x = &l.inputs[0];
+            let red = match l.op {
+                Op::Reduce { dims, .. } => match dims.reduced(x.layout.shape.len()) {
+                    Ok(r) => r,
+                    Err(_) => return Ok(false),
+                },
+                _ => unreachable!(),
+            };
+            return reduce_view(g, x, &red, *mean, out);
+        }
+        (Op::SumTo, _) => {
+            // the leading dimensions the output lacks, and those it keeps as 1
+            let (x, xs, os) = (&l.inputs[0], &l.inputs[0].layout.shape, &out.layout.shape);
+            if os.len() > xs.len() {
+                return Ok(false);
+            }
+            let lead = xs.len() - os.len();
+            let red: Vec<bool> = (0..xs.len())
+                .map(|i| i < lead || (os[i - lead] == 1 && xs[i] != 1))
+                .collect();
+            return reduce_view(g, x, &red, false, out);
+        }
+        (Op::Reduce { mean, dims, .. }, pass) => {
+            return reduce(g, l, *mean, dims, pass);
+        }
+        _ => {}
+    }
     let Some(o) = contiguous(out) else {
         return Ok(false);
     };
@@ -85,8 +114,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             Ok(true)
         }
         (Op::Norm(norm), pass) => self::norm(g, l, *norm, pass, o),
+        (Op::NllLoss, pass) => nll_loss(g, l, pass, o),
+        (Op::Dropout { p, seed }, pass) => dropout(g, l, *p, *seed, pass, o),
         (Op::Embedding { .. }, pass) => embedding(g, l, pass, o),
-        (Op::Reduce { mean, dims, .. }, pass) => reduce(g, l, *mean, dims, pass, o),
         _ => Ok(false),
     }
 }
@@ -100,108 +130,126 @@ fn reduce(
     mean: bool,
     dims: &crate::engine::op::reduce::DimList,
     pass: Pass,
-    o: (u64, i32),
 ) -> Result<bool, String> {
     use crate::engine::layout::Layout;
-    let out = &l.outputs[0];
-    let x_shape = match pass {
-        Pass::Forward => l.inputs[0].layout.shape.to_vec(),
-        Pass::Grad { .. } => out.layout.shape.to_vec(),
+    let Pass::Grad { .. } = pass else {
+        return Ok(false);
     };
+    // the incoming gradient expanded back over the reduced dimensions, scaled
+    let out = &l.outputs[0];
+    let x_shape = out.layout.shape.to_vec();
     let Ok(red) = dims.reduced(x_shape.len()) else {
         return Ok(false);
     };
-    // the reduced dimensions must be one run [a, b)
-    let (Some(a), Some(b)) = (
-        red.iter().position(|&r| r),
-        red.iter().rposition(|&r| r).map(|i| i + 1),
+    let n = out.layout.numel();
+    let kept_n: usize = x_shape
+        .iter()
+        .zip(&red)
+        .filter(|(_, &r)| !r)
+        .map(|(&s, _)| s)
+        .product();
+    let len = n / kept_n.max(1);
+    let gb = &l.inputs[0];
+    if n == 0 || !floating(gb.dtype) || !gb.layout.is_contiguous() || gb.layout.numel() != kept_n {
+        return Ok(false);
+    }
+    let kept: Vec<usize> = x_shape
+        .iter()
+        .zip(&red)
+        .map(|(&s, &r)| if r { 1 } else { s })
+        .collect();
+    let sizes: Vec<i64> = x_shape.iter().map(|&s| s as i64).collect();
+    let Ok(mut gl) = Layout::contiguous(&kept).expand(&sizes) else {
+        return Ok(false);
+    };
+    gl.offset = gb.layout.offset;
+    let (Some(gs), Some(os)) = (
+        Strided::of(&gl, gb.dtype),
+        Strided::of(out.layout, out.dtype),
     ) else {
         return Ok(false);
     };
-    if red[a..b].iter().any(|&r| !r) {
+    let scale = if mean { 1.0 / len.max(1) as f64 } else { 1.0 } as f32;
+    let (code, rev, nn) = (crate::engine::op::Binary::Mul as i32, 0i32, n as i64);
+    let f = g.function("scalar")?;
+    // SAFETY: the gradient read through a stride-0 view of the input's shape; the output is
+    // written through its own view
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&code)
+            .arg(&rev)
+            .arg(&scale)
+            .arg(&gb.addr)
+            .arg(&gs)
+            .arg(&out.addr)
+            .arg(&os)
+            .arg(&nn)
+            .launch(Gpu::elems(n))
+    }
+    .map_err(|e| format!("reduce's backward: {e:?}"))?;
+    Ok(true)
+}
+
+/// `sum`/`mean` of `x` over the dimensions `red` marks (reduce.cu's `reduce`): the input
+/// seen with its kept dimensions first and the reduced ones after, so each output element
+/// sums one run of that view; the output through its own view (keepdim's ones included).
+pub(super) fn reduce_view(
+    g: &mut Gpu,
+    x: &crate::backend::Buffer,
+    red: &[bool],
+    mean: bool,
+    out: &crate::backend::Buffer,
+) -> Result<bool, String> {
+    let shape = &x.layout.shape;
+    if red.len() != shape.len() || !floating(x.dtype) || !floating(out.dtype) {
         return Ok(false);
     }
-    let prod = |s: &[usize]| s.iter().product::<usize>();
-    let (outer, len, inner) = (
-        prod(&x_shape[..a]),
-        prod(&x_shape[a..b]),
-        prod(&x_shape[b..]),
-    );
-    if outer * len * inner == 0 {
+    let order: Vec<i64> = (0..shape.len())
+        .filter(|&i| !red[i])
+        .chain((0..shape.len()).filter(|&i| red[i]))
+        .map(|i| i as i64)
+        .collect();
+    let Ok(perm) = x.layout.permute(&order) else {
+        return Ok(false);
+    };
+    let total: usize = (0..shape.len())
+        .filter(|&i| !red[i])
+        .map(|i| shape[i])
+        .product();
+    let len: usize = (0..shape.len())
+        .filter(|&i| red[i])
+        .map(|i| shape[i])
+        .product();
+    if out.layout.numel() != total {
         return Ok(false);
     }
-    match pass {
-        Pass::Forward => {
-            let Some(x) = contiguous(&l.inputs[0]) else {
-                return Ok(false);
-            };
-            if out.layout.numel() != outer * inner {
-                return Ok(false);
-            }
-            let (m, oo, ll, ii) = (mean as i32, outer as i64, len as i64, inner as i64);
-            let f = g.function("reduce")?;
-            // SAFETY: x holds outer x len x inner floats, the output outer x inner
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&m)
-                    .arg(&x.0)
-                    .arg(&x.1)
-                    .arg(&oo)
-                    .arg(&ll)
-                    .arg(&ii)
-                    .arg(&o.0)
-                    .arg(&o.1)
-                    .launch(Gpu::elems(outer * inner))
-            }
-            .map_err(|e| format!("reduce: {e:?}"))?;
-        }
-        Pass::Grad { .. } => {
-            let gb = &l.inputs[0];
-            if !floating(gb.dtype)
-                || !gb.layout.is_contiguous()
-                || gb.layout.numel() != outer * inner
-            {
-                return Ok(false);
-            }
-            let kept: Vec<usize> = x_shape
-                .iter()
-                .zip(&red)
-                .map(|(&s, &r)| if r { 1 } else { s })
-                .collect();
-            let sizes: Vec<i64> = x_shape.iter().map(|&s| s as i64).collect();
-            let Ok(mut gl) = Layout::contiguous(&kept).expand(&sizes) else {
-                return Ok(false);
-            };
-            gl.offset = gb.layout.offset;
-            let (Some(gs), Some(os)) = (
-                Strided::of(&gl, gb.dtype),
-                Strided::of(out.layout, out.dtype),
-            ) else {
-                return Ok(false);
-            };
-            let n = outer * len * inner;
-            let scale = if mean { 1.0 / len as f64 } else { 1.0 } as f32;
-            let (code, rev, nn) = (crate::engine::op::Binary::Mul as i32, 0i32, n as i64);
-            let f = g.function("scalar")?;
-            // SAFETY: the gradient read through a stride-0 view of the input's shape; the
-            // output holds n contiguous floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&code)
-                    .arg(&rev)
-                    .arg(&scale)
-                    .arg(&gb.addr)
-                    .arg(&gs)
-                    .arg(&out.addr)
-                    .arg(&os)
-                    .arg(&nn)
-                    .launch(Gpu::elems(n))
-            }
-            .map_err(|e| format!("reduce's backward: {e:?}"))?;
-        }
+    if total == 0 {
+        return Ok(true);
     }
+    let (Some(xs), Some(os)) = (
+        Strided::of(&perm, x.dtype),
+        Strided::of(out.layout, out.dtype),
+    ) else {
+        return Ok(false);
+    };
+    let (m, tt, ll) = (mean as i32, total as i64, len as i64);
+    let f = g.function("reduce")?;
+    // SAFETY: the input read through a permutation of its own view, the output written
+    // through its view, `total` elements
+    unsafe {
+        g.stream
+            .launch_builder(&f)
+            .arg(&m)
+            .arg(&x.addr)
+            .arg(&xs)
+            .arg(&tt)
+            .arg(&ll)
+            .arg(&out.addr)
+            .arg(&os)
+            .launch(Gpu::elems(total))
+    }
+    .map_err(|e| format!("reduce: {e:?}"))?;
     Ok(true)
 }
 
@@ -304,6 +352,179 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool,
                     .launch(cfg)
             }
             .map_err(|e| format!("embedding_backward: {e:?}"))?;
+        }
+    }
+    Ok(true)
+}
+
+/// `F.nll_loss(logp [rows, cols], target [rows])`, float32, mean over the targets that are
+/// not -100 (the loss, then the count the backward keeps), with the targets checked on the
+/// host first as the cpu twin checks them; and the log-probabilities' gradient.
+fn nll_loss(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool, String> {
+    let f32_of =
+        |b: &crate::backend::Buffer| contiguous(b).filter(|&(_, c)| c == 0).map(|(a, _)| a);
+    let saved_buf = |r: Role| l.saved.iter().find(|(role, _)| *role == r).map(|(_, b)| b);
+    let (target, shape) = match pass {
+        Pass::Forward => (l.inputs.get(1), l.inputs[0].layout.shape.to_vec()),
+        Pass::Grad { .. } => (
+            saved_buf(Role::Input(1)),
+            l.outputs[0].layout.shape.to_vec(),
+        ),
+    };
+    let Some(t) = target.and_then(contiguous_i64) else {
+        return Ok(false);
+    };
+    if shape.len() != 2 || o.1 != 0 {
+        return Ok(false);
+    }
+    let (rows, cols) = (shape[0], shape[1]);
+    if rows == 0 || cols == 0 || target.map(|b| b.layout.numel()) != Some(rows) {
+        return Ok(false);
+    }
+    let (rr, cc) = (rows as i64, cols as i64);
+    match pass {
+        Pass::Forward => {
+            let (Some(lp), Some(w)) = (f32_of(&l.inputs[0]), l.outputs.get(1).and_then(f32_of))
+            else {
+                return Ok(false);
+            };
+            let mut host = vec![0i64; rows];
+            super::mem::get(t, bytemuck_i64(&mut host))?;
+            if let Some(&ti) = host
+                .iter()
+                .find(|&&v| v != -100 && (v < 0 || v as usize >= cols))
+            {
+                return Err(format!("Target {ti} is out of bounds."));
+            }
+            let f = g.function("nll_loss")?;
+            // SAFETY: rows checked targets into [rows, cols] float32 log-probabilities; the
+            // loss and the count are one float32 each; one block of 256 threads
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&lp)
+                    .arg(&t)
+                    .arg(&rr)
+                    .arg(&cc)
+                    .arg(&o.0)
+                    .arg(&w)
+                    .launch(cudarc::driver::LaunchConfig {
+                        grid_dim: (1, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+            }
+            .map_err(|e| format!("nll_loss: {e:?}"))?;
+        }
+        Pass::Grad { .. } => {
+            let (Some(gr), Some(w)) = (
+                f32_of(&l.inputs[0]),
+                saved_buf(Role::Extra(0)).and_then(f32_of),
+            ) else {
+                return Ok(false);
+            };
+            let f = g.function("nll_loss_backward")?;
+            // SAFETY: one float32 gradient and count; rows targets (checked in the forward);
+            // the output rows x cols float32
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&gr)
+                    .arg(&t)
+                    .arg(&w)
+                    .arg(&rr)
+                    .arg(&cc)
+                    .arg(&o.0)
+                    .launch(Gpu::elems(rows * cols))
+            }
+            .map_err(|e| format!("nll_loss_backward: {e:?}"))?;
+        }
+    }
+    Ok(true)
+}
+
+/// A contiguous bool mask's first element.
+fn contiguous_mask(b: &crate::backend::Buffer) -> Option<u64> {
+    (matches!(
+        b.dtype,
+        crate::engine::DType::Bool | crate::engine::DType::U8
+    ) && b.layout.is_contiguous())
+    .then(|| b.addr + b.layout.offset as u64)
+}
+
+/// `F.dropout` in training with the cpu device's generator (the same elements kept) and its
+/// mask, and its gradient through the kept mask.
+fn dropout(
+    g: &mut Gpu,
+    l: &Launch,
+    p: f64,
+    seed: u64,
+    pass: Pass,
+    o: (u64, i32),
+) -> Result<bool, String> {
+    let n = l.outputs[0].layout.numel();
+    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+    let nn = n as i64;
+    match pass {
+        Pass::Forward => {
+            let (Some(x), Some(m)) = (
+                contiguous(&l.inputs[0]),
+                l.outputs.get(1).and_then(contiguous_mask),
+            ) else {
+                return Ok(false);
+            };
+            if l.inputs[0].layout.numel() != n || l.outputs[1].layout.numel() != n {
+                return Ok(false);
+            }
+            // kept when the draw's top 24 bits over 2^24 are at least p
+            let keep_from = (p * (1u64 << 24) as f64)
+                .ceil()
+                .clamp(0.0, (1u64 << 24) as f64) as u64;
+            let f = g.function("dropout")?;
+            // SAFETY: x, the output and the mask hold n contiguous elements
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&x.0)
+                    .arg(&x.1)
+                    .arg(&o.0)
+                    .arg(&o.1)
+                    .arg(&m)
+                    .arg(&nn)
+                    .arg(&seed)
+                    .arg(&keep_from)
+                    .arg(&scale)
+                    .launch(Gpu::elems(n))
+            }
+            .map_err(|e| format!("dropout: {e:?}"))?;
+        }
+        Pass::Grad { .. } => {
+            let mask = l
+                .saved
+                .iter()
+                .find(|(r, _)| *r == Role::Extra(0))
+                .and_then(|(_, b)| contiguous_mask(b));
+            let (Some(gr), Some(m)) = (contiguous(&l.inputs[0]), mask) else {
+                return Ok(false);
+            };
+            if l.inputs[0].layout.numel() != n {
+                return Ok(false);
+            }
+            let f = g.function("dropout_backward")?;
+            // SAFETY: the gradient, the mask and the output hold n contiguous elements
+            unsafe {
+                g.stream
+                    .launch_builder(&f)
+                    .arg(&gr.0)
+                    .arg(&gr.1)
+                    .arg(&m)
+                    .arg(&o.0)
+                    .arg(&o.1)
+                    .arg(&nn)
+                    .arg(&scale)
+                    .launch(Gpu::elems(n))
+            }
+            .map_err(|e| format!("dropout_backward: {e:?}"))?;
         }
     }
     Ok(true)
