@@ -143,7 +143,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 .iter()
                 .filter(|(r, _)| matches!(r, Role::Extra(_)))
                 .filter_map(|(_, b)| lse_of(b))
-                .last();
+                .next_back();
             let (Some((lse, width)), Some(o), Some(gr)) = (
                 lse,
                 saved(Role::Output).and_then(fview),
