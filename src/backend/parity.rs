@@ -128,6 +128,14 @@ enum Run {
     Optim(OptimKind),
     /// A clone of the first input changed in place (with the second as the operand).
     InPlace(InPlace),
+    /// `x[:, start:end]` (a strided view whose gradient is scattered into zeros).
+    Slice {
+        dim: i64,
+        start: i64,
+        end: i64,
+    },
+    /// `torch.cat` of `x.chunk(3, -1)` in another order (split's gradient, cat's forward).
+    ChunkCat,
 }
 
 /// One case: an op, its inputs, and the dtypes it runs in.
@@ -360,6 +368,36 @@ pub fn cases() -> Vec<Case> {
                 dim: None,
             },
             vec![f(&[r, c])],
+            BOTH,
+        ),
+    ]);
+    v.extend([
+        case(
+            "pad",
+            "(1, 2) on the last dimension, (0, 3) on the one before, -1.5",
+            Run::Apply(Op::Pad {
+                pads: vec![1, 2, 0, 3],
+                value: -1.5,
+            }),
+            vec![f(&[4, r, c])],
+            BOTH,
+        ),
+        case(
+            "slice",
+            "x[:, 5:70] (its gradient into zeros)",
+            Run::Slice {
+                dim: 1,
+                start: 5,
+                end: 70,
+            },
+            vec![f(&[r, c])],
+            BOTH,
+        ),
+        case(
+            "chunk",
+            "three chunks of the last dimension, concatenated in another order",
+            Run::ChunkCat,
+            vec![f(&[4, r, 96])],
             BOTH,
         ),
     ]);
@@ -717,6 +755,30 @@ fn run_case_in(
             d.sdpa_with(inputs[0], inputs[1], inputs[2], *gqa, 0.0, *causal)
         }
         Run::Optim(_) => unreachable!("handled above"),
+        Run::Slice { dim, start, end } => {
+            let x = inputs[0];
+            let l = d.info(x).layout.slice(*dim, Some(*start), Some(*end), 1);
+            let rel = crate::engine::layout::Layout::contiguous(d.shape(x)).slice(
+                *dim,
+                Some(*start),
+                Some(*end),
+                1,
+            );
+            match (l, rel) {
+                (Ok(l), Ok(rel)) => {
+                    Ok(d.view_op(crate::engine::op::view::ViewKind::Index, x, l, rel))
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e.0),
+            }
+        }
+        Run::ChunkCat => {
+            let x = inputs[0];
+            let nd = d.shape(x).len();
+            let parts = d.info(x).layout.chunk(3, -1).map_err(|e| e.0)?;
+            let ps = d.split_op(true, nd - 1, x, parts);
+            made.extend(ps.iter().copied());
+            d.apply(&Op::Cat { dim: -1 }, &[ps[2], ps[0], ps[1]])
+        }
         Run::InPlace(ip) => {
             let y = d.clone_op(inputs[0]).map_err(err)?;
             made.push(y);

@@ -10,6 +10,7 @@ use super::{floating, fview, fview_as, mask_as, Gpu, Strided};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::layout::Layout;
 use crate::engine::op::{Binary, Cmp, Fill, InPlace, Op, Role, Save, Unary};
+use crate::engine::DType;
 
 /// Unary codes whose derivative `unary_backward` takes from the input (sin, cos, gelu, silu),
 /// and those it takes from the output (exp, relu, sigmoid, tanh, rsqrt, sqrt); neg needs
@@ -56,6 +57,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             | (Op::Compare { .. }, Pass::Forward)
             | (Op::Pow { .. } | Op::Accumulate, _)
             | (Op::InPlace(_), Pass::Forward)
+            | (Op::Split { .. } | Op::View { .. }, Pass::Grad { .. })
+            | (Op::Pad { .. }, _)
     );
     if !takes {
         return Ok(false);
@@ -68,6 +71,25 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         l.op,
         Op::Compare { .. } | Op::Clone | Op::Copy | Op::Cast | Op::InPlace(InPlace::Copy)
     );
+    // an integer factory whose values float32 holds exactly (ids, positions, counts)
+    let exact_ints = match l.op {
+        Op::Fill { fill, .. } => {
+            let limit = (1u64 << 24) as f64;
+            match *fill {
+                Fill::Zeros | Fill::Ones | Fill::Empty => true,
+                Fill::Full(x) => x.fract() == 0.0 && x.abs() < limit,
+                Fill::Arange { start, step } => {
+                    start.fract() == 0.0
+                        && step.fract() == 0.0
+                        && start.abs() + step.abs() * (n as f64) < limit
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    };
+    let any_dtype = any_dtype
+        || (exact_ints && matches!(out.dtype, DType::I64 | DType::I32 | DType::Bool | DType::U8));
     if !floating(out.dtype) && !any_dtype {
         return Ok(false);
     }
@@ -425,6 +447,101 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             for (pa, ps, ss, m) in parts {
                 if m > 0 {
                     copy_view(g, (pa, ps), (o, ss), m)?;
+                }
+            }
+        }
+        (Op::Split { dim, .. }, Pass::Grad { .. }) => {
+            // the parts' gradients, in order along `dim`, each into its slice of the output
+            let mut at = 0usize;
+            let mut parts = Vec::new();
+            for p in l.inputs {
+                let Some(&len) = p.layout.shape.get(*dim) else {
+                    return Ok(false);
+                };
+                let Some(pv) = fview(p) else {
+                    return Ok(false);
+                };
+                let mut slice = out.layout.clone();
+                slice.shape[*dim] = len;
+                slice.offset += at * out.layout.strides[*dim];
+                at += len;
+                let Some(ss) = Strided::of(&slice, out.dtype) else {
+                    return Ok(false);
+                };
+                parts.push((pv, ss, p.layout.numel()));
+            }
+            if at != out.layout.shape[*dim] {
+                return Ok(false);
+            }
+            for (pv, ss, m) in parts {
+                if m > 0 {
+                    copy_view(g, pv, (o, ss), m)?;
+                }
+            }
+        }
+        (Op::View { rel, .. }, Pass::Grad { .. }) => {
+            // zeros in the input's shape, the gradient written through the view's layout
+            // (a view whose elements do not overlap: no stride 0 over more than one element)
+            let gb = &l.inputs[0];
+            if !out.layout.is_contiguous()
+                || rel.shape != gb.layout.shape
+                || rel
+                    .shape
+                    .iter()
+                    .zip(&rel.strides)
+                    .any(|(&d, &st)| d > 1 && st == 0)
+            {
+                return Ok(false);
+            }
+            let mut into = rel.clone();
+            into.offset += out.layout.offset;
+            let (Some(gv), Some(is)) = (fview(gb), Strided::of(&into, out.dtype)) else {
+                return Ok(false);
+            };
+            fill(g, 0, 0.0, (0.0, 0.0), 0, (o, os), n)?;
+            copy_view(g, gv, (o, is), gb.layout.numel())?;
+        }
+        (Op::Pad { pads, value }, pass) => {
+            // the input in a field of `value` (forward), or its part of the gradient; the
+            // pads (pairs from the last dimension) must not crop
+            let (big, small) = match pass {
+                Pass::Forward => (out, &l.inputs[0]),
+                Pass::Grad { .. } => (&l.inputs[0], out),
+            };
+            let nd = big.layout.shape.len();
+            if pads.iter().any(|&p| p < 0) || pads.len() > 2 * nd || small.layout.shape.len() != nd
+            {
+                return Ok(false);
+            }
+            let before = |k: usize| -> usize {
+                let pair = nd - 1 - k;
+                pads.get(2 * pair).copied().unwrap_or(0) as usize
+            };
+            // the interior: a view of the big tensor with the small one's shape
+            let mut inner = big.layout.clone();
+            for k in 0..nd {
+                inner.offset += before(k) * big.layout.strides[k];
+            }
+            inner.shape = small.layout.shape.clone();
+            let (Some(bs), Some(ss), Some(is)) = (
+                Strided::of(big.layout, big.dtype),
+                Strided::of(small.layout, small.dtype),
+                Strided::of(&inner, big.dtype),
+            ) else {
+                return Ok(false);
+            };
+            let m = small.layout.numel();
+            match pass {
+                Pass::Forward => {
+                    fill(g, 0, *value as f32, (0.0, 0.0), 0, (o, bs), n)?;
+                    if m > 0 {
+                        copy_view(g, (small.addr, ss), (o, is), m)?;
+                    }
+                }
+                Pass::Grad { .. } => {
+                    if m > 0 {
+                        copy_view(g, (big.addr, is), (o, ss), m)?;
+                    }
                 }
             }
         }

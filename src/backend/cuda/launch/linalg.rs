@@ -24,8 +24,10 @@ fn cuda_type(code: i32) -> Option<sys::cudaDataType> {
     })
 }
 
-/// `batch` products `c_i = op(a_i) op(b_i)` (row-major, contiguous, all of dtype `code`, the
-/// i-th matrix of each `stride` elements after the one before).
+/// `batch` products `c_i = op(a_i) op(b_i) + beta c_i` (row-major, contiguous, all of dtype
+/// `code`, the i-th matrix of each `stride` elements after the one before; `beta` 1 adds what
+/// `c` holds before the single rounding, as cuBLASLt's bias epilogue does).
+#[allow(clippy::too_many_arguments)]
 fn gemm(
     g: &mut Gpu,
     p: Product,
@@ -33,6 +35,7 @@ fn gemm(
     code: i32,
     batch: usize,
     (sa, sb, sc): (usize, usize, usize),
+    beta: f32,
 ) -> Result<(), String> {
     if p.m == 0 || p.n == 0 || batch == 0 {
         return Ok(());
@@ -43,7 +46,7 @@ fn gemm(
     let (s1, s2) = Product::operands(&sa, &sb);
     let nb = i32::try_from(batch).map_err(|_| format!("{batch} products in one call"))?;
     let h = g.blas()?;
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let alpha = 1.0f32;
     // SAFETY: each address holds `batch` contiguous row-major matrices of its operand's span
     // (the caller checked the buffers' shapes), the leading dimensions those of contiguous
     // storage; alpha and beta are float32, as CUBLAS_COMPUTE_32F takes them
@@ -79,29 +82,27 @@ fn gemm(
 
 /// One product (`batch` 1).
 fn gemm1(g: &mut Gpu, p: Product, abc: (u64, u64, u64), code: i32) -> Result<(), String> {
-    gemm(g, p, abc, code, 1, (0, 0, 0))
+    gemm(g, p, abc, code, 1, (0, 0, 0), 0.0)
 }
 
-/// `y[r, j] += b[j]` for contiguous `y` [rows, n] (elementwise.cu's `binary`, in place).
-fn add_rows(g: &mut Gpu, y: &Buffer, b: &Buffer, rows: usize, n: usize) -> Result<(), String> {
+/// `y[r, j] = b[j]` for contiguous `y` [rows, n] (elementwise.cu's `copy` from a stride-0
+/// view of the bias).
+fn bias_rows(g: &mut Gpu, y: &Buffer, b: &Buffer, rows: usize, n: usize) -> Result<(), String> {
     use cudarc::driver::PushKernelArg;
     let mut ys = Layout::contiguous(&[rows, n]);
     ys.offset = y.layout.offset;
     let mut bs = Layout::contiguous(&[rows, n]);
-    bs.strides = smallvec::smallvec![0, 1];
+    bs.strides = smallvec::smallvec![0, b.layout.strides.last().copied().unwrap_or(1)];
     bs.offset = b.layout.offset;
     let (Some(ys), Some(bs)) = (Strided::of(&ys, y.dtype), Strided::of(&bs, b.dtype)) else {
         return Err("a bias in a dtype the kernels do not take".into());
     };
-    let (code, total) = (0i32, (rows * n) as i64);
-    let f = g.function("binary")?;
-    // SAFETY: y holds rows x n elements, b n; each element is read and written by one thread
+    let total = (rows * n) as i64;
+    let f = g.function("copy")?;
+    // SAFETY: y holds rows x n elements, b n; each element written by one thread
     unsafe {
         g.stream
             .launch_builder(&f)
-            .arg(&code)
-            .arg(&y.addr)
-            .arg(&ys)
             .arg(&b.addr)
             .arg(&bs)
             .arg(&y.addr)
@@ -150,7 +151,7 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, wt: bool) -> Result<bool, String> 
             let (n, k) = if wt { (ws[0], ws[1]) } else { (ws[1], ws[0]) };
             let bias = match l.inputs.get(2) {
                 None => None,
-                Some(b) if b.layout.numel() == n && b.layout.is_contiguous() => Some(b),
+                Some(b) if b.layout.numel() == n && b.dtype == out.dtype => Some(b),
                 Some(_) => return Ok(false),
             };
             let rows = l.inputs[0].layout.numel() / k.max(1);
@@ -164,9 +165,13 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, wt: bool) -> Result<bool, String> 
                 ta: false,
                 tb: wt,
             };
-            gemm1(g, p, (x, w, o), code)?;
-            if let Some(b) = bias {
-                add_rows(g, out, b, rows, n)?;
+            match bias {
+                // the bias in every row first, then the product added to it: one rounding
+                Some(b) => {
+                    bias_rows(g, out, b, rows, n)?;
+                    gemm(g, p, (x, w, o), code, 1, (0, 0, 0), 1.0)?;
+                }
+                None => gemm1(g, p, (x, w, o), code)?,
             }
         }
         Pass::Grad { input } => {
@@ -342,7 +347,15 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             if out.layout.numel() != batch * p.m * p.n {
                 return Ok(false);
             }
-            gemm(g, p, (pa, pb, o), code, batch, (sa_el, sb_el, p.m * p.n))?;
+            gemm(
+                g,
+                p,
+                (pa, pb, o),
+                code,
+                batch,
+                (sa_el, sb_el, p.m * p.n),
+                0.0,
+            )?;
         }
         _ => return Ok(false),
     }
