@@ -210,3 +210,30 @@ extern "C" __global__ void where_backward(int input, const void* c, Strided cs, 
         gm_put(out, os, i, pick == (input == 1) ? gm_get(g, gs, i) : 0.0f);
     }
 }
+
+// A binary op's gradient for one input, summed over the dimensions that input was broadcast
+// along: out[i] = sum over k of f(g, x, y) at element i * len + k of the views (each permuted
+// by the caller: the input's kept dimensions first, the summed ones last; len 1 sums nothing).
+// f by `code`: 0 g, 1 -g, 2 g * y, 3 g / y, 4 -g * x / y^2; computed in double.
+extern "C" __global__ void binary_backward(int code, const void* g, Strided gs, const void* x,
+                                           Strided xs, const void* y, Strided ys, void* out,
+                                           Strided os, long long total, long long len) {
+    GM_EACH(i, total) {
+        double s = 0.0;
+        for (long long k = 0; k < len; ++k) {
+            long long e = i * len + k;
+            double gv = gm_get(g, gs, e);
+            switch (code) {
+                case 0: s += gv; break;
+                case 1: s -= gv; break;
+                case 2: s += gv * (double)gm_get(y, ys, e); break;
+                case 3: s += gv / (double)gm_get(y, ys, e); break;
+                default: {
+                    double yv = gm_get(y, ys, e);
+                    s -= gv * (double)gm_get(x, xs, e) / (yv * yv);
+                }
+            }
+        }
+        gm_put(out, os, i, (float)s);
+    }
+}

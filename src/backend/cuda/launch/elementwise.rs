@@ -51,7 +51,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         (Op::Fill { .. }, Pass::Forward)
             | (Op::Unary(_) | Op::Binary(_), _)
             | (Op::Scalar { .. }, _)
-            | (Op::Clone | Op::Copy | Op::Cast, Pass::Forward)
+            | (Op::Clone | Op::Cast, _)
+            | (Op::Copy, Pass::Forward)
             | (Op::MaskedFill { .. } | Op::Where, _)
             | (Op::Cat { .. }, Pass::Forward)
             | (Op::Compare { .. }, Pass::Forward)
@@ -244,38 +245,67 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             })?;
         }
         (Op::Binary(op), Pass::Grad { input }) => {
-            // the gradient in the incoming gradient's shape only (a broadcast operand's is
-            // summed by the host twin's sum_to)
-            if !same_shape(&l.inputs[0], out) {
-                return Ok(false);
-            }
-            let Some((gr, gs)) = fview(&l.inputs[0]) else {
+            // f(g, x, y) in the incoming gradient's shape, summed over the dimensions this
+            // input was broadcast along (the engine's sum_to), in one pass
+            let gb = &l.inputs[0];
+            let Some((order, total, len)) = summed(&gb.layout.shape, &out.layout.shape) else {
                 return Ok(false);
             };
-            let other =
-                |k: usize| saved(l, Role::Input(k)).and_then(|b| broadcast_view(b, out.layout));
-            match (op, input) {
-                (Binary::Add, _) | (Binary::Sub, 0) => {
-                    copy_view(g, (gr, gs), (o, os), n)?;
+            let view = |b: &Buffer| -> Option<(u64, Strided)> {
+                let e = expand(b.layout, gb.layout)?;
+                fview_as(b, &e.permute(&order).ok()?)
+            };
+            let code = match (op, input) {
+                (Binary::Add, _) | (Binary::Sub, 0) => 0,
+                (Binary::Sub, _) => 1,
+                (Binary::Mul, _) | (Binary::Div, 0) => {
+                    if *op == Binary::Mul {
+                        2
+                    } else {
+                        3
+                    }
                 }
-                (Binary::Sub, _) => {
-                    scalar(g, Binary::Mul, false, -1.0, (gr, gs), (o, os), n)?;
-                }
-                (Binary::Mul, k) => {
-                    let Some((y, ys)) = other(1 - k) else {
-                        return Ok(false);
-                    };
-                    binary(g, Binary::Mul, (gr, gs), (y, ys), (o, os), n)?;
-                }
-                (Binary::Div, 0) => {
-                    let Some((y, ys)) = other(1) else {
-                        return Ok(false);
-                    };
-                    binary(g, Binary::Div, (gr, gs), (y, ys), (o, os), n)?;
-                }
-                // -g * a / b^2: two passes through the output would round twice in bf16
-                (Binary::Div, _) => return Ok(false),
+                _ => 4,
+            };
+            let Some(gv) = view(gb) else {
+                return Ok(false);
+            };
+            let (x, y) = match code {
+                2 => (gv, saved(l, Role::Input(1 - input)).and_then(view)),
+                3 => (gv, saved(l, Role::Input(1)).and_then(view)),
+                4 => (
+                    match saved(l, Role::Input(0)).and_then(view) {
+                        Some(x) => x,
+                        None => return Ok(false),
+                    },
+                    saved(l, Role::Input(1)).and_then(view),
+                ),
+                _ => (gv, Some(gv)),
+            };
+            let Some(y) = y else {
+                return Ok(false);
+            };
+            if out.layout.numel() != total {
+                return Ok(false);
             }
+            let (tt, ll) = (total as i64, len as i64);
+            let f = g.function("binary_backward")?;
+            let mut b = g.stream.launch_builder(&f);
+            b.arg(&code)
+                .arg(&gv.0)
+                .arg(&gv.1)
+                .arg(&x.0)
+                .arg(&x.1)
+                .arg(&y.0)
+                .arg(&y.1)
+                .arg(&o)
+                .arg(&os)
+                .arg(&tt)
+                .arg(&ll);
+            // SAFETY: every operand read through a permuted view of the gradient's shape, the
+            // output written through its own view, `total` elements
+            unsafe { b.launch(Gpu::elems(total)) }
+                .map_err(|e| format!("binary_backward: {e:?}"))?;
         }
         (
             Op::Scalar {
@@ -305,7 +335,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 },
             }
         }
-        (Op::Clone | Op::Copy | Op::Cast, Pass::Forward) => {
+        (Op::Clone | Op::Copy | Op::Cast, _) => {
             // any dtype the kernels read: bit for bit within one, through float32 across two
             let x = &l.inputs[0];
             if x.layout.numel() != n {
@@ -702,6 +732,33 @@ fn cmp_code(c: Cmp) -> i32 {
 fn unary_code(u: Unary) -> Option<usize> {
     let code = Unary::ALL.iter().position(|&v| v == u)?;
     (code <= 10).then_some(code)
+}
+
+/// How a gradient of shape `g` sums to an input of shape `s` (broadcast to it): the
+/// permutation of `g`'s dimensions that puts the kept ones first and the summed ones last
+/// (leading dimensions `s` lacks, and those it has as 1), the kept elements and the summed
+/// run's length.
+fn summed(g: &[usize], s: &[usize]) -> Option<(Vec<i64>, usize, usize)> {
+    if s.len() > g.len() {
+        return None;
+    }
+    let lead = g.len() - s.len();
+    let red: Vec<bool> = (0..g.len())
+        .map(|i| i < lead || (s[i - lead] == 1 && g[i] != 1))
+        .collect();
+    for i in lead..g.len() {
+        if !red[i] && s[i - lead] != g[i] {
+            return None;
+        }
+    }
+    let order: Vec<i64> = (0..g.len())
+        .filter(|&i| !red[i])
+        .chain((0..g.len()).filter(|&i| red[i]))
+        .map(|i| i as i64)
+        .collect();
+    let total = (0..g.len()).filter(|&i| !red[i]).map(|i| g[i]).product();
+    let len = (0..g.len()).filter(|&i| red[i]).map(|i| g[i]).product();
+    Some((order, total, len))
 }
 
 /// `l` seen with the output's shape (`expand`), as the cpu twin reads a binary op's operands;

@@ -130,6 +130,29 @@ fn operand(b: &Buffer, code: i32) -> Option<u64> {
     contiguous(b).filter(|&(_, c)| c == code).map(|(a, _)| a)
 }
 
+/// A (batched) matrix operand of the product's dtype, contiguous or the transpose of a
+/// contiguous one (`k.transpose(-2, -1)`: cuBLAS reads it transposed, as PyTorch passes it):
+/// its first element's address and whether it is stored transposed.
+fn matrix(b: &Buffer, code: i32) -> Option<(u64, bool)> {
+    if let Some(a) = operand(b, code) {
+        return Some((a, false));
+    }
+    let t = b.layout.transpose(-2, -1).ok()?;
+    let stored = Buffer {
+        addr: b.addr,
+        layout: &t,
+        dtype: b.dtype,
+    };
+    operand(&stored, code).map(|a| (a, true))
+}
+
+fn saved_matrix(l: &Launch, r: Role, code: i32) -> Option<(u64, bool, Vec<usize>)> {
+    l.saved
+        .iter()
+        .find(|(role, _)| *role == r)
+        .and_then(|(_, b)| matrix(b, code).map(|(a, t)| (a, t, b.layout.shape.to_vec())))
+}
+
 /// `y = x W' + b` with `x` [rows, k] and `W'` the weight [n, k] transposed (`wt`: linear) or
 /// [k, n] as it is (addmm), the bias [n] (a full [rows, n] one runs on the host), forward and
 /// the gradient of the input, the weight or the bias.
@@ -273,23 +296,25 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         (Op::Linear, pass) => return dense(g, l, pass, true),
         (Op::Addmm, pass) => return dense(g, l, pass, false),
         (Op::Matmul, pass) => {
-            // contiguous [batch.., r, c] operands with equal batch dimensions only
-            let shapes = match pass {
-                Pass::Forward => (
-                    l.inputs[0].layout.shape.to_vec(),
-                    l.inputs[1].layout.shape.to_vec(),
-                ),
-                Pass::Grad { .. } => {
-                    let (Some((_, a)), Some((_, b))) = (
-                        saved_operand(l, Role::Input(0), code),
-                        saved_operand(l, Role::Input(1), code),
-                    ) else {
-                        return Ok(false);
-                    };
-                    (a, b)
-                }
+            // [batch.., r, c] operands, each contiguous or a transposed contiguous one, with
+            // equal batch dimensions only
+            let ops = match pass {
+                Pass::Forward => match (matrix(&l.inputs[0], code), matrix(&l.inputs[1], code)) {
+                    (Some(a), Some(b)) => (
+                        (a.0, a.1, l.inputs[0].layout.shape.to_vec()),
+                        (b.0, b.1, l.inputs[1].layout.shape.to_vec()),
+                    ),
+                    _ => return Ok(false),
+                },
+                Pass::Grad { .. } => match (
+                    saved_matrix(l, Role::Input(0), code),
+                    saved_matrix(l, Role::Input(1), code),
+                ) {
+                    (Some(a), Some(b)) => (a, b),
+                    _ => return Ok(false),
+                },
             };
-            let (sa, sb) = shapes;
+            let ((a, a_t, sa), (b, b_t, sb)) = ops;
             if sa.len() < 2 || sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2] {
                 return Ok(false);
             }
@@ -301,17 +326,12 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let batch: usize = sa[..nd - 2].iter().product();
             let (pa, pb, p, sa_el, sb_el) = match pass {
                 Pass::Forward => {
-                    let (Some(a), Some(b)) =
-                        (operand(&l.inputs[0], code), operand(&l.inputs[1], code))
-                    else {
-                        return Ok(false);
-                    };
                     let p = Product {
                         m: n,
                         k,
                         n: m,
-                        ta: false,
-                        tb: false,
+                        ta: a_t,
+                        tb: b_t,
                     };
                     (a, b, p, n * k, k * m)
                 }
@@ -320,24 +340,22 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         return Ok(false);
                     };
                     if input == 0 {
-                        let (b, _) = saved_operand(l, Role::Input(1), code).expect("checked above");
-                        // [n, m] @ [k, m]^T
+                        // [n, m] @ [k, m]^T (a transposed b is that transpose, stored)
                         let p = Product {
                             m: n,
                             k: m,
                             n: k,
                             ta: false,
-                            tb: true,
+                            tb: !b_t,
                         };
                         (gr, b, p, n * m, k * m)
                     } else {
-                        let (a, _) = saved_operand(l, Role::Input(0), code).expect("checked above");
                         // [n, k]^T @ [n, m]
                         let p = Product {
                             m: k,
                             k: n,
                             n: m,
-                            ta: true,
+                            ta: !a_t,
                             tb: false,
                         };
                         (a, gr, p, n * k, n * m)
