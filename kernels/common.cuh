@@ -84,6 +84,19 @@ __device__ __forceinline__ void gm_st(void* p, int dt, long long off, float v) {
     }
 }
 
+// A double rounded once to the buffer's dtype, as the cpu device rounds its float64 results:
+// to float32 directly, to bf16 and float16 through float32 rounded to odd (truncated, its last
+// bit set when inexact), which leaves the final rounding to nearest exact.
+__device__ __forceinline__ void gm_st_d(void* p, int dt, long long off, double v) {
+    if (dt == GM_BF16 || dt == GM_F16) {
+        float f = __double2float_rz(v);
+        if ((double)f != v && f == f) f = __uint_as_float(__float_as_uint(f) | 1u);
+        gm_st(p, dt, off, f);
+    } else {
+        gm_st(p, dt, off, (float)v);
+    }
+}
+
 // Row-major element i of a view.
 __device__ __forceinline__ float gm_get(const void* p, const Strided& s, long long i) {
     return gm_ld(p, s.dtype, gm_at(s, i));
@@ -91,6 +104,10 @@ __device__ __forceinline__ float gm_get(const void* p, const Strided& s, long lo
 
 __device__ __forceinline__ void gm_put(void* p, const Strided& s, long long i, float v) {
     gm_st(p, s.dtype, gm_at(s, i), v);
+}
+
+__device__ __forceinline__ void gm_put_d(void* p, const Strided& s, long long i, double v) {
+    gm_st_d(p, s.dtype, gm_at(s, i), v);
 }
 
 #define GM_EACH(i, n)                                                              \

@@ -68,7 +68,7 @@ __device__ __forceinline__ double gm_uniform(unsigned long long seed, unsigned l
 // `start + step * i`. Random element e is drawn as the cpu device draws it: from the stream
 // seeded seed ^ (k << 32) for its block k of 65,536 elements, a normal from the Box-Muller pair
 // of draws 2i and 2i + 1 within the block, a uniform from draw i; computed in double.
-extern "C" __global__ void fill(int mode, float value, double start, double step,
+extern "C" __global__ void fill(int mode, double value, double start, double step,
                                 unsigned long long seed, void* out, Strided os, long long n) {
     GM_EACH(e, n) {
         double v = value;
@@ -82,7 +82,7 @@ extern "C" __global__ void fill(int mode, float value, double start, double step
         } else if (mode == 3) {
             v = start + step * (double)e;
         }
-        gm_put(out, os, e, (float)v);
+        gm_put_d(out, os, e, v);
     }
 }
 
@@ -91,7 +91,8 @@ extern "C" __global__ void unary(int code, double e, const void* x, Strided xs, 
                                  Strided os, long long n) {
     GM_EACH(i, n) {
         float v = gm_get(x, xs, i);
-        gm_put(out, os, i, code == 11 ? (float)pow((double)v, e) : gm_unary(code, v));
+        if (code == 11) gm_put_d(out, os, i, pow((double)v, e));
+        else gm_put(out, os, i, gm_unary(code, v));
     }
 }
 
@@ -105,14 +106,16 @@ extern "C" __global__ void unary_backward(int code, double e, const void* grad, 
         float v = gm_get(x, xs, i), g = gm_get(grad, gs, i);
         if (code == 11) {
             double d = e == 0.0 ? 0.0 : (double)g * e * pow((double)v, e - 1.0);
-            gm_put(out, os, i, (float)d);
+            gm_put_d(out, os, i, d);
         } else {
             gm_put(out, os, i, g * gm_unary_grad(code, v, v));
         }
     }
 }
 
-__device__ __forceinline__ float gm_binary(int code, float x, float y) {
+// In double, as the cpu twin computes, then rounded once to the output's dtype (for float32
+// operands the result is float32's own).
+__device__ __forceinline__ double gm_binary(int code, double x, double y) {
     switch (code) {
         case 0: return x + y;
         case 1: return x - y;
@@ -124,15 +127,15 @@ __device__ __forceinline__ float gm_binary(int code, float x, float y) {
 // a op b over the output's shape: each input a view broadcast to it.
 extern "C" __global__ void binary(int code, const void* a, Strided as, const void* b, Strided bs,
                                   void* out, Strided os, long long n) {
-    GM_EACH(i, n) gm_put(out, os, i, gm_binary(code, gm_get(a, as, i), gm_get(b, bs, i)));
+    GM_EACH(i, n) gm_put_d(out, os, i, gm_binary(code, gm_get(a, as, i), gm_get(b, bs, i)));
 }
 
 // x op value (value op x when `reversed`), `code` as for `binary`.
-extern "C" __global__ void scalar(int code, int reversed, float value, const void* x, Strided xs,
+extern "C" __global__ void scalar(int code, int reversed, double value, const void* x, Strided xs,
                                   void* out, Strided os, long long n) {
     GM_EACH(i, n) {
-        float a = gm_get(x, xs, i);
-        gm_put(out, os, i, reversed ? gm_binary(code, value, a) : gm_binary(code, a, value));
+        double a = gm_get(x, xs, i);
+        gm_put_d(out, os, i, reversed ? gm_binary(code, value, a) : gm_binary(code, a, value));
     }
 }
 
@@ -160,8 +163,11 @@ extern "C" __global__ void copy(const void* x, Strided xs, void* out, Strided os
 // `x.masked_fill(mask, value)`: value where the (bool, possibly broadcast) mask is set, else x.
 // Its backward is the same kernel on the incoming gradient with value 0.
 extern "C" __global__ void masked_fill(const void* x, Strided xs, const void* mask, Strided ms,
-                                       float value, void* out, Strided os, long long n) {
-    GM_EACH(i, n) gm_put(out, os, i, gm_get(mask, ms, i) != 0.0f ? value : gm_get(x, xs, i));
+                                       double value, void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        if (gm_get(mask, ms, i) != 0.0f) gm_put_d(out, os, i, value);
+        else gm_put(out, os, i, gm_get(x, xs, i));
+    }
 }
 
 // One part of `torch.cat`: the part (any view) written into its slice of the output, a view
@@ -234,6 +240,6 @@ extern "C" __global__ void binary_backward(int code, const void* g, Strided gs, 
                 }
             }
         }
-        gm_put(out, os, i, (float)s);
+        gm_put_d(out, os, i, s);
     }
 }

@@ -92,7 +92,7 @@ extern "C" __global__ void dropout(const void* x, int xdt, void* out, int odt,
     GM_EACH(i, n) {
         unsigned char k = (gm_splitmix(seed, (unsigned long long)i) >> 40) >= keep_from;
         mask[i] = k;
-        gm_st(out, odt, i, k ? (float)((double)gm_ld(x, xdt, i) * scale) : 0.0f);
+        gm_st_d(out, odt, i, k ? (double)gm_ld(x, xdt, i) * scale : 0.0);
     }
 }
 
@@ -100,7 +100,6 @@ extern "C" __global__ void dropout(const void* x, int xdt, void* out, int odt,
 extern "C" __global__ void dropout_backward(const void* grad, int gdt, const unsigned char* mask,
                                             void* out, int odt, long long n, double scale) {
     GM_EACH(i, n) {
-        float v = mask[i] ? (float)((double)gm_ld(grad, gdt, i) * scale) : 0.0f;
-        gm_st(out, odt, i, v);
+        gm_st_d(out, odt, i, mask[i] ? (double)gm_ld(grad, gdt, i) * scale : 0.0);
     }
 }

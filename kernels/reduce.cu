@@ -11,6 +11,6 @@ extern "C" __global__ void reduce(int mean, const void* x, Strided xs, long long
     GM_EACH(i, total) {
         double s = 0.0;
         for (long long k = 0; k < len; ++k) s += gm_get(x, xs, i * len + k);
-        gm_put(out, os, i, (float)(mean ? s / (double)len : s));
+        gm_put_d(out, os, i, mean ? s / (double)len : s);
     }
 }

@@ -105,9 +105,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         (Op::Fill { fill: what, seed }, _) => {
             let (mode, v, start, step) = match *what {
-                Fill::Zeros => (0i32, 0.0f32, 0.0, 0.0),
+                Fill::Zeros => (0i32, 0.0f64, 0.0, 0.0),
                 Fill::Ones => (0, 1.0, 0.0, 0.0),
-                Fill::Full(x) => (0, x as f32, 0.0, 0.0),
+                Fill::Full(x) => (0, x, 0.0, 0.0),
                 Fill::Randn => (1, 0.0, 0.0, 0.0),
                 Fill::Rand => (2, 0.0, 0.0, 0.0),
                 Fill::Arange { start, step } => (3, 0.0, start, step),
@@ -151,14 +151,14 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     };
                     binary(g, *op, me, y, me, n)?;
                 }
-                InPlace::Scalar(op, v) => scalar(g, *op, false, *v as f32, me, me, n)?,
+                InPlace::Scalar(op, v) => scalar(g, *op, false, *v, me, me, n)?,
                 InPlace::Unary(u) => {
                     let Some(code) = unary_code(*u) else {
                         return Ok(false);
                     };
                     unary(g, code as i32, 0.0, me, me, n)?;
                 }
-                InPlace::Fill(v) => fill(g, 0, *v as f32, (0.0, 0.0), 0, me, n)?,
+                InPlace::Fill(v) => fill(g, 0, *v, (0.0, 0.0), 0, me, n)?,
                 InPlace::Copy => {
                     let Some(y) = l.inputs.get(1).and_then(|y| {
                         Strided::of(&expand(y.layout, out.layout)?, y.dtype).map(|s| (y.addr, s))
@@ -175,7 +175,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     else {
                         return Ok(false);
                     };
-                    let (v, f) = (*v as f32, g.function("masked_fill")?);
+                    let (v, f) = (*v, g.function("masked_fill")?);
                     run(g, &f, "masked_fill", n, |b| {
                         b.arg(&o)
                             .arg(&os)
@@ -319,17 +319,15 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 return Ok(false);
             };
             match pass {
-                Pass::Forward => scalar(g, *op, *reversed, *value as f32, (x, xs), (o, os), n)?,
+                Pass::Forward => scalar(g, *op, *reversed, *value, (x, xs), (o, os), n)?,
                 Pass::Grad { .. } => match (op, reversed) {
                     (Binary::Add, _) | (Binary::Sub, false) => copy_view(g, (x, xs), (o, os), n)?,
                     (Binary::Sub, true) => {
                         scalar(g, Binary::Mul, false, -1.0, (x, xs), (o, os), n)?
                     }
-                    (Binary::Mul, _) => {
-                        scalar(g, Binary::Mul, false, *value as f32, (x, xs), (o, os), n)?
-                    }
+                    (Binary::Mul, _) => scalar(g, Binary::Mul, false, *value, (x, xs), (o, os), n)?,
                     (Binary::Div, false) => {
-                        scalar(g, Binary::Div, false, *value as f32, (x, xs), (o, os), n)?
+                        scalar(g, Binary::Div, false, *value, (x, xs), (o, os), n)?
                     }
                     (Binary::Div, true) => return Ok(false),
                 },
@@ -348,7 +346,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         (Op::MaskedFill { value }, pass) => {
             let (x, mask, v) = match pass {
-                Pass::Forward => (&l.inputs[0], Some(&l.inputs[1]), *value as f32),
+                Pass::Forward => (&l.inputs[0], Some(&l.inputs[1]), *value),
                 Pass::Grad { .. } => (&l.inputs[0], saved(l, Role::Input(1)), 0.0),
             };
             let (Some((xa, xs)), Some((m, ms))) = (
@@ -563,7 +561,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let m = small.layout.numel();
             match pass {
                 Pass::Forward => {
-                    fill(g, 0, *value as f32, (0.0, 0.0), 0, (o, bs), n)?;
+                    fill(g, 0, *value, (0.0, 0.0), 0, (o, bs), n)?;
                     if m > 0 {
                         copy_view(g, (small.addr, ss), (o, is), m)?;
                     }
@@ -594,7 +592,7 @@ fn same_shape(a: &Buffer, b: &Buffer) -> bool {
 fn fill(
     g: &mut Gpu,
     mode: i32,
-    value: f32,
+    value: f64,
     (start, step): (f64, f64),
     seed: u64,
     o: (u64, Strided),
@@ -674,7 +672,7 @@ fn scalar(
     g: &mut Gpu,
     op: Binary,
     reversed: bool,
-    value: f32,
+    value: f64,
     x: (u64, Strided),
     o: (u64, Strided),
     n: usize,

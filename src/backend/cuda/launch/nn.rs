@@ -169,7 +169,7 @@ fn reduce(
     ) else {
         return Ok(false);
     };
-    let scale = if mean { 1.0 / len.max(1) as f64 } else { 1.0 } as f32;
+    let scale = if mean { 1.0 / len.max(1) as f64 } else { 1.0 };
     let (code, rev, nn) = (crate::engine::op::Binary::Mul as i32, 0i32, n as i64);
     let f = g.function("scalar")?;
     // SAFETY: the gradient read through a stride-0 view of the input's shape; the output is
