@@ -311,12 +311,32 @@ pub(crate) fn decode(dtype: DType, b: &[u8]) -> f64 {
     }
 }
 
+/// `v` rounded to float32 toward zero, its last bit set when that was inexact ("round to
+/// odd"): rounding that to nearest at 8 or 11 bits (bf16, float16) rounds `v` itself to
+/// nearest, ties to even, once. (`half`'s own conversions from f64 drop the low 32 bits of the
+/// mantissa first, which breaks a tie the dropped bits would have decided.)
+pub(crate) fn round_to_odd_f32(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f as f64 == v {
+        return f;
+    }
+    // the nearest float32 may lie above |v|: step back to the one below, then mark it inexact
+    let below = if (f as f64).abs() > v.abs() {
+        f32::from_bits(f.to_bits() - 1)
+    } else {
+        f
+    };
+    f32::from_bits(below.to_bits() | 1)
+}
+
 pub(crate) fn encode(dtype: DType, v: f64, out: &mut [u8]) {
     match dtype {
         DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
         DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
-        DType::F16 => out.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
-        DType::BF16 => out.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        DType::F16 => out.copy_from_slice(&half::f16::from_f32(round_to_odd_f32(v)).to_le_bytes()),
+        DType::BF16 => {
+            out.copy_from_slice(&half::bf16::from_f32(round_to_odd_f32(v)).to_le_bytes())
+        }
         DType::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
         DType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
         DType::I8 => out[0] = v as i8 as u8,
@@ -511,5 +531,47 @@ impl Device for CpuDevice {
                 crate::units::format_bytes(self.held)
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::*;
+
+    fn bf16_of(v: f64) -> f64 {
+        let mut b = [0u8; 2];
+        encode(DType::BF16, v, &mut b);
+        decode(DType::BF16, &b)
+    }
+
+    fn f16_of(v: f64) -> f64 {
+        let mut b = [0u8; 2];
+        encode(DType::F16, v, &mut b);
+        decode(DType::F16, &b)
+    }
+
+    /// float64 results round once to bf16 and float16, to nearest with ties to even, even
+    /// where only bits below float64's top 32 decide the tie (the GPU's kernels round the same
+    /// way, so the two devices store the same bits).
+    #[test]
+    fn doubles_round_once_to_half_precision() {
+        let ulp = 2f64.powi(-7); // bf16's at 1.0
+        let tiny = 2f64.powi(-40);
+        for sign in [1.0, -1.0] {
+            assert_eq!(bf16_of(sign * (1.0 + ulp / 2.0 + tiny)), sign * (1.0 + ulp));
+            assert_eq!(bf16_of(sign * (1.0 + ulp / 2.0)), sign);
+            assert_eq!(bf16_of(sign * (1.0 + ulp / 2.0 - tiny)), sign);
+            assert_eq!(bf16_of(sign * (1.0 + 1.5 * ulp)), sign * (1.0 + 2.0 * ulp));
+            let h = 2f64.powi(-10); // float16's ulp at 1.0
+            assert_eq!(f16_of(sign * (1.0 + h / 2.0 + tiny)), sign * (1.0 + h));
+            assert_eq!(f16_of(sign * (1.0 + h / 2.0)), sign);
+        }
+        assert_eq!(bf16_of(3.0), 3.0);
+        assert!(bf16_of(f64::NAN).is_nan());
+        assert_eq!(bf16_of(f64::INFINITY), f64::INFINITY);
+        assert_eq!(bf16_of(1e300), f64::INFINITY);
+        assert_eq!(bf16_of(0.0), 0.0);
+        // a value between float32's subnormals still rounds to bf16's nearest (zero here)
+        assert_eq!(bf16_of(1e-45), 0.0);
     }
 }
