@@ -114,6 +114,8 @@ fn no_grad(a: Arg) -> Arg {
 enum Run {
     Apply(Op),
     Fill(Fill),
+    /// A factory of this shape.
+    FillShape(Fill, Vec<usize>),
     Cast(DType),
     Contiguous,
     Sum {
@@ -176,6 +178,13 @@ pub fn cases() -> Vec<Case> {
             "randn",
             "the cpu device's normals",
             Run::Fill(Fill::Randn),
+            vec![],
+            BOTH,
+        ),
+        case(
+            "randn",
+            "three blocks of 65,536 and more: [3, 65600]",
+            Run::FillShape(Fill::Randn, vec![3, 65600]),
             vec![],
             BOTH,
         ),
@@ -747,6 +756,7 @@ fn run_case_in(
     let y = match &c.run {
         Run::Apply(op) => d.apply(op, &inputs),
         Run::Fill(fill) => d.factory_fill(&[48, 129], dtype, false, Category::Input, *fill),
+        Run::FillShape(fill, shape) => d.factory_fill(shape, dtype, false, Category::Input, *fill),
         Run::Cast(to) => d.cast_op(inputs[0], *to),
         Run::Contiguous => d.clone_op(inputs[0]),
         Run::Sum { mean, dim } => d.reduce(*mean, inputs[0], *dim, false),

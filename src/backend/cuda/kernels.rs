@@ -191,6 +191,7 @@ mod tests {
             .kernel(),
         );
         for op in [
+            Op::Binary(crate::engine::op::Binary::Mul),
             Op::MaskedFill { value: 0.0 },
             Op::Embedding { strided: false },
             Op::NllLoss,
@@ -231,8 +232,8 @@ mod tests {
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
         // dropout_backward, reduce, adam_step, sgd_step, attention, attention_backward, cat,
-        // compare, where, where_backward
-        assert_eq!(found, 28);
+        // compare, where, where_backward, binary_backward
+        assert_eq!(found, 29);
         // the shared prelude defines no kernel of its own
         assert!(defined(COMMON).is_empty());
     }
