@@ -2,20 +2,23 @@
 //! buffers at the caching allocator's addresses, and the host twin for the rest.
 //!
 //! A launch runs on the GPU where a kernel of its own covers it: the op, the pass, the dtypes
-//! (float32 so far) and the layouts its kernel takes (inputs of any strided view, contiguous
-//! outputs). Every other launch runs on its host twin ([`host`]): the bytes its buffers span
-//! are copied to the host, the cpu device's kernel (the reference the CUDA kernels are checked
-//! against) computes there, and what it wrote is copied back. So a run on cuda computes every
-//! op the cpu device computes, with the same numbers, while the kernels that exist run on the
-//! GPU; [`Gpu::counts`] says which ran where, and the run reports it, so nothing is silently
-//! slow. Families mirror `src/backend/cpu/`'s files: [`elementwise`], [`nn`], [`linalg`]
-//! (cuBLAS), [`attention`], [`optim`].
+//! (float32, bf16 and float16, computed in float32 or double and rounded once on store, as
+//! the cpu device rounds; masks and integer copies bit for bit) and the layouts it takes
+//! (every buffer a strided view: `kernels/common.cuh`'s `Strided`). Every other launch runs on
+//! its host twin ([`host`]): the bytes its buffers span are copied to the host, the cpu
+//! device's kernel (the reference the CUDA kernels are checked against) computes there, and
+//! what it wrote is copied back. So a run on cuda computes every op the cpu device computes,
+//! while the kernels that exist run on the GPU; [`Gpu::counts`] says which ran where, and the
+//! run reports it, so nothing is silently slow. Families mirror `src/backend/cpu/`'s files:
+//! [`elementwise`], [`nn`], [`linalg`] (cuBLAS), [`attention`], [`optim`].
+//! `src/backend/parity.rs` checks every op against the cpu device (`gpumem selftest`).
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
 //! and allocates nothing (cuBLAS's handle keeps its own workspace outside the allocator, where
-//! PyTorch takes one from it: the driver's view shows it, `memory_stats` does not). Kernels go on the legacy default stream, and the driver's synchronous
-//! copies wait for them, so reads see every launch before them; [`Gpu::synchronize`] waits
-//! before a segment goes back to the driver.
+//! PyTorch takes one from it: the driver's view shows it, `memory_stats` does not). Kernels go
+//! on the legacy default stream, and the driver's synchronous copies wait for them, so reads
+//! see every launch before them; [`Gpu::synchronize`] waits before a segment goes back to the
+//! driver.
 
 mod attention;
 mod elementwise;
