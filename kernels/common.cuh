@@ -110,6 +110,21 @@ __device__ __forceinline__ void gm_put_d(void* p, const Strided& s, long long i,
     gm_st_d(p, s.dtype, gm_at(s, i), v);
 }
 
+// Draw m (0-based) of the cpu device's SplitMix64 stream seeded `seed`
+// (src/backend/cpu/rng.rs): the state advances by a constant per draw, so any draw is computed
+// directly.
+__device__ __forceinline__ unsigned long long gm_draw(unsigned long long seed,
+                                                      unsigned long long m) {
+    unsigned long long z = (seed ^ 0x5851F42D4C957F2DULL) + (m + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ double gm_uniform(unsigned long long seed, unsigned long long m) {
+    return (double)(gm_draw(seed, m) >> 40) / 16777216.0;
+}
+
 #define GM_EACH(i, n)                                                              \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
          i += (long long)gridDim.x * blockDim.x)

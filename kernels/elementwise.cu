@@ -49,21 +49,6 @@ __device__ __forceinline__ float gm_unary_grad(int code, float x, float y) {
     }
 }
 
-// Draw m (0-based) of the cpu device's SplitMix64 stream seeded `seed`
-// (src/backend/cpu/rng.rs): the state advances by a constant per draw, so any draw is computed
-// directly.
-__device__ __forceinline__ unsigned long long gm_draw(unsigned long long seed,
-                                                      unsigned long long m) {
-    unsigned long long z = (seed ^ 0x5851F42D4C957F2DULL) + (m + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ double gm_uniform(unsigned long long seed, unsigned long long m) {
-    return (double)(gm_draw(seed, m) >> 40) / 16777216.0;
-}
-
 // A factory: `mode` 0 the constant `value`, 1 standard normals, 2 uniforms on [0, 1), 3
 // `start + step * i`. Random element e is drawn as the cpu device draws it: from the stream
 // seeded seed ^ (k << 32) for its block k of 65,536 elements, a normal from the Box-Muller pair

@@ -72,16 +72,6 @@ extern "C" __global__ void nll_loss_backward(const float* grad, const long long*
     }
 }
 
-// SplitMix64's output number i + 1 of a generator seeded `seed` (src/backend/cpu/rng.rs): its
-// state advances by a constant per number, so any element's draw is computed directly.
-__device__ __forceinline__ unsigned long long gm_splitmix(unsigned long long seed,
-                                                          unsigned long long i) {
-    unsigned long long z = (seed ^ 0x5851F42D4C957F2DULL) + (i + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 // `F.dropout(x, p)` in training, x and the output contiguous of any float dtype: element i is
 // kept when its uniform draw (the top 24 bits of draw i, over 2^24) is at least p, i.e. when
 // those bits are at least `keep_from` = ceil(p * 2^24); kept elements are scaled by
@@ -90,7 +80,7 @@ extern "C" __global__ void dropout(const void* x, int xdt, void* out, int odt,
                                    unsigned char* mask, long long n, unsigned long long seed,
                                    unsigned long long keep_from, double scale) {
     GM_EACH(i, n) {
-        unsigned char k = (gm_splitmix(seed, (unsigned long long)i) >> 40) >= keep_from;
+        unsigned char k = (gm_draw(seed, (unsigned long long)i) >> 40) >= keep_from;
         mask[i] = k;
         gm_st_d(out, odt, i, k ? (double)gm_ld(x, xdt, i) * scale : 0.0);
     }
