@@ -170,7 +170,9 @@ fn run_case_in(
     let mut out = Values::new();
     if let Run::Optim(k) = c.run {
         // gradients of sum(p * r), then two steps: the parameters after them
-        let mut opt = Optimizer::new(k, inputs.clone(), false);
+        // (the optimizer gives back its own handles when released)
+        let params: Vec<TensorId> = inputs.iter().map(|&p| d.retain(p)).collect();
+        let mut opt = Optimizer::new(k, params, false);
         for step in 0..2u64 {
             for (j, &p) in inputs.iter().enumerate() {
                 let shape = d.shape(p).to_vec();
