@@ -109,13 +109,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             }
             let ww = width as i64;
             let f = g.function("attention")?;
-            // SAFETY: q, k, v and the output are read and written through their views of
-            // [B, H, T or S, D]; the logsumexp holds bh x width floats; s keys fit the
-            // kernel's shared row
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&qv.0)
+            // q, k, v and the output are read and written through their views of [B, H, T or S, D]; the logsumexp holds bh x width floats; s keys fit the kernel's shared row
+            g.run(&f, rows(t, bh), |b| {
+                b.arg(&qv.0)
                     .arg(&qv.1)
                     .arg(&kv.0)
                     .arg(&kv.1)
@@ -132,10 +128,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&ddv)
                     .arg(&ww)
                     .arg(&c)
-                    .arg(&scale)
-                    .launch(rows(t, bh))
-            }
-            .map_err(|e| format!("attention: {e:?}"))?;
+                    .arg(&scale);
+            })?;
         }
         Pass::Grad { input } => {
             let lse = l
@@ -165,12 +159,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 rows(s, bh / rep)
             };
             let f = g.function("attention_backward")?;
-            // SAFETY: every tensor read and written through its view, as in the forward; the
-            // logsumexp the forward wrote, bh x width floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&which)
+            // every tensor read and written through its view, as in the forward; the logsumexp the forward wrote, bh x width floats
+            g.run(&f, cfg, |b| {
+                b.arg(&which)
                     .arg(&gr.0)
                     .arg(&gr.1)
                     .arg(&qv.0)
@@ -192,10 +183,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&ddv)
                     .arg(&ww)
                     .arg(&c)
-                    .arg(&scale)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("attention_backward: {e:?}"))?;
+                    .arg(&scale);
+            })?;
         }
     }
     Ok(true)

@@ -18,23 +18,6 @@ use crate::engine::DType;
 const FROM_INPUT: [usize; 4] = [1, 2, 5, 6];
 const FROM_OUTPUT: [usize; 6] = [3, 4, 7, 8, 9, 10];
 
-/// Launches `name` over `n` elements with the arguments pushed by `push`.
-fn run<'a>(
-    g: &'a Gpu,
-    f: &'a cudarc::driver::CudaFunction,
-    name: &str,
-    n: usize,
-    push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
-) -> Result<(), String> {
-    let mut b = g.stream.launch_builder(f);
-    push(&mut b);
-    // SAFETY: every pointer pushed is a buffer of the launch at the caching allocator's
-    // address, read or written through a view the engine gave it (within its storage)
-    unsafe { b.launch(Gpu::elems(n)) }
-        .map(|_| ())
-        .map_err(|e| format!("{name}: {e:?}"))
-}
-
 /// Runs `l` here if a kernel of this family takes it; `false` where none does.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     let Some(out) = l.outputs.first() else {
@@ -176,7 +159,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         return Ok(false);
                     };
                     let (v, f) = (*v, g.function("masked_fill")?);
-                    run(g, &f, "masked_fill", n, |b| {
+                    g.run(&f, Gpu::elems(n), |b| {
                         b.arg(&o)
                             .arg(&os)
                             .arg(&m.0)
@@ -233,7 +216,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let code = *op as i32;
             let f = g.function("binary")?;
-            run(g, &f, "binary", n, |b| {
+            g.run(&f, Gpu::elems(n), |b| {
                 b.arg(&code)
                     .arg(&x)
                     .arg(&xs)
@@ -290,22 +273,21 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             }
             let (tt, ll) = (total as i64, len as i64);
             let f = g.function("binary_backward")?;
-            let mut b = g.stream.launch_builder(&f);
-            b.arg(&code)
-                .arg(&gv.0)
-                .arg(&gv.1)
-                .arg(&x.0)
-                .arg(&x.1)
-                .arg(&y.0)
-                .arg(&y.1)
-                .arg(&o)
-                .arg(&os)
-                .arg(&tt)
-                .arg(&ll);
-            // SAFETY: every operand read through a permuted view of the gradient's shape, the
-            // output written through its own view, `total` elements
-            unsafe { b.launch(Gpu::elems(total)) }
-                .map_err(|e| format!("binary_backward: {e:?}"))?;
+            // every operand read through a permuted view of the gradient's shape, the output
+            // written through its own view, `total` elements
+            g.run(&f, Gpu::elems(total), |b| {
+                b.arg(&code)
+                    .arg(&gv.0)
+                    .arg(&gv.1)
+                    .arg(&x.0)
+                    .arg(&x.1)
+                    .arg(&y.0)
+                    .arg(&y.1)
+                    .arg(&o)
+                    .arg(&os)
+                    .arg(&tt)
+                    .arg(&ll);
+            })?;
         }
         (
             Op::Scalar {
@@ -359,7 +341,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 return Ok(false);
             }
             let f = g.function("masked_fill")?;
-            run(g, &f, "masked_fill", n, |b| {
+            g.run(&f, Gpu::elems(n), |b| {
                 b.arg(&xa)
                     .arg(&xs)
                     .arg(&m)
@@ -380,7 +362,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 return Ok(false);
             };
             let f = g.function("where")?;
-            run(g, &f, "where", n, |b| {
+            g.run(&f, Gpu::elems(n), |b| {
                 b.arg(&ca)
                     .arg(&cs)
                     .arg(&a)
@@ -406,7 +388,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let which = input as i32;
             let f = g.function("where_backward")?;
-            run(g, &f, "where_backward", n, |b| {
+            g.run(&f, Gpu::elems(n), |b| {
                 b.arg(&which)
                     .arg(&ca)
                     .arg(&cs)
@@ -432,7 +414,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 },
             };
             let f = g.function("compare")?;
-            run(g, &f, "compare", n, |b| {
+            g.run(&f, Gpu::elems(n), |b| {
                 b.arg(&code)
                     .arg(&has)
                     .arg(&value)
@@ -600,7 +582,7 @@ fn fill(
 ) -> Result<(), String> {
     let nn = n as i64;
     let f = g.function("fill")?;
-    run(g, &f, "fill", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&mode)
             .arg(&value)
             .arg(&start)
@@ -625,7 +607,7 @@ fn unary(
 ) -> Result<(), String> {
     let nn = n as i64;
     let f = g.function("unary")?;
-    run(g, &f, "unary", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&code)
             .arg(&e)
             .arg(&x.0)
@@ -647,7 +629,7 @@ fn unary_backward(
 ) -> Result<(), String> {
     let nn = n as i64;
     let f = g.function("unary_backward")?;
-    run(g, &f, "unary_backward", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&code)
             .arg(&e)
             .arg(&gr.0)
@@ -663,7 +645,7 @@ fn unary_backward(
 fn copy_view(g: &mut Gpu, x: (u64, Strided), o: (u64, Strided), n: usize) -> Result<(), String> {
     let nn = n as i64;
     let f = g.function("copy")?;
-    run(g, &f, "copy", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&x.0).arg(&x.1).arg(&o.0).arg(&o.1).arg(&nn);
     })
 }
@@ -679,7 +661,7 @@ fn scalar(
 ) -> Result<(), String> {
     let (code, rev, nn) = (op as i32, reversed as i32, n as i64);
     let f = g.function("scalar")?;
-    run(g, &f, "scalar", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&code)
             .arg(&rev)
             .arg(&value)
@@ -701,7 +683,7 @@ fn binary(
 ) -> Result<(), String> {
     let (code, nn) = (op as i32, n as i64);
     let f = g.function("binary")?;
-    run(g, &f, "binary", n, |b| {
+    g.run(&f, Gpu::elems(n), |b| {
         b.arg(&code)
             .arg(&x.0)
             .arg(&x.1)

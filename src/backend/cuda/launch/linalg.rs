@@ -99,19 +99,10 @@ fn bias_rows(g: &mut Gpu, y: &Buffer, b: &Buffer, rows: usize, n: usize) -> Resu
     };
     let total = (rows * n) as i64;
     let f = g.function("copy")?;
-    // SAFETY: y holds rows x n elements, b n; each element written by one thread
-    unsafe {
-        g.stream
-            .launch_builder(&f)
-            .arg(&b.addr)
-            .arg(&bs)
-            .arg(&y.addr)
-            .arg(&ys)
-            .arg(&total)
-            .launch(Gpu::elems(rows * n))
-    }
-    .map(|_| ())
-    .map_err(|e| format!("linear's bias: {e:?}"))
+    // y holds rows x n elements, b n; each element written by one thread
+    g.run(&f, Gpu::elems(rows * n), |lb| {
+        lb.arg(&b.addr).arg(&bs).arg(&y.addr).arg(&ys).arg(&total);
+    })
 }
 
 /// A saved contiguous operand of the product's dtype: its address and shape.

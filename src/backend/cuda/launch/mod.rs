@@ -31,7 +31,9 @@ mod optim;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
+};
 
 use super::kernels;
 use crate::backend::Launch;
@@ -132,6 +134,7 @@ pub(crate) struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: BTreeMap<&'static str, Arc<CudaModule>>,
+    functions: BTreeMap<&'static str, CudaFunction>,
     blas: Option<cudarc::cublas::CudaBlas>,
     /// Launches by kernel name and where they ran.
     pub counts: BTreeMap<(&'static str, Ran), u64>,
@@ -148,6 +151,12 @@ impl std::fmt::Debug for Gpu {
             .field("counts", &self.counts)
             .finish_non_exhaustive()
     }
+}
+
+/// A kernel of `kernels/`, loaded, with its name for errors.
+pub(crate) struct Kernel {
+    f: CudaFunction,
+    name: &'static str,
 }
 
 /// Which source of `kernels/` defines a kernel.
@@ -181,6 +190,7 @@ impl Gpu {
             ctx,
             stream,
             modules: BTreeMap::new(),
+            functions: BTreeMap::new(),
             blas: None,
             counts: BTreeMap::new(),
             host_limit: crate::backend::cpu::CpuDevice::host_limit(),
@@ -190,15 +200,45 @@ impl Gpu {
         })
     }
 
-    fn function(&mut self, kernel: &str) -> Result<CudaFunction, String> {
+    /// A kernel, its source compiled (or read from the cache) and loaded at its first use, and
+    /// the function looked up once per run (not at every launch).
+    fn function(&mut self, kernel: &'static str) -> Result<Kernel, String> {
+        if let Some(f) = self.functions.get(kernel) {
+            return Ok(Kernel {
+                f: f.clone(),
+                name: kernel,
+            });
+        }
         let file = source_of(kernel);
         if !self.modules.contains_key(file) {
             let (m, _) = kernels::load(&self.ctx, file)?;
             self.modules.insert(file, m);
         }
-        self.modules[file]
+        let f = self.modules[file]
             .load_function(kernel)
-            .map_err(|e| format!("kernel {kernel}: {e:?}"))
+            .map_err(|e| format!("kernel {kernel}: {e:?}"))?;
+        self.functions.insert(kernel, f.clone());
+        Ok(Kernel { f, name: kernel })
+    }
+
+    /// Launches `k` on the stream with `cfg` and the arguments `push` gives it, in the order
+    /// of the kernel's parameters. Every launch of the families goes through here.
+    fn run<'a>(
+        &'a self,
+        k: &'a Kernel,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<(), String> {
+        let mut b = self.stream.launch_builder(&k.f);
+        push(&mut b);
+        // SAFETY: the families push, in the kernel's parameter order, device addresses of the
+        // launch's buffers at the caching allocator's addresses with the views (shape,
+        // strides, offset, dtype) the engine gave them, or scalars; each family checks first
+        // that what the kernel reads and writes through them lies within those buffers (its
+        // comment at the call says what it checked)
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("{}: {e:?}", k.name))
     }
 
     /// cuBLAS's handle on the stream (made at the first product).

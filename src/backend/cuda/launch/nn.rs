@@ -68,20 +68,16 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         return Ok(false);
                     };
                     let f = g.function("softmax")?;
-                    // SAFETY: x and the output hold rows x cols contiguous elements
-                    unsafe {
-                        g.stream
-                            .launch_builder(&f)
-                            .arg(&lg)
+                    // x and the output hold rows x cols contiguous elements
+                    g.run(&f, Gpu::rows(rows as usize), |b| {
+                        b.arg(&lg)
                             .arg(&x.0)
                             .arg(&x.1)
                             .arg(&o.0)
                             .arg(&o.1)
                             .arg(&rows)
-                            .arg(&cc)
-                            .launch(Gpu::rows(rows as usize))
-                    }
-                    .map_err(|e| format!("softmax: {e:?}"))?;
+                            .arg(&cc);
+                    })?;
                 }
                 Pass::Grad { .. } => {
                     let y = l
@@ -93,11 +89,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         return Ok(false);
                     };
                     let f = g.function("softmax_backward")?;
-                    // SAFETY: every buffer holds rows x cols contiguous elements
-                    unsafe {
-                        g.stream
-                            .launch_builder(&f)
-                            .arg(&lg)
+                    // every buffer holds rows x cols contiguous elements
+                    g.run(&f, Gpu::rows(rows as usize), |b| {
+                        b.arg(&lg)
                             .arg(&gr.0)
                             .arg(&gr.1)
                             .arg(&y.0)
@@ -105,10 +99,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                             .arg(&o.0)
                             .arg(&o.1)
                             .arg(&rows)
-                            .arg(&cc)
-                            .launch(Gpu::rows(rows as usize))
-                    }
-                    .map_err(|e| format!("softmax_backward: {e:?}"))?;
+                            .arg(&cc);
+                    })?;
                 }
             }
             Ok(true)
@@ -172,22 +164,17 @@ fn reduce(
     let scale = if mean { 1.0 / len.max(1) as f64 } else { 1.0 };
     let (code, rev, nn) = (crate::engine::op::Binary::Mul as i32, 0i32, n as i64);
     let f = g.function("scalar")?;
-    // SAFETY: the gradient read through a stride-0 view of the input's shape; the output is
-    // written through its own view
-    unsafe {
-        g.stream
-            .launch_builder(&f)
-            .arg(&code)
+    // the gradient read through a stride-0 view of the input's shape; the output is written through its own view
+    g.run(&f, Gpu::elems(n), |b| {
+        b.arg(&code)
             .arg(&rev)
             .arg(&scale)
             .arg(&gb.addr)
             .arg(&gs)
             .arg(&out.addr)
             .arg(&os)
-            .arg(&nn)
-            .launch(Gpu::elems(n))
-    }
-    .map_err(|e| format!("reduce's backward: {e:?}"))?;
+            .arg(&nn);
+    })?;
     Ok(true)
 }
 
@@ -235,21 +222,16 @@ pub(super) fn reduce_view(
     };
     let (m, tt, ll) = (mean as i32, total as i64, len as i64);
     let f = g.function("reduce")?;
-    // SAFETY: the input read through a permutation of its own view, the output written
-    // through its view, `total` elements
-    unsafe {
-        g.stream
-            .launch_builder(&f)
-            .arg(&m)
+    // the input read through a permutation of its own view, the output written through its view, `total` elements
+    g.run(&f, Gpu::elems(total), |b| {
+        b.arg(&m)
             .arg(&x.addr)
             .arg(&xs)
             .arg(&tt)
             .arg(&ll)
             .arg(&out.addr)
-            .arg(&os)
-            .launch(Gpu::elems(total))
-    }
-    .map_err(|e| format!("reduce: {e:?}"))?;
+            .arg(&os);
+    })?;
     Ok(true)
 }
 
@@ -309,20 +291,16 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool,
             }
             let table = contiguous(&l.inputs[1]).expect("checked above");
             let f = g.function("embedding")?;
-            // SAFETY: n checked indices into a [rows, dim] table; the output holds n x dim
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&idx)
+            // n checked indices into a [rows, dim] table; the output holds n x dim
+            g.run(&f, cfg, |b| {
+                b.arg(&idx)
                     .arg(&nn)
                     .arg(&table.0)
                     .arg(&table.1)
                     .arg(&dd)
                     .arg(&o.0)
-                    .arg(&o.1)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("embedding: {e:?}"))?;
+                    .arg(&o.1);
+            })?;
         }
         Pass::Grad { .. } => {
             let Some(gr) = contiguous(&l.inputs[0]) else {
@@ -339,19 +317,10 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool,
             }
             .map_err(|e| format!("embedding_backward: {e:?}"))?;
             let f = g.function("embedding_backward")?;
-            // SAFETY: n checked indices; grad holds n x dim floats, the output rows x dim
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&idx)
-                    .arg(&nn)
-                    .arg(&gr.0)
-                    .arg(&gr.1)
-                    .arg(&dd)
-                    .arg(&o)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("embedding_backward: {e:?}"))?;
+            // n checked indices; grad holds n x dim floats, the output rows x dim
+            g.run(&f, cfg, |b| {
+                b.arg(&idx).arg(&nn).arg(&gr.0).arg(&gr.1).arg(&dd).arg(&o);
+            })?;
         }
     }
     Ok(true)
@@ -397,24 +366,16 @@ fn nll_loss(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool, 
                 return Err(format!("Target {ti} is out of bounds."));
             }
             let f = g.function("nll_loss")?;
-            // SAFETY: rows checked targets into [rows, cols] float32 log-probabilities; the
-            // loss and the count are one float32 each; one block of 256 threads
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&lp)
-                    .arg(&t)
-                    .arg(&rr)
-                    .arg(&cc)
-                    .arg(&o.0)
-                    .arg(&w)
-                    .launch(cudarc::driver::LaunchConfig {
-                        grid_dim: (1, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-            }
-            .map_err(|e| format!("nll_loss: {e:?}"))?;
+            // rows checked targets into [rows, cols] float32 log-probabilities; the loss and
+            // the count are one float32 each; one block of 256 threads
+            let one_block = cudarc::driver::LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            g.run(&f, one_block, |b| {
+                b.arg(&lp).arg(&t).arg(&rr).arg(&cc).arg(&o.0).arg(&w);
+            })?;
         }
         Pass::Grad { .. } => {
             let (Some(gr), Some(w)) = (
@@ -424,20 +385,10 @@ fn nll_loss(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool, 
                 return Ok(false);
             };
             let f = g.function("nll_loss_backward")?;
-            // SAFETY: one float32 gradient and count; rows targets (checked in the forward);
-            // the output rows x cols float32
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&gr)
-                    .arg(&t)
-                    .arg(&w)
-                    .arg(&rr)
-                    .arg(&cc)
-                    .arg(&o.0)
-                    .launch(Gpu::elems(rows * cols))
-            }
-            .map_err(|e| format!("nll_loss_backward: {e:?}"))?;
+            // one float32 gradient and count; rows targets (checked in the forward); the output rows x cols float32
+            g.run(&f, Gpu::elems(rows * cols), |b| {
+                b.arg(&gr).arg(&t).arg(&w).arg(&rr).arg(&cc).arg(&o.0);
+            })?;
         }
     }
     Ok(true)
@@ -481,11 +432,9 @@ fn dropout(
                 .ceil()
                 .clamp(0.0, (1u64 << 24) as f64) as u64;
             let f = g.function("dropout")?;
-            // SAFETY: x, the output and the mask hold n contiguous elements
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&x.0)
+            // x, the output and the mask hold n contiguous elements
+            g.run(&f, Gpu::elems(n), |b| {
+                b.arg(&x.0)
                     .arg(&x.1)
                     .arg(&o.0)
                     .arg(&o.1)
@@ -493,10 +442,8 @@ fn dropout(
                     .arg(&nn)
                     .arg(&seed)
                     .arg(&keep_from)
-                    .arg(&scale)
-                    .launch(Gpu::elems(n))
-            }
-            .map_err(|e| format!("dropout: {e:?}"))?;
+                    .arg(&scale);
+            })?;
         }
         Pass::Grad { .. } => {
             let mask = l
@@ -511,20 +458,16 @@ fn dropout(
                 return Ok(false);
             }
             let f = g.function("dropout_backward")?;
-            // SAFETY: the gradient, the mask and the output hold n contiguous elements
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&gr.0)
+            // the gradient, the mask and the output hold n contiguous elements
+            g.run(&f, Gpu::elems(n), |b| {
+                b.arg(&gr.0)
                     .arg(&gr.1)
                     .arg(&m)
                     .arg(&o.0)
                     .arg(&o.1)
                     .arg(&nn)
-                    .arg(&scale)
-                    .launch(Gpu::elems(n))
-            }
-            .map_err(|e| format!("dropout_backward: {e:?}"))?;
+                    .arg(&scale);
+            })?;
         }
     }
     Ok(true)
@@ -584,22 +527,22 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: (u64, i32)) -> Resul
                 return Ok(false);
             }
             let f = g.function(if layer { "layer_norm" } else { "rms_norm" })?;
-            // SAFETY: x and y hold rows x cols elements, w and b cols, the statistics rows
-            unsafe {
-                let mut lb = g.stream.launch_builder(&f);
+            // x and y hold rows x cols elements, w and b cols, the statistics rows
+            // layer_norm's statistics are its mean and rstd, rms_norm's its rstd
+            let (first, last) = (
+                stats[0].expect("checked"),
+                stats[need - 1].expect("checked"),
+            );
+            g.run(&f, Gpu::rows(rows), |lb| {
                 lb.arg(&xp.0).arg(&xp.1).arg(&w.0).arg(&w.1);
                 if layer {
-                    let (mean, rstd) = (stats[0].expect("checked"), stats[1].expect("checked"));
                     lb.arg(&b.0).arg(&b.1).arg(&hw).arg(&hb).arg(&o.0).arg(&o.1);
-                    lb.arg(&mean.0).arg(&mean.1).arg(&rstd.0).arg(&rstd.1);
-                    lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
+                    lb.arg(&first.0).arg(&first.1).arg(&last.0).arg(&last.1);
                 } else {
-                    let rstd = stats[0].expect("checked");
-                    lb.arg(&hw).arg(&o.0).arg(&o.1).arg(&rstd.0).arg(&rstd.1);
-                    lb.arg(&rr).arg(&cc).arg(&eps).launch(Gpu::rows(rows))
+                    lb.arg(&hw).arg(&o.0).arg(&o.1).arg(&last.0).arg(&last.1);
                 }
-            }
-            .map_err(|e| format!("{}: {e:?}", norm.name()))?;
+                lb.arg(&rr).arg(&cc).arg(&eps);
+            })?;
         }
         Pass::Grad { input } => {
             let Some(gr) = contiguous(&l.inputs[0]) else {
@@ -631,18 +574,16 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: (u64, i32)) -> Resul
             } else {
                 "rms_norm_backward"
             })?;
-            // SAFETY: as in the forward; the output holds the input's (or column's) elements
-            unsafe {
-                let mut lb = g.stream.launch_builder(&f);
+            // as in the forward; the output holds the input's (or column's) elements
+            g.run(&f, cfg, |lb| {
                 lb.arg(&inp).arg(&gr.0).arg(&gr.1).arg(&xp.0).arg(&xp.1);
                 lb.arg(&w.0).arg(&w.1).arg(&hw);
                 if layer {
                     lb.arg(&mean.0).arg(&mean.1);
                 }
                 lb.arg(&rstd.0).arg(&rstd.1).arg(&o.0).arg(&o.1);
-                lb.arg(&rr).arg(&cc).launch(cfg)
-            }
-            .map_err(|e| format!("{}: {e:?}", norm.name()))?;
+                lb.arg(&rr).arg(&cc);
+            })?;
         }
     }
     Ok(true)

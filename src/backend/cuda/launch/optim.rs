@@ -40,11 +40,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             );
             let adamw = (s.kind == OptimKind::AdamW) as i32;
             let f = g.function("adam_step")?;
-            // SAFETY: the parameter, gradient and both moments hold n contiguous floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&bufs[0])
+            // the parameter, gradient and both moments hold n contiguous floats
+            g.run(&f, cfg, |b| {
+                b.arg(&bufs[0])
                     .arg(&grad)
                     .arg(&bufs[1])
                     .arg(&bufs[2])
@@ -56,10 +54,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&wd)
                     .arg(&bc1)
                     .arg(&bc2)
-                    .arg(&adamw)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("adam_step: {e:?}"))?;
+                    .arg(&adamw);
+            })?;
         }
         OptimKind::Sgd | OptimKind::SgdMomentum => {
             let momentum = s.kind == OptimKind::SgdMomentum;
@@ -75,21 +71,17 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 (s.step == 1) as i32,
             );
             let f = g.function("sgd_step")?;
-            // SAFETY: the parameter, gradient and buffer hold n contiguous floats
-            unsafe {
-                g.stream
-                    .launch_builder(&f)
-                    .arg(&bufs[0])
+            // the parameter, gradient and buffer hold n contiguous floats
+            g.run(&f, cfg, |b| {
+                b.arg(&bufs[0])
                     .arg(&grad)
                     .arg(&buf)
                     .arg(&nn)
                     .arg(&lr)
                     .arg(&mo)
                     .arg(&wd)
-                    .arg(&first)
-                    .launch(cfg)
-            }
-            .map_err(|e| format!("sgd_step: {e:?}"))?;
+                    .arg(&first);
+            })?;
         }
         _ => return Ok(false),
     }
