@@ -3,7 +3,7 @@
 // code, computed in float32 (the statistics kept in float32, as PyTorch keeps them for bf16
 // inputs). layer_norm writes the row's mean and rstd, rms_norm the row's rstd. Forward and the
 // input's gradient run a block of 256 threads per row; the weight's and bias's gradients a
-// thread per column.
+// block of 32 x 32 threads per 32 columns (GM_COLUMNS).
 
 #define GM_THREADS 256
 
@@ -18,6 +18,25 @@ __device__ float gm_block_sum(float v, float* red) {
     __syncthreads();
     return r;
 }
+
+// A column sum over every row into out[j] (the weight's and bias's gradients): a block of
+// 32 x 32 threads per 32 columns, threadIdx.x the column (coalesced rows), threadIdx.y one of
+// 32 interleaved row sets; `body` adds row r of column j to `s`.
+#define GM_COLUMNS(j, r, body)                                                   \
+    {                                                                            \
+        __shared__ float part[32][33];                                           \
+        long long j = blockIdx.x * 32LL + threadIdx.x;                           \
+        float s = 0.0f;                                                          \
+        if (j < cols)                                                            \
+            for (long long r = threadIdx.y; r < rows; r += 32) body;             \
+        part[threadIdx.y][threadIdx.x] = s;                                      \
+        __syncthreads();                                                         \
+        if (threadIdx.y == 0 && j < cols) {                                      \
+            float t = 0.0f;                                                      \
+            for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];              \
+            gm_st(out, odt, j, t);                                               \
+        }                                                                        \
+    }
 
 #define X(i) gm_ld(x, xdt, (i))
 #define W(j) (has_w ? gm_ld(w, wdt, (j)) : 1.0f)
@@ -77,15 +96,10 @@ extern "C" __global__ void layer_norm_backward(int input, const void* g, int gdt
         }
         return;
     }
-    GM_EACH(j, cols) {
-        float s = 0.0f;
-        for (long long r = 0; r < rows; ++r) {
-            float gv = gm_ld(g, gdt, r * cols + j);
-            s += input == 1 ? gv * (X(r * cols + j) - gm_ld(mean, mdt, r)) * gm_ld(rstd, rdt, r)
-                            : gv;
-        }
-        gm_st(out, odt, j, s);
-    }
+    GM_COLUMNS(j, r, {
+        float gv = gm_ld(g, gdt, r * cols + j);
+        s += input == 1 ? gv * (X(r * cols + j) - gm_ld(mean, mdt, r)) * gm_ld(rstd, rdt, r) : gv;
+    });
 }
 
 extern "C" __global__ void rms_norm(const void* x, int xdt, const void* w, int wdt, int has_w,
@@ -124,10 +138,5 @@ extern "C" __global__ void rms_norm_backward(int input, const void* g, int gdt, 
         }
         return;
     }
-    GM_EACH(j, cols) {
-        float s = 0.0f;
-        for (long long r = 0; r < rows; ++r)
-            s += gm_ld(g, gdt, r * cols + j) * X(r * cols + j) * gm_ld(rstd, rdt, r);
-        gm_st(out, odt, j, s);
-    }
+    GM_COLUMNS(j, r, { s += gm_ld(g, gdt, r * cols + j) * X(r * cols + j) * gm_ld(rstd, rdt, r); });
 }

@@ -59,6 +59,10 @@ pub struct Launch<'a> {
     pub outputs: &'a [Buffer<'a>],
     /// In backward: the tensors the op's node saved, each with what it is.
     pub saved: &'a [(Role, Buffer<'a>)],
+    /// A matrix product's cuBLAS workspace: the one the engine took from the caching allocator
+    /// for the thread the launch runs on (the forward's, or the autograd thread's), as PyTorch
+    /// gives cuBLAS (`None` for other ops, or before the engine took one).
+    pub workspace: Option<Buffer<'a>>,
 }
 
 /// Where a data device ran a kernel.

@@ -393,6 +393,17 @@ pub fn cases() -> Vec<Case> {
             BOTH,
         ),
         case(
+            "sum",
+            "over dimension 0 of [2100, 7] (a block per output)",
+            Run::Apply(Op::Reduce {
+                mean: false,
+                dims: dims(&[0]),
+                keepdim: false,
+            }),
+            vec![f(&[2100, 7])],
+            BOTH,
+        ),
+        case(
             "mean",
             "over the middle dimension",
             Run::Apply(Op::Reduce {
@@ -534,6 +545,50 @@ pub fn cases() -> Vec<Case> {
             BOTH,
         ));
     }
+    // the tiled kernels' two widths over several blocks and a partial tile, transposed views,
+    // and a head too wide for them (the path a block per row)
+    v.push(case(
+        "scaled_dot_product_attention",
+        "[1, 3, 150, 96] (the 128-wide tiles), causal",
+        Run::Sdpa {
+            causal: true,
+            gqa: false,
+        },
+        vec![
+            f(&[1, 3, 150, 96]),
+            f(&[1, 3, 150, 96]),
+            f(&[1, 3, 150, 96]),
+        ],
+        BOTH,
+    ));
+    v.push(case(
+        "scaled_dot_product_attention",
+        "[2, 2, 70, 64], transposed views",
+        Run::Sdpa {
+            causal: false,
+            gqa: false,
+        },
+        vec![
+            f_t(&[2, 2, 70, 64]),
+            f_t(&[2, 2, 70, 64]),
+            f_t(&[2, 2, 70, 64]),
+        ],
+        BOTH,
+    ));
+    v.push(case(
+        "scaled_dot_product_attention",
+        "[1, 2, 40, 160] (a head wider than the tiles), causal",
+        Run::Sdpa {
+            causal: true,
+            gqa: false,
+        },
+        vec![
+            f(&[1, 2, 40, 160]),
+            f(&[1, 2, 40, 160]),
+            f(&[1, 2, 40, 160]),
+        ],
+        BOTH,
+    ));
     v.push(case(
         "scaled_dot_product_attention",
         "grouped heads: q [2, 8, 40, 16], k and v [2, 2, 40, 16], causal",

@@ -1,8 +1,10 @@
 //! Attention on the GPU (`kernels/attention.cu`, memory-efficient: the output and one float32
 //! logsumexp per query row, never the probabilities): `scaled_dot_product_attention` forward
 //! and the gradient of each of q, k and v, on [B, H, T, D] views of float32, bf16 or float16,
-//! grouped-query heads included, causal or not, at most 4,096 keys (the forward's shared row)
-//! and 4,096 queries (the key gradients' shared column). The backward reads the logsumexp the
+//! grouped-query heads included, causal or not. Heads of at most 128 channels take the tiled
+//! kernels (FlashAttention-style: a thread per row, the other side streamed through shared
+//! memory), any length; wider heads a block per row, at most 4,096 keys (the forward's shared
+//! row) and 4,096 queries (the key gradients' shared column). The backward reads the logsumexp the
 //! forward kept (the last three-dimensional tensor the node saved). The twin of
 //! `src/backend/cpu/attention.rs`; an additive mask and dropout run on the host twin.
 
@@ -12,8 +14,11 @@ use super::{fview, Gpu};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::op::{Op, Role};
 
-/// `kernels/attention.cu`'s shared rows.
+/// `kernels/attention.cu`'s shared rows (the path a block per row).
 const MAX_KEYS: usize = 4096;
+/// `kernels/attention.cu`'s widest head on the tiled path, and the rows of its blocks.
+const TILED_D: usize = 128;
+const TILED_ROWS: usize = 64;
 
 /// The logsumexp [B, H, width] as float32 contiguous: its address and width.
 fn lse_of(b: &Buffer) -> Option<(u64, usize)> {
@@ -57,16 +62,19 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     }
     let rep = heads / kv_heads;
     let (bh, t, s, d, dv) = (qs[0] * heads, qs[2], ks[2], qs[3], vs[3]);
-    if ks[3] != d || s == 0 || s > MAX_KEYS || t == 0 || t > MAX_KEYS || bh > 65_535 {
+    if ks[3] != d || s == 0 || t == 0 || bh > 65_535 || d > 1024 || dv > 1024 {
         return Ok(false);
     }
-    if d > 1024 || dv > 1024 {
+    let out = &l.outputs[0];
+    // heads of at most TILED_D channels take the tiled kernels (any number of rows), wider
+    // ones a block per row (at most MAX_KEYS keys and queries)
+    let tiled = d <= TILED_D && dv <= TILED_D && out.layout.shape.len() == 4;
+    if !tiled && (s > MAX_KEYS || t > MAX_KEYS) {
         return Ok(false);
     }
     let (Some(qv), Some(kv), Some(vv)) = (fview(q), fview(k), fview(v)) else {
         return Ok(false);
     };
-    let out = &l.outputs[0];
     let Some(ov) = fview(out) else {
         return Ok(false);
     };
@@ -80,10 +88,26 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         *causal as i32,
     );
     let scale = 1.0 / (d as f32).sqrt();
-    let rows = |n: usize, by: usize| LaunchConfig {
-        grid_dim: (n as u32, by as u32, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
+    // kernels/attention.cu's kernel per path and width
+    let (fwd, bwd) = match (tiled, d.max(dv) <= 64) {
+        (false, _) => ("attention__rows", "attention_backward__rows"),
+        (true, true) => ("attention__d64", "attention_backward__d64"),
+        (true, false) => ("attention__d128", "attention_backward__d128"),
+    };
+    let rows = |n: usize, by: usize| {
+        if tiled {
+            LaunchConfig {
+                grid_dim: (n.div_ceil(TILED_ROWS) as u32, by as u32, 1),
+                block_dim: (TILED_ROWS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (n as u32, by as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        }
     };
     match l.pass {
         Pass::Forward => {
@@ -108,7 +132,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 .map_err(|e| format!("attention: {e:?}"))?;
             }
             let ww = width as i64;
-            let f = g.function("attention")?;
+            let f = g.function(fwd)?;
             // q, k, v and the output are read and written through their views of [B, H, T or S, D]; the logsumexp holds bh x width floats; s keys fit the kernel's shared row
             g.run(&f, rows(t, bh), |b| {
                 b.arg(&qv.0)
@@ -158,7 +182,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             } else {
                 rows(s, bh / rep)
             };
-            let f = g.function("attention_backward")?;
+            let f = g.function(bwd)?;
             // every tensor read and written through its view, as in the forward; the logsumexp the forward wrote, bh x width floats
             g.run(&f, cfg, |b| {
                 b.arg(&which)

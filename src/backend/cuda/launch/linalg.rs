@@ -1,6 +1,9 @@
 //! Matrix products on the GPU through cuBLAS: `cublasGemmStridedBatchedEx` with float32
 //! accumulation (`CUBLAS_COMPUTE_32F`, default math mode: no TF32, as PyTorch's
 //! `allow_tf32 = False`; bf16 and float16 operands accumulate in float32 as PyTorch's do).
+//! cuBLAS works in the workspace the engine took from the caching allocator for the launch's
+//! thread (`Launch::workspace`, 32 MiB as PyTorch's), so its memory is the allocator's, as in
+//! PyTorch, and not the handle's own.
 //! `linear` and `addmm` forward with the bias and the gradients of the input, the weight and
 //! the bias; `matmul` of contiguous operands with the same batch dimensions (no broadcasting),
 //! forward and backward, one strided-batched call. The twin of `src/backend/cpu/linalg.rs`; the
@@ -276,12 +279,16 @@ fn dense(g: &mut Gpu, l: &Launch, pass: Pass, wt: bool) -> Result<bool, String> 
 
 /// Runs `l` here if cuBLAS takes it; `false` where it does not.
 pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
+    if !matches!(l.op, Op::Linear | Op::Addmm | Op::Matmul) {
+        return Ok(false);
+    }
     let Some(out) = l.outputs.first() else {
         return Ok(false);
     };
     let Some((o, code)) = contiguous(out) else {
         return Ok(false);
     };
+    g.workspace(l.workspace.as_ref())?;
     match (l.op, l.pass) {
         // `linear` keeps its weight as [out, in], `addmm` (GPT-2's Conv1D) as [in, out]
         (Op::Linear, pass) => return dense(g, l, pass, true),

@@ -14,8 +14,8 @@
 //! `src/backend/parity.rs` checks every op against the cpu device (`gpumem selftest`).
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
-//! and allocates nothing (cuBLAS's handle keeps its own workspace outside the allocator, where
-//! PyTorch takes one from it: the driver's view shows it, `memory_stats` does not). Kernels go
+//! and allocates nothing; cuBLAS works in the workspace the engine took from the allocator, as
+//! PyTorch's does. Kernels go
 //! on the legacy default stream, and the driver's synchronous copies wait for them, so reads
 //! see every launch before them; [`Gpu::synchronize`] waits before a segment goes back to the
 //! driver.
@@ -136,6 +136,8 @@ pub(crate) struct Gpu {
     modules: BTreeMap<&'static str, Arc<CudaModule>>,
     functions: BTreeMap<&'static str, CudaFunction>,
     blas: Option<cudarc::cublas::CudaBlas>,
+    /// The workspace cuBLAS was last given: address and bytes.
+    workspace: Option<(u64, u64)>,
     /// Launches by kernel name and where they ran.
     pub counts: BTreeMap<(&'static str, Ran), u64>,
     /// Host bytes the host twin's working copies may take.
@@ -143,6 +145,9 @@ pub(crate) struct Gpu {
     /// Kernels sent to the host twin even where a GPU kernel takes them
     /// (`GPUMEM_CUDA_HOST_KERNELS=gemm,softmax`: to tell which kernel a difference comes from).
     on_host: Vec<String>,
+    /// Seconds per kernel, pass and place, each launch waited for (`GPUMEM_CUDA_PROFILE=1`,
+    /// printed to stderr at the end: where a run's time goes).
+    profile: Option<Profile>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -152,6 +157,9 @@ impl std::fmt::Debug for Gpu {
             .finish_non_exhaustive()
     }
 }
+
+/// Launches and seconds by kernel, pass (backward or not), place and the buffers' shapes.
+type Profile = BTreeMap<(&'static str, bool, Ran, String), (u64, f64)>;
 
 /// A kernel of `kernels/`, loaded, with its name for errors.
 pub(crate) struct Kernel {
@@ -192,11 +200,15 @@ impl Gpu {
             modules: BTreeMap::new(),
             functions: BTreeMap::new(),
             blas: None,
+            workspace: None,
             counts: BTreeMap::new(),
             host_limit: crate::backend::cpu::CpuDevice::host_limit(),
             on_host: std::env::var("GPUMEM_CUDA_HOST_KERNELS")
                 .map(|v| v.split(',').map(|k| k.trim().to_string()).collect())
                 .unwrap_or_default(),
+            profile: std::env::var_os("GPUMEM_CUDA_PROFILE")
+                .is_some_and(|v| v != "0")
+                .then(BTreeMap::new),
         })
     }
 
@@ -249,6 +261,32 @@ impl Gpu {
         Ok(*self.blas.as_ref().expect("made above").handle())
     }
 
+    /// Gives cuBLAS the engine's workspace for the next products (the caching allocator's
+    /// memory; none: cuBLAS works without one), when it changed since the last.
+    fn workspace(&mut self, ws: Option<&crate::backend::Buffer>) -> Result<(), String> {
+        let want = ws.map(mem::span).unwrap_or((0, 0));
+        if self.workspace == Some(want) {
+            return Ok(());
+        }
+        let h = self.blas()?;
+        // SAFETY: the span is a live tensor of the caching allocator (the engine keeps its
+        // workspaces for the process, and every product names the current one, so cuBLAS never
+        // works in memory given back); kernels run in stream order, so a later owner of the
+        // memory waits for the products before it
+        let r = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                h,
+                want.0 as *mut std::ffi::c_void,
+                want.1 as usize,
+            )
+        };
+        if r != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(format!("cublasSetWorkspace: {r:?}"));
+        }
+        self.workspace = Some(want);
+        Ok(())
+    }
+
     /// Waits for every launch so far.
     pub(crate) fn synchronize(&self) -> Result<(), String> {
         self.ctx
@@ -279,6 +317,12 @@ pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
         crate::backend::Pass::Grad { .. } => l.op.backward_kernel().unwrap_or(name),
     };
     let forced = !gpu.on_host.is_empty() && gpu.on_host.iter().any(|k| k == kernel);
+    let start = if gpu.profile.is_some() {
+        gpu.synchronize()?;
+        Some(std::time::Instant::now())
+    } else {
+        None
+    };
     let ran = if !forced
         && (elementwise::launch(gpu, l)?
             || nn::launch(gpu, l)?
@@ -292,7 +336,57 @@ pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
         Ran::Host
     };
     *gpu.counts.entry((kernel, ran)).or_default() += 1;
+    if let Some(start) = start {
+        gpu.synchronize()?;
+        let grad = matches!(l.pass, crate::backend::Pass::Grad { .. });
+        let shapes: Vec<String> = l
+            .inputs
+            .iter()
+            .chain(l.outputs.iter())
+            .map(|b| format!("{:?}", b.layout.shape))
+            .collect();
+        let key = (kernel, grad, ran, shapes.join(" "));
+        let e = gpu.profile.as_mut().expect("profiling").entry(key);
+        let e = e.or_default();
+        e.0 += 1;
+        e.1 += start.elapsed().as_secs_f64();
+    }
     Ok(ran)
+}
+
+impl Drop for Gpu {
+    /// Prints the profile, the slowest first, when one was asked for: per kernel, then the 30
+    /// slowest kernel and shape pairs (the inputs' shapes, then the outputs').
+    fn drop(&mut self) {
+        let Some(p) = &self.profile else { return };
+        let mut per: BTreeMap<(&str, bool, Ran), (u64, f64)> = BTreeMap::new();
+        for ((k, g, r, _), (n, t)) in p {
+            let e = per.entry((k, *g, *r)).or_default();
+            e.0 += n;
+            e.1 += t;
+        }
+        let total: f64 = per.values().map(|v| v.1).sum();
+        let pass = |g: bool| if g { "backward" } else { "forward" };
+        eprintln!("GPUMEM_CUDA_PROFILE: {total:.3} s in launches, each waited for");
+        let mut rows: Vec<_> = per.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        for ((kernel, grad, ran), (n, secs)) in rows {
+            eprintln!(
+                "  {secs:>8.3} s {:>5.1}% {n:>7} x {kernel:<28} {:<8} {ran:?}",
+                100.0 * secs / total.max(1e-12),
+                pass(*grad),
+            );
+        }
+        eprintln!("  the slowest shapes:");
+        let mut rows: Vec<_> = p.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        for ((kernel, grad, ran, shapes), (n, secs)) in rows.into_iter().take(30) {
+            eprintln!(
+                "  {secs:>8.3} s {n:>5} x {kernel} {} {ran:?} {shapes}",
+                pass(*grad)
+            );
+        }
+    }
 }
 
 /// The address of element 0 of a contiguous float32 buffer, if it is one.

@@ -5,7 +5,7 @@
 //! (`kernels/reduce.cu`, `scalar`). The twin of `src/backend/cpu/nn.rs`; what a
 //! kernel here does not take runs on the host twin.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{contiguous, floating, Gpu, Strided};
 use crate::backend::{Launch, Pass};
@@ -221,10 +221,24 @@ pub(super) fn reduce_view(
         return Ok(false);
     };
     let (m, tt, ll) = (mean as i32, total as i64, len as i64);
+    // few outputs with long sums take a block each (reduce.cu's `per_block`), so the GPU is
+    // not left to a few hundred threads
+    let per_block = total < 65_536 && len >= 1024;
+    let cfg = if per_block {
+        LaunchConfig {
+            grid_dim: (total.min(1 << 20) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    } else {
+        Gpu::elems(total)
+    };
+    let pb = per_block as i32;
     let f = g.function("reduce")?;
     // the input read through a permutation of its own view, the output written through its view, `total` elements
-    g.run(&f, Gpu::elems(total), |b| {
-        b.arg(&m)
+    g.run(&f, cfg, |b| {
+        b.arg(&pb)
+            .arg(&m)
             .arg(&x.addr)
             .arg(&xs)
             .arg(&tt)
@@ -567,7 +581,12 @@ fn norm(g: &mut Gpu, l: &Launch, norm: Norm, pass: Pass, o: (u64, i32)) -> Resul
             let cfg = if input == 0 {
                 Gpu::rows(rows)
             } else {
-                Gpu::elems(cols)
+                // norm.cu's column sums: a block of 32 x 32 threads per 32 columns
+                cudarc::driver::LaunchConfig {
+                    grid_dim: (cols.div_ceil(32).clamp(1, 1 << 30) as u32, 1, 1),
+                    block_dim: (32, 32, 1),
+                    shared_mem_bytes: 0,
+                }
             };
             let f = g.function(if layer {
                 "layer_norm_backward"
