@@ -27,6 +27,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         "attention.cu",
         include_str!("../../../kernels/attention.cu"),
     ),
+    ("vision.cu", include_str!("../../../kernels/vision.cu")),
 ];
 
 /// What every source starts with when compiled (`kernels/common.cuh`: views of any dtype).
@@ -220,6 +221,23 @@ mod tests {
                 dims: crate::engine::op::reduce::DimList::from_dim(None),
                 keepdim: false,
             },
+            Op::Conv2d(crate::engine::op::vision::Conv {
+                stride: 1,
+                padding: 0,
+                dilation: 1,
+                groups: 1,
+            }),
+            Op::BatchNorm(crate::engine::op::vision::BatchNorm {
+                training: true,
+                momentum: 0.1,
+                eps: 1e-5,
+            }),
+            Op::MaxPool2d(crate::engine::op::vision::Pool {
+                kernel: 2,
+                stride: 2,
+                padding: 0,
+            }),
+            Op::AdaptiveAvgPool2d { out: [1, 1] },
         ] {
             names.extend(op.kernel());
             names.extend(op.backward_kernel());
@@ -243,8 +261,9 @@ mod tests {
         // softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward,
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
         // dropout_backward, reduce, adam_step, sgd_step, cat, compare, where, where_backward,
-        // binary_backward; attention and attention_backward, each __rows, __d64 and __d128
-        assert_eq!(found, 33);
+        // binary_backward; attention and attention_backward, each __rows, __d64 and __d128;
+        // conv2d, batch_norm, max_pool2d, adaptive_avg_pool2d and their backward kernels
+        assert_eq!(found, 41);
         // the shared prelude defines no kernel of its own
         assert!(defined(COMMON).is_empty());
     }

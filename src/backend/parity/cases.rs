@@ -125,6 +125,90 @@ fn case(op: &str, what: &str, run: Run, args: Vec<Arg>, dtypes: &'static [DType]
     }
 }
 
+/// conv2d, batch_norm and the pools (the vision presets' ops).
+fn vision_cases() -> Vec<Case> {
+    use crate::engine::op::vision::{BatchNorm, Conv, Pool};
+    let conv = |stride, padding, dilation, groups| {
+        Run::Apply(Op::Conv2d(Conv {
+            stride,
+            padding,
+            dilation,
+            groups,
+        }))
+    };
+    let bn = |training| {
+        Run::Apply(Op::BatchNorm(BatchNorm {
+            training,
+            momentum: 0.1,
+            eps: 1e-5,
+        }))
+    };
+    let stats = |c: usize| [no_grad(f(&[c])), no_grad(f_in(&[c], 0.5, 1.5))];
+    let mut train = vec![f(&[4, 3, 5, 6]), f(&[3]), f(&[3])];
+    train.extend(stats(3));
+    let mut eval = vec![
+        no_grad(f(&[4, 3, 5, 6])),
+        no_grad(f(&[3])),
+        no_grad(f(&[3])),
+    ];
+    eval.extend(stats(3));
+    vec![
+        case(
+            "conv2d",
+            "x [2, 6, 9, 11], weight [4, 3, 3, 3] in 2 groups, bias, stride 2, padding 1, dilation 2",
+            conv(2, 1, 2, 2),
+            vec![f(&[2, 6, 9, 11]), f(&[4, 3, 3, 3]), f(&[4])],
+            BOTH,
+        ),
+        case(
+            "conv2d",
+            "x [2, 3, 8, 8], weight [5, 3, 3, 3], padding 1",
+            conv(1, 1, 1, 1),
+            vec![f(&[2, 3, 8, 8]), f(&[5, 3, 3, 3])],
+            BOTH,
+        ),
+        case(
+            "batch_norm",
+            "training, [4, 3, 5, 6], weight, bias, running statistics",
+            bn(true),
+            train,
+            F32,
+        ),
+        case(
+            "batch_norm",
+            "eval, [4, 3, 5, 6] (no gradient)",
+            bn(false),
+            eval,
+            F32,
+        ),
+        case(
+            "max_pool2d",
+            "[2, 3, 9, 9], kernel 3, stride 2, padding 1",
+            Run::Apply(Op::MaxPool2d(Pool {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            })),
+            vec![f(&[2, 3, 9, 9])],
+            BOTH,
+        ),
+        case(
+            "adaptive_avg_pool2d",
+            "[2, 3, 7, 5] to [3, 2]",
+            Run::Apply(Op::AdaptiveAvgPool2d { out: [3, 2] }),
+            vec![f(&[2, 3, 7, 5])],
+            BOTH,
+        ),
+        case(
+            "adaptive_avg_pool2d",
+            "[2, 3, 7, 5] to [1, 1]",
+            Run::Apply(Op::AdaptiveAvgPool2d { out: [1, 1] }),
+            vec![f(&[2, 3, 7, 5])],
+            BOTH,
+        ),
+    ]
+}
+
 /// Every case, in the order the report lists them.
 pub fn cases() -> Vec<Case> {
     let (r, c) = (48usize, 129usize);
@@ -599,6 +683,7 @@ pub fn cases() -> Vec<Case> {
         vec![f(&[2, 8, 40, 16]), f(&[2, 2, 40, 16]), f(&[2, 2, 40, 16])],
         BOTH,
     ));
+    v.extend(vision_cases());
     for k in [
         OptimKind::Sgd,
         OptimKind::SgdMomentum,

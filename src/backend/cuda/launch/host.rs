@@ -36,7 +36,13 @@ pub(crate) fn run(limit: u64, l: &Launch) -> Result<(), String> {
 
 /// [`run`] on the device memory `m`.
 pub(crate) fn run_on(m: &mut dyn Bytes, limit: u64, l: &Launch) -> Result<(), String> {
-    let outs: Vec<(u64, u64)> = l.outputs.iter().map(mem::span).collect();
+    let mut outs: Vec<(u64, u64)> = l.outputs.iter().map(mem::span).collect();
+    // batch norm in training updates its running statistics (inputs 3 and 4) in place
+    if let (crate::engine::op::Op::BatchNorm(bn), crate::backend::Pass::Forward) = (l.op, l.pass) {
+        if bn.training {
+            outs.extend(l.inputs.iter().skip(3).map(mem::span));
+        }
+    }
     let all: Vec<(u64, u64)> = l
         .inputs
         .iter()

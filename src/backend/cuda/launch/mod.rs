@@ -10,7 +10,7 @@
 //! what it wrote is copied back. So a run on cuda computes every op the cpu device computes,
 //! while the kernels that exist run on the GPU; [`Gpu::counts`] says which ran where, and the
 //! run reports it, so nothing is silently slow. Families mirror `src/backend/cpu/`'s files:
-//! [`elementwise`], [`nn`], [`linalg`] (cuBLAS), [`attention`], [`optim`].
+//! [`elementwise`], [`nn`], [`linalg`] (cuBLAS), [`attention`], [`optim`], [`vision`].
 //! `src/backend/parity.rs` checks every op against the cpu device (`gpumem selftest`).
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
@@ -27,6 +27,7 @@ mod linalg;
 pub(crate) mod mem;
 mod nn;
 mod optim;
+mod vision;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -169,7 +170,13 @@ pub(crate) struct Kernel {
 
 /// Which source of `kernels/` defines a kernel.
 fn source_of(kernel: &str) -> &'static str {
-    if kernel.starts_with("softmax") {
+    if kernel.starts_with("conv2d")
+        || kernel.starts_with("batch_norm")
+        || kernel.starts_with("max_pool2d")
+        || kernel.starts_with("adaptive_avg_pool2d")
+    {
+        "vision.cu"
+    } else if kernel.starts_with("softmax") {
         "softmax.cu"
     } else if kernel.contains("_norm") {
         "norm.cu"
@@ -328,7 +335,8 @@ pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
             || nn::launch(gpu, l)?
             || linalg::launch(gpu, l)?
             || attention::launch(gpu, l)?
-            || optim::launch(gpu, l)?)
+            || optim::launch(gpu, l)?
+            || vision::launch(gpu, l)?)
     {
         Ran::Gpu
     } else {
