@@ -116,8 +116,26 @@ extern "C" __global__ void binary(int code, const void* a, Strided as, const voi
 }
 
 // x op value (value op x when `reversed`), `code` as for `binary`.
+// Integer views (int64 and int32) by a whole `value` (add, sub, mul): exact, as the CPU twin's
+// float64 is below 2^53 (counters such as num_batches_tracked, position ids).
 extern "C" __global__ void scalar(int code, int reversed, double value, const void* x, Strided xs,
                                   void* out, Strided os, long long n) {
+    bool ints = (xs.dtype == GM_I64 || xs.dtype == GM_I32) &&
+                (os.dtype == GM_I64 || os.dtype == GM_I32) && code < 3;
+    if (ints) {
+        long long v = (long long)value;
+        GM_EACH(i, n) {
+            long long at = gm_at(xs, i);
+            long long a = xs.dtype == GM_I64 ? ((const long long*)x)[at] : ((const int*)x)[at];
+            long long r = code == 0 ? a + v : code == 1 ? (reversed ? v - a : a - v) : a * v;
+            long long to = gm_at(os, i);
+            if (os.dtype == GM_I64)
+                ((long long*)out)[to] = r;
+            else
+                ((int*)out)[to] = (int)r;
+        }
+        return;
+    }
     GM_EACH(i, n) {
         double a = gm_get(x, xs, i);
         gm_put_d(out, os, i, reversed ? gm_binary(code, value, a) : gm_binary(code, a, value));

@@ -506,6 +506,30 @@ pub fn cases() -> Vec<Case> {
             BOTH,
         ),
         case(
+            "add_",
+            "int64 in place, by a whole number (a counter)",
+            Run::InPlace(InPlace::Scalar(Binary::Add, 3.0)),
+            vec![Arg::Idx {
+                shape: vec![r, c],
+                hi: 1000,
+            }],
+            F32,
+        ),
+        case(
+            "rsub",
+            "int64, a whole number minus the tensor",
+            Run::Apply(Op::Scalar {
+                op: Binary::Sub,
+                value: 7.0,
+                reversed: true,
+            }),
+            vec![Arg::Idx {
+                shape: vec![r, c],
+                hi: 1000,
+            }],
+            F32,
+        ),
+        case(
             "mul_",
             "in place, by a number",
             Run::InPlace(InPlace::Scalar(Binary::Mul, -0.75)),

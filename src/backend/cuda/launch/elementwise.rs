@@ -72,6 +72,38 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         _ => false,
     };
+    // integer arithmetic by a whole number below 2^53 (scalar.cu's exact integer path)
+    let int = |d: DType| matches!(d, DType::I64 | DType::I32);
+    let int_scalar = match (l.op, l.pass) {
+        (Op::Scalar { op, value, .. }, Pass::Forward)
+        | (Op::InPlace(InPlace::Scalar(op, value)), Pass::Forward) => {
+            *op != Binary::Div
+                && value.fract() == 0.0
+                && value.abs() < 2f64.powi(53)
+                && int(out.dtype)
+                && int(l.inputs[0].dtype)
+        }
+        _ => false,
+    };
+    if int_scalar {
+        let (Some(xs), Some(os)) = (
+            Strided::of(l.inputs[0].layout, l.inputs[0].dtype),
+            Strided::of(out.layout, out.dtype),
+        ) else {
+            return Ok(false);
+        };
+        let (op, reversed, value) = match l.op {
+            Op::Scalar {
+                op,
+                value,
+                reversed,
+            } => (*op, *reversed, *value),
+            Op::InPlace(InPlace::Scalar(op, value)) => (*op, false, *value),
+            _ => unreachable!("matched above"),
+        };
+        scalar(g, op, reversed, value, (l.inputs[0].addr, xs), (o, os), n)?;
+        return Ok(true);
+    }
     let any_dtype = any_dtype
         || (exact_ints && matches!(out.dtype, DType::I64 | DType::I32 | DType::Bool | DType::U8));
     if !floating(out.dtype) && !any_dtype {
