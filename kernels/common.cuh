@@ -84,11 +84,28 @@ __device__ __forceinline__ void gm_st(void* p, int dt, long long off, float v) {
     }
 }
 
+// Element `off` as double, exact for every dtype here (integers up to 2^53, as the CPU twin's
+// float64 holds them).
+__device__ __forceinline__ double gm_ld_d(const void* p, int dt, long long off) {
+    switch (dt) {
+        case GM_I64: return (double)((const long long*)p)[off];
+        case GM_I32: return (double)((const int*)p)[off];
+        default: return (double)gm_ld(p, dt, off);
+    }
+}
+
 // A double rounded once to the buffer's dtype, as the cpu device rounds its float64 results:
 // to float32 directly, to bf16 and float16 through float32 rounded to odd (truncated, its last
-// bit set when inexact), which leaves the final rounding to nearest exact.
+// bit set when inexact), which leaves the final rounding to nearest exact; integers truncated
+// toward zero, bools set where non-zero.
 __device__ __forceinline__ void gm_st_d(void* p, int dt, long long off, double v) {
-    if (dt == GM_BF16 || dt == GM_F16) {
+    if (dt == GM_I64) {
+        ((long long*)p)[off] = (long long)v;
+    } else if (dt == GM_I32) {
+        ((int*)p)[off] = (int)v;
+    } else if (dt == GM_BOOL) {
+        ((unsigned char*)p)[off] = v != 0.0;
+    } else if (dt == GM_BF16 || dt == GM_F16) {
         float f = __double2float_rz(v);
         if ((double)f != v && f == f) f = __uint_as_float(__float_as_uint(f) | 1u);
         gm_st(p, dt, off, f);
@@ -100,6 +117,10 @@ __device__ __forceinline__ void gm_st_d(void* p, int dt, long long off, double v
 // Row-major element i of a view.
 __device__ __forceinline__ float gm_get(const void* p, const Strided& s, long long i) {
     return gm_ld(p, s.dtype, gm_at(s, i));
+}
+
+__device__ __forceinline__ double gm_get_d(const void* p, const Strided& s, long long i) {
+    return gm_ld_d(p, s.dtype, gm_at(s, i));
 }
 
 __device__ __forceinline__ void gm_put(void* p, const Strided& s, long long i, float v) {

@@ -112,7 +112,7 @@ __device__ __forceinline__ double gm_binary(int code, double x, double y) {
 // a op b over the output's shape: each input a view broadcast to it.
 extern "C" __global__ void binary(int code, const void* a, Strided as, const void* b, Strided bs,
                                   void* out, Strided os, long long n) {
-    GM_EACH(i, n) gm_put_d(out, os, i, gm_binary(code, gm_get(a, as, i), gm_get(b, bs, i)));
+    GM_EACH(i, n) gm_put_d(out, os, i, gm_binary(code, gm_get_d(a, as, i), gm_get_d(b, bs, i)));
 }
 
 // x op value (value op x when `reversed`), `code` as for `binary`.
@@ -186,8 +186,8 @@ extern "C" __global__ void compare(int code, int has_scalar, double value, const
                                    Strided as, const void* b, Strided bs, void* out, Strided os,
                                    long long n) {
     GM_EACH(i, n) {
-        double x = gm_get(a, as, i);
-        double y = has_scalar ? value : (double)gm_get(b, bs, i);
+        double x = gm_get_d(a, as, i);
+        double y = has_scalar ? value : gm_get_d(b, bs, i);
         bool r;
         switch (code) {
             case 0: r = x <= y; break;
@@ -244,5 +244,42 @@ extern "C" __global__ void binary_backward(int code, const void* g, Strided gs, 
             }
         }
         gm_put_d(out, os, i, s);
+    }
+}
+
+// ---- integer and bool ops (masks, ids and positions in generation), exact as the CPU twin ----
+
+// a & b (or a | b) of integer or bool views broadcast to the output.
+extern "C" __global__ void bitwise(int or_, const void* a, Strided as, const void* b, Strided bs,
+                                   void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        long long x = (long long)gm_get_d(a, as, i), y = (long long)gm_get_d(b, bs, i);
+        gm_put_d(out, os, i, (double)(or_ ? (x | y) : (x & y)));
+    }
+}
+
+// Running sums along one dimension of `len` elements: the input's view and the output's, each
+// line `outer, inner` (a thread per line) summed in double in order.
+extern "C" __global__ void cumsum(const void* x, Strided xs, void* out, Strided os,
+                                  long long lines, long long len, long long inner) {
+    GM_EACH(line, lines) {
+        long long outer = line / inner, k = line % inner;
+        double acc = 0.0;
+        for (long long i = 0; i < len; ++i) {
+            long long at = (outer * len + i) * inner + k;
+            acc += gm_get_d(x, xs, at);
+            gm_put_d(out, os, at, acc);
+        }
+    }
+}
+
+// Whether each element equals one of the `m` test elements (both views, any dtype).
+extern "C" __global__ void isin(const void* x, Strided xs, const void* t, Strided ts,
+                                long long m, void* out, Strided os, long long n) {
+    GM_EACH(i, n) {
+        double v = gm_get_d(x, xs, i);
+        bool hit = false;
+        for (long long j = 0; j < m && !hit; ++j) hit = gm_get_d(t, ts, j) == v;
+        gm_put_d(out, os, i, hit ? 1.0 : 0.0);
     }
 }

@@ -238,6 +238,12 @@ mod tests {
                 padding: 0,
             }),
             Op::AdaptiveAvgPool2d { out: [1, 1] },
+            Op::Bitwise { or: false },
+            Op::Cumsum {
+                dim: 0,
+                dtype: None,
+            },
+            Op::Isin,
         ] {
             names.extend(op.kernel());
             names.extend(op.backward_kernel());
@@ -262,8 +268,9 @@ mod tests {
         // embedding, embedding_backward, nll_loss, nll_loss_backward, dropout,
         // dropout_backward, reduce, adam_step, sgd_step, cat, compare, where, where_backward,
         // binary_backward; attention and attention_backward, each __rows, __d64 and __d128;
-        // conv2d, batch_norm, max_pool2d, adaptive_avg_pool2d and their backward kernels
-        assert_eq!(found, 41);
+        // conv2d, batch_norm, max_pool2d, adaptive_avg_pool2d and their backward kernels;
+        // bitwise, cumsum, isin
+        assert_eq!(found, 44);
         // the shared prelude defines no kernel of its own
         assert!(defined(COMMON).is_empty());
     }

@@ -125,6 +125,88 @@ fn case(op: &str, what: &str, run: Run, args: Vec<Arg>, dtypes: &'static [DType]
     }
 }
 
+/// What generation does to ids, positions and masks: int64 and bool, exact.
+fn integer_cases() -> Vec<Case> {
+    let (r, c) = (6usize, 129usize);
+    let ids = |shape: &[usize], hi: usize| Arg::Idx {
+        shape: shape.to_vec(),
+        hi,
+    };
+    let mask = |shape: &[usize]| Arg::Mask {
+        shape: shape.to_vec(),
+    };
+    vec![
+        case(
+            "eq",
+            "int64 ids against a whole number",
+            Run::Apply(Op::Compare {
+                cmp: Cmp::Eq,
+                scalar: Some(3.0),
+            }),
+            vec![ids(&[r, c], 8)],
+            F32,
+        ),
+        case(
+            "lt",
+            "int64 against int64, broadcast",
+            Run::Apply(Op::Compare {
+                cmp: Cmp::Lt,
+                scalar: None,
+            }),
+            vec![ids(&[r, c], 50), ids(&[c], 50)],
+            F32,
+        ),
+        case(
+            "mul",
+            "int64 by int64 (a mask of ids)",
+            Run::Apply(Op::Binary(Binary::Mul)),
+            vec![ids(&[r, c], 1000), ids(&[r, c], 2)],
+            F32,
+        ),
+        case(
+            "bitwise_and",
+            "two masks, broadcast",
+            Run::Apply(Op::Bitwise { or: false }),
+            vec![mask(&[r, c]), mask(&[c])],
+            F32,
+        ),
+        case(
+            "bitwise_or",
+            "int64 ids",
+            Run::Apply(Op::Bitwise { or: true }),
+            vec![ids(&[r, c], 1000), ids(&[r, c], 1000)],
+            F32,
+        ),
+        case(
+            "cumsum",
+            "int64 over the last dimension (position ids)",
+            Run::Apply(Op::Cumsum {
+                dim: -1,
+                dtype: None,
+            }),
+            vec![ids(&[r, c], 2)],
+            F32,
+        ),
+        case(
+            "cumsum",
+            "a mask over the first dimension",
+            Run::Apply(Op::Cumsum {
+                dim: 0,
+                dtype: None,
+            }),
+            vec![mask(&[r, c])],
+            F32,
+        ),
+        case(
+            "isin",
+            "int64 ids in 7 test ids",
+            Run::Apply(Op::Isin),
+            vec![ids(&[r, c], 40), ids(&[7], 40)],
+            F32,
+        ),
+    ]
+}
+
 /// conv2d, batch_norm and the pools (the vision presets' ops).
 fn vision_cases() -> Vec<Case> {
     use crate::engine::op::vision::{BatchNorm, Conv, Pool};
@@ -708,6 +790,7 @@ pub fn cases() -> Vec<Case> {
         BOTH,
     ));
     v.extend(vision_cases());
+    v.extend(integer_cases());
     for k in [
         OptimKind::Sgd,
         OptimKind::SgdMomentum,

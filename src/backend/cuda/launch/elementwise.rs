@@ -104,7 +104,11 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         scalar(g, op, reversed, value, (l.inputs[0].addr, xs), (o, os), n)?;
         return Ok(true);
     }
+    // integer and bool arithmetic (masks multiplied, ids added): exact, in double
+    let int_binary = matches!((l.op, l.pass), (Op::Binary(op), Pass::Forward) if *op != Binary::Div)
+        && !floating(out.dtype);
     let any_dtype = any_dtype
+        || int_binary
         || (exact_ints && matches!(out.dtype, DType::I64 | DType::I32 | DType::Bool | DType::U8));
     if !floating(out.dtype) && !any_dtype {
         return Ok(false);
@@ -241,8 +245,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         (Op::Binary(op), Pass::Forward) => {
             let (Some((x, xs)), Some((y, ys))) = (
-                broadcast_view(&l.inputs[0], out.layout),
-                broadcast_view(&l.inputs[1], out.layout),
+                any_view(&l.inputs[0], out.layout),
+                any_view(&l.inputs[1], out.layout),
             ) else {
                 return Ok(false);
             };
@@ -433,14 +437,14 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         (Op::Compare { cmp, scalar }, Pass::Forward) => {
             let x = &l.inputs[0];
-            let Some((xa, xs)) = broadcast_view(x, out.layout) else {
+            let Some((xa, xs)) = any_view(x, out.layout) else {
                 return Ok(false);
             };
             let code = cmp_code(*cmp);
             let (has, value) = (scalar.is_some() as i32, scalar.unwrap_or(0.0));
             let (ya, ys) = match scalar {
                 Some(_) => (xa, xs),
-                None => match broadcast_view(&l.inputs[1], out.layout) {
+                None => match any_view(&l.inputs[1], out.layout) {
                     Some(v) => v,
                     None => return Ok(false),
                 },
@@ -775,7 +779,7 @@ fn summed(g: &[usize], s: &[usize]) -> Option<(Vec<i64>, usize, usize)> {
 
 /// `l` seen with the output's shape (`expand`), as the cpu twin reads a binary op's operands;
 /// `None` where it does not expand to it.
-fn expand(l: &Layout, to: &Layout) -> Option<Layout> {
+pub(super) fn expand(l: &Layout, to: &Layout) -> Option<Layout> {
     if l.shape == to.shape {
         return Some(l.clone());
     }
@@ -786,4 +790,10 @@ fn expand(l: &Layout, to: &Layout) -> Option<Layout> {
 /// A floating operand broadcast to the output's layout.
 fn broadcast_view(b: &Buffer, to: &Layout) -> Option<(u64, Strided)> {
     fview_as(b, &expand(b.layout, to)?)
+}
+
+/// A buffer of any dtype the kernels read (floating, integer, bool) broadcast to `to` (the
+/// kernels that load through `gm_get_d`: exact for integers).
+pub(super) fn any_view(b: &Buffer, to: &Layout) -> Option<(u64, Strided)> {
+    Strided::of(&expand(b.layout, to)?, b.dtype).map(|s| (b.addr, s))
 }

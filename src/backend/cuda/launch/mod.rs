@@ -10,7 +10,8 @@
 //! what it wrote is copied back. So a run on cuda computes every op the cpu device computes,
 //! while the kernels that exist run on the GPU; [`Gpu::counts`] says which ran where, and the
 //! run reports it, so nothing is silently slow. Families mirror `src/backend/cpu/`'s files:
-//! [`elementwise`], [`nn`], [`linalg`] (cuBLAS), [`attention`], [`optim`], [`vision`].
+//! [`elementwise`], [`integer`], [`nn`], [`linalg`] (cuBLAS), [`attention`], [`optim`],
+//! [`vision`].
 //! `src/backend/parity.rs` checks every op against the cpu device (`gpumem selftest`).
 //!
 //! Memory stays the caching allocator's: a kernel writes into the buffers the engine gave it
@@ -23,6 +24,7 @@
 mod attention;
 mod elementwise;
 pub(crate) mod host;
+mod integer;
 mod linalg;
 pub(crate) mod mem;
 mod nn;
@@ -336,7 +338,8 @@ pub(crate) fn launch(gpu: &mut Gpu, l: &Launch) -> Result<Ran, String> {
             || linalg::launch(gpu, l)?
             || attention::launch(gpu, l)?
             || optim::launch(gpu, l)?
-            || vision::launch(gpu, l)?)
+            || vision::launch(gpu, l)?
+            || integer::launch(gpu, l)?)
     {
         Ran::Gpu
     } else {
