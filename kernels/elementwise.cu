@@ -169,7 +169,7 @@ extern "C" __global__ void masked_fill(const void* x, Strided xs, const void* ma
                                        double value, void* out, Strided os, long long n) {
     GM_EACH(i, n) {
         if (gm_get(mask, ms, i) != 0.0f) gm_put_d(out, os, i, value);
-        else gm_put(out, os, i, gm_get(x, xs, i));
+        else gm_put_d(out, os, i, gm_get_d(x, xs, i));
     }
 }
 

@@ -198,6 +198,20 @@ fn integer_cases() -> Vec<Case> {
             F32,
         ),
         case(
+            "masked_fill",
+            "int64 ids, a broadcast mask, by a whole number",
+            Run::Apply(Op::MaskedFill { value: -7.0 }),
+            vec![ids(&[r, c], 1000), mask(&[c])],
+            F32,
+        ),
+        case(
+            "cat",
+            "int64 ids along the last dimension",
+            Run::Apply(Op::Cat { dim: -1 }),
+            vec![ids(&[r, 5], 1000), ids(&[r, 1], 1000)],
+            F32,
+        ),
+        case(
             "isin",
             "int64 ids in 7 test ids",
             Run::Apply(Op::Isin),

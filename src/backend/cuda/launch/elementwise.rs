@@ -107,8 +107,16 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     // integer and bool arithmetic (masks multiplied, ids added): exact, in double
     let int_binary = matches!((l.op, l.pass), (Op::Binary(op), Pass::Forward) if *op != Binary::Div)
         && !floating(out.dtype);
+    // masks and ids filled or concatenated: exact (masked_fill through double, cat's parts
+    // of the output's dtype copied bit for bit)
+    let int_fill_cat = match (l.op, l.pass) {
+        (Op::MaskedFill { .. }, Pass::Forward) => true,
+        (Op::Cat { .. }, Pass::Forward) => l.inputs.iter().all(|p| p.dtype == out.dtype),
+        _ => false,
+    };
     let any_dtype = any_dtype
         || int_binary
+        || int_fill_cat
         || (exact_ints && matches!(out.dtype, DType::I64 | DType::I32 | DType::Bool | DType::U8));
     if !floating(out.dtype) && !any_dtype {
         return Ok(false);
@@ -368,7 +376,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 Pass::Grad { .. } => (&l.inputs[0], saved(l, Role::Input(1)), 0.0),
             };
             let (Some((xa, xs)), Some((m, ms))) = (
-                broadcast_view(x, out.layout),
+                any_view(x, out.layout),
                 mask.and_then(|m| expand(m.layout, out.layout).and_then(|v| mask_as(m, &v))),
             ) else {
                 return Ok(false);
@@ -475,9 +483,10 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 if crate::engine::op::cat_skips(&p.layout.shape) {
                     continue;
                 }
-                let Some((pa, ps)) = fview(p) else {
+                let Some(ps) = Strided::of(p.layout, p.dtype) else {
                     return Ok(false);
                 };
+                let pa = p.addr;
                 let mut slice = out.layout.clone();
                 slice.shape[dim] = p.layout.shape[dim];
                 slice.offset += at * out.layout.strides[dim];

@@ -51,7 +51,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let len = shape.get(d).copied().unwrap_or(1).max(1);
             let inner: usize = shape.get(d + 1..).map_or(1, |s| s.iter().product());
-            let lines = n / (len * inner).max(1);
+            // every line: `outer` blocks of `inner` lines each
+            let lines = n / len;
             if n == 0 {
                 return Ok(true);
             }
