@@ -172,6 +172,11 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             if width < t || l.inputs[0].layout.numel() != bh * t * dv || input > 2 {
                 return Ok(false);
             }
+            // the tiled kernels read the incoming gradient and the output as [B, H, T, D]
+            let four = |b: &Buffer| b.layout.shape.len() == 4;
+            if tiled && (!four(&l.inputs[0]) || !saved(Role::Output).is_some_and(four)) {
+                return Ok(false);
+            }
             let want = [bh * t * d, bh / rep * s * d, bh / rep * s * dv][input];
             if out.layout.numel() != want {
                 return Ok(false);
