@@ -59,9 +59,9 @@ pub struct Launch<'a> {
     pub outputs: &'a [Buffer<'a>],
     /// In backward: the tensors the op's node saved, each with what it is.
     pub saved: &'a [(Role, Buffer<'a>)],
-    /// A matrix product's cuBLAS workspace: the one the engine took from the caching allocator
-    /// for the thread the launch runs on (the forward's, or the autograd thread's), as PyTorch
-    /// gives cuBLAS (`None` for other ops, or before the engine took one).
+    /// The cuBLAS workspace the engine took from the caching allocator for the thread the
+    /// launch runs on (the forward's, or the autograd thread's), which a device gives its
+    /// matrix products as PyTorch gives cuBLAS (`None` before the first product took one).
     pub workspace: Option<Buffer<'a>>,
 }
 

@@ -598,15 +598,9 @@ impl<S: Device> Tensors<S> {
         let ins: Vec<Buffer> = ins.iter().map(buf).collect();
         let outs: Vec<Buffer> = outs.iter().map(buf).collect();
         let sv: Vec<(Role, Buffer)> = saved.iter().map(|(r, o)| (*r, buf(o))).collect();
-        // a product's workspace: the thread's, as ensure_cublas_workspace took it
-        let gemm = |k: Option<&str>| k == Some("gemm");
-        let product = match pass {
-            Pass::Forward => gemm(op.kernel()),
-            Pass::Grad { .. } => gemm(op.backward_kernel()),
-        };
-        let ws = if !product {
-            None
-        } else if self.on_autograd_thread {
+        // the cuBLAS workspace of the launch's thread, as ensure_cublas_workspace took it
+        // (the device gives it to the products)
+        let ws = if self.on_autograd_thread {
             self.backward_workspace
         } else {
             self.workspace

@@ -248,6 +248,14 @@ fn run_case_in(
     .map_err(err)?;
     made.push(y);
     out.push(("output".into(), read(d, y)?));
+    // the inputs the op writes in place (batch norm's running statistics)
+    if let Run::Apply(op) = &c.run {
+        for i in op.written_inputs() {
+            if let Some(&x) = inputs.get(i) {
+                out.push((format!("input {i} after"), read(d, x)?));
+            }
+        }
+    }
     if leaves.is_empty() || !d.dtype(y).is_floating() || !d.info(y).requires_grad {
         return Ok(out);
     }

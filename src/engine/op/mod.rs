@@ -468,6 +468,15 @@ impl Op {
         })
     }
 
+    /// The inputs its forward kernel also writes, in place, besides its outputs: batch norm in
+    /// training updates its running mean and variance (inputs 3 and 4).
+    pub fn written_inputs(&self) -> std::ops::Range<usize> {
+        match self {
+            Op::BatchNorm(bn) if bn.training => 3..5,
+            _ => 0..0,
+        }
+    }
+
     /// The kernel of its backward (None where backward only moves views or runs other ops).
     pub fn backward_kernel(&self) -> Option<&'static str> {
         Some(match self {

@@ -8,7 +8,7 @@
 //! forward kept (the last three-dimensional tensor the node saved). The twin of
 //! `src/backend/cpu/attention.rs`; an additive mask and dropout run on the host twin.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::{fview, Gpu};
 use crate::backend::{Buffer, Launch, Pass};
@@ -24,6 +24,15 @@ const TILED_ROWS: usize = 64;
 fn lse_of(b: &Buffer) -> Option<(u64, usize)> {
     (b.layout.shape.len() == 3 && b.dtype == crate::engine::DType::F32 && b.layout.is_contiguous())
         .then(|| (b.addr + 4 * b.layout.offset as u64, b.layout.shape[2]))
+}
+
+/// The kernels' last parameters, shared by the forward and backward: heads, rep, t, s, d, dv
+/// and the logsumexp's width (`long long` each), causal (`int`) and scale (`float`).
+fn push_shape<'a>(b: &mut LaunchArgs<'a>, dims: &'a [i64; 7], causal: &'a i32, scale: &'a f32) {
+    for x in dims {
+        b.arg(x);
+    }
+    b.arg(causal).arg(scale);
 }
 
 /// Runs `l` here if the kernels take it; `false` where they do not.
@@ -134,6 +143,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             let ww = width as i64;
             let f = g.function(fwd)?;
             // q, k, v and the output are read and written through their views of [B, H, T or S, D]; the logsumexp holds bh x width floats; s keys fit the kernel's shared row
+            let shape = [hh, rr, tt, ss, dd, ddv, ww];
             g.run(&f, rows(t, bh), |b| {
                 b.arg(&qv.0)
                     .arg(&qv.1)
@@ -143,16 +153,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&vv.1)
                     .arg(&ov.0)
                     .arg(&ov.1)
-                    .arg(&lse)
-                    .arg(&hh)
-                    .arg(&rr)
-                    .arg(&tt)
-                    .arg(&ss)
-                    .arg(&dd)
-                    .arg(&ddv)
-                    .arg(&ww)
-                    .arg(&c)
-                    .arg(&scale);
+                    .arg(&lse);
+                push_shape(b, &shape, &c, &scale);
             })?;
         }
         Pass::Grad { input } => {
@@ -189,6 +191,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let f = g.function(bwd)?;
             // every tensor read and written through its view, as in the forward; the logsumexp the forward wrote, bh x width floats
+            let shape = [hh, rr, tt, ss, dd, ddv, ww];
             g.run(&f, cfg, |b| {
                 b.arg(&which)
                     .arg(&gr.0)
@@ -203,16 +206,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&o.1)
                     .arg(&lse)
                     .arg(&ov.0)
-                    .arg(&ov.1)
-                    .arg(&hh)
-                    .arg(&rr)
-                    .arg(&tt)
-                    .arg(&ss)
-                    .arg(&dd)
-                    .arg(&ddv)
-                    .arg(&ww)
-                    .arg(&c)
-                    .arg(&scale);
+                    .arg(&ov.1);
+                push_shape(b, &shape, &c, &scale);
             })?;
         }
     }

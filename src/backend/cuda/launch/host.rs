@@ -37,11 +37,10 @@ pub(crate) fn run(limit: u64, l: &Launch) -> Result<(), String> {
 /// [`run`] on the device memory `m`.
 pub(crate) fn run_on(m: &mut dyn Bytes, limit: u64, l: &Launch) -> Result<(), String> {
     let mut outs: Vec<(u64, u64)> = l.outputs.iter().map(mem::span).collect();
-    // batch norm in training updates its running statistics (inputs 3 and 4) in place
-    if let (crate::engine::op::Op::BatchNorm(bn), crate::backend::Pass::Forward) = (l.op, l.pass) {
-        if bn.training {
-            outs.extend(l.inputs.iter().skip(3).map(mem::span));
-        }
+    // and the inputs the kernel writes in place (batch norm's running statistics)
+    if l.pass == crate::backend::Pass::Forward {
+        let w = l.op.written_inputs();
+        outs.extend(l.inputs.get(w).into_iter().flatten().map(mem::span));
     }
     let all: Vec<(u64, u64)> = l
         .inputs

@@ -250,7 +250,7 @@ pub(super) fn reduce_view(
 }
 
 /// A contiguous int64 buffer's first element, if it is one.
-fn contiguous_i64(b: &crate::backend::Buffer) -> Option<u64> {
+pub(super) fn contiguous_i64(b: &crate::backend::Buffer) -> Option<u64> {
     (b.dtype == crate::engine::DType::I64 && b.layout.is_contiguous())
         .then(|| b.addr + 8 * b.layout.offset as u64)
 }

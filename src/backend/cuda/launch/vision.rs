@@ -6,11 +6,11 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::nn::contiguous_i64;
 use super::{contiguous, Gpu};
 use crate::backend::{Buffer, Launch, Pass};
 use crate::engine::op::vision::Conv;
 use crate::engine::op::{Op, Role};
-use crate::engine::DType;
 
 /// `kernels/vision.cu`'s `GmConv`: [n, ci, h, w] input, [k, cg, r, s] weight, [n, k, oh, ow]
 /// output and the window's stride, padding, dilation and groups.
@@ -90,11 +90,6 @@ fn geometry(c: &Conv, xs: &[usize], ws: &[usize], ys: &[usize]) -> Option<GmConv
 
 fn saved<'a>(l: &'a Launch, r: Role) -> Option<&'a Buffer<'a>> {
     l.saved.iter().find(|(role, _)| *role == r).map(|(_, b)| b)
-}
-
-/// A contiguous int64 buffer's first element (max_pool2d's indices).
-fn indices(b: &Buffer) -> Option<u64> {
-    (b.dtype == DType::I64 && b.layout.is_contiguous()).then(|| b.addr + 8 * b.layout.offset as u64)
 }
 
 /// Runs `l` here if the kernels take it; `false` where they do not.
@@ -304,7 +299,7 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 Pass::Grad { .. } => saved(l, Role::Extra(0)),
             };
             let idx = match idx_buf {
-                Some(b) if b.layout.numel() == ob.layout.numel() => match indices(b) {
+                Some(b) if b.layout.numel() == ob.layout.numel() => match contiguous_i64(b) {
                     Some(a) => Some(a),
                     None => return Ok(false),
                 },
