@@ -71,10 +71,25 @@ extern "C" __global__ void fill(int mode, double value, double start, double ste
     }
 }
 
-// Code 11 is `x ** e` (Op::Pow), computed in double as the CPU twin computes it.
+// Code 11 is `x ** e` (Op::Pow), computed in double as the CPU twin computes it. Code 12 is
+// `tril` (the lower triangle of the last two dimensions of the output's shape kept, the rest
+// 0; also its gradient) and 13 `bitwise_not` (a bool's negation, an integer's -x - 1), both
+// read and written exactly, in any dtype.
 extern "C" __global__ void unary(int code, double e, const void* x, Strided xs, void* out,
                                  Strided os, long long n) {
     GM_EACH(i, n) {
+        if (code == 12) {
+            long long c = os.ndim >= 1 ? os.shape[os.ndim - 1] : 1;
+            long long r = os.ndim >= 2 ? os.shape[os.ndim - 2] : 1;
+            bool keep = os.ndim < 2 || i % c <= (i / c) % r;
+            gm_put_d(out, os, i, keep ? gm_get_d(x, xs, i) : 0.0);
+            continue;
+        }
+        if (code == 13) {
+            double v = gm_get_d(x, xs, i);
+            gm_put_d(out, os, i, xs.dtype == GM_BOOL ? (v == 0.0 ? 1.0 : 0.0) : -v - 1.0);
+            continue;
+        }
         float v = gm_get(x, xs, i);
         if (code == 11) gm_put_d(out, os, i, pow((double)v, e));
         else gm_put(out, os, i, gm_unary(code, v));

@@ -15,14 +15,52 @@ extern "C" __global__ void embedding(const long long* idx, long long n, const vo
     }
 }
 
-// The table's gradient: each index's row of `grad` added into its row of `out` (float32,
-// zeroed by the caller); an index that repeats adds once per use.
+// The table's gradient, deterministic: a block per index position p; the block of the first
+// position that uses its row sums, column by column, the gradient of every use of that row in
+// position order, in double, and stores the row once, rounded to the table's dtype (as the cpu
+// twin sums and rounds). Rows no index uses are zeroed by the caller. Blocks of 256 threads.
 extern "C" __global__ void embedding_backward(const long long* idx, long long n,
                                               const void* grad, int gdt, long long dim,
-                                              float* out) {
-    GM_EACH(i, n * dim) {
-        long long r = i / dim, c = i % dim;
-        atomicAdd(&out[idx[r] * dim + c], gm_ld(grad, gdt, i));
+                                              void* out, int odt) {
+    __shared__ int earlier;
+    __shared__ int warp_count[8];
+    __shared__ long long uses[256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (long long p = blockIdx.x; p < n; p += gridDim.x) {
+        const long long r = idx[p];
+        if (threadIdx.x == 0) earlier = 0;
+        __syncthreads();
+        for (long long q = threadIdx.x; q < p; q += blockDim.x) {
+            if (idx[q] == r) earlier = 1;
+        }
+        __syncthreads();
+        const int skip = earlier;
+        __syncthreads();  // (read by all before the next position resets it)
+        if (skip) continue;
+        for (long long c0 = 0; c0 < dim; c0 += blockDim.x) {
+            const long long c = c0 + threadIdx.x;
+            double acc = 0.0;
+            for (long long q0 = p; q0 < n; q0 += blockDim.x) {
+                const long long q = q0 + threadIdx.x;
+                const bool use = q < n && idx[q] == r;
+                // the uses of this chunk, compacted in position order
+                const unsigned ballot = __ballot_sync(0xffffffffu, use);
+                if (lane == 0) warp_count[warp] = __popc(ballot);
+                __syncthreads();
+                int before = 0, total = 0;
+                for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+                    if (w < warp) before += warp_count[w];
+                    total += warp_count[w];
+                }
+                if (use) uses[before + __popc(ballot & ((1u << lane) - 1u))] = q;
+                __syncthreads();
+                if (c < dim) {
+                    for (int k = 0; k < total; ++k) acc += (double)gm_ld(grad, gdt, uses[k] * dim + c);
+                }
+                __syncthreads();
+            }
+            if (c < dim) gm_st_d(out, odt, r * dim + c, acc);
+        }
     }
 }
 

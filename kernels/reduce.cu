@@ -36,3 +36,98 @@ extern "C" __global__ void reduce(int per_block, int mean, const void* x, Stride
         __syncthreads();
     }
 }
+
+// The selecting reductions over the same permuted view (output i over elements i * len ..
+// (i + 1) * len - 1): mode 0 `argmax` (the int64 position of the largest, the first of equals,
+// the first NaN before any number), 1 `any`, 2 `all` (bools), 3 `max` (NaN if any is NaN), as
+// the cpu twin decides them. With `per_block` a block of 256 threads takes each output.
+
+// Whether candidate (v, i) beats (w, j) for argmax.
+__device__ __forceinline__ bool gm_arg_beats(double v, long long i, double w, long long j) {
+    bool vn = v != v, wn = w != w;
+    if (vn != wn) return vn;
+    if (vn || v == w) return i < j;
+    return v > w;
+}
+
+__device__ __forceinline__ void gm_select_step(int mode, double v, long long k, double& best,
+                                               long long& at) {
+    if (mode == 0) {
+        if (gm_arg_beats(v, k, best, at)) {
+            best = v;
+            at = k;
+        }
+    } else if (mode == 1) {
+        best = (best != 0.0 || v != 0.0) ? 1.0 : 0.0;
+    } else if (mode == 2) {
+        best = (best != 0.0 && v != 0.0) ? 1.0 : 0.0;
+    } else {
+        best = (best != best || v != v) ? __longlong_as_double(0x7ff8000000000000LL)
+                                        : fmax(best, v);
+    }
+}
+
+extern "C" __global__ void reduce__select(int mode, int per_block, const void* x, Strided xs,
+                                          long long total, long long len, void* out,
+                                          Strided os) {
+    // the identities: argmax starts past the end (any element beats it), any false, all
+    // true, max minus infinity
+    const double start = mode == 2 ? 1.0 : (mode == 3 ? -1.0 / 0.0 : 0.0);
+    const long long none = 0x7fffffffffffffffLL;
+    if (!per_block) {
+        GM_EACH(i, total) {
+            double best = start;
+            long long at = none;
+            for (long long k = 0; k < len; ++k) {
+                double v = gm_get_d(x, xs, i * len + k);
+                if (mode == 0 && at == none) {
+                    best = v;
+                    at = k;
+                } else {
+                    gm_select_step(mode, v, k, best, at);
+                }
+            }
+            gm_put_d(out, os, i, mode == 0 ? (double)at : best);
+        }
+        return;
+    }
+    __shared__ double vals[GM_REDUCE_THREADS];
+    __shared__ long long ats[GM_REDUCE_THREADS];
+    for (long long i = blockIdx.x; i < total; i += gridDim.x) {
+        double best = start;
+        long long at = none;
+        for (long long k = threadIdx.x; k < len; k += GM_REDUCE_THREADS) {
+            double v = gm_get_d(x, xs, i * len + k);
+            if (mode == 0 && at == none) {
+                best = v;
+                at = k;
+            } else {
+                gm_select_step(mode, v, k, best, at);
+            }
+        }
+        vals[threadIdx.x] = best;
+        ats[threadIdx.x] = at;
+        __syncthreads();
+        for (int h = GM_REDUCE_THREADS / 2; h > 0; h >>= 1) {
+            if (threadIdx.x < h) {
+                double w = vals[threadIdx.x + h];
+                long long j = ats[threadIdx.x + h];
+                if (mode == 0) {
+                    if (j != none && (ats[threadIdx.x] == none ||
+                                      gm_arg_beats(w, j, vals[threadIdx.x], ats[threadIdx.x]))) {
+                        vals[threadIdx.x] = w;
+                        ats[threadIdx.x] = j;
+                    }
+                } else {
+                    double b = vals[threadIdx.x];
+                    long long a = 0;
+                    gm_select_step(mode, w, 0, b, a);
+                    vals[threadIdx.x] = b;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) gm_put_d(out, os, i, mode == 0 ? (double)ats[0] : vals[0]);
+        __syncthreads();
+    }
+}

@@ -125,6 +125,136 @@ fn case(op: &str, what: &str, run: Run, args: Vec<Arg>, dtypes: &'static [DType]
     }
 }
 
+/// The selecting reductions generation makes (greedy `argmax`, `any`/`all` of the finished
+/// sequences, `max`): per thread and per block of threads (long rows), along a leading
+/// dimension (a strided read), with ties (bf16, small ids).
+fn select_cases() -> Vec<Case> {
+    let argmax = |dim: Option<i64>| {
+        Run::Apply(Op::Argmax {
+            dim,
+            keepdim: false,
+        })
+    };
+    let logical = |any: bool, dim: Option<i64>| Run::Apply(Op::Logical { any, dim });
+    let ids = |shape: &[usize], hi: usize| Arg::Idx {
+        shape: shape.to_vec(),
+        hi,
+    };
+    let mask = |shape: &[usize]| Arg::Mask {
+        shape: shape.to_vec(),
+    };
+    vec![
+        case(
+            "argmax",
+            "[6, 129] along the last dimension",
+            argmax(Some(-1)),
+            vec![no_grad(f(&[6, 129]))],
+            BOTH,
+        ),
+        case(
+            "argmax",
+            "[3, 2000] along the last dimension (a block per row)",
+            argmax(Some(-1)),
+            vec![no_grad(f(&[3, 2000]))],
+            BOTH,
+        ),
+        case(
+            "argmax",
+            "[6, 129] over everything",
+            argmax(None),
+            vec![no_grad(f(&[6, 129]))],
+            BOTH,
+        ),
+        case(
+            "argmax",
+            "int64 ids in [0, 5) along dimension 0 (ties: the first wins)",
+            argmax(Some(0)),
+            vec![ids(&[40, 7], 5)],
+            F32,
+        ),
+        case(
+            "any",
+            "a mask along the last dimension",
+            logical(true, Some(-1)),
+            vec![mask(&[6, 3])],
+            F32,
+        ),
+        case(
+            "all",
+            "a mask along the last dimension",
+            logical(false, Some(-1)),
+            vec![mask(&[6, 2])],
+            F32,
+        ),
+        case(
+            "all",
+            "int64 ids in [0, 2) over everything, 3,000 of them (a block)",
+            logical(false, None),
+            vec![ids(&[3000], 2)],
+            F32,
+        ),
+        case(
+            "any",
+            "int64 ids in [0, 2) over everything",
+            logical(true, None),
+            vec![ids(&[6, 129], 2)],
+            F32,
+        ),
+        case(
+            "max",
+            "[6, 129] over everything",
+            Run::Apply(Op::Max),
+            vec![no_grad(f(&[6, 129]))],
+            BOTH,
+        ),
+        case(
+            "max",
+            "[4, 1500] over everything (a block)",
+            Run::Apply(Op::Max),
+            vec![no_grad(f(&[4, 1500]))],
+            BOTH,
+        ),
+        case(
+            "tril",
+            "[3, 9, 7] (and its gradient)",
+            Run::Apply(Op::Unary(Unary::Tril)),
+            vec![f(&[3, 9, 7])],
+            BOTH,
+        ),
+        case(
+            "tril",
+            "a [7, 9] mask",
+            Run::Apply(Op::Unary(Unary::Tril)),
+            vec![mask(&[7, 9])],
+            F32,
+        ),
+        case(
+            "bitwise_not",
+            "a mask",
+            Run::Apply(Op::Unary(Unary::BitwiseNot)),
+            vec![mask(&[6, 129])],
+            F32,
+        ),
+        case(
+            "bitwise_not",
+            "int64 ids",
+            Run::Apply(Op::Unary(Unary::BitwiseNot)),
+            vec![ids(&[6, 129], 1000)],
+            F32,
+        ),
+        case(
+            "pad",
+            "int64 labels, (0, 1) with -100 (the loss's shifted labels)",
+            Run::Apply(Op::Pad {
+                pads: vec![0, 1],
+                value: -100.0,
+            }),
+            vec![ids(&[6, 129], 1000)],
+            F32,
+        ),
+    ]
+}
+
 /// What generation does to ids, positions and masks: int64 and bool, exact.
 fn integer_cases() -> Vec<Case> {
     let (r, c) = (6usize, 129usize);
@@ -805,6 +935,7 @@ pub fn cases() -> Vec<Case> {
     ));
     v.extend(vision_cases());
     v.extend(integer_cases());
+    v.extend(select_cases());
     for k in [
         OptimKind::Sgd,
         OptimKind::SgdMomentum,
@@ -816,7 +947,12 @@ pub fn cases() -> Vec<Case> {
             "two steps on [48, 129] and [129]",
             Run::Optim(k),
             vec![f(&[r, c]), f(&[c])],
-            F32,
+            // (Adam and AdamW also step a model held in bf16, its states bf16 too)
+            if matches!(k, OptimKind::Adam | OptimKind::AdamW) {
+                BOTH
+            } else {
+                F32
+            },
         ));
     }
     v

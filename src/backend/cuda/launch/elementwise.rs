@@ -114,7 +114,12 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         (Op::Cat { .. }, Pass::Forward) => l.inputs.iter().all(|p| p.dtype == out.dtype),
         _ => false,
     };
+    // exact in any dtype: tril, a bool's or integer's bitwise not, a pad (its field filled
+    // through double, the input copied bit for bit: the labels' ignore_index)
+    let exact_any = matches!(l.op, Op::Unary(Unary::Tril | Unary::BitwiseNot))
+        || (matches!(l.op, Op::Pad { .. }) && l.inputs.iter().all(|p| p.dtype == out.dtype));
     let any_dtype = any_dtype
+        || exact_any
         || int_binary
         || int_fill_cat
         || (exact_ints && matches!(out.dtype, DType::I64 | DType::I32 | DType::Bool | DType::U8));
@@ -141,6 +146,21 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                 Fill::Empty => unreachable!("matched above"),
             };
             fill(g, mode, v, (start, step), *seed, (o, os), n)?;
+        }
+        (Op::Unary(u @ (Unary::Tril | Unary::BitwiseNot)), _) => {
+            // exact in any dtype: tril (and its gradient, the incoming one's lower triangle)
+            // and a bool's or an integer's bitwise not (whose gradient is zeros: the twin's)
+            let code = if *u == Unary::Tril { TRIL } else { BITWISE_NOT };
+            let x = &l.inputs[0];
+            if (code == BITWISE_NOT && (l.pass != Pass::Forward || floating(x.dtype)))
+                || x.layout.shape != out.layout.shape
+            {
+                return Ok(false);
+            }
+            let Some(x) = Strided::of(x.layout, x.dtype).map(|s| (x.addr, s)) else {
+                return Ok(false);
+            };
+            unary(g, code, 0.0, x, (o, os), n)?;
         }
         (Op::Unary(u), Pass::Forward) => {
             let (Some(code), Some((x, xs))) = (unary_code(*u), fview(&l.inputs[0])) else {
@@ -641,6 +661,9 @@ fn fill(
 
 /// `unary`'s code for `x ** e`.
 const POW: i32 = 11;
+/// `unary`'s codes for `tril` and `bitwise_not`.
+const TRIL: i32 = 12;
+const BITWISE_NOT: i32 = 13;
 
 fn unary(
     g: &mut Gpu,

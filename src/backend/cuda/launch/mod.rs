@@ -187,7 +187,7 @@ fn source_of(kernel: &str) -> &'static str {
         || kernel.starts_with("dropout")
     {
         "nn.cu"
-    } else if kernel == "reduce" {
+    } else if kernel == "reduce" || kernel.starts_with("reduce__") {
         "reduce.cu"
     } else if kernel.ends_with("_step") {
         "optim.cu"

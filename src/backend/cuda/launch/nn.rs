@@ -29,6 +29,27 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             return reduce_view(g, x, &red, *mean, out);
         }
+        (Op::Argmax { dim, .. } | Op::Logical { dim, .. }, Pass::Forward) => {
+            let x = &l.inputs[0];
+            let nd = x.layout.shape.len();
+            let red: Vec<bool> = match dim {
+                None => vec![true; nd],
+                Some(d) => match crate::engine::layout::wrap_dim(*d, nd) {
+                    Ok(k) => (0..nd).map(|i| i == k).collect(),
+                    Err(_) => return Ok(false),
+                },
+            };
+            let mode = match l.op {
+                Op::Argmax { .. } => 0,
+                Op::Logical { any: true, .. } => 1,
+                _ => 2,
+            };
+            return select(g, x, &red, mode, out);
+        }
+        (Op::Max, Pass::Forward) => {
+            let x = &l.inputs[0];
+            return select(g, x, &vec![true; x.layout.shape.len()], 3, out);
+        }
         (Op::SumTo, _) => {
             // the leading dimensions the output lacks, and those it keeps as 1
             let (x, xs, os) = (&l.inputs[0], &l.inputs[0].layout.shape, &out.layout.shape);
@@ -188,18 +209,50 @@ pub(super) fn reduce_view(
     mean: bool,
     out: &crate::backend::Buffer,
 ) -> Result<bool, String> {
-    let shape = &x.layout.shape;
-    if red.len() != shape.len() || !floating(x.dtype) || !floating(out.dtype) {
+    if !floating(x.dtype) || !floating(out.dtype) {
         return Ok(false);
+    }
+    let Some((xs, os, total, len)) = permuted(x, red, out) else {
+        return Ok(false);
+    };
+    if total == 0 {
+        return Ok(true);
+    }
+    let (m, tt, ll) = (mean as i32, total as i64, len as i64);
+    let (pb, cfg) = per_output(total, len);
+    let f = g.function("reduce")?;
+    // the input read through a permutation of its own view, the output written through its view, `total` elements
+    g.run(&f, cfg, |b| {
+        b.arg(&pb)
+            .arg(&m)
+            .arg(&x.addr)
+            .arg(&xs)
+            .arg(&tt)
+            .arg(&ll)
+            .arg(&out.addr)
+            .arg(&os);
+    })?;
+    Ok(true)
+}
+
+/// `x`'s view with the kept dimensions first and the `red`uced ones last, the output's view,
+/// the outputs and the elements each reduces; `None` where the output does not hold one
+/// element per kept position, or a view the kernels do not read.
+fn permuted(
+    x: &crate::backend::Buffer,
+    red: &[bool],
+    out: &crate::backend::Buffer,
+) -> Option<(Strided, Strided, usize, usize)> {
+    let shape = &x.layout.shape;
+    if red.len() != shape.len() {
+        return None;
     }
     let order: Vec<i64> = (0..shape.len())
         .filter(|&i| !red[i])
         .chain((0..shape.len()).filter(|&i| red[i]))
         .map(|i| i as i64)
         .collect();
-    let Ok(perm) = x.layout.permute(&order) else {
-        return Ok(false);
-    };
+    let perm = x.layout.permute(&order).ok()?;
     let total: usize = (0..shape.len())
         .filter(|&i| !red[i])
         .map(|i| shape[i])
@@ -209,20 +262,19 @@ pub(super) fn reduce_view(
         .map(|i| shape[i])
         .product();
     if out.layout.numel() != total {
-        return Ok(false);
+        return None;
     }
-    if total == 0 {
-        return Ok(true);
-    }
-    let (Some(xs), Some(os)) = (
-        Strided::of(&perm, x.dtype),
-        Strided::of(out.layout, out.dtype),
-    ) else {
-        return Ok(false);
-    };
-    let (m, tt, ll) = (mean as i32, total as i64, len as i64);
-    // few outputs with long sums take a block each (reduce.cu's `per_block`), so the GPU is
-    // not left to a few hundred threads
+    Some((
+        Strided::of(&perm, x.dtype)?,
+        Strided::of(out.layout, out.dtype)?,
+        total,
+        len,
+    ))
+}
+
+/// Few outputs with long reductions take a block each (reduce.cu's `per_block`), so the GPU
+/// is not left to a few hundred threads; else a thread each.
+fn per_output(total: usize, len: usize) -> (i32, LaunchConfig) {
     let per_block = total < 65_536 && len >= 1024;
     let cfg = if per_block {
         LaunchConfig {
@@ -233,12 +285,34 @@ pub(super) fn reduce_view(
     } else {
         Gpu::elems(total)
     };
-    let pb = per_block as i32;
-    let f = g.function("reduce")?;
-    // the input read through a permutation of its own view, the output written through its view, `total` elements
+    (per_block as i32, cfg)
+}
+
+/// `argmax` (mode 0: int64 positions), `any` (1) and `all` (2: bools) over the dimensions
+/// `red`, and `max` (3) over everything: reduce.cu's `reduce__select`, on any view of any dtype
+/// (read as double: exact for every dtype here).
+fn select(
+    g: &mut Gpu,
+    x: &crate::backend::Buffer,
+    red: &[bool],
+    mode: i32,
+    out: &crate::backend::Buffer,
+) -> Result<bool, String> {
+    let Some((xs, os, total, len)) = permuted(x, red, out) else {
+        return Ok(false);
+    };
+    // (an empty argmax or max is the cpu twin's to answer)
+    if len == 0 || total == 0 {
+        return Ok(total == 0 && mode != 0 && mode != 3);
+    }
+    let (tt, ll) = (total as i64, len as i64);
+    let (pb, cfg) = per_output(total, len);
+    let f = g.function("reduce__select")?;
+    // the input read through a permutation of its own view, the output written through its
+    // view, `total` elements
     g.run(&f, cfg, |b| {
-        b.arg(&pb)
-            .arg(&m)
+        b.arg(&mode)
+            .arg(&pb)
             .arg(&x.addr)
             .arg(&xs)
             .arg(&tt)
@@ -297,12 +371,12 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool,
         ));
     }
     let (nn, dd) = (n as i64, dim as i64);
-    let cfg = Gpu::elems(n * dim);
     match pass {
         Pass::Forward => {
             if out.layout.numel() != n * dim {
                 return Ok(false);
             }
+            let cfg = Gpu::elems(n * dim);
             let table = contiguous(&l.inputs[1]).expect("checked above");
             let f = g.function("embedding")?;
             // n checked indices into a [rows, dim] table; the output holds n x dim
@@ -320,20 +394,29 @@ fn embedding(g: &mut Gpu, l: &Launch, pass: Pass, o: (u64, i32)) -> Result<bool,
             let Some(gr) = contiguous(&l.inputs[0]) else {
                 return Ok(false);
             };
-            // atomic adds into a float32 table's gradient only
-            if l.inputs[0].layout.numel() != n * dim || o.1 != 0 {
+            if l.inputs[0].layout.numel() != n * dim || !out.layout.is_contiguous() {
                 return Ok(false);
             }
-            let o = o.0;
-            // SAFETY: the output is rows x dim floats, zeroed on the stream before the adds
-            unsafe {
-                cudarc::driver::result::memset_d8_async(o, 0, rows * dim * 4, g.stream.cu_stream())
-            }
-            .map_err(|e| format!("embedding_backward: {e:?}"))?;
+            let bytes = rows * dim * out.dtype.size() as usize;
+            // SAFETY: the output is rows x dim contiguous elements, zeroed on the stream before
+            // the used rows are written (zero bits are zero in every floating dtype)
+            unsafe { cudarc::driver::result::memset_d8_async(o.0, 0, bytes, g.stream.cu_stream()) }
+                .map_err(|e| format!("embedding_backward: {e:?}"))?;
             let f = g.function("embedding_backward")?;
-            // n checked indices; grad holds n x dim floats, the output rows x dim
+            let cfg = LaunchConfig {
+                grid_dim: (n.clamp(1, 65_535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // n checked indices; grad holds n x dim elements, the output rows x dim
             g.run(&f, cfg, |b| {
-                b.arg(&idx).arg(&nn).arg(&gr.0).arg(&gr.1).arg(&dd).arg(&o);
+                b.arg(&idx)
+                    .arg(&nn)
+                    .arg(&gr.0)
+                    .arg(&gr.1)
+                    .arg(&dd)
+                    .arg(&o.0)
+                    .arg(&o.1);
             })?;
         }
     }

@@ -1,10 +1,11 @@
 //! Optimizer steps on the GPU (`kernels/optim.cu`): SGD, SGD with momentum, Adam and AdamW,
-//! one launch per parameter, float32 in place. The twin of `src/backend/cpu/optim.rs`; the
+//! one launch per parameter, in place (SGD float32; Adam and AdamW any floating dtype, in
+//! double as the cpu device computes). The twin of `src/backend/cpu/optim.rs`; the
 //! low-bit optimizers are refused on data devices before they launch.
 
 use cudarc::driver::PushKernelArg;
 
-use super::{contiguous_f32, Gpu};
+use super::{contiguous, contiguous_f32, Gpu};
 use crate::backend::{Launch, Pass};
 use crate::engine::op::{Op, OptimKind};
 
@@ -13,51 +14,55 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     let (Op::OptimStep(s), Pass::Forward) = (l.op, l.pass) else {
         return Ok(false);
     };
-    let bufs: Option<Vec<u64>> = l.outputs.iter().map(contiguous_f32).collect();
-    let (Some(bufs), Some(grad)) = (bufs, l.inputs.first().and_then(contiguous_f32)) else {
-        return Ok(false);
-    };
     let n = l.outputs[0].layout.numel();
     if l.outputs.iter().any(|b| b.layout.numel() != n) || l.inputs[0].layout.numel() != n {
         return Ok(false);
     }
-    if n == 0 {
-        return Ok(true);
-    }
     let h = s.hyper;
     let (nn, cfg) = (n as i64, Gpu::elems(n));
     match s.kind {
-        OptimKind::Adam | OptimKind::AdamW if bufs.len() == 3 => {
+        OptimKind::Adam | OptimKind::AdamW if l.outputs.len() == 3 => {
+            let bufs: Option<Vec<(u64, i32)>> = l.outputs.iter().map(contiguous).collect();
+            let (Some(bufs), Some(grad)) = (bufs, contiguous(&l.inputs[0])) else {
+                return Ok(false);
+            };
+            if n == 0 {
+                return Ok(true);
+            }
             let (b1, b2) = h.betas;
             let t = s.step as i32;
-            let (bc1, bc2) = ((1.0 - b1.powi(t)) as f32, (1.0 - b2.powi(t)) as f32);
-            let (lr, b1, b2, eps, wd) = (
-                h.lr as f32,
-                b1 as f32,
-                b2 as f32,
-                h.eps as f32,
-                h.weight_decay as f32,
-            );
+            let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
             let adamw = (s.kind == OptimKind::AdamW) as i32;
             let f = g.function("adam_step")?;
-            // the parameter, gradient and both moments hold n contiguous floats
+            // the parameter, gradient and both moments hold n contiguous elements each
             g.run(&f, cfg, |b| {
-                b.arg(&bufs[0])
-                    .arg(&grad)
-                    .arg(&bufs[1])
-                    .arg(&bufs[2])
+                b.arg(&bufs[0].0)
+                    .arg(&bufs[0].1)
+                    .arg(&grad.0)
+                    .arg(&grad.1)
+                    .arg(&bufs[1].0)
+                    .arg(&bufs[1].1)
+                    .arg(&bufs[2].0)
+                    .arg(&bufs[2].1)
                     .arg(&nn)
-                    .arg(&lr)
-                    .arg(&b1)
-                    .arg(&b2)
-                    .arg(&eps)
-                    .arg(&wd)
+                    .arg(&h.lr)
+                    .arg(&h.betas.0)
+                    .arg(&h.betas.1)
+                    .arg(&h.eps)
+                    .arg(&h.weight_decay)
                     .arg(&bc1)
                     .arg(&bc2)
                     .arg(&adamw);
             })?;
         }
         OptimKind::Sgd | OptimKind::SgdMomentum => {
+            let bufs: Option<Vec<u64>> = l.outputs.iter().map(contiguous_f32).collect();
+            let (Some(bufs), Some(grad)) = (bufs, l.inputs.first().and_then(contiguous_f32)) else {
+                return Ok(false);
+            };
+            if n == 0 {
+                return Ok(true);
+            }
             let momentum = s.kind == OptimKind::SgdMomentum;
             if bufs.len() != 1 + momentum as usize {
                 return Ok(false);
