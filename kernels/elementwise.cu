@@ -152,7 +152,7 @@ extern "C" __global__ void scalar(int code, int reversed, double value, const vo
         return;
     }
     GM_EACH(i, n) {
-        double a = gm_get(x, xs, i);
+        double a = gm_get_d(x, xs, i);
         gm_put_d(out, os, i, reversed ? gm_binary(code, value, a) : gm_binary(code, a, value));
     }
 }

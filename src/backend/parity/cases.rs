@@ -98,6 +98,8 @@ pub(super) enum Run {
         start: i64,
         end: i64,
     },
+    /// `x.expand(sizes)` (its gradient summed over the expanded dimensions).
+    Expand(Vec<i64>),
     /// `torch.cat` of `x.chunk(3, -1)` in another order (split's gradient, cat's forward).
     ChunkCat,
 }
@@ -661,6 +663,13 @@ pub fn cases() -> Vec<Case> {
                 value: -1.5,
             }),
             vec![f(&[4, r, c])],
+            BOTH,
+        ),
+        case(
+            "expand",
+            "[2, 1, 3, 1, 16] to [2, 4, 3, 5, 16] (repeat_kv's; the gradient summed back)",
+            Run::Expand(vec![2, 4, 3, 5, 16]),
+            vec![f(&[2, 1, 3, 1, 16])],
             BOTH,
         ),
         case(

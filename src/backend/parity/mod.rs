@@ -230,6 +230,17 @@ fn run_case_in(
                 (Err(e), _) | (_, Err(e)) => return Err(e.0),
             }
         }
+        Run::Expand(sizes) => {
+            let x = inputs[0];
+            let l = d.info(x).layout.expand(sizes);
+            let rel = crate::engine::layout::Layout::contiguous(d.shape(x)).expand(sizes);
+            match (l, rel) {
+                (Ok(l), Ok(rel)) => {
+                    Ok(d.view_op(crate::engine::op::view::ViewKind::Expand, x, l, rel))
+                }
+                (Err(e), _) | (_, Err(e)) => return Err(e.0),
+            }
+        }
         Run::ChunkCat => {
             let x = inputs[0];
             let nd = d.shape(x).len();

@@ -361,7 +361,14 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             },
             pass,
         ) => {
-            let Some((x, xs)) = fview(&l.inputs[0]) else {
+            // (forward, an integer or bool input too, read exactly: a mask or ids by a number
+            // into a floating output)
+            let x = match pass {
+                Pass::Forward => Strided::of(l.inputs[0].layout, l.inputs[0].dtype)
+                    .map(|s| (l.inputs[0].addr, s)),
+                Pass::Grad { .. } => fview(&l.inputs[0]),
+            };
+            let Some((x, xs)) = x else {
                 return Ok(false);
             };
             match pass {
@@ -555,18 +562,42 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             }
         }
         (Op::View { rel, .. }, Pass::Grad { .. }) => {
-            // zeros in the input's shape, the gradient written through the view's layout
-            // (a view whose elements do not overlap: no stride 0 over more than one element)
+            // zeros in the input's shape, the gradient written through the view's layout (a
+            // view whose elements do not overlap), or, for an `expand` (stride 0 over more than
+            // one element), summed over the expanded dimensions into the rest of the view
             let gb = &l.inputs[0];
-            if !out.layout.is_contiguous()
-                || rel.shape != gb.layout.shape
-                || rel
-                    .shape
-                    .iter()
-                    .zip(&rel.strides)
-                    .any(|(&d, &st)| d > 1 && st == 0)
-            {
+            if !out.layout.is_contiguous() || rel.shape != gb.layout.shape {
                 return Ok(false);
+            }
+            let red: Vec<bool> = rel
+                .shape
+                .iter()
+                .zip(&rel.strides)
+                .map(|(&d, &st)| d > 1 && st == 0)
+                .collect();
+            if red.iter().any(|&r| r) {
+                if !floating(gb.dtype) {
+                    return Ok(false);
+                }
+                let keep = |v: &[usize]| -> crate::engine::layout::DimVec {
+                    v.iter()
+                        .zip(&red)
+                        .filter(|(_, &r)| !r)
+                        .map(|(&x, _)| x)
+                        .collect()
+                };
+                let into = Layout {
+                    shape: keep(&rel.shape),
+                    strides: keep(&rel.strides),
+                    offset: rel.offset + out.layout.offset,
+                };
+                fill(g, 0, 0.0, (0.0, 0.0), 0, (o, os), n)?;
+                let dst = Buffer {
+                    addr: o,
+                    layout: &into,
+                    dtype: out.dtype,
+                };
+                return super::nn::reduce_view(g, gb, &red, false, &dst);
             }
             let mut into = rel.clone();
             into.offset += out.layout.offset;
