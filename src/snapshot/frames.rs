@@ -39,6 +39,10 @@ fn boring(name: &str, file: &str) -> bool {
 pub(super) struct Frames {
     pub(super) tags: Tags,
     cache: FxHashMap<usize, StackId>,
+    /// Each frame's tag (`None`: left out), by where its name and file are stored in the
+    /// document and its line: a long snapshot's frame lists and frames are each their own,
+    /// but their strings are shared.
+    frame_cache: FxHashMap<(usize, usize, usize, usize, i64), Option<crate::trace::TagId>>,
     /// Tags of frames in PyTorch's own files or Python's standard library.
     pub(super) library: rustc_hash::FxHashSet<crate::trace::TagId>,
 }
@@ -65,6 +69,29 @@ fn library_file(file: &str) -> bool {
 }
 
 impl Frames {
+    /// One frame's tag (`file.py:line:name`, `[C++] name`, or a gpumem tag exported as a
+    /// frame), noted as a library frame where it is one; `None` for a frame left out.
+    fn frame_tag(&mut self, name: &str, file: &str, line: i64) -> Option<crate::trace::TagId> {
+        if boring(name, file) {
+            return None;
+        }
+        let tag = if file == "gpumem" {
+            // a gpumem tag exported as a frame (`gpumem export`): back to the tag
+            name.to_string()
+        } else if file.ends_with(".py") {
+            // the file's name, from a POSIX or a Windows path
+            let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
+            format!("{base}:{line}:{name}")
+        } else {
+            format!("[C++] {name}")
+        };
+        let t = self.tags.intern(&tag);
+        if file.ends_with(".py") && library_file(file) {
+            self.library.insert(t);
+        }
+        Some(t)
+    }
+
     pub(super) fn stack<'a, D: Doc<'a>>(&mut self, d: &D, frames: Option<D::V>) -> StackId {
         let Some(frames) = frames.filter(|f| d.is_list(*f)) else {
             return StackId::ROOT;
@@ -79,25 +106,26 @@ impl Frames {
         for f in list.iter().rev() {
             let name = d.get(*f, "name").and_then(|v| d.text(v)).unwrap_or("?");
             let file = d.get(*f, "filename").and_then(|v| d.text(v)).unwrap_or("");
-            if boring(name, file) {
-                continue;
-            }
             let line = d.get(*f, "line").and_then(|v| d.int(v)).unwrap_or(0);
-            let tag = if file == "gpumem" {
-                // a gpumem tag exported as a frame (`gpumem export`): back to the tag
-                name.to_string()
-            } else if file.ends_with(".py") {
-                // the file's name, from a POSIX or a Windows path
-                let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
-                format!("{base}:{line}:{name}")
-            } else {
-                format!("[C++] {name}")
+            // (the strings live as long as the document, which outlives this pass)
+            let key = (
+                name.as_ptr() as usize,
+                name.len(),
+                file.as_ptr() as usize,
+                file.len(),
+                line,
+            );
+            let tag = match self.frame_cache.get(&key) {
+                Some(t) => *t,
+                None => {
+                    let t = self.frame_tag(name, file, line);
+                    self.frame_cache.insert(key, t);
+                    t
+                }
             };
-            let t = self.tags.intern(&tag);
-            if file.ends_with(".py") && library_file(file) {
-                self.library.insert(t);
+            if let Some(t) = tag {
+                s = self.tags.child(s, t);
             }
-            s = self.tags.child(s, t);
         }
         if let Some(i) = id {
             self.cache.insert(i, s);

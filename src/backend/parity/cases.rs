@@ -874,6 +874,20 @@ pub fn cases() -> Vec<Case> {
             vec![f(&[4, 33, 48]), f_t(&[4, 48, 40])],
             BOTH,
         ),
+        case(
+            "matmul",
+            "a broadcast batch: [1, 33, 48] @ [4, 48, 40]",
+            Run::Apply(Op::Matmul),
+            vec![f(&[1, 33, 48]), f(&[4, 48, 40])],
+            BOTH,
+        ),
+        case(
+            "matmul",
+            "a broadcast batch: [2, 3, 33, 48] @ [48, 40] transposed",
+            Run::Apply(Op::Matmul),
+            vec![f(&[2, 3, 33, 48]), f_t(&[48, 40])],
+            BOTH,
+        ),
     ]);
     for causal in [false, true] {
         v.push(case(

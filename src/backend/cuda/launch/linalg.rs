@@ -5,9 +5,10 @@
 //! thread (`Launch::workspace`, 32 MiB as PyTorch's), so its memory is the allocator's, as in
 //! PyTorch, and not the handle's own.
 //! `linear` and `addmm` forward with the bias and the gradients of the input, the weight and
-//! the bias; `matmul` of contiguous operands with the same batch dimensions (no broadcasting),
-//! forward and backward, one strided-batched call. The twin of `src/backend/cpu/linalg.rs`; the
-//! rest (broadcast batches, strided operands, mixed dtypes) runs on the host twin.
+//! the bias; `matmul` of contiguous operands with the same batch dimensions, forward and
+//! backward, one strided-batched call, and a forward whose batch broadcasts one matrix (a
+//! stride of 0). The twin of `src/backend/cpu/linalg.rs`; the rest (other broadcasts and
+//! their gradients, strided operands, mixed dtypes) runs on the host twin.
 
 use cudarc::cublas::{result as cublas, sys};
 
@@ -302,7 +303,8 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                         (a.0, a.1, l.inputs[0].layout.shape.to_vec()),
                         (b.0, b.1, l.inputs[1].layout.shape.to_vec()),
                     ),
-                    _ => return Ok(false),
+                    // (an expanded operand: its batch one matrix repeated)
+                    _ => return broadcast_forward(g, l, (o, code)),
                 },
                 Pass::Grad { .. } => match (
                     saved_matrix(l, Role::Input(0), code),
@@ -314,7 +316,12 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
             };
             let ((a, a_t, sa), (b, b_t, sb)) = ops;
             if sa.len() < 2 || sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2] {
-                return Ok(false);
+                // a batch broadcast in the forward (rotary's inverse frequencies, expanded,
+                // times the positions): one operand the same matrix for every product
+                return match pass {
+                    Pass::Forward => broadcast_forward(g, l, (o, code)),
+                    Pass::Grad { .. } => Ok(false),
+                };
             }
             let nd = sa.len();
             let (n, k, m) = (sa[nd - 2], sa[nd - 1], sb[nd - 1]);
@@ -375,5 +382,89 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         }
         _ => return Ok(false),
     }
+    Ok(true)
+}
+
+/// A batched matrix operand of the product's dtype whose matrices are one contiguous (or
+/// transposed contiguous) matrix repeated: batch dimensions of one element or of stride 0
+/// (an `expand`). Its first element's address, whether it is stored transposed, its matrix
+/// shape.
+fn repeated(b: &Buffer, code: i32) -> Option<(u64, bool, [usize; 2])> {
+    let nd = b.layout.shape.len();
+    if nd < 2 {
+        return None;
+    }
+    let batch_free = (0..nd - 2).all(|i| b.layout.shape[i] == 1 || b.layout.strides[i] == 0);
+    if !batch_free {
+        return None;
+    }
+    let mut one = Layout::contiguous(&b.layout.shape[nd - 2..]);
+    one.strides = b.layout.strides[nd - 2..].iter().copied().collect();
+    one.offset = b.layout.offset;
+    let stored = Buffer {
+        addr: b.addr,
+        layout: &one,
+        dtype: b.dtype,
+    };
+    let (a, t) = matrix(&stored, code)?;
+    Some((a, t, [b.layout.shape[nd - 2], b.layout.shape[nd - 1]]))
+}
+
+/// `matmul`'s forward where the batch dimensions differ (right-aligned): each operand either
+/// has the output's batch of contiguous matrices or is one matrix repeated ([`repeated`]), so
+/// one strided-batched call with a stride of 0 for a repeated operand computes it. `false`
+/// for any other broadcast (the host twin's).
+fn broadcast_forward(g: &mut Gpu, l: &Launch, (o, code): (u64, i32)) -> Result<bool, String> {
+    let (x, y) = (&l.inputs[0], &l.inputs[1]);
+    let (sx, sy) = (&x.layout.shape, &y.layout.shape);
+    if sx.len() < 2 || sy.len() < 2 {
+        return Ok(false);
+    }
+    let (bx, by) = (&sx[..sx.len() - 2], &sy[..sy.len() - 2]);
+    let nb = bx.len().max(by.len());
+    let dim = |s: &[usize], i: usize| {
+        let pad = nb - s.len();
+        if i < pad {
+            1
+        } else {
+            s[i - pad]
+        }
+    };
+    let mut batch_shape = Vec::with_capacity(nb);
+    for i in 0..nb {
+        let (p, q) = (dim(bx, i), dim(by, i));
+        if p != q && p != 1 && q != 1 {
+            return Ok(false);
+        }
+        batch_shape.push(p.max(q));
+    }
+    let batch: usize = batch_shape.iter().product();
+    // each operand: a whole batch of matrices (stride one matrix) or one repeated (stride 0)
+    let side = |b: &Buffer, bs: &[usize]| -> Option<(u64, bool, [usize; 2], usize)> {
+        let nd = b.layout.shape.len();
+        let mat = [b.layout.shape[nd - 2], b.layout.shape[nd - 1]];
+        if let Some((a, t, m)) = repeated(b, code) {
+            return Some((a, t, m, 0));
+        }
+        let full = bs.len() == nb && bs.iter().product::<usize>() == batch && bs == batch_shape;
+        let (a, t) = matrix(b, code)?;
+        full.then_some((a, t, mat, mat[0] * mat[1]))
+    };
+    let (Some((a, a_t, [n, k], s_a)), Some((b, b_t, [k2, m], s_b))) = (side(x, bx), side(y, by))
+    else {
+        return Ok(false);
+    };
+    let out = &l.outputs[0];
+    if k != k2 || out.layout.numel() != batch * n * m {
+        return Ok(false);
+    }
+    let p = Product {
+        m: n,
+        k,
+        n: m,
+        ta: a_t,
+        tb: b_t,
+    };
+    gemm(g, p, (a, b, o), code, batch, (s_a, s_b, n * m), 0.0)?;
     Ok(true)
 }
