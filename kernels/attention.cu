@@ -271,12 +271,16 @@ __device__ __forceinline__ void gm_store_row(void* p, const Strided& s, long lon
         if (c < cols) gm_st(p, s.dtype, gm_off4(s, bh, heads, r, c), row[c] * scale);
 }
 
-template <int W>
+// MASK: an additive mask (any float dtype, a view broadcast to [B, H, T, S]) added to the
+// scaled scores; a score of minus infinity weighs nothing (a fully masked row: zeros, its
+// logsumexp minus infinity, as the cpu twin writes).
+template <int W, bool MASK>
 __device__ void gm_attention_tiled(const void* q, const Strided& qs, const void* k,
                                    const Strided& ks, const void* v, const Strided& vs, void* out,
                                    const Strided& os, float* lse, long long heads, long long rep,
                                    long long t, long long s, long long d, long long dv,
-                                   long long lse_width, int causal, float scale) {
+                                   long long lse_width, int causal, float scale,
+                                   const void* mask, const Strided& ms) {
     __shared__ __align__(16) float kt[GM_TILE * W];
     __shared__ __align__(16) float vt[GM_TILE * W];
     long long bh = blockIdx.y, i0 = (long long)blockIdx.x * GM_ROWS;
@@ -300,6 +304,8 @@ __device__ void gm_attention_tiled(const void* q, const Strided& qs, const void*
         int n = (int)min((long long)GM_TILE, last - j0 + 1);
         for (int jj = 0; jj < n; ++jj) {
             float x = gm_dot<W>(qr, kt, jj) * scale;
+            if (MASK) x += gm_ld(mask, ms.dtype, gm_off4(ms, bh, heads, i, j0 + jj));
+            if (x == GM_NEG_INF) continue;
             if (x > m) {
                 float corr = m == GM_NEG_INF ? 0.0f : expf(m - x);
                 sum *= corr;
@@ -439,10 +445,19 @@ __device__ void gm_attention_dkv_tiled(float* sm, int which, const void* g, cons
     g, gs, q, qs, k, ks, v, vs, o, os, lse, out, outs, heads, rep, t, s, d, dv, lse_width, causal, scale
 
 extern "C" __global__ void __launch_bounds__(GM_ROWS) attention__d64(GM_FWD_ARGS) {
-    gm_attention_tiled<64>(GM_FWD_PASS);
+    gm_attention_tiled<64, false>(GM_FWD_PASS, nullptr, qs);
 }
 extern "C" __global__ void __launch_bounds__(GM_ROWS) attention__d128(GM_FWD_ARGS) {
-    gm_attention_tiled<128>(GM_FWD_PASS);
+    gm_attention_tiled<128, false>(GM_FWD_PASS, nullptr, qs);
+}
+// With an additive mask (`attn_mask`): its view after the arguments above.
+extern "C" __global__ void __launch_bounds__(GM_ROWS)
+    attention__d64_mask(GM_FWD_ARGS, const void* mask, Strided ms) {
+    gm_attention_tiled<64, true>(GM_FWD_PASS, mask, ms);
+}
+extern "C" __global__ void __launch_bounds__(GM_ROWS)
+    attention__d128_mask(GM_FWD_ARGS, const void* mask, Strided ms) {
+    gm_attention_tiled<128, true>(GM_FWD_PASS, mask, ms);
 }
 extern "C" __global__ void __launch_bounds__(GM_ROWS) attention_backward__d64(GM_BWD_ARGS) {
     __shared__ __align__(16) float sm[2 * GM_TILE * 64 + 2 * GM_TILE];

@@ -269,8 +269,9 @@ mod tests {
         // dropout_backward, reduce, adam_step, sgd_step, cat, compare, where, where_backward,
         // binary_backward; attention and attention_backward, each __rows, __d64 and __d128;
         // conv2d, batch_norm, max_pool2d, adaptive_avg_pool2d and their backward kernels;
-        // bitwise, cumsum, isin; reduce__select (argmax, any, all, max)
-        assert_eq!(found, 45);
+        // bitwise, cumsum, isin; reduce__select (argmax, any, all, max); attention__d64_mask
+        // and __d128_mask
+        assert_eq!(found, 47);
         // the shared prelude defines no kernel of its own
         assert!(defined(COMMON).is_empty());
     }

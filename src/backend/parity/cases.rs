@@ -89,6 +89,9 @@ pub(super) enum Run {
         causal: bool,
         gqa: bool,
     },
+    /// `scaled_dot_product_attention(q, k, v, attn_mask)` with the fourth input as an additive
+    /// mask (not causal).
+    SdpaMask,
     Optim(OptimKind),
     /// A clone of the first input changed in place (with the second as the operand).
     InPlace(InPlace),
@@ -956,6 +959,22 @@ pub fn cases() -> Vec<Case> {
         vec![f(&[2, 8, 40, 16]), f(&[2, 2, 40, 16]), f(&[2, 2, 40, 16])],
         BOTH,
     ));
+    for (what, d) in [("64", 64), ("128", 128)] {
+        v.push(case(
+            "scaled_dot_product_attention",
+            &format!(
+                "an additive mask [2, 1, 33, 40], q [2, 3, 33, {what}], k and v [2, 3, 40, {what}]"
+            ),
+            Run::SdpaMask,
+            vec![
+                f(&[2, 3, 33, d]),
+                f(&[2, 3, 40, d]),
+                f(&[2, 3, 40, d]),
+                no_grad(f(&[2, 1, 33, 40])),
+            ],
+            BOTH,
+        ));
+    }
     v.extend(vision_cases());
     v.extend(integer_cases());
     v.extend(select_cases());

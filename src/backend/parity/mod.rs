@@ -213,6 +213,13 @@ fn run_case_in(
         Run::Sdpa { causal, gqa } => {
             d.sdpa_with(inputs[0], inputs[1], inputs[2], *gqa, 0.0, *causal)
         }
+        Run::SdpaMask => d.sdpa_full(
+            [inputs[0], inputs[1], inputs[2]],
+            Some(inputs[3]),
+            false,
+            0.0,
+            false,
+        ),
         Run::Optim(_) => unreachable!("handled above"),
         Run::Slice { dim, start, end } => {
             let x = inputs[0];

@@ -12,6 +12,7 @@ use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::{fview, Gpu};
 use crate::backend::{Buffer, Launch, Pass};
+use crate::engine::layout::Layout;
 use crate::engine::op::{Op, Role};
 
 /// `kernels/attention.cu`'s shared rows (the path a block per row).
@@ -48,7 +49,9 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
     }
     let saved = |r: Role| l.saved.iter().find(|(role, _)| *role == r).map(|(_, b)| b);
     let (q, k, v) = match l.pass {
-        Pass::Forward if l.inputs.len() == 3 => (&l.inputs[0], &l.inputs[1], &l.inputs[2]),
+        Pass::Forward if l.inputs.len() == 3 || l.inputs.len() == 4 => {
+            (&l.inputs[0], &l.inputs[1], &l.inputs[2])
+        }
         Pass::Grad { .. } if saved(Role::Input(3)).is_none() => {
             match (
                 saved(Role::Input(0)),
@@ -97,11 +100,25 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
         *causal as i32,
     );
     let scale = 1.0 / (d as f32).sqrt();
+    // an additive mask (the forward of a tiled width only), seen as [B, H, T, S]
+    let mask = match (l.pass, l.inputs.get(3)) {
+        (Pass::Forward, Some(m)) => {
+            let to = Layout::contiguous(&[qs[0], heads, t, s]);
+            let view = super::elementwise::expand(m.layout, &to);
+            match view.and_then(|v| super::fview_as(m, &v)) {
+                Some(mv) if tiled => Some(mv),
+                _ => return Ok(false),
+            }
+        }
+        _ => None,
+    };
     // kernels/attention.cu's kernel per path and width
-    let (fwd, bwd) = match (tiled, d.max(dv) <= 64) {
-        (false, _) => ("attention__rows", "attention_backward__rows"),
-        (true, true) => ("attention__d64", "attention_backward__d64"),
-        (true, false) => ("attention__d128", "attention_backward__d128"),
+    let (fwd, bwd) = match (tiled, d.max(dv) <= 64, mask.is_some()) {
+        (false, _, _) => ("attention__rows", "attention_backward__rows"),
+        (true, true, false) => ("attention__d64", "attention_backward__d64"),
+        (true, false, false) => ("attention__d128", "attention_backward__d128"),
+        (true, true, true) => ("attention__d64_mask", "attention_backward__d64"),
+        (true, false, true) => ("attention__d128_mask", "attention_backward__d128"),
     };
     let rows = |n: usize, by: usize| {
         if tiled {
@@ -155,6 +172,10 @@ pub(super) fn launch(g: &mut Gpu, l: &Launch) -> Result<bool, String> {
                     .arg(&ov.1)
                     .arg(&lse);
                 push_shape(b, &shape, &c, &scale);
+                if let Some(m) = &mask {
+                    // (the mask's view of [B, H, T, S], checked by its expansion above)
+                    b.arg(&m.0).arg(&m.1);
+                }
             })?;
         }
         Pass::Grad { input } => {
