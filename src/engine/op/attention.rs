@@ -136,8 +136,13 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
 /// attention with dropout; a decode step's bias over 256 keys takes none). A single query without it (a decode step)
 /// over more than 512 keys splits the keys: `s` splits, the largest power of two up to one per
 /// 128 keys and up to 256 per batch and key/value head, when that is 4 or more, each keeping a
-/// float32 partial output and two float32 statistics per batch and query head, plus 128 bytes
-/// (800 of 800 decode shapes). Other non-causal shapes (no measurement): none.
+/// float32 partial output and two float32 statistics per batch and query head, each part
+/// padded to 128 bytes, plus 128 bytes (800 of 800 decode shapes; and with an additive or
+/// bool mask over the keys, transformers' sliding window past it, whose keys and values have
+/// the query's heads: 1,440 of 1,440 shapes of scripts/sdpa_mask_workspace.py on an H100,
+/// batch 1 to 8, 4 to 32 heads of 64 to 256 channels, 512 to 8,192 keys). Other non-causal
+/// shapes (no measurement): none. The split count reads the keys rounded up to a multiple of
+/// 8 (a recorded Mistral generation: 8 splits from 1,017 keys on).
 pub fn cudnn_forward_workspace(
     b: usize,
     heads: usize,
@@ -150,6 +155,9 @@ pub fn cudnn_forward_workspace(
     if causal {
         return Some(256);
     }
+    // the keys count as a multiple of 8 (a Mistral decode step over 1,017 to 1,023 keys
+    // takes 8 splits, as over 1,024: the H100 trace)
+    let kv_len = kv_len.div_ceil(8) * 8;
     if t != 1 || kv_len <= 512 || b * kv_heads == 0 || b * kv_heads > 256 {
         return None;
     }
@@ -165,7 +173,9 @@ pub fn cudnn_forward_workspace(
         return None;
     }
     let rows = b * heads * splits;
-    Some(rows * dv * 4 + 2 * rows * 4 + 128)
+    // (each part starts 128 bytes after the one before: a batch of few heads pads them)
+    let part = |bytes: usize| bytes.div_ceil(128) * 128;
+    Some(part(rows * dv * 4) + 2 * part(rows * 4) + 128)
 }
 
 #[cfg(test)]
@@ -186,10 +196,19 @@ mod cudnn_workspace_tests {
             ((4, 16, 4, 513, 64), Some(67712)),
             ((4, 32, 32, 4096, 64), None),
             ((16, 32, 8, 513, 64), None),
+            // with a mask (the keys repeated to the query's heads), on an H100: few heads pad
+            // the parts to 128 bytes
+            ((1, 4, 4, 513, 64), Some(4480)),
+            ((1, 4, 4, 1024, 64), Some(8576)),
+            ((3, 4, 4, 600, 256), Some(49792)),
+            ((8, 32, 32, 8192, 256), None),
         ];
         for &((b, h, kv, l, d), want) in cases {
             assert_eq!(w(b, h, kv, 1, l, d, false), want, "{b} {h} {kv} {l} {d}");
         }
         assert_eq!(w(4, 16, 4, 1024, 1024, 64, true), Some(256));
+        // 1,017 keys split as 1,024 (Mistral's H100 trace), 1,016 as 896
+        assert_eq!(w(1, 16, 8, 1, 1017, 64, false), Some(33920));
+        assert_eq!(w(1, 16, 8, 1, 1016, 64, false), Some(17024));
     }
 }

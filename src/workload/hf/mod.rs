@@ -382,25 +382,10 @@ pub(crate) fn expand(
             // generation within the window and past it (the last step attends to seq + new
             // - 1 positions; its mask is made from the 2-D mask and taken as a bias, by the
             // memory-efficient kernel in float32, padded to a multiple of 8 keys, by cuDNN in
-            // bf16 where the window is at most 512 keys; the cache is trimmed), from a prompt
-            // shorter than the window or reaching it (the prefill's window mask over the
-            // prompt, the cache its last `sliding_window - 1` positions)
-            let longest = run.seq + run.generate.as_ref().map_or(0, |g| g.new_tokens);
-            let past = longest.saturating_sub(1) >= w;
-            let why = if past && run.bf16_weights && w > 512 {
-                Some(("mode", format!("generation to {longest} positions in bf16, past a sliding window of more than 512 keys (cuDNN's workspace for a masked decode step over more keys is not measured; float32 runs)")))
-            } else {
-                None
-            };
-            if let Some((key, what)) = why {
-                unsupported(
-                    key,
-                    &format!(
-                        "{what} (sliding_window = {w} of {}; generation within the window runs, and past it in float32, or with bf16 weights past a window of at most 512)",
-                        c.model_type
-                    ),
-                )?;
-            }
+            // bf16, whose decode step over more than 512 keys takes its split-key workspace;
+            // the cache is trimmed), from a prompt shorter than the window or reaching it (the
+            // prefill's window mask over the prompt, the cache its last `sliding_window - 1`
+            // positions): every case runs
         } else if masks::sliding_mask_window(c, run.seq, run.eager).is_some() {
             // what the sliding windows are recorded with in training and inference: float32
             // with sdpa (Mistral, Gemma-3), plain or with LoRA, LoRA over bf16 weights, and
