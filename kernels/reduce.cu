@@ -4,7 +4,8 @@
 // `SumTo` for a broadcast operand's gradient, and a bias's gradient over rows): `xs` is the
 // input's view with the kept dimensions first and the reduced ones last (the caller's
 // permutation), so output i sums the `len` elements i * len .. (i + 1) * len - 1 of it. Sums
-// are in double, as the CPU twin sums, so the order barely matters; the output, of `total`
+// are in double, as the CPU twin sums, so the order barely matters (and an integer sum below
+// 2^53 is exact: int64 and bool inputs are read as double); the output, of `total`
 // elements, is written through its own view and rounded to its dtype. With `per_block` set (few
 // outputs, long sums: a bias's gradient, a loss) a block of 256 threads sums each output;
 // otherwise a thread does.
@@ -16,7 +17,7 @@ extern "C" __global__ void reduce(int per_block, int mean, const void* x, Stride
     if (!per_block) {
         GM_EACH(i, total) {
             double s = 0.0;
-            for (long long k = 0; k < len; ++k) s += gm_get(x, xs, i * len + k);
+            for (long long k = 0; k < len; ++k) s += gm_get_d(x, xs, i * len + k);
             gm_put_d(out, os, i, mean ? s / (double)len : s);
         }
         return;
@@ -25,7 +26,7 @@ extern "C" __global__ void reduce(int per_block, int mean, const void* x, Stride
     for (long long i = blockIdx.x; i < total; i += gridDim.x) {
         double s = 0.0;
         for (long long k = threadIdx.x; k < len; k += GM_REDUCE_THREADS)
-            s += gm_get(x, xs, i * len + k);
+            s += gm_get_d(x, xs, i * len + k);
         red[threadIdx.x] = s;
         __syncthreads();
         for (int h = GM_REDUCE_THREADS / 2; h > 0; h >>= 1) {

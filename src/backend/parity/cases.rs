@@ -248,6 +248,26 @@ fn select_cases() -> Vec<Case> {
             F32,
         ),
         case(
+            "sum",
+            "int64 ids along the last dimension (exact)",
+            Run::Sum {
+                mean: false,
+                dim: Some(-1),
+            },
+            vec![ids(&[6, 129], 1000)],
+            F32,
+        ),
+        case(
+            "sum",
+            "a mask, 3,000 elements (its int64 copy, a block)",
+            Run::Sum {
+                mean: false,
+                dim: None,
+            },
+            vec![mask(&[3000])],
+            F32,
+        ),
+        case(
             "pad",
             "int64 labels, (0, 1) with -100 (the loss's shifted labels)",
             Run::Apply(Op::Pad {

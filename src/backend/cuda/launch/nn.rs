@@ -209,7 +209,16 @@ pub(super) fn reduce_view(
     mean: bool,
     out: &crate::backend::Buffer,
 ) -> Result<bool, String> {
-    if !floating(x.dtype) || !floating(out.dtype) {
+    // floating, or an integer sum (the engine sums an int or bool tensor from its int64 copy)
+    let int = |d: crate::engine::DType| {
+        matches!(
+            d,
+            crate::engine::DType::I64 | crate::engine::DType::I32 | crate::engine::DType::Bool
+        )
+    };
+    let ok =
+        (floating(x.dtype) && floating(out.dtype)) || (!mean && int(x.dtype) && int(out.dtype));
+    if !ok {
         return Ok(false);
     }
     let Some((xs, os, total, len)) = permuted(x, red, out) else {
