@@ -227,18 +227,42 @@ pub(super) fn reduce_view(
     if total == 0 {
         return Ok(true);
     }
-    let (m, tt, ll) = (mean as i32, total as i64, len as i64);
-    let (pb, cfg) = per_output(total, len);
-    let f = g.function("reduce")?;
-    // the input read through a permutation of its own view, the output written through its view, `total` elements
+    let (pb, _) = per_output(total, len);
+    reduction(
+        g,
+        "reduce",
+        [pb, mean as i32],
+        (x.addr, xs),
+        (out.addr, os),
+        total,
+        len,
+    )
+}
+
+/// Launches reduce.cu's `kernel` over `total` outputs of `len` elements each, its two leading
+/// integer arguments first (`reduce`: per block, mean; `reduce__select`: mode, per block).
+fn reduction(
+    g: &mut Gpu,
+    kernel: &'static str,
+    lead: [i32; 2],
+    (x, xs): (u64, Strided),
+    (o, os): (u64, Strided),
+    total: usize,
+    len: usize,
+) -> Result<bool, String> {
+    let (tt, ll) = (total as i64, len as i64);
+    let (_, cfg) = per_output(total, len);
+    let f = g.function(kernel)?;
+    // the input read through a permutation of its own view, the output written through its
+    // view, `total` elements
     g.run(&f, cfg, |b| {
-        b.arg(&pb)
-            .arg(&m)
-            .arg(&x.addr)
+        b.arg(&lead[0])
+            .arg(&lead[1])
+            .arg(&x)
             .arg(&xs)
             .arg(&tt)
             .arg(&ll)
-            .arg(&out.addr)
+            .arg(&o)
             .arg(&os);
     })?;
     Ok(true)
@@ -314,22 +338,16 @@ fn select(
     if len == 0 || total == 0 {
         return Ok(total == 0 && mode != 0 && mode != 3);
     }
-    let (tt, ll) = (total as i64, len as i64);
-    let (pb, cfg) = per_output(total, len);
-    let f = g.function("reduce__select")?;
-    // the input read through a permutation of its own view, the output written through its
-    // view, `total` elements
-    g.run(&f, cfg, |b| {
-        b.arg(&mode)
-            .arg(&pb)
-            .arg(&x.addr)
-            .arg(&xs)
-            .arg(&tt)
-            .arg(&ll)
-            .arg(&out.addr)
-            .arg(&os);
-    })?;
-    Ok(true)
+    let (pb, _) = per_output(total, len);
+    reduction(
+        g,
+        "reduce__select",
+        [mode, pb],
+        (x.addr, xs),
+        (out.addr, os),
+        total,
+        len,
+    )
 }
 
 /// A contiguous int64 buffer's first element, if it is one.
