@@ -193,8 +193,7 @@ fn new_families_allocate_and_free_as_pytorch_does() {
             continue;
         }
         let p = common::root().join(format!("fixtures/hf2/traces/events_{name}.json"));
-        let t: Vec<(String, i64)> =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let t = common::recorded_events(&p);
         let g = common::allocator_events(&format!("fixtures/hf2/workloads/{name}.toml"));
         let first = g.iter().zip(&t).position(|(a, b)| a != b);
         assert_eq!(first, None, "{name}: first difference at event {first:?}");
@@ -236,8 +235,7 @@ fn gpt2_autocast_and_eager_allocate_and_free_as_pytorch_does() {
         ("gpt2_t_eager_fp32", false),
     ] {
         let p = common::root().join(format!("fixtures/hf2/traces/events_{name}.json"));
-        let t: Vec<(String, i64)> =
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let t = common::recorded_events(&p);
         let g = common::allocator_events(&format!("fixtures/hf2/workloads/{name}.toml"));
         let (g, t) = if exit_as_set {
             (free_runs_sorted(&g), free_runs_sorted(&t))

@@ -139,6 +139,19 @@ pub fn external(dir: &Scratch, name: &str) -> PathBuf {
     p
 }
 
+/// A recorded event list (`[["a", size], ["f", ordinal], ...]`) stored xz-compressed as
+/// `path.xz` (fixtures/hf2/traces keeps them so: the carried tree stays small).
+pub fn recorded_events(path: &std::path::Path) -> Vec<(String, i64)> {
+    let mut packed = path.as_os_str().to_owned();
+    packed.push(".xz");
+    let mut input = std::io::BufReader::new(
+        std::fs::File::open(&packed).unwrap_or_else(|e| panic!("{packed:?}: {e}")),
+    );
+    let mut bytes = Vec::new();
+    lzma_rs::xz_decompress(&mut input, &mut bytes).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
 /// fixtures/external/expected.json: per file, each device's figures as Python computed them.
 pub fn external_expected() -> Value {
     let p = root().join("fixtures/external/expected.json");
