@@ -419,10 +419,11 @@ fn issue6_plot_draws_a_pytorch_snapshot_by_site() {
     assert!(text.contains("peak 2.41 GiB"));
 }
 
-/// The parallel reader (frames cut into chunks, entries decoded on several cores) gives what
-/// the sequential one gives: the same events, times, stacks, segments and annotations for a
-/// trace grown from a real one (`grow_snapshot.py fixtures/snapshots/snapshot_mlp_leak.pickle
-/// ... 8`, 7,279 entries in 10 frames) and for every real snapshot; and it does take chunks.
+/// The parallel reader (frames cut into chunks, entries decoded on several cores, or on one)
+/// gives what the sequential one gives: the same events, times, stacks, segments and
+/// annotations for a trace grown from a real one (`grow_snapshot.py
+/// fixtures/snapshots/snapshot_mlp_leak.pickle ... 8`, 7,279 entries in 10 frames) and for
+/// every real snapshot; and it does take chunks.
 #[test]
 fn issue6_the_parallel_reader_reads_what_the_sequential_one_reads() {
     let grown = root().join("fixtures/snapshots/grown_mlp_leak_x8.pickle");
@@ -434,10 +435,11 @@ fn issue6_the_parallel_reader_reads_what_the_sequential_one_reads() {
         }
     }
     for f in &files {
-        let one = gpumem::snapshot::load_with(f, 1, None).unwrap();
-        for chunk in [64 << 10, 200 << 10] {
-            let par = gpumem::snapshot::load_with(f, 4, Some(chunk)).unwrap();
-            let at = format!("{} in pieces of {chunk}", f.display());
+        // pieces larger than half the file: the sequential reader
+        let one = gpumem::snapshot::load_with(f, 1, Some(u64::MAX)).unwrap();
+        for (threads, chunk) in [(4, 64 << 10), (4, 200 << 10), (1, 64 << 10)] {
+            let par = gpumem::snapshot::load_with(f, threads, Some(chunk)).unwrap();
+            let at = format!("{} in pieces of {chunk} on {threads} cores", f.display());
             assert_eq!(one.events.len(), par.events.len(), "{at}");
             for (i, (a, b)) in one.events.iter().zip(&par.events).enumerate() {
                 assert_eq!(

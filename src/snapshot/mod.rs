@@ -157,8 +157,8 @@ pub struct Snapshot {
     pub segment_pools: Vec<(u64, [i64; 2])>,
 }
 
-/// How many cores read a large pickle: `GPUMEM_THREADS` when set (1 reads sequentially),
-/// else all the machine has.
+/// How many cores read a large pickle: `GPUMEM_THREADS` when set (1: one core), else all the
+/// machine has.
 pub(crate) fn threads() -> usize {
     std::env::var("GPUMEM_THREADS")
         .ok()

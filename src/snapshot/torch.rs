@@ -862,6 +862,44 @@ fn projected_events<'a, D: Doc<'a>>(
             .unwrap_or(StackId::ROOT)
     };
     let u = |r: usize, k: usize| rows.int(r, k).unwrap_or(0).max(0) as u64;
+    let fields_of =
+        |k, r: usize| entry_fields(k, rows.int(r, ADDR), rows.int(r, SIZE), rows.int(r, FREE));
+    // user_metadata and compile_context: each distinct string resolved once; the rows
+    // scanned only when one of them is set (PyTorch writes "" and "N/A" on every entry)
+    let mut meta_tab: FxHashMap<(usize, u32), u32> = FxHashMap::default();
+    for (col, b) in [(1usize, &umeta_bits), (2, &cctx_bits)] {
+        for id in set(b) {
+            let m = metas.strings.id(text(id).unwrap_or(""));
+            if m != 0 {
+                meta_tab.insert((col, id), m);
+            }
+        }
+    }
+    // the common case, in one pass: no metadata set, every entry of a modelled kind with
+    // sound fields (else what was added is taken back, and the passes below say which entry
+    // is what)
+    if meta_tab.is_empty() {
+        let (events_at, times_at) = (events.len(), times.len());
+        let odd = std::sync::atomic::AtomicBool::new(false);
+        // indexed: each core writes its part in place (no buffers to join)
+        events.par_extend((0..n).into_par_iter().map(|r| {
+            let k = kind(r).unwrap_or_else(|| {
+                odd.store(true, Relaxed);
+                EventKind::Alloc
+            });
+            let (addr, size) = fields_of(k, r).unwrap_or_else(|_| {
+                odd.store(true, Relaxed);
+                (0, 0)
+            });
+            Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
+        }));
+        times.par_extend((0..n).into_par_iter().map(|r| u(r, TIME)));
+        if !odd.into_inner() {
+            return Ok(());
+        }
+        events.truncate(events_at);
+        times.truncate(times_at);
+    }
     let all_kept = (0..n).into_par_iter().all(|r| kind(r).is_some());
     // entries of actions gpumem does not model: counted, in the order they first appear
     if !all_kept {
@@ -872,10 +910,7 @@ fn projected_events<'a, D: Doc<'a>>(
         }
     }
     let kept = |r: &usize| all_kept || kind(*r).is_some();
-    let fields = |r: usize| {
-        let k = kind(r).unwrap_or(EventKind::Alloc);
-        entry_fields(k, rows.int(r, ADDR), rows.int(r, SIZE), rows.int(r, FREE))
-    };
+    let fields = |r: usize| fields_of(kind(r).unwrap_or(EventKind::Alloc), r);
     // checked on all cores; the first bad entry found again in order, for its message
     if (0..n)
         .into_par_iter()
@@ -895,17 +930,6 @@ fn projected_events<'a, D: Doc<'a>>(
         let (addr, size) = fields(r).unwrap_or_default();
         Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
     };
-    // user_metadata and compile_context: each distinct string resolved once; the rows
-    // scanned only when one of them is set (PyTorch writes "" and "N/A" on every entry)
-    let mut meta_tab: FxHashMap<(usize, u32), u32> = FxHashMap::default();
-    for (col, b) in [(1usize, &umeta_bits), (2, &cctx_bits)] {
-        for id in set(b) {
-            let m = metas.strings.id(text(id).unwrap_or(""));
-            if m != 0 {
-                meta_tab.insert((col, id), m);
-            }
-        }
-    }
     if !meta_tab.is_empty() {
         let mut index = events.len();
         for r in 0..n {

@@ -228,6 +228,41 @@ enum LVal {
     S(u32),
 }
 
+/// A cell to fill once the memo is complete (12 bytes: a trace may have one per entry): the
+/// row, the slot (or [`UNREAD`]), and a memo fetch past the prefix or a string first seen in
+/// the chunk.
+#[derive(Clone, Copy, Debug)]
+struct Fix {
+    row: u32,
+    id: u32,
+    slot: u16,
+    string: bool,
+}
+
+impl Fix {
+    /// A fix-up for `l`; `None` for a value (set at once, never fixed up).
+    fn new(row: u32, slot: u16, l: LVal) -> Option<Self> {
+        let (id, string) = match l {
+            LVal::S(i) => (i, true),
+            LVal::Ref(i) => (i, false),
+            LVal::V(_) => return None,
+        };
+        Some(Fix {
+            row,
+            id,
+            slot,
+            string,
+        })
+    }
+    fn lval(self) -> LVal {
+        if self.string {
+            LVal::S(self.id)
+        } else {
+            LVal::Ref(self.id)
+        }
+    }
+}
+
 /// What a worker decoded: the entries from `start` to `end` of the file.
 #[derive(Debug, Default)]
 struct Chunk {
@@ -239,7 +274,7 @@ struct Chunk {
     ended: bool,
     rows: Projected,
     /// Cells to fill once the memo is complete: (row, slot, value).
-    fix: Vec<(u32, u16, LVal)>,
+    fix: Vec<Fix>,
     /// MEMOIZEs in the chunk, and those of values (not of entry dicts): (index among the
     /// chunk's MEMOIZEs, value).
     defs: u32,
@@ -254,7 +289,7 @@ pub(super) struct Taken {
     /// Items of the list (as the parser holds them) before this chunk's rows.
     pub(super) after: u32,
     pub(super) rows: Projected,
-    fix: Vec<(u32, u16, LVal)>,
+    fix: Vec<Fix>,
     strs: Vec<u32>,
 }
 
@@ -570,6 +605,15 @@ impl Ctx<'_> {
                 None
             }
         };
+        // a value's memo fetch: resolved when the prefix made it, else (`Err`) one past the
+        // prefix, left for the splice as the general path leaves it
+        let fetch_value = |x: usize| -> Option<Result<Value, u32>> {
+            if x >= self.memo.len() {
+                return u32::try_from(x).ok().map(Err);
+            }
+            fetch(x).map(Ok)
+        };
+        let fixes = c.fix.len();
         let u32_at = |k: usize| u32::from_le_bytes([b[k], b[k + 1], b[k + 2], b[k + 3]]);
         let ok = (|| {
             for (k, &slot) in seen.keys.iter().zip(&seen.slots) {
@@ -592,32 +636,35 @@ impl Ctx<'_> {
                 let v = match b[i] {
                     b'h' => {
                         i += 2;
-                        fetch(usize::from(b[i - 1]))?
+                        fetch_value(usize::from(b[i - 1]))?
                     }
                     b'j' => {
                         i += 5;
-                        fetch(u32_at(i - 4) as usize)?
+                        fetch_value(u32_at(i - 4) as usize)?
                     }
                     b'K' => {
                         i += 2;
-                        Value::Int(i64::from(b[i - 1]))
+                        Ok(Value::Int(i64::from(b[i - 1])))
                     }
                     b'M' => {
                         i += 3;
-                        Value::Int(i64::from(u16::from_le_bytes([b[i - 2], b[i - 1]])))
+                        Ok(Value::Int(i64::from(u16::from_le_bytes([
+                            b[i - 2],
+                            b[i - 1],
+                        ]))))
                     }
                     b'J' => {
                         i += 5;
-                        Value::Int(i64::from(u32_at(i - 4) as i32))
+                        Ok(Value::Int(i64::from(u32_at(i - 4) as i32)))
                     }
                     0x8a => {
                         let n = usize::from(b[i + 1]);
                         i += 2 + n;
-                        Value::Int(int_le(&b[i - n..i])?)
+                        Ok(Value::Int(int_le(&b[i - n..i])?))
                     }
                     b'N' => {
                         i += 1;
-                        Value::None
+                        Ok(Value::None)
                     }
                     _ => return None,
                 };
@@ -625,8 +672,18 @@ impl Ctx<'_> {
                 if b[i] == 0x94 {
                     return None; // a value memoized: the general path counts it
                 }
-                if slot != u8::MAX {
-                    p.set(row, usize::from(slot), v);
+                match v {
+                    Ok(v) if slot != u8::MAX => p.set(row, usize::from(slot), v),
+                    Ok(_) => {}
+                    // as `commit`: a key nobody reads still has its fetch checked
+                    Err(x) => {
+                        let slot = if slot == u8::MAX {
+                            UNREAD
+                        } else {
+                            u16::from(slot)
+                        };
+                        c.fix.extend(Fix::new(row as u32, slot, LVal::Ref(x)));
+                    }
                 }
             }
             i = skip_frames(b, i)?;
@@ -639,6 +696,8 @@ impl Ctx<'_> {
             matches!(b[j], b'}' | b'e').then_some(())
         })();
         if ok.is_none() {
+            c.fix.truncate(fixes);
+            let p = &mut c.rows;
             p.ints.truncate(ni);
             p.strs.truncate(ns);
             p.objs.truncate(no);
@@ -831,14 +890,14 @@ impl Ctx<'_> {
                 // a key nobody reads: its value is dropped, but a memo fetch in it must still
                 // name an entry that exists, as the sequential reader requires
                 if let LVal::Ref(_) = l {
-                    c.fix.push((row, UNREAD, l));
+                    c.fix.extend(Fix::new(row, UNREAD, l));
                 }
                 continue;
             }
             let slot = usize::from(slot);
             match l {
                 LVal::V(v) => p.set(row as usize, slot, v),
-                l => c.fix.push((row, slot as u16, l)),
+                l => c.fix.extend(Fix::new(row, slot as u16, l)),
             }
         }
     }
@@ -932,8 +991,10 @@ impl Parser {
 }
 
 /// Reads the pickle in `file`, on up to `threads` cores for the trace lists that `projection`
-/// describes, in chunks of about `chunk` bytes; the sequential reader for small files, files
-/// without frames, and whenever anything is unusual. `progress` is called with bytes read.
+/// describes, in chunks of about `chunk` bytes (on one core too: decoding a chunk's entries
+/// straight into the projection's columns is faster than the general parser); the sequential
+/// reader without a projection, for files of fewer than two chunks or without frames, and
+/// whenever anything is unusual. `progress` is called with bytes read.
 pub fn read_file(
     file: &File,
     threads: usize,
@@ -942,7 +1003,7 @@ pub fn read_file(
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<Pickle, PickleError> {
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if let Some(pr) = projection.filter(|_| threads > 1 && len >= 2 * chunk) {
+    if let Some(pr) = projection.filter(|_| len / 2 >= chunk) {
         if let Some(p) = try_parallel(file, len, threads, chunk, pr, progress) {
             return Ok(p);
         }
@@ -1094,8 +1155,9 @@ fn try_parallel(
                     let Some(t) = slots.get(k) else { break };
                     let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
                     let t = &mut **t;
-                    for &(r, slot, l) in &t.fix {
-                        match p.resolve(l, &t.strs) {
+                    for &f in &t.fix {
+                        let (r, slot) = (f.row, f.slot);
+                        match p.resolve(f.lval(), &t.strs) {
                             Some(_) if slot == UNREAD => {}
                             Some(v) => t.rows.set(r as usize, usize::from(slot), v),
                             None => failed.store(true, Ordering::Relaxed),
