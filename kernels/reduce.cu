@@ -51,10 +51,13 @@ __device__ __forceinline__ bool gm_arg_beats(double v, long long i, double w, lo
     return v > w;
 }
 
+// No position yet (argmax's start): any element beats it.
+#define GM_NONE 0x7fffffffffffffffLL
+
 __device__ __forceinline__ void gm_select_step(int mode, double v, long long k, double& best,
                                                long long& at) {
     if (mode == 0) {
-        if (gm_arg_beats(v, k, best, at)) {
+        if (at == GM_NONE || gm_arg_beats(v, k, best, at)) {
             best = v;
             at = k;
         }
@@ -74,20 +77,12 @@ extern "C" __global__ void reduce__select(int mode, int per_block, const void* x
     // the identities: argmax starts past the end (any element beats it), any false, all
     // true, max minus infinity
     const double start = mode == 2 ? 1.0 : (mode == 3 ? -1.0 / 0.0 : 0.0);
-    const long long none = 0x7fffffffffffffffLL;
     if (!per_block) {
         GM_EACH(i, total) {
             double best = start;
-            long long at = none;
-            for (long long k = 0; k < len; ++k) {
-                double v = gm_get_d(x, xs, i * len + k);
-                if (mode == 0 && at == none) {
-                    best = v;
-                    at = k;
-                } else {
-                    gm_select_step(mode, v, k, best, at);
-                }
-            }
+            long long at = GM_NONE;
+            for (long long k = 0; k < len; ++k)
+                gm_select_step(mode, gm_get_d(x, xs, i * len + k), k, best, at);
             gm_put_d(out, os, i, mode == 0 ? (double)at : best);
         }
         return;
@@ -96,35 +91,20 @@ extern "C" __global__ void reduce__select(int mode, int per_block, const void* x
     __shared__ long long ats[GM_REDUCE_THREADS];
     for (long long i = blockIdx.x; i < total; i += gridDim.x) {
         double best = start;
-        long long at = none;
-        for (long long k = threadIdx.x; k < len; k += GM_REDUCE_THREADS) {
-            double v = gm_get_d(x, xs, i * len + k);
-            if (mode == 0 && at == none) {
-                best = v;
-                at = k;
-            } else {
-                gm_select_step(mode, v, k, best, at);
-            }
-        }
+        long long at = GM_NONE;
+        for (long long k = threadIdx.x; k < len; k += GM_REDUCE_THREADS)
+            gm_select_step(mode, gm_get_d(x, xs, i * len + k), k, best, at);
         vals[threadIdx.x] = best;
         ats[threadIdx.x] = at;
         __syncthreads();
         for (int h = GM_REDUCE_THREADS / 2; h > 0; h >>= 1) {
-            if (threadIdx.x < h) {
-                double w = vals[threadIdx.x + h];
-                long long j = ats[threadIdx.x + h];
-                if (mode == 0) {
-                    if (j != none && (ats[threadIdx.x] == none ||
-                                      gm_arg_beats(w, j, vals[threadIdx.x], ats[threadIdx.x]))) {
-                        vals[threadIdx.x] = w;
-                        ats[threadIdx.x] = j;
-                    }
-                } else {
-                    double b = vals[threadIdx.x];
-                    long long a = 0;
-                    gm_select_step(mode, w, 0, b, a);
-                    vals[threadIdx.x] = b;
-                }
+            // a thread that saw no element (argmax's GM_NONE) offers nothing
+            if (threadIdx.x < h && (mode != 0 || ats[threadIdx.x + h] != GM_NONE)) {
+                double b = vals[threadIdx.x];
+                long long a = ats[threadIdx.x];
+                gm_select_step(mode, vals[threadIdx.x + h], ats[threadIdx.x + h], b, a);
+                vals[threadIdx.x] = b;
+                ats[threadIdx.x] = a;
             }
             __syncthreads();
         }
