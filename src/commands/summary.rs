@@ -190,6 +190,11 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
     let workers = cores.min(files.len()).max(1);
     // the cores left over read inside each file
     let inner = (cores / workers).max(1);
+    // rayon's pool (the parallel passes over each file's trace) gets every core: the first
+    // call sets it, and a file read with `inner` cores would set it to those
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(cores)
+        .build_global();
     let next = AtomicUsize::new(0);
     type Slot = Option<Result<Vec<DeviceRow>>>;
     let results: Mutex<Vec<Slot>> = Mutex::new((0..files.len()).map(|_| None).collect());
