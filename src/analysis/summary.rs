@@ -548,8 +548,8 @@ fn trace_summary(
                 .map(|&(s, b, k)| {
                     at_peak(
                         sh.shard(s)
-                            .filter(|r| k == 1 || sub(r.addr, k) == b)
-                            .map(|r| (r.i as usize, r.event())),
+                            .filter(|&i| k == 1 || sub(events[i].addr, k) == b)
+                            .map(|i| (i, events[i])),
                         peak_i,
                         &block_of,
                         &round,

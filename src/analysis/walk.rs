@@ -36,45 +36,15 @@ pub struct Walk {
     pub shards: Option<Shards>,
 }
 
-/// Events grouped so that each group holds every event of its addresses, in order, copied
-/// (so that a pass over a group reads memory in order, not scattered over the trace).
+/// Events grouped so that each group holds every event of its addresses, in order, by their
+/// indices in the trace (4 bytes an event: the walk of a long trace on many cores kept a
+/// 24-byte copy of each event here, the largest part of its memory).
 pub struct Shards {
     /// Address ranges of the segments the trace creates, sorted, disjoint.
     ranges: Vec<(u64, u64)>,
     /// The events of each shard, by piece of the trace: `parts[piece][shard]`, in order (a
     /// shard's events are its lists of all pieces, one after the other; not copied together).
-    parts: Vec<Vec<Vec<Rec>>>,
-}
-
-/// One event of a shard: its index in the trace and what the walk needs of it.
-#[derive(Clone, Copy, Debug)]
-pub struct Rec {
-    pub addr: u64,
-    size_kind: u64,
-    pub i: u32,
-    pub stack: crate::trace::StackId,
-}
-
-impl Rec {
-    fn new(i: usize, e: &Event) -> Rec {
-        Rec {
-            addr: e.addr,
-            size_kind: e.size() | (e.kind() as u64) << 60,
-            i: i as u32,
-            stack: e.stack,
-        }
-    }
-    pub fn size(&self) -> u64 {
-        self.size_kind & ((1 << 60) - 1)
-    }
-    pub fn kind(&self) -> EventKind {
-        self.event().kind()
-    }
-    /// The event again (without its stream, which the walk does not use).
-    pub fn event(&self) -> Event {
-        let kind = EventKind::from_index((self.size_kind >> 60) as u8).unwrap_or(EventKind::Alloc);
-        Event::new(kind, self.addr, self.size(), self.stack, 0)
-    }
+    parts: Vec<Vec<Vec<u32>>>,
 }
 
 impl Shards {
@@ -83,9 +53,11 @@ impl Shards {
         self.ranges.len() + BUCKETS
     }
 
-    /// The events of shard `s`, in order.
-    pub fn shard(&self, s: usize) -> impl Iterator<Item = &Rec> {
-        self.parts.iter().flat_map(move |p| p[s].iter())
+    /// The events of shard `s`, in order: their indices in the trace.
+    pub fn shard(&self, s: usize) -> impl Iterator<Item = usize> + '_ {
+        self.parts
+            .iter()
+            .flat_map(move |p| p[s].iter().map(|&i| i as usize))
     }
 
     /// The events in shard `s`.
@@ -208,7 +180,7 @@ fn shards(events: &[Event], conf: &AllocConf) -> Option<Shards> {
         .map(|(c, evs)| {
             let mut l = vec![Vec::new(); count];
             for (k, e) in evs.iter().enumerate() {
-                l[sh.of(e.addr)].push(Rec::new(c * piece + k, e));
+                l[sh.of(e.addr)].push((c * piece + k) as u32);
             }
             l
         })
@@ -240,17 +212,18 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
             // an allocation still held at the end has the size its block has in the segments:
             // the last allocation at a held address, unless a free follows it (found from the
             // end, stopping once every held address of the shard is settled)
-            let recs: Vec<&[Rec]> = shards.parts.iter().map(|p| &p[s][..]).collect();
+            let recs: Vec<&[u32]> = shards.parts.iter().map(|p| &p[s][..]).collect();
             let mut todo: FxHashSet<u64> = held_in[s].iter().copied().collect();
             let mut held_block: FxHashMap<u32, u64> = FxHashMap::default();
             let n = shards.len(s);
             let mut k = n;
             'back: for part in recs.iter().rev() {
-                for r in part.iter().rev() {
+                for &i in part.iter().rev() {
                     if todo.is_empty() {
                         break 'back;
                     }
                     k -= 1;
+                    let r = &events[i as usize];
                     match r.kind() {
                         EventKind::Alloc if todo.remove(&r.addr) => {
                             held_block.insert(k as u32, held[&r.addr]);
@@ -263,9 +236,8 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
                 }
             }
             let mut sizer = Sizer::new(conf);
-            for (k, r) in shards.shard(s).enumerate() {
-                let i = r.i as usize;
-                let e = r.event();
+            for (k, i) in shards.shard(s).enumerate() {
+                let e = events[i];
                 match (e.kind(), sizer.step(&e)) {
                     (EventKind::Alloc, Some(b)) => {
                         let got = held_block.get(&(k as u32)).copied().unwrap_or(b);
@@ -281,12 +253,10 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
             sizer.reused
         })
         .sum();
-    // the running total: sums of pieces, then each piece from its start
+    // the running total, in the deltas' place: sums of pieces, then each piece from its start
+    let mut after: Vec<i64> = delta.into_iter().map(AtomicI64::into_inner).collect();
     let piece = n.div_ceil(rayon::current_num_threads() * 4).max(1 << 14);
-    let sums: Vec<i64> = delta
-        .par_chunks(piece)
-        .map(|c| c.iter().map(|d| d.load(Ordering::Relaxed)).sum())
-        .collect();
+    let sums: Vec<i64> = after.par_chunks(piece).map(|c| c.iter().sum()).collect();
     let starts: Vec<i64> = sums
         .iter()
         .scan(0i64, |acc, s| {
@@ -296,19 +266,18 @@ fn walk_parallel(segments: &[SegmentInfo], events: &[Event], conf: &AllocConf) -
         })
         .collect();
     let net: i64 = sums.iter().sum();
-    let mut after = vec![0i64; n];
     after
         .par_chunks_mut(piece)
-        .zip(delta.par_chunks(piece))
         .zip(starts.par_iter())
-        .for_each(|((out, d), &start)| {
+        .for_each(|(out, &start)| {
             let mut cur = start;
-            for (o, d) in out.iter_mut().zip(d) {
-                cur += d.load(Ordering::Relaxed);
+            for o in out.iter_mut() {
+                cur += *o;
                 *o = cur;
             }
         });
-    let block: Vec<u64> = block.into_par_iter().map(AtomicU64::into_inner).collect();
+    // (both in place: an atomic has its integer's layout)
+    let block: Vec<u64> = block.into_iter().map(AtomicU64::into_inner).collect();
     Some(Walk {
         after,
         net,
