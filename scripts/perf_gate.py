@@ -50,11 +50,32 @@ SUMMARY = [
     # a public snapshot of another shape (issue 41's third): a Transformer's full step, 1,010
     # segments, short Python stacks; unpacked from .xz into the gate's folder
     ("summary_kkaitlyn_fullstep", None, "fixtures/external/kkaitlyn_memory_ctx128_fullstep.pickle.xz"),
+    # the shapes of issue 41's grown snapshots, at a size callgrind can count: a snapshot
+    # against itself with its trace repeated (`grow:K`), so the metric is the cost of a large
+    # trace's body (the chunked reader, the conversion, the walk) per byte
+    ("summary_hf_llama_s_grown", "fixtures/snapshots/snapshot_llama_s_sdpa_adamw_fp32.pickle",
+     "grow:4"),
+    ("summary_kkaitlyn_grown", "fixtures/external/kkaitlyn_memory_ctx128_fullstep.pickle.xz",
+     "grow:2"),
 ]
 # pickle.dumps({"segments": [], "device_traces": [[]]}, protocol=4)
 EMPTY_SNAPSHOT = bytes.fromhex(
     "80049527000000000000007d94288c087365676d656e7473945d948c0d6465766963655f74726163657394"
     "5d945d9461752e")
+
+
+def grown(src, dst, k):
+    """Writes `src` with its first device's trace repeated `k` times: entries copied as new
+    dicts (their frame lists shared, as PyTorch's files share them), segment events once."""
+    import pickle
+    with open(src, "rb") as fh:
+        snap = pickle.load(fh)
+    trace = snap["device_traces"][0]
+    body = [e for e in trace if e.get("action") not in ("segment_alloc", "segment_free")]
+    for _ in range(k - 1):
+        trace.extend(dict(e) for e in body)
+    with open(dst, "wb") as fh:
+        pickle.dump(snap, fh, protocol=4)
 
 
 def fail(msg, code=2):
@@ -112,12 +133,21 @@ def measure(binary, only=None):
             if only and not re.search(only, name):
                 continue
             small = small or empty
-            if big.endswith(".xz"):
+
+            def unpack(path):
+                if not path.endswith(".xz"):
+                    return path
                 import lzma
-                unpacked = os.path.join(tmp, os.path.basename(big)[:-3])
-                with lzma.open(os.path.join(ROOT, big)) as src, open(unpacked, "wb") as dst:
+                unpacked = os.path.join(tmp, os.path.basename(path)[:-3])
+                with lzma.open(os.path.join(ROOT, path)) as src, open(unpacked, "wb") as dst:
                     dst.write(src.read())
-                big = unpacked
+                return unpacked
+            small = unpack(small)
+            if big.startswith("grow:"):
+                out = os.path.join(tmp, name + ".pickle")
+                grown(os.path.join(ROOT, small), out, int(big.split(":")[1]))
+                big = out
+            big = unpack(big)
             i_s, _ = instructions([binary, "summary", small, "--json"], one)
             i_b, _ = instructions([binary, "summary", big, "--json"], one)
             nbytes = os.path.getsize(os.path.join(ROOT, big)) - os.path.getsize(
