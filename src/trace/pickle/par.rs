@@ -1,4 +1,5 @@
-//! Reading a large pickle on several cores, for lists of many small dicts (PyTorch's traces).
+//! Reading a large pickle in chunks, on several cores or one, for lists of many small dicts
+//! (PyTorch's traces).
 //!
 //! A PyTorch snapshot is mostly one list: the trace, millions of small dicts with the same
 //! keys, written by CPython in protocol 4 or 5 with FRAME opcodes every 64 KiB. A frame starts
