@@ -78,6 +78,17 @@ def grown(src, dst, k):
         pickle.dump(snap, fh, protocol=4)
 
 
+def unpack(path, tmp):
+    """`path` itself, or for an .xz file its contents written into `tmp`."""
+    if not path.endswith(".xz"):
+        return path
+    import lzma
+    unpacked = os.path.join(tmp, os.path.basename(path)[:-3])
+    with lzma.open(os.path.join(ROOT, path)) as src, open(unpacked, "wb") as dst:
+        dst.write(src.read())
+    return unpacked
+
+
 def fail(msg, code=2):
     print(f"perf_gate: {msg}", file=sys.stderr)
     sys.exit(code)
@@ -132,22 +143,12 @@ def measure(binary, only=None):
         for name, small, big in SUMMARY:
             if only and not re.search(only, name):
                 continue
-            small = small or empty
-
-            def unpack(path):
-                if not path.endswith(".xz"):
-                    return path
-                import lzma
-                unpacked = os.path.join(tmp, os.path.basename(path)[:-3])
-                with lzma.open(os.path.join(ROOT, path)) as src, open(unpacked, "wb") as dst:
-                    dst.write(src.read())
-                return unpacked
-            small = unpack(small)
+            small = unpack(small or empty, tmp)
             if big.startswith("grow:"):
                 out = os.path.join(tmp, name + ".pickle")
                 grown(os.path.join(ROOT, small), out, int(big.split(":")[1]))
                 big = out
-            big = unpack(big)
+            big = unpack(big, tmp)
             i_s, _ = instructions([binary, "summary", small, "--json"], one)
             i_b, _ = instructions([binary, "summary", big, "--json"], one)
             nbytes = os.path.getsize(os.path.join(ROOT, big)) - os.path.getsize(

@@ -864,6 +864,8 @@ fn projected_events<'a, D: Doc<'a>>(
     let u = |r: usize, k: usize| rows.int(r, k).unwrap_or(0).max(0) as u64;
     let fields_of =
         |k, r: usize| entry_fields(k, rows.int(r, ADDR), rows.int(r, SIZE), rows.int(r, FREE));
+    let make =
+        |k, (addr, size), r: usize| Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32);
     // user_metadata and compile_context: each distinct string resolved once; the rows
     // scanned only when one of them is set (PyTorch writes "" and "N/A" on every entry)
     let mut meta_tab: FxHashMap<(usize, u32), u32> = FxHashMap::default();
@@ -887,11 +889,11 @@ fn projected_events<'a, D: Doc<'a>>(
                 odd.store(true, Relaxed);
                 EventKind::Alloc
             });
-            let (addr, size) = fields_of(k, r).unwrap_or_else(|_| {
+            let fields = fields_of(k, r).unwrap_or_else(|_| {
                 odd.store(true, Relaxed);
                 (0, 0)
             });
-            Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
+            make(k, fields, r)
         }));
         times.par_extend((0..n).into_par_iter().map(|r| u(r, TIME)));
         if !odd.into_inner() {
@@ -927,8 +929,7 @@ fn projected_events<'a, D: Doc<'a>>(
     }
     let event = |r: usize| {
         let k = kind(r).unwrap_or(EventKind::Alloc);
-        let (addr, size) = fields(r).unwrap_or_default();
-        Event::new(k, addr, size, stack_of(r), u(r, STREAM) as u32)
+        make(k, fields(r).unwrap_or_default(), r)
     };
     if !meta_tab.is_empty() {
         let mut index = events.len();

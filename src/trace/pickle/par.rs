@@ -241,20 +241,6 @@ struct Fix {
 }
 
 impl Fix {
-    /// A fix-up for `l`; `None` for a value (set at once, never fixed up).
-    fn new(row: u32, slot: u16, l: LVal) -> Option<Self> {
-        let (id, string) = match l {
-            LVal::S(i) => (i, true),
-            LVal::Ref(i) => (i, false),
-            LVal::V(_) => return None,
-        };
-        Some(Fix {
-            row,
-            id,
-            slot,
-            string,
-        })
-    }
     fn lval(self) -> LVal {
         if self.string {
             LVal::S(self.id)
@@ -262,6 +248,28 @@ impl Fix {
             LVal::Ref(self.id)
         }
     }
+}
+
+/// Defers the cell of `row` in projection slot `slot` (`u8::MAX`: a key nobody reads), read as
+/// `l`, to the fix-ups; a value needs none. Of a key nobody reads, only a memo fetch is kept:
+/// it must still name an entry that exists, as the sequential reader requires.
+fn defer(fix: &mut Vec<Fix>, row: u32, slot: u8, l: LVal) {
+    let (id, string) = match l {
+        LVal::S(i) => (i, true),
+        LVal::Ref(i) => (i, false),
+        LVal::V(_) => return,
+    };
+    let slot = match slot {
+        u8::MAX if string => return,
+        u8::MAX => UNREAD,
+        s => u16::from(s),
+    };
+    fix.push(Fix {
+        row,
+        id,
+        slot,
+        string,
+    });
 }
 
 /// What a worker decoded: the entries from `start` to `end` of the file.
@@ -274,7 +282,7 @@ struct Chunk {
     end: u64,
     ended: bool,
     rows: Projected,
-    /// Cells to fill once the memo is complete: (row, slot, value).
+    /// Cells to fill once the memo is complete.
     fix: Vec<Fix>,
     /// MEMOIZEs in the chunk, and those of values (not of entry dicts): (index among the
     /// chunk's MEMOIZEs, value).
@@ -676,15 +684,7 @@ impl Ctx<'_> {
                 match v {
                     Ok(v) if slot != u8::MAX => p.set(row, usize::from(slot), v),
                     Ok(_) => {}
-                    // as `commit`: a key nobody reads still has its fetch checked
-                    Err(x) => {
-                        let slot = if slot == u8::MAX {
-                            UNREAD
-                        } else {
-                            u16::from(slot)
-                        };
-                        c.fix.extend(Fix::new(row as u32, slot, LVal::Ref(x)));
-                    }
+                    Err(x) => defer(&mut c.fix, row as u32, slot, LVal::Ref(x)),
                 }
             }
             i = skip_frames(b, i)?;
@@ -887,18 +887,10 @@ impl Ctx<'_> {
             }));
         }
         for (&(_, l), &slot) in pairs.iter().zip(&seen.slots) {
-            if slot == u8::MAX {
-                // a key nobody reads: its value is dropped, but a memo fetch in it must still
-                // name an entry that exists, as the sequential reader requires
-                if let LVal::Ref(_) = l {
-                    c.fix.extend(Fix::new(row, UNREAD, l));
-                }
-                continue;
-            }
-            let slot = usize::from(slot);
             match l {
-                LVal::V(v) => p.set(row as usize, slot, v),
-                l => c.fix.extend(Fix::new(row, slot as u16, l)),
+                LVal::V(v) if slot != u8::MAX => p.set(row as usize, usize::from(slot), v),
+                LVal::V(_) => {}
+                l => defer(&mut c.fix, row, slot, l),
             }
         }
     }
