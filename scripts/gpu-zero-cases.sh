@@ -16,6 +16,8 @@ export TORCH_CUDA_ARCH_LIST=$(python3 -c 'import torch; print("%d.%d" % torch.cu
 DS_BUILD_OPS=0 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site .whl/ds/deepspeed-*.tar.gz 2>&1 | tail -5
 python3 -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__)' 2>&1 | tail -2
 which ninja nvcc; nvcc --version | tail -1
+# DeepSpeed's JIT-built ops kept in the (ignored) carry folder while the machine stays warm
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/gpu_carry/torch_extensions}
 D=$(mktemp -d)
 for n in ${CASES:-zero2_llama_s_adamw_fp32 zero2_llama_s_offload_fp32 zero1_llama_s_adamw_fp32 zero2_llama_s_adamw_bf16 zero2_llama_s_bucket1e7_fp32 zero2_llama_s_b1_s64_fp32 zero1_llama_s_offload_fp32}; do
   if (( $(date +%s) > END_AT )); then echo "$n: skipped (deadline)"; continue; fi

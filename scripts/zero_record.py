@@ -31,6 +31,11 @@ CASES = {
     "zero3_llama_s_adamw_fp32": dict(stage=3, batch=4, seq=1024),
     "zero3_llama_s_adamw_bf16": dict(stage=3, batch=4, seq=1024, bf16=True),
     "zero3_llama_s_b1_s64_fp32": dict(stage=3, batch=1, seq=64),
+    # stage 3 with the optimizer offloaded (DeepSpeedCPUAdam), and with the parameters too
+    "zero3_llama_s_offload_fp32": dict(stage=3, batch=4, seq=1024, offload=True),
+    "zero3_llama_s_offload_bf16": dict(stage=3, batch=4, seq=1024, offload=True, bf16=True),
+    "zero3_llama_s_offparam_fp32": dict(stage=3, batch=4, seq=1024, offload=True,
+                                        offload_param=True),
 }
 
 
@@ -57,6 +62,8 @@ def main():
         zero["reduce_bucket_size"] = kw["bucket"]
     if kw.get("offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if kw.get("offload_param"):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     ds = {
         "train_micro_batch_size_per_gpu": kw["batch"],
         "gradient_accumulation_steps": 1,

@@ -215,10 +215,12 @@ fn distributed_keys_run_or_are_refused_by_name() {
         assert_eq!(out.status.code(), Some(2), "{key}: {err}");
         assert!(err.contains(key), "{key} named: {err}");
     }
-    // ZeRO-3 is modelled at world size 1 only, without offload: the rest is refused by key
+    // ZeRO-3 is modelled at world size 1 only (with or without the optimizer offloaded): the
+    // rest is refused by key
     for (extra, key) in [
         ("world_size = 2\n", "world_size"),
-        ("world_size = 1\ncpu_offload = true\n", "cpu_offload"),
+        ("world_size = 2\ncpu_offload = true\n", "world_size"),
+        ("world_size = 1\noverlap_comm = true\n", "overlap_comm"),
     ] {
         let text = base.replace(
             "world_size = 1\nstrategy = \"ddp\"\n",
@@ -590,6 +592,23 @@ fn zero_offload_keeps_the_optimizer_on_the_host() {
         );
         assert_eq!(off["ranks"]["strategy"], format!("zero{stage}"));
     }
+    // stage 3 (world size 1): offloaded, the device keeps the parameters' buffer and the
+    // bucket only: no float32 master, no gradient partitions, no FusedAdam flag, no overflow
+    // tracker (each 512 bytes); the step keeps nothing there (no Adam state, no norm)
+    let on = run(&["--zero", "3"]);
+    let off = run(&["--zero", "3", "--cpu-offload"]);
+    assert_eq!(start(&on, 0) - start(&off, 0), 2 * params + 1_024);
+    let first_step = |v: &Value| start(v, 1) - start(v, 0);
+    assert_eq!(first_step(&on) - first_step(&off), 2 * params + 512);
+    // the host: the tracker's byte, the master, its pinned gradient, the pinned gradient
+    // partitions and, from the first step, Adam's two states
+    assert_eq!(u(&off["host_memory_peak"]), 5 * params + 1);
+    assert_eq!(u(&on["host_memory_peak"]), 0);
+    // in backward each gradient's norm is kept on the device until the step: one float64
+    // scalar (a 512-byte block) for each of the 75 parameters, which the run without offload
+    // does not hold between backward and step
+    let kept = |v: &Value| u(&v["iterations"][1]["after_backward"]) - u(&v["iterations"][1]["end"]);
+    assert_eq!(kept(&off) - kept(&on), 75 * 512);
     // the flag needs a sharded run
     let out = common::at_root(&[
         "run",

@@ -201,26 +201,32 @@ impl<S: Device> Tensors<S> {
         self.release(clone);
         let master = self.host_empty(&[p], DType::F32, Category::OptimizerState)?;
         self.release(pageable);
-        // a host tensor made, then `.pin_memory()`'s pinned copy kept
-        let pinned = |d: &mut Self, n: usize, dt: DType, c: Category| {
-            let t = d.host_empty(&[n], dt, c)?;
-            let pin = d.host_empty(&[n], dt, c);
-            d.release(t);
-            pin
-        };
         // `torch.full(..., device="cpu").pin_memory()`: the bit16 copy-back buffer
         off.host
-            .push(pinned(self, p, dtype, Category::OptimizerState)?);
+            .push(self.pinned(p, dtype, Category::OptimizerState)?);
         // after the groups: the largest parameter's staging buffers, host (pinned) and device
         off.host
-            .push(pinned(self, largest as usize, dtype, Category::Gradient)?);
+            .push(self.pinned(largest as usize, dtype, Category::Gradient)?);
         let gpu = self.empty(&[largest as usize], dtype, Category::Gradient)?;
         self.fill(gpu, Fill::Zeros)?;
         off.gpu_buffer = Some(gpu);
         // `initialize_optimizer_states`: the master's float32 gradient, pinned and kept
         off.host
-            .push(pinned(self, p, DType::F32, Category::Gradient)?);
+            .push(self.pinned(p, DType::F32, Category::Gradient)?);
         Ok((master, off))
+    }
+
+    /// A host tensor made, then `.pin_memory()`'s pinned copy of it kept (the first goes).
+    pub(super) fn pinned(
+        &mut self,
+        n: usize,
+        dtype: DType,
+        category: Category,
+    ) -> Result<TensorId, EngineError> {
+        let t = self.host_empty(&[n], dtype, category)?;
+        let pin = self.host_empty(&[n], dtype, category);
+        self.release(t);
+        pin
     }
 
     /// Each parameter's elements, its offset in one flat buffer of them all, and the total.
@@ -446,7 +452,7 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
-    fn zero_offload_mut(&mut self) -> &mut ZeroOffload {
+    pub(super) fn zero_offload_mut(&mut self) -> &mut ZeroOffload {
         self.zero
             .as_mut()
             .and_then(|z| z.offload.as_mut())
@@ -487,11 +493,11 @@ impl<S: Device> Tensors<S> {
         let Some(z) = self.zero.as_ref() else {
             return Err(EngineError::Invalid("zero_step without zero_init".into()));
         };
-        if z.offload.is_some() {
-            return self.zero_step_offload();
-        }
         if z.stage == 3 {
             return self.zero3_step();
+        }
+        if z.offload.is_some() {
+            return self.zero_step_offload();
         }
         let Some(grads) = z.grads else {
             // no gradient reached the partition: DeepSpeed steps nothing

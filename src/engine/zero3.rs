@@ -32,7 +32,7 @@
 //!   freed.
 
 use super::dtype::DType;
-use super::graph::Zero;
+use super::graph::{Zero, ZeroOffload};
 use super::op::Fill;
 use super::tensor::{Category, EngineError, TensorId, Tensors};
 use super::zero::ZeroConfig;
@@ -50,14 +50,10 @@ impl<S: Device> Tensors<S> {
         cfg: ZeroConfig,
         overflow_buf: Option<TensorId>,
     ) -> Result<(), EngineError> {
-        if cfg.world != 1 || cfg.offload {
+        if cfg.world != 1 {
             return Err(EngineError::Invalid(format!(
-                "zero_init: stage 3 {} is not modelled yet (world size 1 without offload is)",
-                if cfg.offload {
-                    "with offload".to_string()
-                } else {
-                    format!("at world size {}", cfg.world)
-                }
+                "zero_init: stage 3 at world size {} is not modelled yet (world size 1 is)",
+                cfg.world
             )));
         }
         let dtype = self.dtype(params[0]);
@@ -70,11 +66,16 @@ impl<S: Device> Tensors<S> {
             self.release(ds);
         }
         let mut held = Vec::new();
-        // `inf_or_nan_tracker`, then the first `dist.barrier()`'s byte (kept by c10d)
-        for _ in 0..2 {
-            let t = self.empty(&[1], DType::Bool, Category::OptimizerState)?;
-            held.push(t);
+        // `inf_or_nan_tracker` (on the host when the optimizer is offloaded), then the first
+        // `dist.barrier()`'s byte (kept by c10d)
+        let mut off = cfg.offload.then(ZeroOffload::default);
+        if let Some(o) = off.as_mut() {
+            o.host
+                .push(self.host_empty(&[1], DType::Bool, Category::OptimizerState)?);
+        } else {
+            held.push(self.empty(&[1], DType::Bool, Category::OptimizerState)?);
         }
+        held.push(self.empty(&[1], DType::Bool, Category::OptimizerState)?);
         self.zero3_barrier_scratch()?;
         // `defragment`: the partitions copied to the host and freed, the cache emptied, one
         // buffer of them all on the device
@@ -87,9 +88,22 @@ impl<S: Device> Tensors<S> {
             self.repoint(p, lp, offset[k] as usize);
         }
         self.release(lp);
-        // `_create_fp32_partitions`: the float32 master, a clone (in bf16 of its float32 copy)
+        // `_create_fp32_partitions`: the float32 master, a clone (in bf16 of its float32 copy);
+        // offloaded, `.to("cpu", float32)` then the clone, both on the host (a blocking copy
+        // that converts does so on the host: bf16 there first)
         let n = total as usize;
-        let master = if dtype == DType::F32 {
+        let master = if off.is_some() {
+            let staged = (dtype != DType::F32)
+                .then(|| self.host_empty(&[n], dtype, Category::Temporary))
+                .transpose()?;
+            let converted = self.host_empty(&[n], DType::F32, Category::Temporary)?;
+            if let Some(t) = staged {
+                self.release(t);
+            }
+            let m = self.host_empty(&[n], DType::F32, Category::OptimizerState);
+            self.release(converted);
+            m?
+        } else if dtype == DType::F32 {
             self.empty(&[n], DType::F32, Category::OptimizerState)?
         } else {
             let f = self.empty(&[n], DType::F32, Category::Temporary)?;
@@ -98,15 +112,29 @@ impl<S: Device> Tensors<S> {
             m?
         };
         self.zero3_barrier()?;
-        // `initialize_optimizer_states`: a zero float32 gradient of the sub-group, dropped
-        let g = self.empty(&[n], DType::F32, Category::Temporary)?;
-        self.fill(g, Fill::Zeros)?;
-        self.release(g);
+        // `initialize_optimizer_states`: a zero float32 gradient of the sub-group, dropped;
+        // offloaded, on the host, with the master's gradient made there (zeros, pinned, kept)
+        if let Some(o) = off.as_mut() {
+            let g = self.host_empty(&[n], DType::F32, Category::Temporary)?;
+            o.host.push(self.pinned(n, DType::F32, Category::Gradient)?);
+            self.release(g);
+        } else {
+            let g = self.empty(&[n], DType::F32, Category::Temporary)?;
+            self.fill(g, Fill::Zeros)?;
+            self.release(g);
+        }
         self.zero3_barrier()?;
-        // the reduction bucket and every partition's gradient, kept
+        // the reduction bucket and every partition's gradient, kept (offloaded: the
+        // gradients in pinned host memory)
         let bucket = self.empty(&[cfg.bucket_elems as usize], dtype, Category::Gradient)?;
-        let grads = self.empty(&[n], dtype, Category::Gradient)?;
-        self.fill(grads, Fill::Zeros)?;
+        let grads = if let Some(o) = off.as_mut() {
+            o.host.push(self.pinned(n, dtype, Category::Gradient)?);
+            None
+        } else {
+            let g = self.empty(&[n], dtype, Category::Gradient)?;
+            self.fill(g, Fill::Zeros)?;
+            Some(g)
+        };
         // `create_reduce_and_remove_grad_hooks`: each parameter gathered (a copy) and
         // partitioned again
         for &k in &numel {
@@ -132,10 +160,10 @@ impl<S: Device> Tensors<S> {
             buckets: vec![bucket],
             fill: 0,
             pending: Vec::new(),
-            grads: Some(grads),
+            grads,
             grads_fill: 0,
             state: Vec::new(),
-            offload: None,
+            offload: off,
             overflow_buf: None,
             global_norm: None,
             held,
@@ -188,10 +216,17 @@ impl<S: Device> Tensors<S> {
         } else {
             None
         };
-        for k in pending {
-            let p = self.zero.as_ref().expect("under ZeRO").params[k];
-            if let Some(g) = self.info_mut(p).grad.take() {
-                self.release(g);
+        if self.zero.as_ref().is_some_and(|z| z.offload.is_some()) {
+            let was = std::mem::replace(&mut self.stream, REDUCE_STREAM);
+            let r = self.zero3_offload_grads(pending);
+            self.stream = was;
+            r?;
+        } else {
+            for k in pending {
+                let p = self.zero.as_ref().expect("under ZeRO").params[k];
+                if let Some(g) = self.info_mut(p).grad.take() {
+                    self.release(g);
+                }
             }
         }
         if let Some(t) = cat {
@@ -203,8 +238,122 @@ impl<S: Device> Tensors<S> {
         Ok(())
     }
 
+    /// `partition_grads` with the optimizer offloaded, on the reduce stream, for the
+    /// bucket's parameters in `ds_id` order: each reduced gradient copied into its pinned
+    /// host partition and back to the device (`grad_buffer.to(device)`, dropped when the next
+    /// parameter's buffer replaces it, the last on return), its norm taken there and kept to
+    /// the step (`_constant_buffered_norm2`), its float32 form (a temporary in bf16) copied
+    /// into the master's pinned gradient, then `param.grad = None`.
+    fn zero3_offload_grads(&mut self, mut pending: Vec<usize>) -> Result<(), EngineError> {
+        pending.sort_unstable();
+        let mut on_device: Option<TensorId> = None;
+        for k in pending {
+            let z = self.zero.as_ref().expect("under ZeRO");
+            let (p, n, dtype) = (z.params[k], z.numel[k] as usize, z.dtype);
+            if let Some(t) = on_device.take() {
+                self.release(t);
+            }
+            on_device = Some(self.empty(&[n], dtype, Category::Gradient)?);
+            let norm = self.zero3_buffered_norm(n)?;
+            self.zero_offload_mut().norms.push(norm);
+            if dtype != DType::F32 {
+                let f = self.empty(&[n], DType::F32, Category::Temporary)?;
+                self.release(f);
+            }
+            if let Some(g) = self.info_mut(p).grad.take() {
+                self.release(g);
+            }
+        }
+        if let Some(t) = on_device {
+            self.release(t);
+        }
+        Ok(())
+    }
+
+    /// `_constant_buffered_norm2` of `n` elements: per chunk of 2.5e8 a float64 copy, its
+    /// `norm(2)` and that squared (added in place after the first), then the square root,
+    /// returned (the running sum goes on return).
+    fn zero3_buffered_norm(&mut self, n: usize) -> Result<TensorId, EngineError> {
+        const CHUNK: usize = 250_000_000;
+        let mut sum: Option<TensorId> = None;
+        let mut left = n;
+        loop {
+            let c = left.min(CHUNK);
+            let d = self.empty(&[c], DType::F64, Category::Temporary)?;
+            let norm = self.empty(&[], DType::F64, Category::Temporary);
+            self.release(d);
+            let norm = norm?;
+            let sq = self.empty(&[], DType::F64, Category::Temporary);
+            self.release(norm);
+            let sq = sq?;
+            match sum {
+                None => sum = Some(sq),
+                // `norm += ...`: in place, the squared chunk goes
+                Some(_) => self.release(sq),
+            }
+            left -= c;
+            if left == 0 {
+                break;
+            }
+        }
+        let root = self.empty(&[], DType::F64, Category::OptimizerState);
+        if let Some(t) = sum {
+            self.release(t);
+        }
+        root
+    }
+
+    /// `step()` with the optimizer offloaded (`complete_grad_norm_calculation_for_cpu_offload`,
+    /// DeepSpeedCPUAdam on the host): the kept norms squared and summed (the first square
+    /// added to 0.0 makes the sum), the sum as a float32 device tensor all-reduced, its
+    /// square root, `mask_nan_or_inf_with_val_inplace`'s three flags and its -1.0, the norm
+    /// taken to the host (no norm kept on the device); Adam's two states on the host at the
+    /// first step; the update copied from the host into the parameters' buffer (no device
+    /// temporary); `_post_step` drops the kept norms.
+    fn zero3_step_offload(&mut self) -> Result<(), EngineError> {
+        let norms = self.zero_offload_mut().norms.clone();
+        let mut total: Option<TensorId> = None;
+        for _ in &norms {
+            let sq = self.empty(&[], DType::F64, Category::Temporary)?;
+            if total.is_none() {
+                total = Some(self.empty(&[], DType::F64, Category::Temporary)?);
+            }
+            self.release(sq);
+        }
+        let cuda = self.empty(&[1], DType::F32, Category::Temporary)?;
+        let root = self.empty(&[], DType::F32, Category::Temporary)?;
+        if let Some(t) = total {
+            self.release(t);
+        }
+        let mut flags = Vec::new();
+        for _ in 0..3 {
+            flags.push(self.empty(&[], DType::Bool, Category::Temporary)?);
+        }
+        flags.push(self.empty(&[], DType::F32, Category::Temporary)?);
+        for t in flags {
+            self.release(t);
+        }
+        self.release(root);
+        self.release(cuda);
+        let n = self.zero.as_ref().expect("under ZeRO").part as usize;
+        if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
+            for _ in 0..2 {
+                let s = self.host_empty(&[n], DType::F32, Category::OptimizerState)?;
+                self.zero.as_mut().expect("under ZeRO").state.push(s);
+            }
+        }
+        let norms = std::mem::take(&mut self.zero_offload_mut().norms);
+        for t in norms {
+            self.release(t);
+        }
+        Ok(())
+    }
+
     /// The stage-3 optimizer's `step()` (FusedAdam over the float32 master).
     pub(crate) fn zero3_step(&mut self) -> Result<(), EngineError> {
+        if self.zero.as_ref().is_some_and(|z| z.offload.is_some()) {
+            return self.zero3_step_offload();
+        }
         let z = self.zero.as_ref().expect("under ZeRO");
         let (n, dtype, sizes) = (z.part as usize, z.dtype, z.numel.clone());
         // `_get_norm_groups` (each gradient's float64 copy, one at a time), then

@@ -191,16 +191,31 @@ pub fn write_text(
         writeln!(out, "{}", super::style::wrap(&line))?;
     }
     if let Some((_, world)) = r.ranks.filter(|(s, _)| *s == "zero3") {
-        let line = format!(
-            "ranks: {world}; ZeRO stage 3 as DeepSpeed 0.19.6's DeepSpeedZeroOptimizer_Stage3 \
-             allocates for a model partitioned by deepspeed.initialize (FusedAdam): the \
-             parameters in one buffer, a float32 master copy, every gradient's partition and \
-             the reduction bucket (reduce_bucket_size elements) kept for the run, Adam's state \
-             from the first step; F.linear is DeepSpeed's memory-efficient linear. Matched to \
-             the byte on DeepSpeed's own runs at world size 1 (float32 and bf16); above one \
-             rank each submodule's parameters are all-gathered before use, which is not \
-             modelled yet"
-        );
+        let line = if r.host_memory_peak > 0 {
+            format!(
+                "ranks: {world}; ZeRO stage 3 with offload_optimizer as DeepSpeed 0.19.6's \
+                 DeepSpeedZeroOptimizer_Stage3 allocates for a model partitioned by \
+                 deepspeed.initialize (DeepSpeedCPUAdam): the device keeps the parameters in \
+                 one buffer and the reduction bucket (reduce_bucket_size elements); the \
+                 float32 master, every gradient's partition (pinned) and Adam's state are on \
+                 the host (the host line below). In backward each reduced gradient comes back \
+                 to the device for its norm, kept to the step. F.linear is DeepSpeed's \
+                 memory-efficient linear. Written from DeepSpeed's source (world size 1); \
+                 above one rank each submodule's parameters are all-gathered before use, \
+                 which is not modelled yet"
+            )
+        } else {
+            format!(
+                "ranks: {world}; ZeRO stage 3 as DeepSpeed 0.19.6's DeepSpeedZeroOptimizer_Stage3 \
+                 allocates for a model partitioned by deepspeed.initialize (FusedAdam): the \
+                 parameters in one buffer, a float32 master copy, every gradient's partition and \
+                 the reduction bucket (reduce_bucket_size elements) kept for the run, Adam's state \
+                 from the first step; F.linear is DeepSpeed's memory-efficient linear. Matched to \
+                 the byte on DeepSpeed's own runs at world size 1 (float32 and bf16); above one \
+                 rank each submodule's parameters are all-gathered before use, which is not \
+                 modelled yet"
+            )
+        };
         writeln!(out, "{}", super::style::wrap(&line))?;
     } else if let Some((strategy, world)) = r.ranks.filter(|(s, _)| s.starts_with("zero")) {
         let stage = if strategy == "zero1" { 1 } else { 2 };

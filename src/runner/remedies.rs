@@ -251,9 +251,9 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                     RemedyKind::Sharding,
                 ));
             }
-            // (stage 3 is modelled at world size 1 without offload only)
+            // (stage 3 is modelled at world size 1 only)
             let stage3 = d.strategy == "zero3";
-            if !d.cpu_offload && !stage3 {
+            if !d.cpu_offload {
                 hf_remedies.push(set(
                     &[("cpu_offload", "true")],
                     "optimizer offload",

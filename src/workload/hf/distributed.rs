@@ -199,13 +199,13 @@ pub(super) fn distributed_run(
                     ),
                 );
             }
-            for key in ["cpu_offload", "overlap_comm"] {
-                if table.contains_key(key) {
-                    return refuse(
-                        key,
-                        format!("'{key}' with strategy = \"zero3\" is not modelled yet"),
-                    );
-                }
+            if table.contains_key("overlap_comm") {
+                return refuse(
+                    "overlap_comm",
+                    "'overlap_comm' with strategy = \"zero3\" is not modelled yet (stage 3 \
+                     overlaps on its own reduce stream)"
+                        .to_string(),
+                );
             }
         }
         return Ok(Distributed::Zero(ZeroRun {
