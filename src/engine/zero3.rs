@@ -30,6 +30,15 @@
 //!   partitions' gradients flattened (in bf16 then copied to float32), FusedAdam's two states
 //!   at the first step, the update copied into the parameters' buffer, the float32 gradient
 //!   freed.
+//! - **Optimizer offload** (`offload_optimizer.device = "cpu"`, DeepSpeedCPUAdam): the
+//!   optimizer's device is the host, so the overflow tracker, the float32 master, its pinned
+//!   gradient and the (pinned) gradient partitions are made there and the device keeps the
+//!   parameters' buffer and the bucket. Each reduced gradient is copied to its pinned
+//!   partition and back to the device, where its float64 norm is taken and kept to the step
+//!   (one scalar per parameter, on the reduce stream); in bf16 a float32 copy goes to the
+//!   master's gradient. The step sums the kept norms in a few device scalars, runs Adam on
+//!   the host (its state there) and copies the update into the parameters' buffer with no
+//!   device temporary; no norm stays on the device.
 
 use super::dtype::DType;
 use super::graph::{Zero, ZeroOffload};
