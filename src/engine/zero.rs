@@ -589,6 +589,13 @@ impl<S: Device> Tensors<S> {
         self.release(overflow);
         let total = self.empty(&[1], DType::F32, Category::Temporary)?;
         self.release(total);
+        self.zero_cpu_adam_step()
+    }
+
+    /// DeepSpeedCPUAdam's step on the host (its `exp_avg` and `exp_avg_sq` over the partition
+    /// at the first step, in pageable host memory), then `reset_cpu_buffers`: the norms kept
+    /// from backward go.
+    pub(super) fn zero_cpu_adam_step(&mut self) -> Result<(), EngineError> {
         let part = self.zero.as_ref().expect("under ZeRO").part as usize;
         if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
             for _ in 0..2 {

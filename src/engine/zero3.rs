@@ -344,18 +344,7 @@ impl<S: Device> Tensors<S> {
         }
         self.release(root);
         self.release(cuda);
-        let n = self.zero.as_ref().expect("under ZeRO").part as usize;
-        if self.zero.as_ref().expect("under ZeRO").state.is_empty() {
-            for _ in 0..2 {
-                let s = self.host_empty(&[n], DType::F32, Category::OptimizerState)?;
-                self.zero.as_mut().expect("under ZeRO").state.push(s);
-            }
-        }
-        let norms = std::mem::take(&mut self.zero_offload_mut().norms);
-        for t in norms {
-            self.release(t);
-        }
-        Ok(())
+        self.zero_cpu_adam_step()
     }
 
     /// The stage-3 optimizer's `step()` (FusedAdam over the float32 master).
