@@ -478,6 +478,33 @@ fn zero_out_of_memory_is_offered_deepspeeds_remedies() {
     for not in ["FSDP2", "CPU offload", "reshard after forward"] {
         assert!(!tried.iter().any(|(n, _)| n == not), "{not}: {tried:?}");
     }
+    // stage 3 (world size 1) is offered the optimizer offload, which fits here, and no
+    // remedy gpumem would only refuse under ZeRO (accumulation, autocast, other optimizers)
+    let (code, v) = run_json(&[
+        "run",
+        ZERO_CFG,
+        "--batch",
+        "2",
+        "--seq",
+        "64",
+        "--dtype",
+        "fp32",
+        "--zero",
+        "3",
+        "--capacity",
+        "5GiB",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    let remedies = v["oom"]["remedies"].as_array().expect("remedies");
+    let offload = remedies
+        .iter()
+        .find(|r| r["name"] == "optimizer offload")
+        .unwrap_or_else(|| panic!("no optimizer offload: {remedies:?}"));
+    assert_eq!(offload["fits"], true, "{offload}");
+    for r in remedies {
+        assert!(r["error"].is_null(), "{r}");
+        assert!(!r["name"].as_str().unwrap().contains("accumulated"), "{r}");
+    }
 }
 
 /// llama_s (fixtures/dist1) in float32, batch 1 x 64, with `extra` flags, as JSON; it must run.

@@ -418,8 +418,15 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
     let ints = w.integer_params();
     let int = |n: &str| ints.iter().find(|(k, _)| k == n).map(|x| x.1);
     let train = w.preset.as_ref().is_none_or(|p| p.mode == "train");
+    // (under ZeRO one backward per step is modelled: accumulation would only be refused)
+    let zero = w
+        .preset
+        .as_ref()
+        .and_then(|p| p.distributed.as_ref())
+        .is_some_and(|d| d.strategy.starts_with("zero"));
     let mut out = Vec::new();
-    if let (Some((name, b)), Some(ga), true) = (w.batch_param(), int("grad_accum"), train) {
+    if let (Some((name, b)), Some(ga), true) = (w.batch_param(), int("grad_accum"), train && !zero)
+    {
         let mut steps = Vec::new();
         let mut k = 2;
         while k <= b && b % k == 0 {
