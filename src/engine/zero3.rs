@@ -320,9 +320,9 @@ impl<S: Device> Tensors<S> {
     /// first step; the update copied from the host into the parameters' buffer (no device
     /// temporary); `_post_step` drops the kept norms.
     fn zero3_step_offload(&mut self) -> Result<(), EngineError> {
-        let norms = self.zero_offload_mut().norms.clone();
+        let kept = self.zero_offload_mut().norms.len();
         let mut total: Option<TensorId> = None;
-        for _ in &norms {
+        for _ in 0..kept {
             let sq = self.empty(&[], DType::F64, Category::Temporary)?;
             if total.is_none() {
                 total = Some(self.empty(&[], DType::F64, Category::Temporary)?);

@@ -110,9 +110,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
     }
     // under ZeRO only Adam and AdamW (FusedAdam) in float32 or bf16 weights are modelled:
     // autocast and other optimizers would only be refused
-    let zero = p
-        .and_then(|p| p.distributed.as_ref())
-        .is_some_and(|d| d.strategy.starts_with("zero"));
+    let zero = under_zero(w);
     let autocast = match p {
         // a model not modelled under autocast is not offered it
         Some(p) => p.bf16 || !p.can_autocast || zero,
@@ -411,6 +409,14 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
     t
 }
 
+/// Whether the workload trains under DeepSpeed ZeRO (any stage).
+fn under_zero(w: &Workload) -> bool {
+    w.preset
+        .as_ref()
+        .and_then(|p| p.distributed.as_ref())
+        .is_some_and(|d| d.strategy.starts_with("zero"))
+}
+
 /// The remedies that make a run smaller, as a list of steps each tried until one fits: the
 /// batch split into micro-batches with gradient accumulation to the same samples per step
 /// (halves, quarters, ... where they divide it), the sequence halved, the batch halved.
@@ -419,11 +425,7 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
     let int = |n: &str| ints.iter().find(|(k, _)| k == n).map(|x| x.1);
     let train = w.preset.as_ref().is_none_or(|p| p.mode == "train");
     // (under ZeRO one backward per step is modelled: accumulation would only be refused)
-    let zero = w
-        .preset
-        .as_ref()
-        .and_then(|p| p.distributed.as_ref())
-        .is_some_and(|d| d.strategy.starts_with("zero"));
+    let zero = under_zero(w);
     let mut out = Vec::new();
     if let (Some((name, b)), Some(ga), true) = (w.batch_param(), int("grad_accum"), train && !zero)
     {
