@@ -21,7 +21,9 @@
 //!   Stage 1 keeps the full gradients through backward and does the same walk, in parameter
 //!   order, once backward returns. The last bucket is reduced and the bucket freed at the end.
 //! - **Step** ([`Tensors::zero_step`]): the gradient norm (each partition gradient copied to
-//!   float64 and dropped), `_global_grad_norm` (a float32 scalar kept to the next step), the
+//!   float64 and dropped), `scaled_global_grad_norm` (a scalar alive to the step's end, with
+//!   stage 3's `norm_groups`), `_global_grad_norm` (a float32 scalar kept to the next step; the
+//!   engine holds the previous one until the optimizer's `step()` returns), the
 //!   partition's gradients flattened into one tensor (and copied to float32 when they are not), `grads_in_partition` dropped, DeepSpeed's FusedAdam (its
 //!   `exp_avg` and `exp_avg_sq` over the partition at the first step, no temporaries), the
 //!   float32 gradient dropped; the update is copied back and all-gathered in place.
@@ -510,7 +512,7 @@ impl<S: Device> Tensors<S> {
             .collect();
         // `get_grad_norm_direct`; `self._global_grad_norm = scaled_global_grad_norm /
         // prev_scale` (float32 here)
-        self.zero_norm(&sizes, DType::F32)?;
+        let held = self.zero_norm(&sizes, DType::F32, false)?;
         // the partition's gradients flattened, in float32
         let single = self.zero_flat_f32(part, dtype)?;
         // `averaged_gradients = None`: the partition gradients go
@@ -525,22 +527,42 @@ impl<S: Device> Tensors<S> {
         self.release(grads);
         self.zero_adam_states(part)?;
         self.release(single);
+        self.zero_norm_release(held);
         Ok(())
     }
 
     /// The step's gradient norm: each gradient's float64 copy (`sizes` elements), one at a
-    /// time, then the norm kept as `_global_grad_norm` (a `dtype` scalar) until the next step.
-    pub(super) fn zero_norm(&mut self, sizes: &[u64], dtype: DType) -> Result<(), EngineError> {
+    /// time; stage 3's `norm_groups` (one group norm, `group`) and `scaled_global_grad_norm`,
+    /// locals of `step()`; then the new `_global_grad_norm` (a `dtype` scalar, kept until the
+    /// next step). Returns what lives to the end of `step()`: the locals, then the previous
+    /// `_global_grad_norm`, which the engine holds until `optimizer.step()` returns
+    /// (`engine._global_grad_norm = optimizer._global_grad_norm`, engine.py:3455).
+    pub(super) fn zero_norm(
+        &mut self,
+        sizes: &[u64],
+        dtype: DType,
+        group: bool,
+    ) -> Result<Vec<TensorId>, EngineError> {
         for &n in sizes {
             let d = self.empty(&[n as usize], DType::F64, Category::Temporary)?;
             self.release(d);
         }
+        let mut held = Vec::new();
+        if group {
+            held.push(self.empty(&[], DType::F64, Category::Temporary)?);
+        }
+        held.push(self.empty(&[], dtype, Category::Temporary)?);
         let norm = self.empty(&[1], dtype, Category::OptimizerState)?;
         let z = self.zero.as_mut().expect("under ZeRO");
-        if let Some(old) = z.global_norm.replace(norm) {
-            self.release(old);
+        held.extend(z.global_norm.replace(norm));
+        Ok(held)
+    }
+
+    /// Releases what [`Tensors::zero_norm`] kept to the end of the step, in its order.
+    pub(super) fn zero_norm_release(&mut self, held: Vec<TensorId>) {
+        for t in held {
+            self.release(t);
         }
-        Ok(())
     }
 
     /// The partition's gradients flattened (`n` elements of `dtype`), as float32: the same

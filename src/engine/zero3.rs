@@ -356,12 +356,13 @@ impl<S: Device> Tensors<S> {
         let (n, dtype, sizes) = (z.part as usize, z.dtype, z.numel.clone());
         // `_get_norm_groups` (each gradient's float64 copy, one at a time), then
         // `self._global_grad_norm = scaled_global_grad_norm / self.loss_scale` (float64)
-        self.zero_norm(&sizes, DType::F64)?;
+        let held = self.zero_norm(&sizes, DType::F64, true)?;
         // `_prepare_fp32_grad_for_sub_group`: the gradients flattened, in float32
         let single = self.zero_flat_f32(n, dtype)?;
         // FusedAdam's states at the first step; `_release_sub_group`: the gradient goes
         self.zero_adam_states(n)?;
         self.release(single);
+        self.zero_norm_release(held);
         Ok(())
     }
 }
