@@ -81,8 +81,8 @@ def main():
         row = json.loads(lines[-1]) if lines else {"stop": stop, "error": r.stderr[-2000:]}
         rows.append(row)
         print(stop, row.get("error", "")[-300:] or "%d segments, %d probes" % (len(row["segments"]), len(row["probes"])), flush=True)
-    with open(out, "w") as f:
-        json.dump(rows, f)
+        with open(out, "w") as f:  # after every point: a run cut short keeps what it has
+            json.dump(rows, f)
 
 
 if __name__ == "__main__":
