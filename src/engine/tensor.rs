@@ -741,6 +741,13 @@ impl<S: Device> Tensors<S> {
         t
     }
 
+    /// [`Tensors::release`] for each handle, in order.
+    pub fn release_all(&mut self, ts: impl IntoIterator<Item = TensorId>) {
+        for t in ts {
+            self.release(t);
+        }
+    }
+
     /// Drops a handle; the tensor goes with its last handle, its storage with its last tensor.
     pub fn release(&mut self, t: TensorId) {
         let info = &mut self.tensors[t.0 as usize];

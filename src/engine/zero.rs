@@ -439,9 +439,7 @@ impl<S: Device> Tensors<S> {
             let as_float = self.empty(&[full], DType::F32, Category::Temporary)?;
             let max = self.empty(&[], DType::F32, Category::Temporary);
             self.release(as_float);
-            for t in locals {
-                self.release(t);
-            }
+            self.release_all(locals);
             self.release(max?);
             if dtype != DType::F32 {
                 let f = self.empty(&[n], DType::F32, Category::Temporary)?;
@@ -484,9 +482,7 @@ impl<S: Device> Tensors<S> {
         let z = self.zero.as_mut().expect("under ZeRO");
         let buckets = std::mem::take(&mut z.buckets);
         // (`_release_ipg_buffers`; the stale views of dropped gradients went with them)
-        for b in buckets {
-            self.release(b);
-        }
+        self.release_all(buckets);
         Ok(())
     }
 
@@ -527,7 +523,7 @@ impl<S: Device> Tensors<S> {
         self.release(grads);
         self.zero_adam_states(part)?;
         self.release(single);
-        self.zero_norm_release(held);
+        self.release_all(held);
         Ok(())
     }
 
@@ -556,13 +552,6 @@ impl<S: Device> Tensors<S> {
         let z = self.zero.as_mut().expect("under ZeRO");
         held.extend(z.global_norm.replace(norm));
         Ok(held)
-    }
-
-    /// Releases what [`Tensors::zero_norm`] kept to the end of the step, in its order.
-    pub(super) fn zero_norm_release(&mut self, held: Vec<TensorId>) {
-        for t in held {
-            self.release(t);
-        }
     }
 
     /// The partition's gradients flattened (`n` elements of `dtype`), as float32: the same
@@ -626,9 +615,7 @@ impl<S: Device> Tensors<S> {
             }
         }
         let norms = std::mem::take(&mut self.zero_offload_mut().norms);
-        for t in norms {
-            self.release(t);
-        }
+        self.release_all(norms);
         Ok(())
     }
 

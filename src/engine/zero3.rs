@@ -339,9 +339,7 @@ impl<S: Device> Tensors<S> {
             flags.push(self.empty(&[], DType::Bool, Category::Temporary)?);
         }
         flags.push(self.empty(&[], DType::F32, Category::Temporary)?);
-        for t in flags {
-            self.release(t);
-        }
+        self.release_all(flags);
         self.release(root);
         self.release(cuda);
         self.zero_cpu_adam_step()
@@ -362,7 +360,7 @@ impl<S: Device> Tensors<S> {
         // FusedAdam's states at the first step; `_release_sub_group`: the gradient goes
         self.zero_adam_states(n)?;
         self.release(single);
-        self.zero_norm_release(held);
+        self.release_all(held);
         Ok(())
     }
 }

@@ -226,7 +226,7 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
                 "fully_shard each decoder layer and the model instead of DistributedDataParallel",
                 RemedyKind::Sharding,
             ));
-        } else if d.strategy.starts_with("zero") {
+        } else if d.is_zero() {
             if d.strategy == "zero1" {
                 hf_remedies.push(set(
                     &[("strategy", "\"zero2\"")],
@@ -414,7 +414,7 @@ fn under_zero(w: &Workload) -> bool {
     w.preset
         .as_ref()
         .and_then(|p| p.distributed.as_ref())
-        .is_some_and(|d| d.strategy.starts_with("zero"))
+        .is_some_and(|d| d.is_zero())
 }
 
 /// The remedies that make a run smaller, as a list of steps each tried until one fits: the

@@ -86,7 +86,7 @@ pub struct PresetInfo {
 /// A wrapped model's `[distributed]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedInfo {
-    /// `ddp`, `fsdp2`, `zero1` or `zero2`.
+    /// `ddp`, `fsdp2`, `zero1`, `zero2` or `zero3`.
     pub strategy: &'static str,
     pub world_size: u64,
     pub reshard_after_forward: bool,
@@ -94,6 +94,13 @@ pub struct DistributedInfo {
     pub param_bf16: bool,
     /// ZeRO's `reduce_bucket_size` in elements (`None` for DDP and FSDP2).
     pub reduce_bucket_size: Option<u64>,
+}
+
+impl DistributedInfo {
+    /// Whether DeepSpeed ZeRO wraps the model (any stage).
+    pub fn is_zero(&self) -> bool {
+        self.strategy.starts_with("zero")
+    }
 }
 
 /// How a generation's KV cache grows: bytes per token, what the prompt holds, and the
