@@ -566,6 +566,44 @@ fn fit_on_a_short_generation_is_exact() {
     }
 }
 
+/// `fit -q` prints the verdict alone. Where the workload fits as written, that line names no
+/// remedy, so the remedies' own searches (each one a long generation) are not run: the same
+/// line as the full table's verdict, from fewer runs.
+#[test]
+fn quiet_fit_that_fits_skips_the_remedies_searches() {
+    let w = "fixtures/hf/workloads/llama_t_generate_bf16.toml";
+    let a = [
+        "fit",
+        w,
+        "--param",
+        "new_tokens",
+        "--capacity",
+        "110MiB",
+        "--iterations",
+        "1",
+        "-v",
+    ];
+    let runs = |extra: &str| {
+        let mut v = a.to_vec();
+        v.push(extra);
+        let out = common::at_root(&v);
+        assert_eq!(out.status.code(), Some(0), "{extra}");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            err.matches("running workload").count(),
+        )
+    };
+    let (line, quiet_runs) = runs("-q");
+    let (doc, table_runs) = runs("--json");
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(line.trim_end(), doc["verdict"]["line"].as_str().unwrap());
+    assert!(line.starts_with("fits on 110.00 MiB"), "{line}");
+    assert!(
+        quiet_runs < table_runs,
+        "quiet {quiet_runs} runs, the table {table_runs}"
+    );
+}
 #[test]
 fn check_and_diff_take_a_config_with_runs_flags_and_every_command_opens_with_its_verdict() {
     let l = config("llama-3.2-1b");

@@ -736,9 +736,9 @@ pub struct FitArgs {
 
     /// With `--param new_tokens`: always simulate to the boundary, however long that takes
     /// (by default the simulation stops after a few seconds: the answer is then a lower
-    /// bound, marked "at least", with the KV cache's estimate beside it). About 50 us per
-    /// generated token for a 7B model at batch 1: 91,649 tokens on 20 GiB in 5 s with
-    /// --iterations 1.
+    /// bound, marked "at least", with the KV cache's estimate beside it). About 100 us per
+    /// generated token for a 7B model at batch 1 on a 2-core machine: 91,649 tokens on 20 GiB
+    /// in 9 s with --iterations 1 -q (each remedy's search costs as much again).
     #[arg(long)]
     pub exact: bool,
 

@@ -243,6 +243,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         if let Some(b) = &bar {
             b.inc(1);
         }
+        // --quiet prints the verdict alone, which names a remedy only when the workload does
+        // not fit as written: where it fits, the remedies' searches would be thrown away
+        if args.quiet && kind.is_none() && max.is_some_and(|m| m >= start) {
+            break;
+        }
     }
     if let Some(b) = bar {
         b.finish_and_clear();
