@@ -16,8 +16,18 @@
 //! 0.59-0.64 s: glibc maps and unmaps those buffers). A block's
 //! size at `dealloc` and `realloc` is the size it was allocated with, so each block is always
 //! returned to the allocator that made it.
+//!
+//! [`tune`] (run by the executable before its first allocation) makes mimalloc give freed
+//! pages back to the system at once: by default it purges them after a second and, its arenas
+//! committed eagerly on Linux, they stay in the process's resident memory until then. A
+//! snapshot read on many threads leaves each worker's freed pages so: a 209 MB snapshot read
+//! with 16 threads peaked at 436-448 MB resident with the defaults and at 229 MB tuned (one
+//! thread: 233 and 212 MB), with no slower simulation (329 `madvise` calls in a Llama-3-8B
+//! generation of 4.5 million allocator events). A user's own `MIMALLOC_ARENA_EAGER_COMMIT` or
+//! `MIMALLOC_PURGE_DELAY` still wins.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::{c_int, c_long};
 
 use mimalloc::MiMalloc;
 
@@ -88,9 +98,61 @@ unsafe impl GlobalAlloc for HostAlloc {
     }
 }
 
+// mimalloc's C API (the library the `mimalloc` crate links), for its options
+unsafe extern "C" {
+    fn mi_option_get(option: c_int) -> c_long;
+    fn mi_option_set(option: c_int, value: c_long);
+}
+
+/// mimalloc 3's option numbers (`mi_option_t` in its `mimalloc.h`) and their defaults, which
+/// [`tune`] checks before it sets anything: another mimalloc (its numbering changed between
+/// versions) is left as it is.
+const ARENA_EAGER_COMMIT: (c_int, c_long) = (4, 2);
+const PURGE_DELAY: (c_int, c_long) = (15, 1_000);
+
+/// Sets mimalloc to decommit freed pages at once (no delay, arenas not committed eagerly), so
+/// that memory a thread freed leaves the resident set. Unless the environment set these
+/// options (`MIMALLOC_ARENA_EAGER_COMMIT`, `MIMALLOC_PURGE_DELAY`) or the linked mimalloc's
+/// defaults are not the ones expected. Returns whether it set them.
+pub fn tune() -> bool {
+    let given = |name: &str| std::env::var_os(name).is_some();
+    if given("MIMALLOC_ARENA_EAGER_COMMIT") || given("MIMALLOC_PURGE_DELAY") {
+        return false;
+    }
+    // SAFETY: plain C calls on option numbers mimalloc defines (checked by their defaults)
+    unsafe {
+        if mi_option_get(ARENA_EAGER_COMMIT.0) != ARENA_EAGER_COMMIT.1
+            || mi_option_get(PURGE_DELAY.0) != PURGE_DELAY.1
+        {
+            return false;
+        }
+        mi_option_set(ARENA_EAGER_COMMIT.0, 0);
+        mi_option_set(PURGE_DELAY.0, 0);
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The option numbers name the options meant: mimalloc's defaults for them are read back
+    /// (a renumbered mimalloc makes `tune` a no-op, and this test says so), and `tune` sets
+    /// them.
+    #[test]
+    fn tune_finds_mimallocs_options_by_their_defaults() {
+        if std::env::var_os("MIMALLOC_ARENA_EAGER_COMMIT").is_some()
+            || std::env::var_os("MIMALLOC_PURGE_DELAY").is_some()
+        {
+            return;
+        }
+        assert!(tune(), "mimalloc's option numbers or defaults changed");
+        // SAFETY: as in tune
+        unsafe {
+            assert_eq!(mi_option_get(ARENA_EAGER_COMMIT.0), 0);
+            assert_eq!(mi_option_get(PURGE_DELAY.0), 0);
+        }
+    }
 
     /// A block keeps its bytes when `realloc` moves it from one allocator to the other and
     /// back, and each side frees what it made (a mismatch aborts under either allocator).

@@ -13,6 +13,19 @@ use gpumem::report::style;
 #[global_allocator]
 static GLOBAL: gpumem::hostalloc::HostAlloc = gpumem::hostalloc::HostAlloc;
 
+/// mimalloc's options are set before the first allocation (a constructor, run before the
+/// Rust runtime allocates): the arena that first allocation reserves is committed as the
+/// options say ([`gpumem::hostalloc::tune`]).
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static TUNE_HOST_ALLOCATOR: extern "C" fn() = {
+    extern "C" fn tune() {
+        gpumem::hostalloc::tune();
+    }
+    tune
+};
+
 /// Log lines go to stderr: `RUST_LOG` when set (`gpumem=debug`, `debug`, `gpumem::alloc=trace`,
 /// ...), else warnings, debug with -v, trace with -vv.
 fn init_logging(verbose: u8, color: bool) -> anyhow::Result<()> {
