@@ -1118,3 +1118,188 @@ fn gpt2_generation_has_its_cache_per_token_and_a_fast_exact_fit() {
         assert_eq!(out["kv_cache"]["bytes_per_token"], 12 * 2 * 768 * 2 * 8);
     }
 }
+
+/// A new user's questions that got wrong or self-contradicting answers (2026-12-07), each as
+/// typed: DDP's NCCL buffers are memory the allocator cannot have (a run that "fits" fits
+/// with them), `fit`'s line gives the largest value that fits when the one asked for does not
+/// and the peak of the answer when it does, an out-of-memory's largest free block is the
+/// failure's, and `-q` keeps what `--plot` and `--fail-on` ask for.
+#[test]
+fn a_new_users_questions_get_consistent_answers() {
+    let q05 = config("qwen2.5-0.5b");
+    let l1 = config("llama-3.2-1b");
+    // DDP at the old boundary: wherever it fits, nvidia-smi's figure is within the card
+    for seq in ["1380", "1394"] {
+        let (_, r) = run_json(&[
+            "run",
+            &q05,
+            "--batch",
+            "4",
+            "--seq",
+            seq,
+            "--ddp",
+            "--capacity",
+            "24GiB",
+            "--no-remedies",
+        ]);
+        let v = &r["verdict"];
+        if v["fits"] == true {
+            assert!(u(&v["nvidia_smi"]) <= u(&v["capacity"]), "seq {seq}: {v}");
+        } else {
+            // the failure's pool: its largest free block is reserved and unallocated then
+            let o = &r["oom"];
+            assert!(
+                u(&o["largest_free_block"]) <= u(&o["reserved"]) - u(&o["allocated"]),
+                "seq {seq}: {o}"
+            );
+        }
+    }
+    // fit: the value asked for does not fit, the largest that does is on the line
+    let out = common::at_root(&[
+        "fit",
+        &l1,
+        "--batch",
+        "8",
+        "--seq",
+        "2048",
+        "--capacity",
+        "24GiB",
+        "--no-remedies",
+        "-q",
+    ]);
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(line.starts_with("does not fit"), "{line}");
+    assert!(
+        line.contains("as written, batch 2 is the largest that fits"),
+        "{line}"
+    );
+    // fit: where it fits, the peak is the answer's
+    let (_, v) = run_json(&[
+        "fit",
+        &l1,
+        "--seq",
+        "2048",
+        "--capacity",
+        "24GiB",
+        "--no-remedies",
+    ]);
+    let row = &v["results"][0];
+    assert_eq!(v["verdict"]["peak_reserved"], row["peak_reserved"], "{v}");
+    let m = row["max_fitting"].to_string();
+    assert!(
+        v["verdict"]["line"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("(at batch {m})")),
+        "{v}"
+    );
+    // -q writes the plot asked for, and says the leak --fail-on fails on
+    let s = Scratch::new("new-user");
+    let svg = s.path("p.svg");
+    let out = common::at_root(&[
+        "run",
+        "--preset",
+        "mlp-leak",
+        "--fail-on",
+        "leak",
+        "--plot",
+        svg.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(svg.exists());
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(line.contains("(--fail-on leak)"), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+}
+
+/// Inputs a new user got wrong answers or misleading errors for: GPT-2 asked to generate past
+/// its learned positions, a budget without a unit, an absurd width, FSDP2 over a bf16 config,
+/// FSDP2 with CPU offload above one rank, a truncated config.
+#[test]
+fn a_new_users_mistakes_are_refused_by_the_flag_or_key_to_fix() {
+    let gpt2 = config("gpt2");
+    let gen = |new: &str| {
+        common::at_root(&[
+            "run",
+            &gpt2,
+            "--mode",
+            "generate",
+            "--batch",
+            "1",
+            "--seq",
+            "1000",
+            "--new-tokens",
+            new,
+            "-q",
+            "--no-remedies",
+        ])
+    };
+    // 1,000 + 25 - 1 positions fed: the last row of the position embedding
+    assert_eq!(gen("25").status.code(), Some(0));
+    let out = gen("26");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("n_positions") && err.contains("at most 25 new tokens"),
+        "{err}"
+    );
+    // a budget of 20 bytes is a missing unit; one to the byte is not
+    let l1 = config("llama-3.2-1b");
+    let budget = |b: &str| {
+        common::at_root(&[
+            "check", &l1, "--batch", "1", "--seq", "256", "--budget", b, "-q",
+        ])
+    };
+    let out = budget("peak_reserved=20");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("peak_reserved=20GiB"));
+    assert_eq!(budget("peak_reserved=107374182400").status.code(), Some(0));
+    // a width no model has: refused by its key
+    let s = Scratch::new("new-user-mistakes");
+    let mut c: Value =
+        serde_json::from_str(&std::fs::read_to_string(common::root().join(&l1)).unwrap()).unwrap();
+    c["hidden_size"] = serde_json::json!(1_000_000_000_000u64);
+    let wide = s.write("wide.json", &c.to_string());
+    let out = common::at_root(&["run", wide.to_str().unwrap(), "--batch", "1", "--seq", "16"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'hidden_size' must be at most"));
+    // FSDP2 over the config's own bf16: the fix is --dtype fp32
+    let l8 = config("llama-3.1-8b");
+    let out = common::at_root(&["run", &l8, "--batch", "1", "--seq", "256", "--fsdp2", "-q"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("--dtype fp32") && !err.contains("line "),
+        "{err}"
+    );
+    // FSDP2 with CPU offload above one rank builds the model before it moves: it runs
+    let out = common::at_root(&[
+        "run",
+        &l1,
+        "--batch",
+        "1",
+        "--seq",
+        "256",
+        "--fsdp2",
+        "--world-size",
+        "8",
+        "--dtype",
+        "fp32",
+        "--cpu-offload",
+        "-q",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // a truncated config: located in the config, once
+    let t = s.write("trunc.json", "{\"model_type\": \"llama\", \n");
+    let out = common::at_root(&["run", t.to_str().unwrap(), "--batch", "1", "--seq", "16"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.matches("line ").count(), 2, "{err}");
+    assert!(err.contains("trunc.json: line 2"), "{err}");
+}

@@ -28,6 +28,10 @@ pub struct OutOfMemory {
     pub reserved: u64,
     /// A request of 1 EiB or more, refused before the allocator ran.
     pub over_one_exabyte: bool,
+    /// The request's pool at the failure: its largest free (cached, mapped) block and how
+    /// many free blocks it had.
+    pub largest_free: u64,
+    pub free_blocks: u64,
 }
 
 impl OutOfMemory {

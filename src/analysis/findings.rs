@@ -89,7 +89,7 @@ pub fn analyze(rec: &RunRecord<'_>, max_samples: usize, past_states: bool) -> Fi
             .allowed
             .unwrap_or_else(|| a.source().capacity())
             .min(a.source().capacity());
-        let mut d = oom::diagnose(o, usable, &end, &events, &r.tags);
+        let mut d = oom::diagnose(o, usable, &events, &r.tags);
         let leaked: u64 = leaks.leaks.iter().map(|l| l.bytes_per_iteration).sum();
         if leaked > 0 {
             d.explanation.push_str(&format!(

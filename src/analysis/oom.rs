@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
-use super::fragmentation::Fragmentation;
 use super::stacks::describe;
 use crate::alloc::OutOfMemory;
 use crate::trace::{Event, EventKind, StackId, Tags};
@@ -183,27 +182,11 @@ pub fn oom_place(
 }
 
 /// Diagnoses `oom` given the segments at the failure and the trace up to it.
-pub fn diagnose(
-    oom: &OutOfMemory,
-    usable: u64,
-    frag: &Fragmentation,
-    events: &[Event],
-    tags: &Tags,
-) -> OomDiagnosis {
+pub fn diagnose(oom: &OutOfMemory, usable: u64, events: &[Event], tags: &Tags) -> OomDiagnosis {
     use crate::units::format_bytes as b;
-    // a request of 1 MiB or less comes from the small pool
-    let pool = if oom.rounded <= 1 << 20 {
-        "small"
-    } else {
-        "large"
-    };
-    let largest = frag
-        .pools
-        .iter()
-        .filter(|p| p.pool == pool)
-        .map(|p| p.largest_free)
-        .max()
-        .unwrap_or(0);
+    // the request's pool as the failure left it (the state at the run's end has the run's
+    // last tensors freed)
+    let largest = oom.largest_free;
     let unallocated = oom.reserved.saturating_sub(oom.allocated);
     let fits = oom.allocated.saturating_add(oom.rounded) <= usable;
     let verdict = if fits && !oom.over_one_exabyte {
@@ -231,7 +214,7 @@ pub fn diagnose(
             b(oom.rounded),
             b(usable),
             b(unallocated),
-            frag.pools.iter().map(|p| p.free_blocks).sum::<usize>(),
+            oom.free_blocks,
             b(largest),
             b(oom.device_free)
         ),

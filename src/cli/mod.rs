@@ -347,7 +347,9 @@ Exit codes:
 ///
 /// A metric regresses when now > baseline + floor(baseline * tolerance): exactly at the limit
 /// passes, one byte over fails. Tolerances are exact percentages (`2%`, `0.5%`, `0`); the
-/// default is 0, since the simulator is deterministic. Budgets are absolute limits
+/// default is 0 for the totals (peak_allocated, peak_reserved, ...), since the simulator is
+/// deterministic, and 1% with at least 1 MiB for each CATEGORY_at_peak (categories move
+/// between each other when an op is renamed or reordered). Budgets are absolute limits
 /// (`max_peak_reserved = "20GiB"`), checked whatever the baseline says, also at the byte.
 /// Sizes are strings with binary units ("20GiB", "512MiB") or integers in bytes.
 ///
@@ -357,7 +359,7 @@ Exit codes:
 ///   2. the workload's [check] table: tolerance = "2%", peak_reserved_tolerance = "1%",
 ///      max_peak_reserved = "20GiB", max_peak_allocated = 1073741824
 ///   3. the baseline entry's "check" object, with the same keys (kept by --update)
-///   4. tolerance 0, no budget
+///   4. tolerance 0 (CATEGORY_at_peak: 1%, at least 1 MiB), no budget
 ///
 /// Within one source a metric's own key beats the source's `tolerance`.
 ///
@@ -734,9 +736,13 @@ pub struct FitArgs {
     #[arg(long)]
     pub no_remedies: bool,
 
-    /// With `--param new_tokens`: always simulate to the boundary, however long that takes
-    /// (by default the simulation stops after a few seconds: the answer is then a lower
-    /// bound, marked "at least", with the KV cache's estimate beside it). About 100 us per
+    /// With `--param new_tokens`: always simulate to the boundary, however long that takes.
+    /// By default the simulation stops after a few seconds: with one generation per run
+    /// (`--iterations 1`) the answer is then a lower bound, marked "at least", with the KV
+    /// cache's estimate beside it; over several iterations (a later one may run out where the
+    /// first fits) it is that estimate alone, marked "about", which leaves out the allocator's
+    /// slack and may be a few percent high (Llama-3.1-8B on 24 GiB: about 67,671 where 66,049
+    /// is exact). About 100 us per
     /// generated token for a 7B model at batch 1 on a 2-core machine: 91,649 tokens on 20 GiB
     /// in 9 s with --iterations 1 -q (each remedy's search costs as much again).
     #[arg(long)]

@@ -62,6 +62,22 @@ fn command_line_table(tolerances: &[String], budgets: &[String]) -> Result<Check
         if !is_metric(m) {
             return Err(unknown("--budget", m));
         }
+        // a bare number is bytes (a budget to the byte: `peak_allocated=13038973952`), but
+        // one below 1 MiB is refused: `peak_reserved=20` meant 20 GiB, not 20 bytes
+        let unit = v.trim();
+        if unit
+            .replace('_', "")
+            .parse::<u64>()
+            .is_ok_and(|n| n > 0 && n < 1 << 20)
+        {
+            return Err(Error::usage(
+                "--budget",
+                format!(
+                    "'{s}' has no unit: write {m}={unit}GiB for {unit} GiB (or {m}={unit}B for \
+                     bytes)"
+                ),
+            ));
+        }
         t.set(&format!("max_{m}"), SettingValue::Str(v))
             .map_err(|e| Error::usage("--budget", e))?;
     }

@@ -197,6 +197,16 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 crate::units::group_digits(e as u64)
             ));
         }
+        if let (remedies::Found::Estimated, Some(m), None) = (found, max, kind) {
+            notes.push(format!(
+                "about {} new tokens: estimated from the KV cache's growth, not simulated (too \
+                 long for a few seconds over {} iterations); it leaves out the allocator's \
+                 slack and may be a few percent high: --exact simulates to the boundary, \
+                 --iterations 1 gives a proven lower bound in a few seconds",
+                crate::units::group_digits(m as u64),
+                opts.iterations.unwrap_or(w.iterations)
+            ));
+        }
         if let Some((v, why)) = refused {
             // past what gpumem models the search stops: the answer is the largest modelled
             // value that fits, and the note says where and why it stopped
@@ -368,11 +378,18 @@ fn fit_verdict(
     let fix = ranked
         .iter()
         .find(|x| x.max_fitting.is_some_and(|m| m >= start));
+    // where it fits, the figures of the largest value that fits (the answer asked for), when
+    // its run gave them
+    let answer = rows.first().filter(|_| r.oom.is_none()).and_then(|row| {
+        row.max_fitting
+            .filter(|&m| m > start)
+            .zip(row.peak_reserved)
+    });
     let mut v = verdict::verdict(&Inputs {
         remedies_tried: !args.no_remedies,
         capacity: r.capacity,
         usable,
-        peak_reserved: r.peak.peak_reserved,
+        peak_reserved: answer.map_or(r.peak.peak_reserved, |(_, p)| p),
         context,
         oom: r.oom.is_some(),
         needs_reserved: needs,
@@ -400,7 +417,28 @@ fn fit_verdict(
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .unwrap_or_default();
     v.line = match (v.fits, largest) {
-        (true, Some(m)) => format!("{head} at {param} {start}, up to {param} {m}:{rest}"),
+        (true, Some(m)) => {
+            let at = match answer {
+                Some((a, _)) => format!(" (at {param} {a})"),
+                None => String::new(),
+            };
+            let rest = rest.replacen(
+                &format!(
+                    "peak reserved {}",
+                    crate::units::format_bytes(v.peak_reserved)
+                ),
+                &format!(
+                    "peak reserved {}{at}",
+                    crate::units::format_bytes(v.peak_reserved)
+                ),
+                1,
+            );
+            format!("{head} at {param} {start}, up to {param} {m}:{rest}")
+        }
+        // what does fit as written, when the value asked for does not
+        (false, Some(m)) => format!(
+            "{head} at {param} {start}:{rest}; as written, {param} {m} is the largest that fits"
+        ),
         _ => format!("{head} at {param} {start}:{rest}"),
     };
     Ok(v)

@@ -51,7 +51,17 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     // an ordinary file's mode (0666 less the umask), not tempfile's private 0600
     #[cfg(unix)]
     builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
-    let mut tmp = builder.tempfile_in(dir).map_err(err)?;
+    // (tempfile's own message names its temporary file, which the user never asked for)
+    let mut tmp = builder.tempfile_in(dir).map_err(|e| {
+        err(if dir.is_dir() {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot create a file in {}", dir.display()),
+            )
+        } else {
+            std::io::Error::new(e.kind(), format!("no folder {}", dir.display()))
+        })
+    })?;
     let _known = crate::interrupt::TempFile::register(tmp.path());
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;

@@ -137,13 +137,19 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         crate::analysis::oom::confirm(d, settings_tried, fitting_setting.as_deref(), needs);
         tried = Some(t);
     }
-    let verdict = run_verdict(
+    let mut verdict = run_verdict(
         &r,
         oom.as_ref(),
         tried.as_deref(),
         crate::workload::is_config(workload),
         !args.no_remedies,
     );
+    // a failure asked for is said on the line that opens the report (-q prints it alone)
+    if args.fail_on.contains(&FailOn::Leak) {
+        verdict
+            .line
+            .push_str(&crate::report::findings::fail_on_leak_note(&found.leaks));
+    }
     // a generation's context against the cache's growth and the model's trained length
     let kv = w.preset.as_ref().and_then(|p| p.kv_cache.clone());
     let context_tokens = kv.as_ref().map(|k| {
@@ -156,17 +162,32 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     });
     let mut warnings = Vec::new();
     if let (Some(k), Some(t)) = (&kv, context_tokens) {
-        if let Some(m) = k.max_positions.filter(|m| t > *m) {
+        // (the model is fed the prompt and each generated token but the last)
+        let fed = t.saturating_sub(1);
+        if let Some(m) = k.max_positions.filter(|m| fed > *m) {
             warnings.push(format!(
-                "the context reaches {} tokens, past the model's max_position_embeddings of {} \
-                 (its quality there is not what it was trained for)",
-                crate::units::group_digits(t),
+                "the generation feeds the model {} positions, past its max_position_embeddings \
+                 of {} (its quality there is not what it was trained for)",
+                crate::units::group_digits(fed),
                 crate::units::group_digits(m)
             ));
         }
     }
     for wn in &warnings {
         eprintln!("gpumem: warning: {wn}");
+    }
+    // (a file asked for is written whatever is printed: -q and --by too)
+    if let Some(svg_path) = &args.plot {
+        let Some(t) = &found.timeline else {
+            return Err(Error::usage(
+                "--plot",
+                format!(
+                    "no timeline to draw: {}",
+                    found.replay_note.as_deref().unwrap_or("the trace is empty")
+                ),
+            ));
+        };
+        write_atomic(svg_path, report::timeline_svg::render(t).as_bytes())?;
     }
     if args.quiet {
         writeln!(out, "{}", verdict.line)?;
@@ -186,18 +207,6 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     } else {
         tried.as_deref()
     };
-    if let Some(svg_path) = &args.plot {
-        let Some(t) = &found.timeline else {
-            return Err(Error::usage(
-                "--plot",
-                format!(
-                    "no timeline to draw: {}",
-                    found.replay_note.as_deref().unwrap_or("the trace is empty")
-                ),
-            ));
-        };
-        write_atomic(svg_path, report::timeline_svg::render(t).as_bytes())?;
-    }
     if args.json {
         let mut v = report::run::to_json(&path, &r);
         v["schema"] = serde_json::json!(super::mcp::schema::RUN);
@@ -221,6 +230,12 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         if let (Some(o), Some(d)) = (&r.oom, &oom) {
             let mut j = report::findings::oom_json(d, remedies_shown);
+            // (with --no-remedies the allocator settings still ran: the smallest that fit is
+            // the verdict's, in the JSON as in the text)
+            j["smallest_fitting_remedy"] = serde_json::json!(tried
+                .as_deref()
+                .and_then(|t| t.iter().find(|x| x.fits))
+                .map(|x| &x.name));
             j["message"] = serde_json::json!(o.error.to_string());
             j["line"] = serde_json::json!(o.line);
             j["column"] = serde_json::json!(o.column);

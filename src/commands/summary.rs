@@ -94,7 +94,13 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
             Some(w.replayed.ooms == 0)
         })
         .collect();
-    let verdict = report::summary::verdict_line(&pairs, &settled);
+    let mut verdict = report::summary::verdict_line(&pairs, &settled);
+    // a failure asked for is said on the line that opens the report (-q prints it alone)
+    if args.fail_on.contains(&FailOn::Leak) {
+        for m in &sums {
+            verdict.push_str(&report::findings::fail_on_leak_note(&m.leaks));
+        }
+    }
     let any_oom = sums.iter().any(|m| !m.ooms.is_empty());
     let profiles = match args.by {
         Some(by) if !args.quiet => snaps

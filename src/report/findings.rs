@@ -392,6 +392,21 @@ pub fn oom_json(d: &OomDiagnosis, remedies: Option<&[Tried]>) -> Value {
     v
 }
 
+/// For a verdict line under `--fail-on leak`: "; leaking X per iteration (--fail-on leak)"
+/// when leaks were found, else nothing.
+pub fn fail_on_leak_note(l: &LeakReport) -> String {
+    if l.leaks.is_empty() {
+        return String::new();
+    }
+    let per: u64 = l.leaks.iter().map(|x| x.bytes_per_iteration).sum();
+    format!(
+        "; leaking {} per iteration at {} site{} (--fail-on leak)",
+        b(per),
+        l.leaks.len(),
+        if l.leaks.len() == 1 { "" } else { "s" }
+    )
+}
+
 pub fn leaks_json(l: &LeakReport) -> Value {
     serde_json::to_value(&l.leaks).unwrap_or(Value::Null)
 }

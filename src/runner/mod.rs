@@ -218,8 +218,25 @@ pub fn run_on(
         iterations = opts.iterations.unwrap_or(workload.iterations),
         "running"
     );
-    // `capacity` is the card's total memory; the CUDA context takes its share of it
-    let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8);
+    // `capacity` is the card's total memory; the CUDA context takes its share of it, and on a
+    // simulated device a process group's NCCL buffers too (memory the allocator cannot get,
+    // on a real card as here: a run that needs it runs out as on the card)
+    let device_name = target
+        .device
+        .as_deref()
+        .or(opts.device.as_deref())
+        .unwrap_or(workload.device.as_str());
+    let nccl = if workload
+        .preset
+        .as_ref()
+        .is_some_and(|p| p.distributed.is_some())
+        && !device_name.starts_with("cuda")
+    {
+        NCCL_WORLD_SIZE_1
+    } else {
+        0
+    };
+    let overhead = DEFAULT_CONTEXT_OVERHEAD.min(capacity / 8) + nccl;
     let given = opts.capacity.or(workload.capacity);
     let device = match target.device.as_deref().or(opts.device.as_deref()) {
         Some(d) => crate::backend::open(d, capacity, overhead, given)
@@ -437,9 +454,14 @@ pub fn run_on(
         .sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let measured = crate::backend::Device::name(r.dev.alloc.source()).starts_with("cuda");
     let mut outside = Vec::new();
-    if (r.ddp.is_some() || r.dev.fsdp_groups() > 0 || r.dev.zero_world().is_some()) && !measured {
+    // a script that starts a strategy itself (no [distributed] section) did not have the
+    // NCCL buffers taken from the device: they are added to the process's figure only
+    let late = nccl == 0
+        && (r.ddp.is_some() || r.dev.fsdp_groups() > 0 || r.dev.zero_world().is_some())
+        && !measured;
+    if nccl > 0 || late {
         outside.push(crate::analysis::record::Outside {
-            what: "NCCL (communicator and buffers, world size 1)",
+            what: "NCCL (communicator and buffers, as measured at world size 1)",
             bytes: NCCL_WORLD_SIZE_1,
             source: NCCL_SOURCE,
         });
@@ -447,7 +469,8 @@ pub fn run_on(
     let driver = crate::alloc::SegmentSource::process_used(r.dev.alloc.source()).map(|used| {
         let reserved = r.dev.alloc.stats().reserved_bytes.all().current as u64;
         crate::analysis::record::DriverView {
-            process_used: used + outside.iter().map(|o| o.bytes).sum::<u64>(),
+            // (the simulated device's own figure holds the buffers taken from it)
+            process_used: used + if late { NCCL_WORLD_SIZE_1 } else { 0 },
             reserved,
             measured,
         }

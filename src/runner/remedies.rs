@@ -457,7 +457,10 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
             t /= 2;
             steps.push(Remedy {
                 name: format!("seq {t}"),
-                change: format!("sequences of {t} tokens instead of {seq}"),
+                change: format!(
+                    "sequences of {t} token{} instead of {seq}",
+                    if t == 1 { "" } else { "s" }
+                ),
                 overrides: base.with_param("seq", t),
                 kind: RemedyKind::ShorterSeq,
             });

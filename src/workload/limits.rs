@@ -1,8 +1,11 @@
 //! Upper bounds on the counts that size a workload's generated script or the records kept
-//! per step. Sizes (batch, hidden, seq) need none: their products are checked arithmetic and
-//! a tensor past the device ends in PyTorch's out-of-memory. Counts are different: a typo of a
-//! few extra digits in `iterations`, `layers` or `grad_accum` would otherwise mean minutes of
-//! work and gigabytes of script or per-iteration rows before anything is reported.
+//! per step, and on a model's widths. Run sizes (batch, seq) need none: their products are
+//! checked arithmetic and a tensor past the device ends in PyTorch's out-of-memory. Counts
+//! are different: a typo of a few extra digits in `iterations`, `layers` or `grad_accum` would
+//! otherwise mean minutes of work and gigabytes of script or per-iteration rows before
+//! anything is reported. A config's widths (`hidden_size`, `intermediate_size`,
+//! `vocab_size`) far past any published model's are a mistake to name, not a model to run
+//! out of memory with: their bounds are 64 times the largest published.
 
 /// A count key, its largest accepted value, and why the bound is harmless.
 pub struct Limit {
@@ -43,6 +46,31 @@ pub const LIMITS: &[Limit] = &[
         key: "n_layer",
         max: 1_000,
         why: "the script and its records hold each layer; the largest published models have under 200",
+    },
+    Limit {
+        key: "hidden_size",
+        max: 1 << 20,
+        why: "the widest published models use 16,384",
+    },
+    Limit {
+        key: "n_embd",
+        max: 1 << 20,
+        why: "the widest published models use 16,384",
+    },
+    Limit {
+        key: "intermediate_size",
+        max: 1 << 22,
+        why: "the widest published feed-forward layers have 53,248",
+    },
+    Limit {
+        key: "n_inner",
+        max: 1 << 22,
+        why: "the widest published feed-forward layers have 53,248",
+    },
+    Limit {
+        key: "vocab_size",
+        max: 1 << 24,
+        why: "the largest published vocabularies have 262,144 tokens",
     },
 ];
 

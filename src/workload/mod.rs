@@ -171,6 +171,7 @@ const KEY_FLAGS: &[(&str, &str)] = &[
     ("reshard_after_forward", "--no-reshard-after-forward"),
     ("cpu_offload", "--cpu-offload"),
     ("world_size", "--world-size"),
+    ("init", "--world-size"),
 ];
 
 /// An error located in a bare config's generated workload (`text`), which the user never
@@ -200,9 +201,17 @@ fn flag_error(e: Error, text: &str, config: &Path) -> Error {
         None if src.trim() == "[generate]" => "new_tokens",
         None => src.trim(),
     };
-    // (a message about the config file itself, `hf_config`, keeps its own location)
+    // a message about the config file itself (`hf_config`) is located in it where it says
+    // so ("the config PATH: line L column C: ..."), else it keeps its own location
     if key == "hf_config" {
-        return e;
+        let own = message
+            .strip_prefix(&format!("the config {}: ", config.display()))
+            .filter(|r| r.starts_with("line "))
+            .and_then(|r| r.split_once(": "));
+        return match own {
+            Some((at, why)) => Error::input(config.to_path_buf(), at, why),
+            None => e,
+        };
     }
     // a refusal located at a table's header ([model] when the key came from the config's
     // own defaults) names its key in quotes: the flag that sets it

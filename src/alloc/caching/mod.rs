@@ -491,7 +491,21 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     #[cold]
     fn oom_error(&self, n: u64, size: u64, alloc_size: u64, over_one_exabyte: bool) -> OutOfMemory {
+        // the request's pool as the failure leaves it (what a report made later, after the
+        // run's tensors were dropped, would no longer see)
+        let pool = Self::pool_of(size);
+        let (mut largest_free, mut free_blocks) = (0, 0);
+        for b in self
+            .blocks
+            .iter()
+            .filter(|b| b.live && !b.allocated && b.mapped && b.pool == pool)
+        {
+            largest_free = largest_free.max(b.size);
+            free_blocks += 1;
+        }
         OutOfMemory {
+            largest_free,
+            free_blocks,
             device: self.device,
             requested: n,
             rounded: size,

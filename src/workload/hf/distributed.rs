@@ -223,9 +223,15 @@ pub(super) fn distributed_run(
     if strategy == "fsdp2" {
         let mut f = fsdp2_run(&d, table)?;
         f.world_size = world;
+        // (the default: the meta device above one rank, as dist1.py builds a model too large
+        // for one card, but not with CPU offload, whose model is built before it moves)
         let init = d.choice(
             "init",
-            if world > 1 { "meta" } else { "cuda" },
+            if world > 1 && !f.cpu_offload {
+                "meta"
+            } else {
+                "cuda"
+            },
             &["cuda", "meta"],
         )?;
         if init == "meta" && f.cpu_offload {

@@ -465,10 +465,16 @@ pub(crate) fn expand(
                 } else if run.bf16_autocast {
                     Some(("precision", "FSDP2 under bf16 autocast"))
                 } else if run.bf16_weights {
-                    Some((
-                        "dtype",
-                        "FSDP2 around bf16 weights (param_dtype = \"bf16\" is FSDP2's mixed precision)",
-                    ))
+                    // (the weights' dtype is the config's torch_dtype unless dtype says
+                    // otherwise: the fix is to say fp32, not to remove a key never written)
+                    return Err(SyntaxError::new(
+                        value_at(&m, "dtype"),
+                        "FSDP2 around bf16 weights is not modelled yet (the weights' dtype \
+                         comes from 'dtype', else the config's torch_dtype): set dtype = \"fp32\" \
+                         (--dtype fp32) and param_dtype = \"bf16\" (--param-dtype bf16, FSDP2's \
+                         mixed precision) for bf16 compute"
+                            .to_string(),
+                    ));
                 } else {
                     None
                 };
@@ -531,6 +537,26 @@ pub(crate) fn expand(
                     path.display()
                 ),
             ));
+        }
+        // learned absolute positions: the last token fed in a generation (the prompt, then
+        // each generated token but the last) must have a row of the position embedding
+        if let Some(g) = run.generate.as_ref().filter(|_| run.mode == "generate") {
+            let last = run.seq + g.new_tokens.saturating_sub(1);
+            if last > p {
+                return Err(SyntaxError::new(
+                    value_at(&t, "seq"),
+                    format!(
+                        "seq = {} prompt tokens and new_tokens = {} feed {last} positions, past \
+                         the model's {p} ({key} in {}): its learned position embedding has no \
+                         row past them (PyTorch raises an index error); at most {} new tokens \
+                         follow this prompt",
+                        run.seq,
+                        g.new_tokens,
+                        path.display(),
+                        p + 1 - run.seq
+                    ),
+                ));
+            }
         }
     }
     let (setup, body) = match &cfg {
