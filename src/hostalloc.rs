@@ -18,7 +18,7 @@
 //! returned to the allocator that made it.
 //!
 //! [`tune`] (run by the executable before its first allocation) makes mimalloc give freed
-//! pages back to the system at once: by default it purges them after a second and, its arenas
+//! pages back to the system within 10 ms: by default it purges them after a second and, its arenas
 //! committed eagerly on Linux, they stay in the process's resident memory until then. A
 //! snapshot read on many threads leaves each worker's freed pages so: a 209 MB snapshot read
 //! with 16 threads peaked at 436-448 MB resident with the defaults and at 229 MB tuned (one
@@ -110,7 +110,12 @@ unsafe extern "C" {
 const ARENA_EAGER_COMMIT: (c_int, c_long) = (4, 2);
 const PURGE_DELAY: (c_int, c_long) = (15, 1_000);
 
-/// Sets mimalloc to decommit freed pages at once (no delay, arenas not committed eagerly), so
+/// The purge delay [`tune`] sets, in milliseconds: freed pages leave within 10 ms, in
+/// batches (immediate purging, 0, cost 64 snapshots of 100 MB read together 18% more time
+/// on an H100 host's 16 cores for the same memory).
+const TUNED_PURGE_DELAY_MS: c_long = 10;
+
+/// Sets mimalloc to decommit freed pages soon (10 ms, arenas not committed eagerly), so
 /// that memory a thread freed leaves the resident set. Unless the environment set these
 /// options (`MIMALLOC_ARENA_EAGER_COMMIT`, `MIMALLOC_PURGE_DELAY`) or the linked mimalloc's
 /// defaults are not the ones expected. Returns whether it set them.
@@ -127,7 +132,7 @@ pub fn tune() -> bool {
             return false;
         }
         mi_option_set(ARENA_EAGER_COMMIT.0, 0);
-        mi_option_set(PURGE_DELAY.0, 0);
+        mi_option_set(PURGE_DELAY.0, TUNED_PURGE_DELAY_MS);
     }
     true
 }
@@ -150,7 +155,7 @@ mod tests {
         // SAFETY: as in tune
         unsafe {
             assert_eq!(mi_option_get(ARENA_EAGER_COMMIT.0), 0);
-            assert_eq!(mi_option_get(PURGE_DELAY.0), 0);
+            assert_eq!(mi_option_get(PURGE_DELAY.0), TUNED_PURGE_DELAY_MS);
         }
     }
 
