@@ -181,7 +181,8 @@ pub fn oom_place(
     }
 }
 
-/// Diagnoses `oom` given the segments at the failure and the trace up to it.
+/// Diagnoses `oom` (which carries its pool's free blocks at the failure) given the trace up
+/// to it.
 pub fn diagnose(oom: &OutOfMemory, usable: u64, events: &[Event], tags: &Tags) -> OomDiagnosis {
     use crate::units::format_bytes as b;
     // the request's pool as the failure left it (the state at the run's end has the run's

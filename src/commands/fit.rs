@@ -422,17 +422,11 @@ fn fit_verdict(
                 Some((a, _)) => format!(" (at {param} {a})"),
                 None => String::new(),
             };
-            let rest = rest.replacen(
-                &format!(
-                    "peak reserved {}",
-                    crate::units::format_bytes(v.peak_reserved)
-                ),
-                &format!(
-                    "peak reserved {}{at}",
-                    crate::units::format_bytes(v.peak_reserved)
-                ),
-                1,
+            let peak = format!(
+                "peak reserved {}",
+                crate::units::format_bytes(v.peak_reserved)
             );
+            let rest = rest.replacen(&peak, &format!("{peak}{at}"), 1);
             format!("{head} at {param} {start}, up to {param} {m}:{rest}")
         }
         // what does fit as written, when the value asked for does not

@@ -5,7 +5,7 @@
 //! otherwise mean minutes of work and gigabytes of script or per-iteration rows before
 //! anything is reported. A config's widths (`hidden_size`, `intermediate_size`,
 //! `vocab_size`) far past any published model's are a mistake to name, not a model to run
-//! out of memory with: their bounds are 64 times the largest published.
+//! out of memory with: their bounds are 64 to 80 times the largest published.
 
 /// A count key, its largest accepted value, and why the bound is harmless.
 pub struct Limit {
