@@ -240,6 +240,31 @@ fn issue15_several_files_give_a_table_of_ranks() {
     assert!(over.iter().all(|i| want.contains(i)));
     let first = u(&v["first_to_run_out"]) as usize;
     assert_eq!(peaks[first], *sorted.last().unwrap());
+    // the answer comes first: the text opens with it, and -q prints only it (the JSON's line)
+    let line = v["verdict"]["line"].as_str().unwrap().to_string();
+    assert!(
+        line.starts_with(&format!("{} of {} over", want.len(), peaks.len())),
+        "{line}"
+    );
+    let cap_arg = format!("{}MiB", cap >> 20);
+    let out = gpumem()
+        .arg("summary")
+        .args(&paths)
+        .args(["--capacity", &cap_arg])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!("{} of {} over", want.len(), peaks.len())),
+        "{text}"
+    );
+    let out = gpumem()
+        .arg("summary")
+        .args(&paths)
+        .args(["-q", "--capacity", &cap_arg])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), line);
     // one snapshot has its own verdict: --capacity is refused naming itself
     let out = gpumem()
         .arg("summary")

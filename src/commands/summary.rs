@@ -244,9 +244,14 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
     };
     let over = capacity.map(|c| report::summary::over_capacity(&rows, c));
+    let verdict = report::summary::ranks_verdict(&rows, capacity);
     if args.json {
         let mut v = report::summary::ranks_json(&rows, &spread);
         v["schema"] = serde_json::json!(super::mcp::schema::RANKS);
+        v["verdict"] = serde_json::json!({
+            "line": verdict,
+            "oom": rows.iter().any(|r| r.ooms > 0),
+        });
         if let (Some(c), Some(o)) = (capacity, &over) {
             v["capacity"] = serde_json::json!(c);
             v["over_capacity"] = serde_json::json!(o);
@@ -254,11 +259,11 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
         writeln!(out)?;
+    } else if args.quiet {
+        writeln!(out, "{verdict}")?;
     } else {
+        writeln!(out, "{}", report::style::wrap(&verdict))?;
         report::summary::write_ranks(out, &rows, &spread)?;
-        if let (Some(c), Some(o)) = (capacity, &over) {
-            report::summary::write_over_capacity(out, &rows, c, o)?;
-        }
     }
     let ooms = rows.iter().map(|r| r.ooms).sum();
     let leaks = rows.iter().map(|r| r.leaks).sum();

@@ -466,42 +466,71 @@ pub fn first_to_run_out(rows: &[DeviceRow]) -> Option<usize> {
         .max_by_key(|&i| (rows[i].peak_reserved_bytes, std::cmp::Reverse(i)))
 }
 
-/// The capacity check of several ranks in a sentence or two.
-pub fn write_over_capacity(
-    out: &mut dyn Write,
-    rows: &[DeviceRow],
-    capacity: u64,
-    over: &[usize],
-) -> std::io::Result<()> {
+/// The answer for several files (ranks) in one line, printed first: with a capacity, which
+/// ranks go over it and which runs out first as memory shrinks; without one, the highest
+/// peak reserved and the out-of-memory errors.
+pub fn ranks_verdict(rows: &[DeviceRow], capacity: Option<u64>) -> String {
     let name = |i: usize| format!("#{i} {} cuda:{}", rows[i].file, rows[i].device);
-    if over.is_empty() {
-        write!(out, "every rank's peak reserved fits in {}", b(capacity))?;
+    let mut s = String::new();
+    match capacity {
+        Some(c) => {
+            let over = over_capacity(rows, c);
+            if over.is_empty() {
+                s.push_str(&format!(
+                    "every rank's peak reserved fits in {} ({} of {})",
+                    b(c),
+                    rows.len(),
+                    rows.len()
+                ));
+            } else {
+                let list: Vec<String> = over
+                    .iter()
+                    .map(|&i| format!("{} ({})", name(i), opt(rows[i].peak_reserved_bytes)))
+                    .collect();
+                s.push_str(&format!(
+                    "{} of {} over {} at their peak reserved: {}",
+                    over.len(),
+                    rows.len(),
+                    b(c),
+                    list.join(", ")
+                ));
+            }
+            if let Some(i) = first_to_run_out(rows) {
+                s.push_str(&format!(
+                    "; the first to run out as memory shrinks: {} (the highest peak reserved, {})",
+                    name(i),
+                    opt(rows[i].peak_reserved_bytes)
+                ));
+            }
+        }
+        None => match first_to_run_out(rows) {
+            Some(i) => s.push_str(&format!(
+                "{} devices: the highest peak reserved is {} at {}",
+                rows.len(),
+                opt(rows[i].peak_reserved_bytes),
+                name(i)
+            )),
+            None => s.push_str(&format!(
+                "{} devices: no trace, so no peaks (their state at the snapshot is below)",
+                rows.len()
+            )),
+        },
+    }
+    let ooms: usize = rows.iter().map(|r| r.ooms).sum();
+    let with: usize = rows.iter().filter(|r| r.ooms > 0).count();
+    if ooms > 0 {
+        s.push_str(&format!(
+            "; {} in {}",
+            crate::units::count(ooms as u64, "out-of-memory error", "out-of-memory errors"),
+            crate::units::count(with as u64, "rank", "ranks")
+        ));
     } else {
-        let list: Vec<String> = over
-            .iter()
-            .map(|&i| format!("{} ({})", name(i), opt(rows[i].peak_reserved_bytes)))
-            .collect();
-        write!(
-            out,
-            "{} of {} over {} at their peak reserved: {}",
-            over.len(),
-            rows.len(),
-            b(capacity),
-            list.join(", ")
-        )?;
+        s.push_str("; no out-of-memory error");
     }
-    if let Some(i) = first_to_run_out(rows) {
-        write!(
-            out,
-            "; the first to run out as memory shrinks: {} (the highest peak reserved, {})",
-            name(i),
-            opt(rows[i].peak_reserved_bytes)
-        )?;
+    if capacity.is_some() {
+        s.push_str(". (Reserved memory only: NCCL's buffers and the CUDA context come on top.)");
     }
-    writeln!(
-        out,
-        ". (Reserved memory only: NCCL's buffers and the CUDA context come on top.)"
-    )
+    s
 }
 
 pub fn ranks_json(rows: &[DeviceRow], spread: &[Spread]) -> Value {
