@@ -59,6 +59,9 @@ pub struct Inputs {
     pub smallest_fix: Option<String>,
     /// Whether remedies were tried (`smallest_fix` of `None` then means none fits).
     pub remedies_tried: bool,
+    /// A distributed run's world size when above 1: `context` holds NCCL's buffers as
+    /// measured at world size 1, and more ranks take more, so nvidia-smi's figure is a floor.
+    pub world_above_one: Option<u64>,
 }
 
 /// The verdict of `i`.
@@ -81,10 +84,15 @@ pub fn verdict(i: &Inputs) -> FitVerdict {
             oom_at: None,
             smallest_fix: None,
             line: format!(
-                "fits on {cap}: peak reserved {}, headroom {} (nvidia-smi about {})",
+                "fits on {cap}: peak reserved {}, headroom {} (nvidia-smi about {}{})",
                 b(i.peak_reserved),
                 b(headroom),
-                b(smi)
+                b(smi),
+                match i.world_above_one {
+                    Some(n) =>
+                        format!("; NCCL's share as measured at world size 1, more with {n} ranks"),
+                    None => String::new(),
+                }
             ),
         };
     }
@@ -154,6 +162,16 @@ mod tests {
             "{}",
             v.line
         );
+        assert!(!v.line.contains("NCCL"), "{}", v.line);
+        // above one rank, NCCL's measured share is a floor, and the line says so
+        let v = verdict(&Inputs {
+            capacity: 24 * GIB,
+            peak_reserved: 20 * GIB,
+            context: 518 << 20,
+            world_above_one: Some(8),
+            ..Inputs::default()
+        });
+        assert!(v.line.ends_with("more with 8 ranks)"), "{}", v.line);
     }
 
     #[test]

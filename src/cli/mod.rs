@@ -233,7 +233,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 
-    /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB).
+    /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB; GB is
+    /// read as GiB, as a card's "24GB" means, and a bare number is refused).
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 
@@ -546,7 +547,7 @@ pub struct SummaryArgs {
     pub top: usize,
 
     /// With several files (one per rank): the ranks whose peak reserved memory exceeds this
-    /// capacity ("80GiB"), and the rank that runs out first as memory shrinks (the highest peak
+    /// capacity ("80GiB"; GB is read as GiB), and the rank that runs out first as memory shrinks (the highest peak
     /// reserved). Reserved memory only: NCCL's buffers and the CUDA context come on top.
     #[arg(long, value_name = "BYTES")]
     pub capacity: Option<String>,
@@ -715,7 +716,8 @@ pub struct FitArgs {
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 
-    /// The device's memory (e.g. 24GiB); default: the workload's capacity, or 80 GiB.
+    /// The device's memory (e.g. 24GiB; GB is read as GiB); default: the workload's capacity,
+    /// or 80 GiB.
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub capacity: Option<String>,
 

@@ -387,6 +387,7 @@ fn fit_verdict(
     });
     let mut v = verdict::verdict(&Inputs {
         remedies_tried: !args.no_remedies,
+        world_above_one: r.ranks.map(|(_, n)| n).filter(|&n| n > 1),
         capacity: r.capacity,
         usable,
         peak_reserved: answer.map_or(r.peak.peak_reserved, |(_, p)| p),

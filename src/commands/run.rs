@@ -348,6 +348,7 @@ fn run_verdict(
             _ => None,
         },
         smallest_fix: tried.and_then(|t| t.iter().find(|x| x.fits).map(|x| x.name.clone())),
+        world_above_one: r.ranks.map(|(_, n)| n).filter(|&n| n > 1),
         remedies_tried,
     })
 }

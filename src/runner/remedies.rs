@@ -320,12 +320,16 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             .filter(|r| path.is_none_or(|path| workload::load_with(path, &r.overrides).is_ok())),
     );
     let adam = match p {
-        // (generation and inference have no optimizer step)
+        // (generation and inference have no optimizer step; under LoRA the optimizer holds
+        // state for the adapters only, a fraction of a percent of the model: another
+        // optimizer cannot make room)
         Some(p) => {
+            let lora = HF_FAMILIES.contains(&p.kind) && !p.full_finetune;
             matches!(
                 OptimKind::parse(p.optimizer),
                 Some(OptimKind::Adam | OptimKind::AdamW)
             ) && p.mode == "train"
+                && !lora
         }
         None => transform::calls(&w.setup, "adam") || transform::calls(&w.setup, "adamw"),
     };
@@ -599,19 +603,7 @@ pub fn max_fitting_modelled(
     runs: &mut u32,
     refused: &mut Option<(i64, String)>,
 ) -> Result<Option<i64>, Error> {
-    let mut fits = |v: i64| -> Result<bool, Error> {
-        *runs += 1;
-        match run_with(path, &overrides.with_param(param, v), opts) {
-            Ok(out) => Ok(out.oom.is_none()),
-            Err(Error::Input { message, .. } | Error::Usage { message, .. }) => {
-                if refused.as_ref().is_none_or(|(r, _)| v < *r) {
-                    *refused = Some((v, message));
-                }
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
-    };
+    let mut fits = |v: i64| fits_at(path, overrides, param, v, opts, runs, refused);
     let start = start.clamp(1, limit);
     // lo fits (or is 0: nothing known to fit), hi does not (or is limit + 1)
     let (mut lo, mut hi) = if fits(start)? {
@@ -641,6 +633,79 @@ pub fn max_fitting_modelled(
         }
     }
     Ok((lo >= 1).then_some(lo))
+}
+
+/// Whether the workload with `param = v` runs without out-of-memory; a value the workload
+/// refuses does not fit, and `refused` keeps the smallest such value and why.
+fn fits_at(
+    path: &Path,
+    overrides: &Overrides,
+    param: &str,
+    v: i64,
+    opts: &RunOptions,
+    runs: &mut u32,
+    refused: &mut Option<(i64, String)>,
+) -> Result<bool, Error> {
+    *runs += 1;
+    match run_with(path, &overrides.with_param(param, v), opts) {
+        Ok(out) => Ok(out.oom.is_none()),
+        Err(Error::Input { message, .. } | Error::Usage { message, .. }) => {
+            if refused.as_ref().is_none_or(|(r, _)| v < *r) {
+                *refused = Some((v, message));
+            }
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The largest value in `lo..hi` that fits, where `lo` is known to fit and `hi` not to (or is
+/// past the limit), searched outward from `guess`: the guess, then steps of 1, 2, 4, ... away
+/// from it until the boundary is bracketed, then bisection. A guess off by `d` costs about
+/// `2 log2(d) + 2` runs, so a good one (where a longer run ran out) settles it in two.
+pub fn max_fitting_near(
+    fits: &mut dyn FnMut(i64) -> Result<bool, Error>,
+    guess: i64,
+    mut lo: i64,
+    mut hi: i64,
+) -> Result<i64, Error> {
+    if hi - lo > 1 {
+        let g = guess.clamp(lo + 1, hi - 1);
+        let mut step = 1i64;
+        if fits(g)? {
+            lo = g;
+            while hi - lo > 1 {
+                let v = lo.saturating_add(step).min(hi - 1);
+                if fits(v)? {
+                    lo = v;
+                    step = step.saturating_mul(2);
+                } else {
+                    hi = v;
+                    break;
+                }
+            }
+        } else {
+            hi = g;
+            while hi - lo > 1 {
+                let v = hi.saturating_sub(step).max(lo + 1);
+                if fits(v)? {
+                    lo = v;
+                    break;
+                }
+                hi = v;
+                step = step.saturating_mul(2);
+            }
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
 }
 
 /// How `fit` found a generation's longest length.
@@ -790,6 +855,7 @@ pub fn max_new_tokens(
         return Ok(estimated);
     }
     let mut affordable = affordable;
+    let mut guess = None;
     if long_run {
         *runs += 1;
         let t_long = std::time::Instant::now();
@@ -837,17 +903,38 @@ pub fn max_new_tokens(
                         let peaks = (confirm.peak.peak_allocated, confirm.peak.peak_reserved);
                         return Ok(Longest::exact(Some(g), Some(peaks)));
                     }
-                    // (a later iteration, or a step after the last that allocates: the search
-                    // below settles it)
-                    let m = max_fitting(path, overrides, param, b, g - 1, opts, runs)?;
-                    return Ok(Longest::exact(m, None));
+                    // (a later iteration, or a step after the last that allocates): `g + 1`
+                    // does not fit, nor `g`; the search goes out from where this run ran out
+                    let near = confirm
+                        .generated
+                        .map(|c| c.tokens as i64)
+                        .filter(|c| (b..g).contains(c))
+                        .unwrap_or(g - 1);
+                    let mut refused = None;
+                    let m = max_fitting_near(
+                        &mut |v| fits_at(path, overrides, param, v, opts, runs, &mut refused),
+                        near,
+                        b,
+                        g,
+                    )?;
+                    return Ok(Longest::exact(Some(m), None));
                 }
+            }
+            // it ran out in a later iteration (the cache of the earlier ones still held, or
+            // their segments split): near where it did is where a search starts
+            Some((f, Some(_), _)) => {
+                guess = f
+                    .generated
+                    .map(|g| g.tokens as i64)
+                    .filter(|g| (b..limit).contains(g));
             }
             _ => {}
         }
         if opts.fast_forward {
-            // a search of fast-forwarded runs, each about as long as the long one
+            // a search of fast-forwarded runs, each about as long as the long one: two or
+            // three from where the long run ran out
             let each = t_long.elapsed().as_secs_f64();
+            let searches = if guess.is_some() { 3.0 } else { searches };
             affordable = exact || each * searches <= SIMULATION_BUDGET.as_secs_f64();
         }
         if !affordable {
@@ -855,7 +942,15 @@ pub fn max_new_tokens(
         }
         tracing::debug!("the long run does not say where a generation stops fitting: searching");
     }
-    let m = max_fitting(path, overrides, param, estimate.max(b), limit, opts, runs)?;
+    // `b` fits (the second short run): the search goes out from the best guess at hand
+    let mut refused = None;
+    let m = max_fitting_near(
+        &mut |v| fits_at(path, overrides, param, v, opts, runs, &mut refused),
+        guess.unwrap_or(estimate),
+        b,
+        limit + 1,
+    )?;
+    let m = (m >= 1).then_some(m);
     // the answer's peaks: one more run, fast where the steps are fast-forwarded
     let peaks = match m {
         Some(v) if opts.fast_forward => {
@@ -866,4 +961,37 @@ pub fn max_new_tokens(
         _ => None,
     };
     Ok(Longest::exact(m, peaks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The search from a guess finds the boundary of a monotone predicate wherever the guess
+    /// falls, and a close guess costs few runs.
+    #[test]
+    fn the_search_near_a_guess_finds_the_boundary() {
+        for boundary in [1i64, 2, 7, 100, 3958, 9999] {
+            for guess in [-5i64, 1, 50, boundary - 3, boundary, boundary + 1, 20_000] {
+                let mut runs = 0;
+                let got = max_fitting_near(
+                    &mut |v| {
+                        runs += 1;
+                        Ok(v <= boundary)
+                    },
+                    guess,
+                    0,
+                    10_001,
+                )
+                .unwrap();
+                assert_eq!(got, boundary, "guess {guess}");
+                if guess == boundary {
+                    assert_eq!(runs, 2, "boundary {boundary}");
+                }
+            }
+        }
+        // nothing between what fits and what does not: no run
+        let got = max_fitting_near(&mut |_| panic!("no run needed"), 5, 4, 5).unwrap();
+        assert_eq!(got, 4);
+    }
 }
