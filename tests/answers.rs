@@ -1308,3 +1308,138 @@ fn a_new_users_mistakes_are_refused_by_the_flag_or_key_to_fix() {
     assert_eq!(err.matches("line ").count(), 2, "{err}");
     assert!(err.contains("trunc.json: line 2"), "{err}");
 }
+
+/// A second new user's pass: a search that reached its limit says so (it is a floor, not a
+/// boundary), `--max` below the value the search starts from is refused, a bare config's
+/// starting value is not called the workload's, `--fail-on leak` on too few iterations says
+/// it could not fail, and several files' leak column says where leaks were not looked for.
+#[test]
+fn a_second_new_users_questions_get_honest_answers() {
+    // the search's limit
+    let (code, v) = run_json(&[
+        "fit",
+        "--preset",
+        "mlp-adam",
+        "--no-remedies",
+        "--max",
+        "600",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(v["results"][0]["found"], "limit", "{}", v["results"]);
+    assert_eq!(v["results"][0]["max_fitting"], 600);
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(
+        line.contains("up to batch 600 (the search's limit"),
+        "{line}"
+    );
+    // below the workload's own batch of 512
+    let out = common::at_root(&[
+        "fit",
+        "--preset",
+        "mlp-adam",
+        "--no-remedies",
+        "--max",
+        "100",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max") && err.contains("512"), "{err}");
+    // a bare config: the search starts from a value nobody wrote
+    let cfg = config("qwen2.5-0.5b");
+    let out = common::at_root(&[
+        "fit",
+        &cfg,
+        "--param",
+        "seq",
+        "--batch",
+        "2",
+        "--capacity",
+        "4GiB",
+        "--no-remedies",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("starting from seq = 1"), "{text}");
+    assert!(!text.contains("the workload has seq"), "{text}");
+    // --fail-on leak with too few iterations to look
+    let out = common::at_root(&[
+        "run",
+        "--preset",
+        "mlp-leak",
+        "-q",
+        "--fail-on",
+        "leak",
+        "--iterations",
+        "2",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("leaks not looked for, so --fail-on leak could not fail"),
+        "{text}"
+    );
+    // a generation over several iterations whose boundary would take minutes to simulate:
+    // estimated within fit's budget (it searched for a minute and 20 runs before), and the
+    // KV cache line is of the answer's generation
+    let (code, v) = run_json(&[
+        "fit",
+        &cfg,
+        "--param",
+        "new_tokens",
+        "--seq",
+        "512",
+        "--batch",
+        "64",
+        "--dtype",
+        "bf16",
+        "--capacity",
+        "8GiB",
+    ]);
+    assert_eq!(code, Some(0));
+    let first = &v["results"][0];
+    assert_eq!(first["found"], "estimated", "{first}");
+    assert!(u(&first["runs"]) <= 4, "{first}");
+    let m = u(&first["max_fitting"]);
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let kv = notes.iter().find(|n| n.starts_with("KV cache")).unwrap();
+    let tokens = m + 512;
+    assert!(
+        kv.ends_with(&format!("({},{:03} tokens)", tokens / 1000, tokens % 1000)),
+        "{kv} vs {m}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("allocator settings' rows are estimates")),
+        "{notes:?}"
+    );
+    // several files: leaks not looked for are null, not 0
+    let s = Scratch::new("second-pass");
+    let a = s.path("a.json");
+    let b = s.path("b.json");
+    for (p, it) in [(&a, "2"), (&b, "5")] {
+        let o = common::at_root(&[
+            "run",
+            "--preset",
+            "mlp-leak",
+            "-q",
+            "--iterations",
+            it,
+            "--snapshot",
+            p.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (_, v) = run_json(&["summary", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows[0]["leaks"].is_null(), "{}", rows[0]);
+    assert!(
+        rows[1]["leaks"].as_u64().is_some_and(|n| n >= 1),
+        "{}",
+        rows[1]
+    );
+}

@@ -317,3 +317,36 @@ fn the_recorded_new_fields_are_read() {
         "max_split_size_mb:256,garbage_collection_threshold:0.8"
     );
 }
+
+/// An out-of-memory entry's `device_free` (a key only `oom` entries have, so not among the
+/// trace's columns) is read from PyTorch's file and from gpumem's export of its own run alike:
+/// the verdicts of the run's snapshot and of its export agree.
+#[test]
+fn an_ooms_free_device_memory_is_read_from_pickles() {
+    let s = Scratch::new("roundtrip-oom");
+    // PyTorch's own file: its device 1 ran out with 95,682,560 bytes free (Python's reading)
+    let f = common::external(&s, "codeloc_memory_snapshot.pickle");
+    let (_, v) = run_json(&["summary", f.to_str().unwrap(), "--device", "1"]);
+    assert_eq!(v["ooms"][0]["device_free"], 95_682_560u64, "{}", v["ooms"]);
+    // a run's snapshot and its memory_viz export
+    let json = s.path("fo.json");
+    let out = common::at_root(&[
+        "run",
+        "--preset",
+        "fragmentation-oom",
+        "--no-remedies",
+        "-q",
+        "--snapshot",
+        json.to_str().unwrap(),
+    ]);
+    assert!(json.exists(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pickle = s.path("fo.pickle");
+    common::export(&json, "memory-viz", &pickle);
+    let (_, a) = run_json(&["summary", json.to_str().unwrap()]);
+    let (_, b) = run_json(&["summary", pickle.to_str().unwrap()]);
+    let free = &a["ooms"][0]["device_free"];
+    assert!(free.as_u64().is_some_and(|f| f > 0), "{}", a["ooms"]);
+    assert_eq!(&b["ooms"][0]["device_free"], free);
+    assert_eq!(a["ooms"][0]["verdict"], b["ooms"][0]["verdict"]);
+    assert_eq!(a["verdict"]["line"], b["verdict"]["line"]);
+}

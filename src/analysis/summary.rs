@@ -164,7 +164,8 @@ pub struct DeviceRow {
     pub peak_reserved_bytes: Option<u64>,
     pub trace_entries: u64,
     pub ooms: usize,
-    pub leaks: usize,
+    /// Leaking sites; `None` where leaks were not looked for (too few iterations).
+    pub leaks: Option<usize>,
 }
 
 impl DeviceRow {
@@ -177,7 +178,7 @@ impl DeviceRow {
             peak_reserved_bytes: m.trace.as_ref().map(|t| t.peak_reserved_bytes),
             trace_entries: m.trace.as_ref().map_or(0, |t| t.entries),
             ooms: m.ooms.len(),
-            leaks: m.leaks.leaks.len(),
+            leaks: m.leaks.checked.map(|_| m.leaks.leaks.len()),
         }
     }
 }

@@ -743,8 +743,8 @@ pub struct FitArgs {
     /// (`--iterations 1`) the answer is then a lower bound, marked "at least", with the KV
     /// cache's estimate beside it; over several iterations (a later one may run out where the
     /// first fits) it is that estimate alone, marked "about", which leaves out the allocator's
-    /// slack and may be a few percent high (Llama-3.1-8B on 24 GiB: about 67,671 where 66,049
-    /// is exact). About 100 us per
+    /// slack and may be a few percent off (Llama-3.1-8B on 24 GiB: about 67,671 where 66,049
+    /// is exact; Qwen2.5-0.5B at batch 64 on 8 GiB: about 6,803 where 6,913 is). About 100 us per
     /// generated token for a 7B model at batch 1 on a 2-core machine: 91,649 tokens on 20 GiB
     /// in 9 s with --iterations 1 -q (each remedy's search costs as much again).
     #[arg(long)]

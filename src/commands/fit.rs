@@ -92,6 +92,29 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             )
         })?,
     };
+    // a bare config's value of the searched parameter comes from a flag, else the search
+    // starts it at 1 (or the generation at 1 token): the workload does not "have" it
+    let start_given = !is_config
+        || match param.as_str() {
+            "batch" => args.model.batch.is_some(),
+            "seq" => args.model.seq.is_some(),
+            "new_tokens" => args.model.new_tokens.is_some(),
+            _ => true,
+        };
+    if max_given && args_max < start {
+        return Err(Error::usage(
+            "--max",
+            format!(
+                "{args_max} is below the {param} = {start} the search starts from (the \
+                 workload's value{}): give a larger --max",
+                if is_config {
+                    format!(", or a smaller --{}", param.replace('_', "-"))
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
     let opts = RunOptions {
         deadline: None,
         fast_forward: false,
@@ -122,6 +145,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let kv = w.preset.as_ref().and_then(|p| p.kv_cache.clone());
     let mut notes = Vec::new();
     let mut limit = args_max;
+    let mut kv_note = None;
     if let (Some(k), "new_tokens") = (&kv, param.as_str()) {
         if let Some(m) = k.max_positions {
             let room = m.saturating_sub(k.prompt) as i64;
@@ -142,6 +166,8 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 ));
             }
         }
+        // (said of the answer once it is known, below)
+        kv_note = Some(notes.len());
         notes.push(crate::report::run::kv_cache_line(
             k,
             k.prompt + start.max(0) as u64,
@@ -201,7 +227,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             notes.push(format!(
                 "about {} new tokens: estimated from the KV cache's growth, not simulated (too \
                  long for a few seconds over {} iterations); it leaves out the allocator's \
-                 slack and may be a few percent high: --exact simulates to the boundary, \
+                 slack and may be a few percent off: --exact simulates to the boundary, \
                  --iterations 1 gives a proven lower bound in a few seconds",
                 crate::units::group_digits(m as u64),
                 opts.iterations.unwrap_or(w.iterations)
@@ -240,6 +266,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             }
             None => (None, None),
         };
+        // every value up to the limit fits: the limit is a floor, not a boundary
+        let found = match (found, max) {
+            (remedies::Found::Exact, Some(m)) if m >= limit => remedies::Found::Limit,
+            _ => found,
+        };
         rows.push(Row {
             kind,
             found,
@@ -261,6 +292,33 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+    // estimates cannot tell allocator settings apart (they leave out the slack those change)
+    if rows.iter().any(|r| {
+        r.found == remedies::Found::Estimated
+            && r.kind
+                .is_some_and(|k| k.tier() == crate::analysis::record::RemedyTier::AllocatorSetting)
+    }) {
+        notes.push(
+            "the allocator settings' rows are estimates too, which leave out the slack those \
+             settings change, so they read alike: --exact runs each to its boundary"
+                .to_string(),
+        );
+    }
+    // the cache of the longest generation that fits as written, not of the first one tried
+    if let (Some(i), Some(k), Some(m)) = (
+        kv_note,
+        &kv,
+        rows.first()
+            .filter(|r| r.kind.is_none())
+            .and_then(|r| r.max_fitting),
+    ) {
+        let which = if rows[0].found == remedies::Found::Exact {
+            "the longest generation that fits"
+        } else {
+            "the answer's generation"
+        };
+        notes[i] = crate::report::run::kv_cache_line_at(k, k.prompt + m as u64, which);
     }
     let cap = opts
         .capacity
@@ -298,10 +356,14 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     writeln!(out, "{}", crate::report::verdict::line(&verdict))?;
     writeln!(
         out,
-        "{}: the largest {param} that fits in {} (the workload has {param} = {start}; searched 1 \
-         to {}):",
+        "{}: the largest {param} that fits in {} ({}; searched 1 to {}):",
         workload.display(),
         format_bytes(cap),
+        if start_given {
+            format!("the workload has {param} = {start}")
+        } else {
+            format!("starting from {param} = {start}")
+        },
         limit
     )?;
     for n in &notes {
@@ -325,7 +387,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                         format!("~{v} (estimated)")
                     } else if r.found == remedies::Found::AtLeast {
                         format!(">= {v} (stopped)")
-                    } else if v >= limit {
+                    } else if r.found == remedies::Found::Limit {
                         format!("{v} (the limit)")
                     } else {
                         v.to_string()
@@ -408,6 +470,7 @@ fn fit_verdict(
     let largest = rows.first().and_then(|r| {
         r.max_fitting.map(|m| match r.found {
             remedies::Found::Exact => m.to_string(),
+            remedies::Found::Limit => format!("{m} (the search's limit: --max searches further)"),
             remedies::Found::Estimated => format!("about {m} (estimated)"),
             remedies::Found::AtLeast => format!("at least {m} (simulated, then stopped)"),
         })
@@ -427,8 +490,15 @@ fn fit_verdict(
                 "peak reserved {}",
                 crate::units::format_bytes(v.peak_reserved)
             );
-            let rest = rest.replacen(&peak, &format!("{peak}{at}"), 1);
-            format!("{head} at {param} {start}, up to {param} {m}:{rest}")
+            match answer {
+                Some(_) => {
+                    let rest = rest.replacen(&peak, &format!("{peak}{at}"), 1);
+                    format!("{head} at {param} {start}, up to {param} {m}:{rest}")
+                }
+                // the answer was not run (an estimate): the figures are the start's, and
+                // said so
+                None => format!("{head} at {param} {start}:{rest}; up to {param} {m}"),
+            }
         }
         // what does fit as written, when the value asked for does not
         (false, Some(m)) => format!(

@@ -266,7 +266,7 @@ fn ranks(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
         report::summary::write_ranks(out, &rows, &spread)?;
     }
     let ooms = rows.iter().map(|r| r.ooms).sum();
-    let leaks = rows.iter().map(|r| r.leaks).sum();
+    let leaks = rows.iter().filter_map(|r| r.leaks).sum();
     Ok(if fails(args, ooms, leaks) {
         Outcome::Finding
     } else {

@@ -395,6 +395,13 @@ pub fn oom_json(d: &OomDiagnosis, remedies: Option<&[Tried]>) -> Value {
 /// For a verdict line under `--fail-on leak`: "; leaking X per iteration (--fail-on leak)"
 /// when leaks were found, else nothing.
 pub fn fail_on_leak_note(l: &LeakReport) -> String {
+    if l.checked.is_none() {
+        // asked to fail on a leak that could not be looked for: said, not passed silently
+        return format!(
+            "; leaks not looked for, so --fail-on leak could not fail: {}",
+            l.note.as_deref().unwrap_or("too few complete iterations")
+        );
+    }
     if l.leaks.is_empty() {
         return String::new();
     }

@@ -52,7 +52,11 @@ pub fn write_text(out: &mut dyn Write, p: &Profile, top: usize) -> std::io::Resu
         t.add_row(cells(r.key.clone(), r));
     }
     t.add_row(cells(
-        format!("total ({} rows)", group_digits(p.rows.len() as u64)),
+        format!(
+            "total ({} {})",
+            group_digits(p.rows.len() as u64),
+            if p.rows.len() == 1 { "row" } else { "rows" }
+        ),
         &p.total,
     ));
     super::align_right(&mut t, 1);

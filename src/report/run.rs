@@ -368,9 +368,14 @@ pub fn to_json(path: &str, r: &RunOutcome) -> serde_json::Value {
 /// A generation's KV cache in a sentence: bytes per token, per layer, and at the end of the
 /// `tokens`-long context.
 pub fn kv_cache_line(k: &crate::workload::KvCacheInfo, tokens: u64) -> String {
+    kv_cache_line_at(k, tokens, "this generation")
+}
+
+/// [`kv_cache_line`] with the cache at the end of `which` generation, of `tokens` tokens.
+pub fn kv_cache_line_at(k: &crate::workload::KvCacheInfo, tokens: u64, which: &str) -> String {
     format!(
         "KV cache: {} per token of context ({} layers x {} per sample, keys and values in {}, \
-         batch {}){}; {} at the end of this generation ({} tokens)",
+         batch {}){}; {} at the end of {which} ({} tokens)",
         format_bytes(k.bytes_per_token),
         k.layers,
         format_bytes(k.bytes_per_token_per_layer),

@@ -97,6 +97,7 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
             },
             b(w.replayed.peak_reserved.abs_diff(w.original.peak_reserved))
         ),
+        (1, 0) => "yes: this setting would have avoided the out-of-memory error".to_string(),
         (o, 0) => format!("yes: this setting would have avoided all {o} out-of-memory errors"),
         (o, r) if r < o => format!("partly: {r} of the {o} out-of-memory errors remain"),
         (0, r) => format!("no: this setting causes {r} out-of-memory errors"),

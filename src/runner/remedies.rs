@@ -712,8 +712,11 @@ pub fn max_fitting_near(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Found {
-    /// Simulated: the value fits and the value plus one does not (or it is the limit).
+    /// Simulated: the value fits and the value plus one does not.
     Exact,
+    /// Simulated: every value up to the search's limit fits, so the answer is the limit (a
+    /// floor), not where it stops fitting.
+    Limit,
     /// Extrapolated from two short generations and the KV cache's bytes per token, because
     /// simulating at the boundary would take longer than `fit` allows itself.
     Estimated,
@@ -897,6 +900,13 @@ pub fn max_new_tokens(
                     return Ok(Longest::exact(Some(g.tokens as i64), Some(peaks)));
                 }
                 if let Some(g) = done.map(|g| g.tokens as i64) {
+                    // a confirming run and, where a later iteration runs out first, a search:
+                    // each about as long as the long run, within the budget unless --exact
+                    let each = t_long.elapsed().as_secs_f64();
+                    let search = ((g - b).max(2) as f64).log2().ceil() + 1.0;
+                    if !exact && each * search > SIMULATION_BUDGET.as_secs_f64() {
+                        return Ok(estimated);
+                    }
                     *runs += 1;
                     let confirm = run_with(path, &overrides.with_param(param, g), opts)?;
                     if confirm.oom.is_none() {
@@ -934,7 +944,12 @@ pub fn max_new_tokens(
             // a search of fast-forwarded runs, each about as long as the long one: two or
             // three from where the long run ran out
             let each = t_long.elapsed().as_secs_f64();
-            let searches = if guess.is_some() { 3.0 } else { searches };
+            // (from a guess, a bisection of what is left in the worst case: later iterations
+            // can run out well before where the long run did)
+            let searches = match guess {
+                Some(_) => ((limit - b).max(2) as f64).log2().ceil() + 1.0,
+                None => searches,
+            };
             affordable = exact || each * searches <= SIMULATION_BUDGET.as_secs_f64();
         }
         if !affordable {

@@ -262,12 +262,17 @@ impl Pickle {
         let k = rec
             .keys
             .iter()
-            .position(|k| matches!(k, Value::Str(s) if self.strs.get(s.0) == key))?;
+            .position(|k| matches!(k, Value::Str(s) if self.strs.get(s.0) == key));
+        // a key the rows lack may still be in the items kept aside (a trace's `oom` entries
+        // carry `device_free`, which its alloc and free entries do not)
+        if k.is_none() && rec.aside.is_empty() {
+            return None;
+        }
         Some(Column {
             p: self,
             list,
             rec,
-            col: &rec.cols[k],
+            col: k.map(|k| &rec.cols[k]),
             key,
         })
     }
@@ -278,7 +283,8 @@ pub struct Column<'a> {
     p: &'a Pickle,
     list: Value,
     rec: &'a Records,
-    col: &'a Col,
+    /// `None`: no plain row has the key.
+    col: Option<&'a Col>,
     key: &'a str,
 }
 
@@ -300,6 +306,6 @@ impl Column<'_> {
             let item = self.p.item(self.list, i)?;
             return self.p.get(item, self.key);
         }
-        self.col.get(i)
+        self.col?.get(i)
     }
 }
