@@ -893,7 +893,7 @@ fn held_out_published_configs_run_and_a_combined_remedy_answers_llama2() {
     ]);
     let fix = v["verdict"]["smallest_fix"].as_str().unwrap_or_default();
     assert!(
-        fix.starts_with("LoRA r 16, bf16 weights (up to batch "),
+        fix.starts_with("LoRA r 16 (attention), bf16 weights (up to batch "),
         "{v}"
     );
 }

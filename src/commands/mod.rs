@@ -318,7 +318,7 @@ fn config_flags(
     if args.cpu_offload && !args.fsdp2 && args.zero.is_none() {
         return Err(Error::usage(
             "--cpu-offload",
-            "--cpu-offload offloads a sharded run: add --fsdp2 (CPUOffloadPolicy) or --zero 1|2 \
+            "--cpu-offload offloads a sharded run: add --fsdp2 (CPUOffloadPolicy) or --zero 1|2|3 \
              (offload_optimizer)",
         ));
     }
@@ -326,7 +326,7 @@ fn config_flags(
         if !args.ddp && !args.fsdp2 && args.zero.is_none() {
             return Err(Error::usage(
                 "--world-size",
-                "--world-size needs a strategy: add --ddp, --fsdp2 or --zero 1|2",
+                "--world-size needs a strategy: add --ddp, --fsdp2 or --zero 1|2|3",
             ));
         }
         distributed.push(("world_size".to_string(), n.to_string()));

@@ -172,9 +172,10 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
         }
         if p.full_finetune {
             hf_remedies.push(Remedy {
-                name: "LoRA r 16".into(),
-                change: "peft LoRA (r 16 on the attention's projections) instead of training \
-                         every weight"
+                name: "LoRA r 16 (attention)".into(),
+                change: "peft LoRA (r 16, alpha 32 on the attention's projections: --lora-r 16 \
+                         --lora-alpha 32 --lora-targets attention) instead of training every \
+                         weight"
                     .into(),
                 overrides: Overrides {
                     lora_attention: true,
@@ -185,9 +186,10 @@ pub fn applicable(path: Option<&Path>, w: &Workload, base: &Overrides) -> Vec<Re
             if !p.bf16_weights && !p.bf16 {
                 // the usual way to fine-tune a model whose float32 weights alone do not fit
                 hf_remedies.push(Remedy {
-                    name: "LoRA r 16, bf16 weights".into(),
-                    change: "from_pretrained(..., dtype=torch.bfloat16), then peft LoRA (r 16 \
-                             on the attention's projections)"
+                    name: "LoRA r 16 (attention), bf16 weights".into(),
+                    change: "from_pretrained(..., dtype=torch.bfloat16), then peft LoRA (r 16, \
+                             alpha 32 on the attention's projections: --dtype bf16 --lora-r 16 \
+                             --lora-alpha 32 --lora-targets attention)"
                         .into(),
                     overrides: Overrides {
                         lora_attention: true,

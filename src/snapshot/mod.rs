@@ -292,12 +292,12 @@ impl Snapshot {
     }
 
     /// For a file of several devices, which one is shown: "cuda:1 of cuda:0, cuda:1 (--device N
-    /// for another)"; `None` for a file of one.
+    /// picks which)"; `None` for a file of one.
     pub fn device_note(&self) -> Option<String> {
         (self.devices.len() > 1).then(|| {
             let all: Vec<String> = self.devices.iter().map(|d| format!("cuda:{d}")).collect();
             format!(
-                "showing cuda:{} of {} (--device N for another)",
+                "showing cuda:{} of {} (--device N picks which)",
                 self.device,
                 all.join(", ")
             )
