@@ -608,7 +608,7 @@ pub fn max_fitting_modelled(
     let mut fits = |v: i64| fits_at(path, overrides, param, v, opts, runs, refused);
     let start = start.clamp(1, limit);
     // lo fits (or is 0: nothing known to fit), hi does not (or is limit + 1)
-    let (mut lo, mut hi) = if fits(start)? {
+    let (lo, hi) = if fits(start)? {
         let mut lo = start;
         let mut hi = limit + 1;
         let mut v = start;
@@ -626,6 +626,17 @@ pub fn max_fitting_modelled(
     } else {
         (0, start)
     };
+    let lo = bisect(&mut fits, lo, hi)?;
+    Ok((lo >= 1).then_some(lo))
+}
+
+/// The largest value in `lo..hi` that fits, where `lo` fits (or is 0) and `hi` does not (or
+/// is past the limit), by bisection.
+fn bisect(
+    fits: &mut dyn FnMut(i64) -> Result<bool, Error>,
+    mut lo: i64,
+    mut hi: i64,
+) -> Result<i64, Error> {
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid)? {
@@ -634,7 +645,7 @@ pub fn max_fitting_modelled(
             hi = mid;
         }
     }
-    Ok((lo >= 1).then_some(lo))
+    Ok(lo)
 }
 
 /// Whether the workload with `param = v` runs without out-of-memory; a value the workload
@@ -699,15 +710,7 @@ pub fn max_fitting_near(
             }
         }
     }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid)? {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
+    bisect(fits, lo, hi)
 }
 
 /// How `fit` found a generation's longest length.
