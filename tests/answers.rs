@@ -1332,8 +1332,9 @@ fn a_second_new_users_questions_get_honest_answers() {
         line.contains("up to batch 600 (the search's limit"),
         "{line}"
     );
-    // below the workload's own batch of 512
-    let out = common::at_root(&[
+    // below the workload's own batch of 512: the search of 1..=100 starts from 100, and the
+    // line's figures are batch 100's
+    let (code, v) = run_json(&[
         "fit",
         "--preset",
         "mlp-adam",
@@ -1341,9 +1342,15 @@ fn a_second_new_users_questions_get_honest_answers() {
         "--max",
         "100",
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--max") && err.contains("512"), "{err}");
+    assert_eq!(code, Some(0));
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(line.contains("at batch 100"), "{line}");
+    assert!(!line.contains("512"), "{line}");
+    assert!(
+        v["notes"].to_string().contains("starts from --max 100"),
+        "{}",
+        v["notes"]
+    );
     // a bare config: the search starts from a value nobody wrote
     let cfg = config("qwen2.5-0.5b");
     let out = common::at_root(&[

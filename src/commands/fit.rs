@@ -101,20 +101,16 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             "new_tokens" => args.model.new_tokens.is_some(),
             _ => true,
         };
-    if max_given && args_max < start {
-        return Err(Error::usage(
-            "--max",
-            format!(
-                "{args_max} is below the {param} = {start} the search starts from (the \
-                 workload's value{}): give a larger --max",
-                if is_config {
-                    format!(", or a smaller --{}", param.replace('_', "-"))
-                } else {
-                    String::new()
-                }
-            ),
+    // --max below the workload's value: the search is of 1..=max, so it starts from --max
+    let mut start_note = None;
+    let start = if max_given && args_max < start {
+        start_note = Some(format!(
+            "the search starts from --max {args_max}, below the workload's {param} = {start}"
         ));
-    }
+        args_max
+    } else {
+        start
+    };
     let opts = RunOptions {
         deadline: None,
         fast_forward: false,
@@ -146,6 +142,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let mut notes = Vec::new();
     let mut limit = args_max;
     let mut kv_note = None;
+    notes.extend(start_note);
     if let (Some(k), "new_tokens") = (&kv, param.as_str()) {
         if let Some(m) = k.max_positions {
             let room = m.saturating_sub(k.prompt) as i64;
