@@ -946,8 +946,8 @@ fn gradient_accumulation_matches_pytorch() {
 /// whose KV cache grows into the large pool (plain, sliding-window Gemma-2, GPT-2), under each
 /// allocator setting `fit` tries, on cards that run out early, late and not at all, every run
 /// fast-forwarded ends exactly as the engine's run: where memory ran out (iteration, token,
-/// the request, allocated and reserved then), each iteration's peaks, and the allocator's
-/// final memory. Some runs must have skipped the small pool's calls, some must have run out
+/// the request, allocated and reserved then, and the op it was for), each iteration's peaks,
+/// and the allocator's final memory. Some runs must have skipped the small pool's calls, some must have run out
 /// inside a fast-forward.
 #[test]
 fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
@@ -988,7 +988,9 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
             .collect();
         let s = &r.stats;
         format!(
-            "oom {oom:?}\niterations {iters:?}\nallocated {} reserved {} segments {} peak {}",
+            "oom {oom:?} at {:?}\niterations {iters:?}\nallocated {} reserved {} segments {} \
+             peak {}",
+            r.oom_place(true),
             s.allocated_bytes.all().current,
             s.reserved_bytes.all().current,
             s.segment.all().current,
@@ -1079,6 +1081,47 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         oom_inside >= 3,
         "{oom_inside} of {runs} runs ran out in a fast-forward"
     );
+}
+
+/// A script that allocates after a generation the fast-forward drove to its end (its tensors
+/// then have the last observed step's shapes) is flagged, and the re-runs of `run`'s
+/// diagnosis and `fit` (`remedies::rerun`) then run it again without the fast-forward: their
+/// figures are the engine's.
+#[test]
+fn a_fast_forward_followed_by_allocations_is_run_again_in_full() {
+    use gpumem::runner::{remedies, RunOptions};
+    use gpumem::workload::transform::Overrides;
+    let dir = Scratch::new("fast-forward-tail");
+    let w = dir.write(
+        "grow.toml",
+        "[workload]\nname = \"grow\"\niterations = 1\nbody = \"\"\"\n\
+         cache = zeros(1, 1024)\n\
+         for step in range(300) {\n\
+           x = zeros(1, 1024)\n\
+           c2 = cat([cache, x], -1)\n\
+           del x\n\
+           cache = c2\n\
+           del c2\n\
+           token_done(until=300)\n\
+         }\n\
+         y = cat([cache, cache, cache], -1)\n\
+         \"\"\"\n",
+    );
+    let o = Overrides::default();
+    let opts = |fast_forward| RunOptions {
+        fast_forward,
+        ..Default::default()
+    };
+    let figures = |r: &gpumem::runner::RunOutcome| (r.peak.peak_allocated, r.peak.peak_reserved);
+    let engine = remedies::run_with(&w, &o, &opts(false)).unwrap();
+    let fast = remedies::run_with(&w, &o, &opts(true)).unwrap();
+    let ff = fast.fast_forwarded.expect("the loop was fast-forwarded");
+    assert!(ff.steps > 200 && ff.allocated_after, "{ff:?}");
+    // (the flag matters: the fast-forwarded figures are wrong)
+    assert_ne!(figures(&fast), figures(&engine));
+    let again = remedies::rerun(&w, &o, &opts(false)).unwrap();
+    assert_eq!(figures(&again), figures(&engine));
+    assert!(again.fast_forwarded.is_none());
 }
 
 /// GPT-2's generation has its KV cache's bytes per token too (every head's keys and values:

@@ -43,6 +43,7 @@ use super::caching::{CachingAllocator, StepEvent, StreamId};
 use super::source::SegmentSource;
 use super::stats::PoolKind;
 use super::OutOfMemory;
+use crate::trace::StackId;
 
 /// How many consecutive steps' logs [`Template::infer`] wants: the first [`MAX_BACK`] only
 /// say which malloc a later free frees; the other four must agree.
@@ -75,6 +76,9 @@ pub struct Template {
     size: Vec<u64>,
     growth: Vec<u64>,
     stream: Vec<StreamId>,
+    /// Per malloc: the tags it was asked for under at the last observed step (the driven
+    /// steps' blocks and an out-of-memory carry them, as the engine's calls would).
+    stack: Vec<StackId>,
     /// How far back the frees reach.
     reach: usize,
     /// The malloc addresses of the last `reach + 1` observed steps, oldest first (the first
@@ -93,6 +97,7 @@ impl Template {
         }
         let first = steps.len() - 4.min(steps.len() - MAX_BACK);
         let mut calls: Option<(Vec<Call>, Vec<StreamId>)> = None;
+        let mut stack = Vec::new();
         let mut sizes: Vec<Vec<u64>> = Vec::new();
         let mut addrs: Vec<Vec<u64>> = Vec::new();
         // live allocations: address -> (step, malloc)
@@ -100,6 +105,7 @@ impl Template {
         for (i, log) in steps.iter().enumerate() {
             let mut c = Vec::with_capacity(log.len());
             let mut streams = Vec::new();
+            let mut stacks = Vec::new();
             let mut n = Vec::new();
             let mut at = Vec::new();
             let mut j = 0u32;
@@ -109,10 +115,12 @@ impl Template {
                         n: size,
                         stream,
                         addr,
+                        stack: tags,
                     } => {
                         live.insert(addr, (i, j));
                         c.push(Call::Malloc(j));
                         streams.push(stream);
+                        stacks.push(tags);
                         n.push(size);
                         at.push(addr);
                         j += 1;
@@ -141,6 +149,7 @@ impl Template {
                 }
             }
             sizes.push(n);
+            stack = stacks;
         }
         let (calls, stream) = calls?;
         let m = stream.len();
@@ -177,9 +186,18 @@ impl Template {
             size: sizes.pop()?,
             growth,
             stream,
+            stack,
             reach,
             history,
         })
+    }
+
+    /// The mallocs whose size grows: (index, size at the last observed step, growth).
+    pub fn growing(&self) -> Vec<(usize, u64, u64)> {
+        (0..self.size.len())
+            .filter(|&j| self.growth[j] > 0)
+            .map(|j| (j, self.size[j], self.growth[j]))
+            .collect()
     }
 
     /// Mallocs per step.
@@ -253,6 +271,7 @@ pub fn drive<S: SegmentSource>(
     deadline: Option<Instant>,
 ) -> Drive {
     let before = a.stats().allocated_bytes.all().peak;
+    let caller = a.recorder().current();
     let r = t.reach + 1;
     // ring[x % r]: the addresses of step x's mallocs (the last observed step is 0)
     let mut ring = vec![Vec::new(); r];
@@ -276,6 +295,7 @@ pub fn drive<S: SegmentSource>(
             break DriveEnd::Deadline;
         }
         if let Some((period, run)) = d.periodic(a, k, steps) {
+            tracing::trace!(step = k, period, run, "small pool skipped");
             match d.skip(a, k, period, run, deadline) {
                 Ok(()) => {
                     k += run;
@@ -306,6 +326,8 @@ pub fn drive<S: SegmentSource>(
     };
     let peak = d.peak.max(before);
     a.set_allocated_peak(peak);
+    // (an out-of-memory's own tags are the failed malloc's: its event is recorded already)
+    a.recorder_mut().set_current(caller);
     let mut moved = Vec::new();
     if matches!(end, DriveEnd::Done) && k > 0 {
         // a malloc freed `back` steps later outlives the last `back` steps: the engine holds
@@ -392,6 +414,7 @@ impl Driver<'_> {
                     large[j] = big;
                     // (only the small pool's sizes must hold; the large pool's are played)
                     rounded[j] = if big { 0 } else { r };
+                    a.recorder_mut().set_current(t.stack[j]);
                     self.ring[slot][j] = a
                         .malloc(n, t.stream[j])
                         .map_err(|o| DriveEnd::Oom(Box::new(o)))?;
@@ -518,6 +541,7 @@ impl Driver<'_> {
                 match t.calls[i] {
                     Call::Malloc(j) => {
                         let j = j as usize;
+                        a.recorder_mut().set_current(t.stack[j]);
                         match a.malloc_guarded(t.size_at(j, step as i64), t.stream[j]) {
                             Ok(addr) => self.ring[slot][j] = addr,
                             Err(_) => {
@@ -587,6 +611,7 @@ impl Driver<'_> {
                 match *c {
                     Call::Malloc(j) if !ph.large[j as usize] => {
                         let j = j as usize;
+                        a.recorder_mut().set_current(t.stack[j]);
                         match a.malloc(t.size_at(j, st as i64), t.stream[j]) {
                             Ok(addr) if addr == ph.addr[j] => {}
                             Ok(addr) => {

@@ -136,6 +136,10 @@ pub struct RunOutcome {
 pub struct FastForwarded {
     pub steps: u64,
     pub full_steps: u64,
+    /// An iteration allocated after a generation it drove to its end: the engine's tensors
+    /// then had the last observed step's shapes, so what followed is not to be trusted (run
+    /// again without the fast-forward).
+    pub allocated_after: bool,
 }
 
 /// Device memory the process holds outside the caching allocator, by what holds it.

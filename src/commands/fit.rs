@@ -258,7 +258,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             Some(_) if found == remedies::Found::Estimated => (None, None),
             Some(_) if peaks.is_some() => (peaks.map(|p| p.0), peaks.map(|p| p.1)),
             Some(v) => {
-                let r = remedies::run_with(workload, &o.with_param(&param, v), &opts)?;
+                let r = remedies::rerun(workload, &o.with_param(&param, v), &opts)?;
                 (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))
             }
             None => (None, None),
@@ -420,7 +420,7 @@ fn fit_verdict(
 ) -> Result<FitVerdict> {
     let workload = &args.target.path();
     let at = base.with_param(param, start);
-    let r = remedies::run_with(workload, &at, opts)?;
+    let r = remedies::rerun(workload, &at, opts)?;
     let context = r.context();
     let usable = r
         .oom

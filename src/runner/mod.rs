@@ -142,6 +142,8 @@ struct Runner {
     steps_seen: std::collections::VecDeque<Vec<crate::alloc::caching::StepEvent>>,
     /// What fast-forwards drove on the allocator (the engine's own figures stop before it).
     drove: Option<crate::analysis::record::FastForwarded>,
+    /// A fast-forward drove this iteration's generation to its end.
+    drove_to_end: bool,
     /// Set by a fast-forward: the innermost `for` loop running ends after this pass.
     break_loop: bool,
 }
@@ -317,6 +319,7 @@ pub fn run_on(
         fast_forward: opts.fast_forward,
         steps_seen: Default::default(),
         drove: None,
+        drove_to_end: false,
         break_loop: false,
     };
     let mut iterations = Vec::new();
@@ -376,6 +379,7 @@ pub fn run_on(
             r.generated = None;
             // a generation's step logs start anew
             r.steps_seen.clear();
+            r.drove_to_end = false;
             r.dev.alloc.stop_step_log();
             r.dev.alloc.reset_peak_stats();
             r.current = IterationStats {
@@ -412,6 +416,11 @@ pub fn run_on(
             if let (Ok(()), Some(g)) = (&res, &mut r.generated) {
                 let now = r.dev.alloc.stats().allocation.all().allocated as u64;
                 g.tail_allocations = Some(now.saturating_sub(g.allocations));
+                if r.drove_to_end && now > g.allocations {
+                    if let Some(d) = &mut r.drove {
+                        d.allocated_after = true;
+                    }
+                }
             }
             progress(it + 1, iters);
             match res {

@@ -376,6 +376,26 @@ fn outcome(r: &RunOutcome) -> (u64, u64, bool) {
     (r.peak.peak_allocated, r.peak.peak_reserved, r.oom.is_none())
 }
 
+/// Runs the workload at `path` with `overrides` for its peaks and its out-of-memory only:
+/// with [`RunOptions::fast_forward`] on (a generation's steady steps driven on the allocator
+/// alone, exact in those figures), and again without it where the script allocated after a
+/// generation the fast-forward drove to its end.
+pub fn rerun(path: &Path, overrides: &Overrides, opts: &RunOptions) -> Result<RunOutcome, Error> {
+    let ff = RunOptions {
+        fast_forward: true,
+        ..opts.clone()
+    };
+    let out = run_with(path, overrides, &ff)?;
+    if out.fast_forwarded.is_some_and(|f| f.allocated_after) {
+        let plain = RunOptions {
+            fast_forward: false,
+            ..opts.clone()
+        };
+        return run_with(path, overrides, &plain);
+    }
+    Ok(out)
+}
+
 /// Runs the workload at `path` with `overrides`.
 pub fn run_with(
     path: &Path,
@@ -405,7 +425,7 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
         oom_at: None,
         error: None,
     };
-    match run_with(path, &r.overrides, opts) {
+    match rerun(path, &r.overrides, opts) {
         Ok(out) => {
             (t.peak_allocated, t.peak_reserved, t.fits) = outcome(&out);
             t.oom_at = out.oom_place(!workload::is_config(path));
@@ -550,7 +570,7 @@ pub fn needs(path: &Path, base: &Overrides, opts: &RunOptions) -> Option<u64> {
         device: None,
         ..opts.clone()
     };
-    let r = run_with(path, base, &unbounded).ok()?;
+    let r = rerun(path, base, &unbounded).ok()?;
     r.oom.is_none().then_some(r.peak.peak_reserved)
 }
 
@@ -660,7 +680,7 @@ fn fits_at(
     refused: &mut Option<(i64, String)>,
 ) -> Result<bool, Error> {
     *runs += 1;
-    match run_with(path, &overrides.with_param(param, v), opts) {
+    match rerun(path, &overrides.with_param(param, v), opts) {
         Ok(out) => Ok(out.oom.is_none()),
         Err(Error::Input { message, .. } | Error::Usage { message, .. }) => {
             if refused.as_ref().is_none_or(|(r, _)| v < *r) {

@@ -413,6 +413,7 @@ impl Runner {
             return Ok(Value::None);
         };
         alloc.stop_step_log();
+        tracing::trace!(growing = ?t.growing(), "decode step template");
         let d = fastforward::drive(alloc, &t, until - tokens, self.deadline);
         let drove = self.drove.get_or_insert_with(Default::default);
         drove.steps += d.steps;
@@ -432,6 +433,7 @@ impl Runner {
                 // of these steps ends here
                 self.dev.relocate(&d.moved);
                 self.break_loop = true;
+                self.drove_to_end = true;
                 Ok(Value::None)
             }
             DriveEnd::Oom(o) => Err(Stop::Oom(span, o)),

@@ -438,7 +438,13 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let split = self.should_split(id, size);
         let addr = self.alloc_found_block(id, size, n, split);
         if let Some(log) = self.steplog.as_mut() {
-            log.events.push(StepEvent::Malloc { n, stream, addr });
+            let stack = self.recorder.current();
+            log.events.push(StepEvent::Malloc {
+                n,
+                stream,
+                addr,
+                stack,
+            });
         }
         Ok(addr)
     }

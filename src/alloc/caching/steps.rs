@@ -9,8 +9,13 @@ use super::*;
 /// One allocator call of a logged step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepEvent {
-    /// `malloc(n, stream)` returned `addr`.
-    Malloc { n: u64, stream: StreamId, addr: u64 },
+    /// `malloc(n, stream)` returned `addr`, asked for under the tags `stack`.
+    Malloc {
+        n: u64,
+        stream: StreamId,
+        addr: u64,
+        stack: StackId,
+    },
     /// `free(addr)`.
     Free { addr: u64 },
 }
