@@ -274,6 +274,26 @@ fn issue15_several_files_give_a_table_of_ranks() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
+    // and what only one snapshot's report shows is refused with several, never ignored
+    for flags in [
+        &["--stacks"][..],
+        &["--top", "5"],
+        &["--by", "op"],
+        &["--top", "3", "--json"],
+    ] {
+        let out = gpumem()
+            .arg("summary")
+            .args(&paths)
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(
+            err.contains(flags[0]) && err.contains("give one file"),
+            "{flags:?}: {err}"
+        );
+    }
 }
 
 /// The sites of a summary's `live_by_site`.

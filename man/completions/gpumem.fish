@@ -122,7 +122,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s v -l verbose -d 'L
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l device -d 'Show only this device (the N of cuda:N) of a snapshot that holds several' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l iteration-marker -d 'Iterations are the calls of this function (e.g. train_step, or train.py:42): one starts at each allocation made inside a call, after allocations made outside. Beats the Optimizer.step annotations and repetition; for traces that have neither' -r
-complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites (or --by rows) to list' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l top -d 'How many sites (or --by rows) to list [default: 10]; one snapshot only' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l capacity -d 'With several files (one per rank): the ranks whose peak reserved memory exceeds this capacity ("80GiB"; GB is read as GiB), and the rank that runs out first as memory shrinks (the highest peak reserved). Reserved memory only: NCCL\'s buffers and the CUDA context come on top' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l by -d 'Print the profiler\'s table (seed 004\'s `key_averages().table()`) for one snapshot: per `op` (innermost aten op, else Python function), `module` (the chain of lines that called nn.Modules), `line` (the innermost line outside PyTorch and Python\'s standard library: your model\'s or script\'s) or `annotation` (record_function ranges), the allocations made and freed under it, the net, the largest single allocation and the bytes it held at the peak; --top rows, after the verdict, instead of the report. With --json: a `profiles` key (one per device) with every row' -r -f -a "op\t'The op that allocated (a snapshot: its innermost aten op, else Python function)'
 module\t'The module (gpumem\'s scope; a snapshot: the chain of lines that called nn.Modules)'
@@ -140,7 +140,7 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l color -d 'Colo
 always\t''
 never\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s q -l quiet -d 'Print only the verdict line (an out-of-memory and where, or the peak) and errors'
-complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l stacks -d 'Show whole call stacks, C++ frames included'
+complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l stacks -d 'Show whole call stacks, C++ frames included; one snapshot only'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -l json -d 'Print JSON (reserved_bytes, allocated_bytes, segments, peak_allocated_bytes, leaks, ...)'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand summary" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -527,7 +527,7 @@ pub struct SummaryArgs {
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub device: Option<u32>,
 
-    /// Show whole call stacks, C++ frames included.
+    /// Show whole call stacks, C++ frames included; one snapshot only.
     #[arg(long)]
     pub stacks: bool,
 
@@ -537,14 +537,9 @@ pub struct SummaryArgs {
     #[arg(long, value_name = "FUNCTION")]
     pub iteration_marker: Option<String>,
 
-    /// How many sites (or --by rows) to list.
-    #[arg(
-        long,
-        default_value_t = 10,
-        value_name = "N",
-        allow_hyphen_values = true
-    )]
-    pub top: usize,
+    /// How many sites (or --by rows) to list [default: 10]; one snapshot only.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub top: Option<usize>,
 
     /// With several files (one per rank): the ranks whose peak reserved memory exceeds this
     /// capacity ("80GiB"; GB is read as GiB), and the rank that runs out first as memory shrinks (the highest peak
@@ -574,6 +569,13 @@ pub struct SummaryArgs {
     /// Exit 1 when the snapshot shows one of these: `oom`, `leak`.
     #[arg(long, value_enum, value_delimiter = ',', value_name = "FINDINGS")]
     pub fail_on: Vec<FailOn>,
+}
+
+impl SummaryArgs {
+    /// `--top`, 10 where not given.
+    pub fn top(&self) -> usize {
+        self.top.unwrap_or(10)
+    }
 }
 
 /// Write a snapshot in another tool's format.

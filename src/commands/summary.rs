@@ -14,14 +14,30 @@ use crate::report;
 use crate::snapshot::Snapshot;
 
 pub fn run(args: &SummaryArgs, out: &mut dyn Write) -> Result<Outcome> {
-    if args.top == 0 {
+    if args.top() == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }
-    if args.by.is_some() && args.snapshots.len() > 1 {
-        return Err(Error::usage(
-            "--by",
-            "the table is of one snapshot: give one file (or one rank's)",
-        ));
+    if args.snapshots.len() > 1 {
+        // what the table of ranks has no room for is refused rather than ignored
+        let one = [
+            ("--by", args.by.is_some(), "the table is of one snapshot"),
+            (
+                "--stacks",
+                args.stacks,
+                "the call stacks are of one snapshot's sites; the table of ranks has none",
+            ),
+            (
+                "--top",
+                args.top.is_some(),
+                "the lists of sites are of one snapshot; the table of ranks has a row per rank",
+            ),
+        ];
+        if let Some((flag, _, why)) = one.into_iter().find(|x| x.1) {
+            return Err(Error::usage(
+                flag,
+                format!("{why}: give one file (or one rank's)"),
+            ));
+        }
     }
     if let [one] = args.snapshots.as_slice() {
         if args.capacity.is_some() {
@@ -42,7 +58,7 @@ fn summarize(s: &Snapshot, args: &SummaryArgs) -> Summary {
         &s.events,
         &s.tags,
         &s.conf,
-        args.top,
+        args.top(),
         args.stacks,
     )
 }
@@ -120,7 +136,7 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
             if snaps.len() > 1 {
                 writeln!(out, "{}", report::style::heading(&format!("cuda:{device}")))?;
             }
-            report::profile::write_text(out, p, args.top)?;
+            report::profile::write_text(out, p, args.top())?;
         }
     } else if args.json {
         let mut v = report::summary::to_json_devices(&path, &pairs);
