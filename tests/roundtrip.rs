@@ -350,3 +350,35 @@ fn an_ooms_free_device_memory_is_read_from_pickles() {
     assert_eq!(a["ooms"][0]["verdict"], b["ooms"][0]["verdict"]);
     assert_eq!(a["verdict"]["line"], b["verdict"]["line"]);
 }
+
+/// A gpumem snapshot exported to PyTorch's formats keeps its iterations: its `iter:N` tags,
+/// written as frames of file `gpumem`, are read back as the iterations (not looked for again
+/// in annotations or repetition), so the leaks found and the report agree with the original.
+#[test]
+fn an_exported_gpumem_snapshot_keeps_its_iterations() {
+    let s = Scratch::new("roundtrip-iterations");
+    let json = s.path("leak.json");
+    let out = common::at_root(&[
+        "run",
+        "--preset",
+        "mlp-leak",
+        "--iterations",
+        "6",
+        "-q",
+        "--snapshot",
+        json.to_str().unwrap(),
+    ]);
+    assert!(json.exists(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, a) = run_json(&["summary", json.to_str().unwrap()]);
+    assert_eq!(a["iterations_from"], "tags", "{}", a["iterations_from"]);
+    let leaks = a["leaks"].as_array().expect("leaks looked for");
+    assert!(!leaks.is_empty(), "mlp-leak leaks");
+    for (to, name) in [("memory-viz", "leak.pickle"), ("torch-json", "leak_t.json")] {
+        let f = s.path(name);
+        common::export(&json, to, &f);
+        let (_, b) = run_json(&["summary", f.to_str().unwrap()]);
+        assert_eq!(b["iterations_from"], "tags", "{to}");
+        assert_eq!(b["leaks"], a["leaks"], "{to}");
+        assert_eq!(b["leak_check"], a["leak_check"], "{to}");
+    }
+}

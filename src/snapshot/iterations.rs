@@ -29,6 +29,10 @@ fn annotation_boundaries(a: &[Annotation]) -> Vec<u64> {
 /// Finds iterations and puts an `iter:N` tag in front of each event's stack.
 pub(super) fn tag_iterations(s: &mut Snapshot) {
     use rayon::prelude::*;
+    if has_own_iterations(s) {
+        s.iterations = IterationSource::Tags;
+        return;
+    }
     let mut bounds = annotation_boundaries(&s.annotations);
     bounds.sort();
     let by_time = !bounds.is_empty() && s.times.par_iter().any(|t| *t > 0);
@@ -55,6 +59,22 @@ pub(super) fn tag_iterations(s: &mut Snapshot) {
         }
     };
     apply_iterations(s, &iter_of);
+}
+
+/// Whether the trace's stacks begin with gpumem's own `iter:N` tags: a gpumem snapshot
+/// exported to PyTorch's format (`gpumem export --to memory-viz`) keeps them as its outermost
+/// frames (of file `gpumem`), and they are its iterations as in the snapshot it came from.
+/// PyTorch's own frames never read so.
+fn has_own_iterations(s: &Snapshot) -> bool {
+    let mut seen = rustc_hash::FxHashSet::default();
+    s.events.iter().any(|e| {
+        seen.insert(e.stack)
+            && s.tags
+                .resolve(e.stack)
+                .first()
+                .and_then(|t| t.strip_prefix("iter:"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Puts `iter:N` (N = `iter_of[i]`) in front of each event's stack, in place of an `iter:` tag
