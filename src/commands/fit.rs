@@ -15,6 +15,15 @@ use crate::runner::RunOptions;
 use crate::units::{format_bytes, parse_capacity};
 use crate::workload::{self, Overrides};
 
+/// One candidate's search, before it becomes a row.
+struct Searched {
+    longest: remedies::Longest,
+    runs: u32,
+    refused: Option<(i64, String)>,
+    /// The answer's peaks (allocated, reserved), where known.
+    peaks: Option<(u64, u64)>,
+}
+
 struct Row {
     kind: Option<RemedyKind>,
     found: remedies::Found,
@@ -173,32 +182,25 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new(candidates.len() as u64);
         b.set_style(
-            indicatif::ProgressStyle::with_template("fit {msg} [{bar:30}] {pos}/{len}")
+            indicatif::ProgressStyle::with_template("fit: searching [{bar:30}] {pos}/{len} rows")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
         b
     });
-    let mut rows = Vec::new();
-    for (name, change, o, kind) in candidates {
-        if let Some(b) = &bar {
-            b.set_message(name.clone());
-        }
+    // each candidate's search, on its own core (they share nothing): its answer, the runs it
+    // took, where gpumem refused a value, and the answer's peaks
+    let search = |o: &Overrides| -> Result<Searched> {
         let mut runs = 0;
         let mut refused = None;
-        let remedies::Longest {
-            max,
-            found,
-            peaks,
-            estimate,
-        } = match (&kv, param.as_str()) {
+        let longest = match (&kv, param.as_str()) {
             (Some(kv), "new_tokens") => remedies::max_new_tokens(
-                workload, &o, start, limit, kv, &opts, args.exact, &mut runs,
+                workload, o, start, limit, kv, &opts, args.exact, &mut runs,
             )?,
             _ => remedies::Longest {
                 max: remedies::max_fitting_modelled(
                     workload,
-                    &o,
+                    o,
                     &param,
                     start,
                     limit,
@@ -211,6 +213,59 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 estimate: None,
             },
         };
+        let peaks = match longest.max {
+            // an estimate is not run (that is what it saves)
+            Some(_) if longest.found == remedies::Found::Estimated => None,
+            Some(_) if longest.peaks.is_some() => longest.peaks,
+            Some(v) => {
+                let r = remedies::rerun(workload, &o.with_param(&param, v), &opts)?;
+                Some((r.peak.peak_allocated, r.peak.peak_reserved))
+            }
+            None => None,
+        };
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        Ok(Searched {
+            longest,
+            runs,
+            refused,
+            peaks,
+        })
+    };
+    let searched: Vec<Result<Searched>> = {
+        use rayon::prelude::*;
+        let mut done = Vec::new();
+        let mut rest: &[(String, String, Overrides, Option<RemedyKind>)] = &candidates;
+        // --quiet prints the verdict alone, which names a remedy only when the workload does
+        // not fit as written: the remedies' searches wait for the answer as written
+        if args.quiet {
+            if let Some((first, others)) = rest.split_first() {
+                let r = search(&first.2);
+                let fits = r
+                    .as_ref()
+                    .is_ok_and(|x| x.longest.max.is_some_and(|m| m >= start));
+                done.push(r);
+                rest = if fits { &[] } else { others };
+            }
+        }
+        done.extend(rest.par_iter().map(|c| search(&c.2)).collect::<Vec<_>>());
+        done
+    };
+    let mut rows = Vec::new();
+    for ((name, change, _, kind), got) in candidates.into_iter().zip(searched) {
+        let Searched {
+            longest:
+                remedies::Longest {
+                    max,
+                    found,
+                    estimate,
+                    ..
+                },
+            runs,
+            refused,
+            peaks: answer_peaks,
+        } = got?;
         if let (remedies::Found::AtLeast, Some(m), Some(e)) = (found, max, estimate) {
             notes.push(format!(
                 "{name}: at least {} new tokens fit (simulated for a few seconds, then \
@@ -240,9 +295,6 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 .to_string();
             if max.is_none() && v <= start.max(1) {
                 notes.push(format!("{name}: not searched: {why}"));
-                if let Some(b) = &bar {
-                    b.inc(1);
-                }
                 continue;
             }
             // (only where the refusal is what ended the search)
@@ -253,16 +305,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 ));
             }
         }
-        let (pa, pr) = match max {
-            // an estimate is not run (that is what it saves)
-            Some(_) if found == remedies::Found::Estimated => (None, None),
-            Some(_) if peaks.is_some() => (peaks.map(|p| p.0), peaks.map(|p| p.1)),
-            Some(v) => {
-                let r = remedies::rerun(workload, &o.with_param(&param, v), &opts)?;
-                (Some(r.peak.peak_allocated), Some(r.peak.peak_reserved))
-            }
-            None => (None, None),
-        };
+        let (pa, pr) = (answer_peaks.map(|p| p.0), answer_peaks.map(|p| p.1));
         // every value up to the limit fits: the limit is a floor, not a boundary
         let found = match (found, max) {
             (remedies::Found::Exact, Some(m)) if m >= limit => remedies::Found::Limit,
@@ -278,14 +321,6 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             peak_reserved: pr,
             runs,
         });
-        if let Some(b) = &bar {
-            b.inc(1);
-        }
-        // --quiet prints the verdict alone, which names a remedy only when the workload does
-        // not fit as written: where it fits, the remedies' searches would be thrown away
-        if args.quiet && kind.is_none() && max.is_some_and(|m| m >= start) {
-            break;
-        }
     }
     if let Some(b) = bar {
         b.finish_and_clear();

@@ -111,21 +111,24 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             s.enable_steady_tick(std::time::Duration::from_millis(120));
             s
         });
-        let mut progress = |name: &str| {
+        let progress = |name: &str| {
             if let Some(s) = &spinner {
                 s.set_message(format!("out of memory: trying {name}"));
             }
         };
-        // the re-runs that settle the verdict: the allocator settings (all remedies unless
-        // --no-remedies) and the run on an unbounded device
-        let t = if args.no_remedies {
-            progress("allocator settings");
-            remedies::try_allocator_settings(workload, &w, &overrides, &opts)
-        } else {
-            remedies::try_all(workload, &w, &overrides, &opts, &mut progress)
-        };
-        progress("an unbounded device");
-        let needs = remedies::needs(workload, &overrides, &opts);
+        // the re-runs that settle the verdict, side by side: the allocator settings (all
+        // remedies unless --no-remedies) and the run on an unbounded device
+        let (t, needs) = rayon::join(
+            || {
+                if args.no_remedies {
+                    progress("allocator settings");
+                    remedies::try_allocator_settings(workload, &w, &overrides, &opts)
+                } else {
+                    remedies::try_all(workload, &w, &overrides, &opts, &progress)
+                }
+            },
+            || remedies::needs(workload, &overrides, &opts),
+        );
         if let Some(s) = spinner {
             s.finish_and_clear();
         }

@@ -519,24 +519,35 @@ pub fn try_all(
     w: &Workload,
     base: &Overrides,
     opts: &RunOptions,
-    progress: &mut dyn FnMut(&str),
+    progress: &(dyn Fn(&str) + Sync),
 ) -> Vec<Tried> {
-    let mut out = Vec::new();
-    for r in applicable(Some(path), w, base) {
-        progress(&r.name);
-        out.push(try_one(path, &r, opts));
-    }
-    for steps in shrinking(w, base) {
-        for r in steps {
-            progress(&r.name);
-            let t = try_one(path, &r, opts);
-            let stop = t.fits || t.error.is_some();
-            out.push(t);
-            if stop {
-                break;
+    use rayon::prelude::*;
+    // each remedy is a re-run of its own, and each shrinking series (smaller and smaller until
+    // one fits) a sequence of them: those run side by side, one per core
+    let mut jobs: Vec<Vec<Remedy>> = applicable(Some(path), w, base)
+        .into_iter()
+        .map(|r| vec![r])
+        .collect();
+    jobs.extend(shrinking(w, base));
+    let mut out: Vec<Tried> = jobs
+        .into_par_iter()
+        .map(|steps| {
+            let mut done = Vec::new();
+            for r in steps {
+                progress(&r.name);
+                let t = try_one(path, &r, opts);
+                let stop = t.fits || t.error.is_some();
+                done.push(t);
+                if stop {
+                    break;
+                }
             }
-        }
-    }
+            done
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flatten()
+        .collect();
     // stable: fitting ones first, each group by rank, in the order tried within a kind
     out.sort_by_key(|t| (!t.fits, t.kind));
     out
@@ -554,8 +565,9 @@ pub fn try_allocator_settings(
     base: &Overrides,
     opts: &RunOptions,
 ) -> Vec<Tried> {
+    use rayon::prelude::*;
     applicable(None, w, base)
-        .into_iter()
+        .into_par_iter()
         .filter(|r| r.kind.tier() == crate::analysis::record::RemedyTier::AllocatorSetting)
         .map(|r| try_one(path, &r, opts))
         .collect()
