@@ -674,6 +674,45 @@ fn issue7_a_pytorch_snapshot_is_checked_against_a_budget() {
     assert_eq!(o.code, Some(0), "{}", o.stdout);
 }
 
+/// A snapshot's tag stacks are Python call stacks dozens of frames deep: "grew most" shows
+/// them as the summary shows sites (innermost frames first, abridged), the JSON whole.
+#[test]
+fn a_snapshots_grown_stacks_are_shown_abridged() {
+    let s = Scratch::new("check-stacks");
+    // two notebooks' snapshots under one name: the baseline's, then the grown one's
+    std::fs::create_dir_all(s.path("a")).unwrap();
+    std::fs::create_dir_all(s.path("b")).unwrap();
+    let was = common::external(&s, "eornn_snapshot.pickle");
+    let now = common::external(&s, "ftcourse_memory_snapshot.pickle");
+    std::fs::rename(&was, s.path("a/x.pickle")).unwrap();
+    std::fs::rename(&now, s.path("b/x.pickle")).unwrap();
+    let base = s.path("base.json");
+    let (a, b) = (s.path("a/x.pickle"), s.path("b/x.pickle"));
+    let o = check(&[p(&a), "--baseline", p(&base), "--update"]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let o = check(&[p(&b), "--baseline", p(&base)]);
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    let grown: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("tags ") && l.contains(".py:"))
+        .collect();
+    assert!(!grown.is_empty(), "{}", o.stdout);
+    for l in &grown {
+        assert!(
+            l.contains(" < ") && l.contains("more)") && l.chars().count() < 400,
+            "{l}"
+        );
+        assert!(!l.contains("runpy.py"), "the outermost frames: {l}");
+    }
+    let o = check(&[p(&b), "--baseline", p(&base), "--json"]);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert!(
+        v.to_string().contains("runpy.py:196:_run_module_as_main/"),
+        "the JSON keeps whole stacks"
+    );
+}
+
 /// The README's CI example: its `gpumem check` command over the fixtures runs and passes,
 /// exactly as written (through a shell, which expands the globs).
 #[test]

@@ -103,6 +103,28 @@ pub fn failure_message(r: &Row) -> String {
     }
 }
 
+/// What grew, one line each, the tag stacks shown as the summary shows sites (innermost
+/// Python frames first, abridged, more frames only where two would read alike; the JSON keeps
+/// them whole).
+fn growth_lines(grew: &[Growth]) -> Vec<String> {
+    let tags: Vec<&str> = grew
+        .iter()
+        .filter(|g| g.kind != "category" && g.kind != "leak")
+        .map(|g| g.name.as_str())
+        .collect();
+    let mut shown = crate::analysis::stacks::display_sites(&tags, false, 3).into_iter();
+    grew.iter()
+        .map(|g| {
+            if g.kind == "category" || g.kind == "leak" {
+                growth_line(g)
+            } else {
+                let name = shown.next().unwrap_or_else(|| g.name.clone());
+                growth_line(&Growth { name, ..g.clone() })
+            }
+        })
+        .collect()
+}
+
 fn growth_line(g: &Growth) -> String {
     match g.kind {
         "leak" => format!("leaks {}: {} per iteration", g.name, format_bytes(g.now)),
@@ -299,8 +321,8 @@ pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std
         writeln!(out, "\n{}", failure_message(r))?;
         if !r.grew.is_empty() {
             writeln!(out, "  grew most:")?;
-            for g in &r.grew {
-                writeln!(out, "    {}", growth_line(g))?;
+            for g in growth_lines(&r.grew) {
+                writeln!(out, "    {g}")?;
             }
         }
     }
@@ -370,8 +392,8 @@ pub fn write_markdown(out: &mut dyn Write, judged: &[Judged]) -> std::io::Result
         writeln!(out, "\n#### Why")?;
         for r in failing {
             writeln!(out, "\n- {}", md(&failure_message(r)))?;
-            for g in &r.grew {
-                writeln!(out, "  - {}", md(&growth_line(g)))?;
+            for g in growth_lines(&r.grew) {
+                writeln!(out, "  - {}", md(&g))?;
             }
         }
     }
@@ -398,8 +420,8 @@ pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
                 );
                 if !r.grew.is_empty() {
                     body += "grew most:\n";
-                    for g in &r.grew {
-                        body += &format!("  {}\n", growth_line(g));
+                    for g in growth_lines(&r.grew) {
+                        body += &format!("  {g}\n");
                     }
                 }
                 let kind = match r.verdict {
@@ -474,8 +496,8 @@ pub fn write_github(
         } else {
             failure_message(r)
         };
-        for g in &r.grew {
-            msg += &format!("\ngrew most: {}", growth_line(g));
+        for g in growth_lines(&r.grew) {
+            msg += &format!("\ngrew most: {g}");
         }
         writeln!(
             out,
