@@ -990,7 +990,7 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         format!(
             "oom {oom:?} at {:?}\niterations {iters:?}\nallocated {} reserved {} segments {} \
              peak {}",
-            r.oom_place(true),
+            r.oom_place(),
             s.allocated_bytes.all().current,
             s.reserved_bytes.all().current,
             s.segment.all().current,
@@ -1081,6 +1081,32 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         oom_inside >= 3,
         "{oom_inside} of {runs} runs ran out in a fast-forward"
     );
+}
+
+/// Where a run ran out names a line only where the workload's statements are its author's:
+/// a script's, not those gpumem generates for a `[model] hf_config` workload (its "line 1"
+/// meant nothing), in the verdict, the diagnosis and every remedy's row alike.
+#[test]
+fn an_out_of_memory_names_a_line_only_in_a_users_script() {
+    let (_, v) = run_json(&[
+        "run",
+        "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml",
+        "--capacity",
+        "200MiB",
+    ]);
+    let mut places = vec![v["verdict"]["oom_at"].as_str().unwrap().to_string()];
+    for r in v["oom"]["remedies"].as_array().unwrap() {
+        if let Some(at) = r["oom_at"].as_str() {
+            places.push(at.to_string());
+        }
+    }
+    assert!(places.len() > 2, "{places:?}");
+    for p in &places {
+        assert!(p.contains("iteration") && !p.contains("line "), "{p}");
+    }
+    let (_, v) = run_json(&["run", "fixtures/workloads/fragmentation_oom.toml"]);
+    let at = v["verdict"]["oom_at"].as_str().unwrap();
+    assert!(at.contains(", line "), "{at}");
 }
 
 /// A script that allocates after a generation the fast-forward drove to its end (its tensors

@@ -84,6 +84,10 @@ pub struct Generated {
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
     pub name: String,
+    /// The workload's statements are its author's (a script), so a line number means
+    /// something; not where gpumem generated them (a bare config, a `[model]` preset or
+    /// `hf_config`).
+    pub script_lines: bool,
     pub capacity: u64,
     /// The allocator settings as written (PYTORCH_CUDA_ALLOC_CONF syntax, "" for the defaults)
     /// and where they came from (see `Workload::alloc_conf_from`).
@@ -177,9 +181,9 @@ impl RunOutcome {
         self.driver.map_or(0, |d| d.outside())
     }
 
-    /// Where the run ran out, as a user reads it ([`super::oom::oom_place`]); `with_line` for
-    /// a workload file, whose lines mean something to its author.
-    pub fn oom_place(&self, with_line: bool) -> Option<String> {
+    /// Where the run ran out, as a user reads it ([`super::oom::oom_place`]), with the line
+    /// where the workload's statements are its author's ([`RunOutcome::script_lines`]).
+    pub fn oom_place(&self) -> Option<String> {
         let o = self.oom.as_ref()?;
         let rec = self.allocator.recorder();
         let site = super::oom::oom_site(rec.ring.iter(), &rec.tags);
@@ -188,7 +192,7 @@ impl RunOutcome {
             o.iteration,
             o.tokens,
             o.line,
-            with_line,
+            self.script_lines,
         ))
     }
 }

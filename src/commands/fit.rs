@@ -356,7 +356,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         .capacity
         .or(w.capacity)
         .unwrap_or(crate::runner::DEFAULT_CAPACITY);
-    let verdict = fit_verdict(args, &base, &opts, &param, start, &rows, is_config)?;
+    let verdict = fit_verdict(args, &base, &opts, &param, start, &rows)?;
     if args.quiet {
         writeln!(out, "{}", verdict.line)?;
         return Ok(Outcome::Ok);
@@ -451,7 +451,6 @@ fn fit_verdict(
     param: &str,
     start: i64,
     rows: &[Row],
-    is_config: bool,
 ) -> Result<FitVerdict> {
     let workload = &args.target.path();
     let at = base.with_param(param, start);
@@ -466,7 +465,7 @@ fn fit_verdict(
         Some(_) => remedies::needs(workload, &at, opts),
         None => None,
     };
-    let oom_at = r.oom_place(!is_config);
+    let oom_at = r.oom_place();
     let mut ranked: Vec<&Row> = rows.iter().filter(|r| r.kind.is_some()).collect();
     ranked.sort_by_key(|r| r.kind);
     let fix = ranked

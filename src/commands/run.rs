@@ -140,13 +140,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         crate::analysis::oom::confirm(d, settings_tried, fitting_setting.as_deref(), needs);
         tried = Some(t);
     }
-    let mut verdict = run_verdict(
-        &r,
-        oom.as_ref(),
-        tried.as_deref(),
-        crate::workload::is_config(workload),
-        !args.no_remedies,
-    );
+    let mut verdict = run_verdict(&r, oom.as_ref(), tried.as_deref(), !args.no_remedies);
     // a failure asked for is said on the line that opens the report (-q prints it alone)
     if args.fail_on.contains(&FailOn::Leak) {
         verdict
@@ -326,7 +320,6 @@ fn run_verdict(
     r: &crate::runner::RunOutcome,
     oom: Option<&crate::analysis::oom::OomDiagnosis>,
     tried: Option<&[remedies::Tried]>,
-    is_config: bool,
     remedies_tried: bool,
 ) -> FitVerdict {
     let context = r.context();
@@ -346,7 +339,7 @@ fn run_verdict(
                 o.iteration,
                 o.tokens,
                 o.line,
-                !is_config,
+                r.script_lines,
             )),
             _ => None,
         },

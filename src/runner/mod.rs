@@ -498,6 +498,7 @@ pub fn run_on(
         host_memory_peak: r.dev.host_memory().1,
         unified_memory_peak: r.dev.unified_memory().1,
         name: workload.name.clone(),
+        script_lines: workload.preset.is_none(),
         capacity,
         alloc_conf: (
             workload.alloc_conf.raw.clone(),

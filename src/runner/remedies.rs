@@ -428,7 +428,7 @@ pub fn try_one(path: &Path, r: &Remedy, opts: &RunOptions) -> Tried {
     match rerun(path, &r.overrides, opts) {
         Ok(out) => {
             (t.peak_allocated, t.peak_reserved, t.fits) = outcome(&out);
-            t.oom_at = out.oom_place(!workload::is_config(path));
+            t.oom_at = out.oom_place();
         }
         Err(e) => t.error = Some(e.to_string()),
     }
