@@ -13,6 +13,9 @@ the lowest free address first, so the addresses show the free holes in order, un
 run out and it reserves new ranges. The probes disturb what comes after, so the process exits
 there; each stop point is its own process (the driver's placement repeats from run to run).
 
+VA_STACK=N sets the per-thread stack limit (cudaLimitStackSize) to N bytes at the first stop
+point, before the model; each row records the limit in force at its stop (`stack_limit`).
+
 Usage: python3 va_scan.py OUT.json CASE STOP [STOP...]     (CASE: a name of hf_models.py or
        a JSON case as hf_models.py's --case-json takes; one child process per STOP)
        python3 va_scan.py --one CASE STOP PROBES          (one point; prints a JSON row)
@@ -38,8 +41,18 @@ def one(case, stop, probes):
     calls = [0]
     real = torch.cuda.memory_allocated
 
+    stack = os.environ.get("VA_STACK")
+
     def counted(*a, **k):
         calls[0] += 1
+        if calls[0] == 1 and stack:
+            # VA_STACK=N: the per-thread stack (local memory) limit set to N bytes before the
+            # model: the driver re-reserves the context's local memory there and frees the old
+            # reservation, if that is the free area later found in the first forward
+            import cupy
+
+            torch.cuda.synchronize()
+            cupy.cuda.runtime.deviceSetLimit(0, int(stack))
         v = real(*a, **k)
         if calls[0] == stop:
             scan(name, stop, v)
@@ -59,8 +72,12 @@ def one(case, stop, probes):
         for p in got:
             cupy.cuda.runtime.free(p)
         free, total = torch.cuda.mem_get_info()
+        # the per-thread stack limit then (cudaLimitStackSize): the driver raises it when a
+        # kernel needs more, re-reserving the context's local memory
+        limit = cupy.cuda.runtime.deviceGetLimit(0)
         print(json.dumps({"case": name, "stop": stop, "allocated": allocated, "segments": segs,
-                          "probes": got, "driver_used": total - free}), flush=True)
+                          "probes": got, "driver_used": total - free,
+                          "stack_limit": limit, "stack_set": stack}), flush=True)
         os._exit(0)
 
     hf_models.run_case(name, kw, "/tmp", snapshot=False)
