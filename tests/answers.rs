@@ -1150,6 +1150,57 @@ fn a_fast_forward_followed_by_allocations_is_run_again_in_full() {
     assert!(again.fast_forwarded.is_none());
 }
 
+/// Gemma-3 attends through its sliding window in five layers of six and Gemma-2 in every
+/// other: only those layers' caches stop at the window, the others grow with the context
+/// (the line said all stopped: half Gemma-3-1B's cache at 4,096 tokens).
+#[test]
+fn a_sliding_window_caps_only_the_layers_that_have_it() {
+    for (name, seq, want) in [
+        // 22 x 512 + 4 x 4,096 tokens of 1 KiB
+        (
+            "gemma-3-1b",
+            "2048",
+            "27.00 MiB at the end of this generation (4,096 tokens)",
+        ),
+        // 21 x 4,096 + 21 x 6,144 tokens of 8 KiB
+        (
+            "gemma-2-9b",
+            "4096",
+            "1.64 GiB at the end of this generation (6,144 tokens)",
+        ),
+    ] {
+        let c = config(name);
+        let out = gpumem()
+            .args([
+                "run",
+                &c,
+                "--mode",
+                "generate",
+                "--batch",
+                "1",
+                "--seq",
+                seq,
+                "--new-tokens",
+                "2048",
+                "--dtype",
+                "bf16",
+                "--iterations",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("KV cache:"))
+            .unwrap_or("");
+        assert!(
+            line.contains(want) && line.contains("layers that attend through"),
+            "{line}"
+        );
+    }
+}
+
 /// GPT-2's generation has its KV cache's bytes per token too (every head's keys and values:
 /// the hidden size per layer) and `fit --param new_tokens` stops at its `n_positions`; the
 /// answer, found with the decode steps fast-forwarded, is where `run` stops fitting.

@@ -382,9 +382,16 @@ pub fn kv_cache_line_at(k: &crate::workload::KvCacheInfo, tokens: u64, which: &s
         k.dtype,
         k.batch,
         match k.sliding_window {
-            Some(w) => format!(
+            Some(w) if k.sliding_layers >= k.layers => format!(
                 ", at most {} tokens (the sliding window)",
                 crate::units::group_digits(w)
+            ),
+            Some(w) => format!(
+                ", at most {} tokens in the {} of {} layers that attend through the sliding \
+                 window",
+                crate::units::group_digits(w),
+                k.sliding_layers,
+                k.layers
             ),
             None => String::new(),
         },

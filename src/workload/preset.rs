@@ -115,9 +115,12 @@ pub struct KvCacheInfo {
     pub batch: u64,
     /// The cache's dtype (`float32`, `bf16`).
     pub dtype: &'static str,
-    /// Layers whose cache stops growing at a sliding window, and its length.
+    /// The sliding window's length, where some layers' caches stop growing at it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
+    /// How many of the layers attend through the sliding window (Gemma-2 every other one,
+    /// Gemma-3 five of six, Mistral v0.1 all); the others' caches grow with the context.
+    pub sliding_layers: u64,
     /// The prompt's tokens.
     pub prompt: u64,
     /// `max_position_embeddings`, when the config gives it.
@@ -128,8 +131,15 @@ pub struct KvCacheInfo {
 impl KvCacheInfo {
     /// The cache's bytes at a context of `tokens` (every layer, the batch).
     pub fn bytes_at(&self, tokens: u64) -> u64 {
-        let t = self.sliding_window.map_or(tokens, |w| tokens.min(w));
-        self.bytes_per_token.saturating_mul(t)
+        let per_layer = self.bytes_per_token / self.layers.max(1);
+        let (sliding, full) = match self.sliding_window {
+            Some(w) => (self.sliding_layers.min(self.layers), tokens.min(w)),
+            None => (0, 0),
+        };
+        per_layer
+            .saturating_mul(self.layers - sliding)
+            .saturating_mul(tokens)
+            .saturating_add(per_layer.saturating_mul(sliding).saturating_mul(full))
     }
 }
 

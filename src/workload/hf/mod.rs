@@ -640,13 +640,16 @@ pub(crate) fn expand(
                     c.kv_heads * c.head_dim,
                     c.layers,
                     c.sliding_window,
+                    (0..c.layers)
+                        .filter(|&l| llama::sliding_layer(c, l))
+                        .count() as u64,
                     c.max_positions,
                 )),
-                config::Family::Gpt2(c) => Some((c.hidden, c.layers, None, Some(c.positions))),
+                config::Family::Gpt2(c) => Some((c.hidden, c.layers, None, 0, Some(c.positions))),
                 config::Family::Bert(_) => None,
             };
             shape.filter(|_| run.mode == "generate").map(
-                |(width, layers, sliding_window, max_positions)| {
+                |(width, layers, sliding_window, sliding_layers, max_positions)| {
                     // the cache takes the keys' dtype: float32 unless the weights are bf16
                     let bytes = if run.bf16_weights { 2 } else { 4 };
                     let per_layer = 2 * width * bytes;
@@ -656,7 +659,8 @@ pub(crate) fn expand(
                         layers,
                         batch: run.batch,
                         dtype: if run.bf16_weights { "bf16" } else { "float32" },
-                        sliding_window,
+                        sliding_window: sliding_window.filter(|_| sliding_layers > 0),
+                        sliding_layers,
                         prompt: run.seq,
                         max_positions,
                     }
