@@ -1150,6 +1150,50 @@ fn a_fast_forward_followed_by_allocations_is_run_again_in_full() {
     assert!(again.fast_forwarded.is_none());
 }
 
+/// Training's settings on a run without training are refused naming the flag, not dropped:
+/// gradient checkpointing changed an inference run's peak (transformers recomputes nothing
+/// there) and an optimizer was ignored.
+#[test]
+fn training_flags_without_training_are_refused() {
+    let c = config("tinyllama-1.1b");
+    let base = ["run", c.as_str(), "--batch", "1", "--seq", "64", "-q"];
+    for (extra, flag) in [
+        (
+            &["--mode", "inference", "--gradient-checkpointing"][..],
+            "--gradient-checkpointing",
+        ),
+        (
+            &["--mode", "inference", "--optimizer", "sgd"],
+            "--optimizer",
+        ),
+        (
+            &[
+                "--mode",
+                "generate",
+                "--new-tokens",
+                "4",
+                "--optimizer",
+                "sgd",
+            ],
+            "--optimizer",
+        ),
+    ] {
+        let out = gpumem().args(base).args(extra).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("train"),
+            "{extra:?}: {err}"
+        );
+    }
+    let out = gpumem()
+        .args(base)
+        .args(["--mode", "inference"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
+
 /// Gemma-3 attends through its sliding window in five layers of six and Gemma-2 in every
 /// other: only those layers' caches stop at the window, the others grow with the context
 /// (the line said all stopped: half Gemma-3-1B's cache at 4,096 tokens).

@@ -483,6 +483,76 @@ fn issue15_one_device_commands_say_which_device_they_show() {
     assert_eq!(v["device"], 1);
     let (code, _) = run(&["diff", p, p, "--device", "7"]);
     assert_eq!(code, Some(2));
+    // without --device, replay answers for the device that ran out (cuda:1), not the one
+    // with the longest trace
+    let (_, text) = run(&["replay", p, "--alloc-conf", "expandable_segments:True"]);
+    assert!(text.contains("showing cuda:1 of"), "{text}");
+    assert!(!text.contains("no out-of-memory either way"), "{text}");
+}
+
+/// A trace recorded from after its first `zero_grad` has no iteration 0: `summary` counts the
+/// iterations that allocated, as `plot` marks them (it said 2 where the plot showed 1).
+#[test]
+fn summary_and_plot_count_the_same_iterations() {
+    let dir = Scratch::new("iterations-agree");
+    let path = external(&dir, "kkaitlyn_memory_ctx128_fullstep.pickle");
+    let (_, v) = summary_json(&path, &[]);
+    assert_eq!(v["iterations_from"], "annotations");
+    let n = u(&v["trace"]["iterations"]);
+    let svg = dir.path("k.svg");
+    let o = gpumem()
+        .args(["plot", path.to_str().unwrap(), "-o", svg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let want = if n == 1 {
+        "1 iteration,".to_string()
+    } else {
+        format!("{n} iterations,")
+    };
+    assert!(text.contains(&want), "summary {n}: {text}");
+    assert_eq!(n, 1);
+}
+
+/// `replay --capacity` below what the run needs: the recorded settings run out at that
+/// capacity too, so a setting is not blamed for the errors (it was: "this setting causes 44
+/// out-of-memory errors" against the recording's none on its own device).
+#[test]
+fn replay_at_a_smaller_capacity_judges_a_setting_against_the_recorded_settings() {
+    let dir = Scratch::new("replay-capacity");
+    let path = external(&dir, "kkaitlyn_memory_ctx128_fullstep.pickle");
+    let p = path.to_str().unwrap();
+    let o = gpumem()
+        .args([
+            "replay",
+            p,
+            "--alloc-conf",
+            "expandable_segments:True",
+            "--capacity",
+            "50GiB",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let verdict = text.lines().find(|l| l.starts_with("verdict:")).unwrap();
+    assert!(
+        verdict.starts_with("verdict: no: at 50.00 GiB the recorded settings run out too"),
+        "{verdict}"
+    );
+    let o = gpumem()
+        .args([
+            "replay",
+            p,
+            "--alloc-conf",
+            "expandable_segments:True",
+            "--capacity",
+            "50GiB",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["recorded_settings_ooms"].as_u64().unwrap() > 0, "{v}");
 }
 
 /// Finding 6: entries are numbered as in the file (PyTorch's viewer numbers them so), counting

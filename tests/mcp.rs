@@ -158,7 +158,7 @@ fn a_session_answers_every_tool() {
         (
             "run",
             json!({"preset": "mlp-adam", "iterations": 2, "by": "op"}),
-            "gpumem.run/2",
+            "gpumem.run/3",
         ),
         (
             "fit",

@@ -663,14 +663,16 @@ fn trace_summary(
             a
         });
     let mut ann = super::stacks::Annotator::new(tags);
+    // the iterations that allocated (a trace that starts after its first zero_grad has no
+    // iteration 0: one iteration, as the plot marks it, not two)
     let iterations = stacks
         .into_iter()
         .filter_map(|s| match ann.meta(s).when {
-            super::stacks::When::Iteration(n) => Some(n + 1),
+            super::stacks::When::Iteration(n) => Some(n),
             _ => None,
         })
-        .max()
-        .unwrap_or(0);
+        .collect::<rustc_hash::FxHashSet<u32>>()
+        .len() as u32;
     TraceSummary {
         entries: events.len() as u64,
         allocs: count(EventKind::Alloc),

@@ -38,6 +38,11 @@ pub struct WhatIf {
     pub ooms_caused: Vec<u64>,
     /// Blocks allocated before the trace started, allocated first.
     pub preexisting_blocks: u64,
+    /// With a capacity other than the recording's (`--capacity`): the out-of-memory errors
+    /// of the recorded settings replayed at it, the baseline a setting is judged against
+    /// (the recording ran on its own device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_settings_ooms: Option<u64>,
 }
 
 /// The capacity a PyTorch trace shows: at each recorded OOM, reserved memory plus what the
@@ -245,5 +250,6 @@ pub fn what_if(
         ooms_avoided,
         ooms_caused,
         preexisting_blocks: pre.len() as u64,
+        recorded_settings_ooms: None,
     }
 }

@@ -24,7 +24,7 @@ use crate::commands::Outcome;
 use crate::error::{Error, Result};
 
 /// The documents' schemas, by name (`gpumem.NAME/VERSION`).
-pub const SCHEMAS: [(&str, &str); 7] = [
+pub const SCHEMAS: [(&str, &str); 8] = [
     (
         "gpumem.summary/1",
         include_str!("mcp/gpumem.summary.1.json"),
@@ -36,6 +36,8 @@ pub const SCHEMAS: [(&str, &str); 7] = [
     ("gpumem.run/1", include_str!("mcp/gpumem.run.1.json")),
     // 2: `launches` (the cuda device's kernels by where they ran)
     ("gpumem.run/2", include_str!("mcp/gpumem.run.2.json")),
+    // 3: `kv_cache.sliding_layers` (how many layers the sliding window caps)
+    ("gpumem.run/3", include_str!("mcp/gpumem.run.3.json")),
     ("gpumem.fit/1", include_str!("mcp/gpumem.fit.1.json")),
     ("gpumem.diff/1", include_str!("mcp/gpumem.diff.1.json")),
     ("gpumem.check/1", include_str!("mcp/gpumem.check.1.json")),
@@ -46,7 +48,7 @@ pub mod schema {
     pub const SUMMARY: &str = "gpumem.summary/1";
     pub const RANKS: &str = "gpumem.ranks/1";
     pub const EXPLAIN_OOM: &str = "gpumem.explain_oom/1";
-    pub const RUN: &str = "gpumem.run/2";
+    pub const RUN: &str = "gpumem.run/3";
     pub const FIT: &str = "gpumem.fit/1";
     pub const DIFF: &str = "gpumem.diff/1";
     pub const CHECK: &str = "gpumem.check/1";

@@ -58,7 +58,31 @@ pub fn recorded_capacity(s: &crate::snapshot::Snapshot) -> Option<u64> {
 }
 
 fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
-    let s = crate::snapshot::load_one(&args.trace, args.device)?;
+    let s = match args.device {
+        Some(_) => crate::snapshot::load_one(&args.trace, args.device)?,
+        // a file of several devices: the one that ran out (the question asked of a replay),
+        // else the one with the longest trace
+        None => {
+            let mut all = crate::snapshot::load_devices(&args.trace, crate::snapshot::Which::All)?;
+            let oom = |s: &crate::snapshot::Snapshot| {
+                s.events
+                    .iter()
+                    .any(|e| e.kind() == crate::trace::EventKind::Oom)
+            };
+            let pick = all
+                .iter()
+                .position(oom)
+                .or_else(|| {
+                    (0..all.len()).max_by_key(|&i| (all[i].events.len(), std::cmp::Reverse(i)))
+                })
+                .unwrap_or(0);
+            if all.is_empty() {
+                crate::snapshot::load(&args.trace)?
+            } else {
+                all.swap_remove(pick)
+            }
+        }
+    };
     if s.segments.is_empty() && s.events.is_empty() {
         return Err(Error::input(
             &args.trace,
@@ -90,6 +114,12 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
         capacity.unwrap_or(crate::analysis::whatif::UNLIMITED),
     );
     w.capacity_known = capacity.is_some();
+    // a capacity of the user's: the recorded settings replayed at it are the baseline (the
+    // recording's own out-of-memory errors happened on its own device)
+    if let (Some(_), Some(c)) = (&args.capacity, capacity) {
+        let base = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &s.conf, c);
+        w.recorded_settings_ooms = Some(base.replayed.ooms);
+    }
     let path = args.trace.display().to_string();
     if args.json {
         let mut v = crate::report::whatif::to_json(&path, &w);

@@ -87,7 +87,34 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
     ]);
     super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
-    let verdict = match (w.original.ooms, w.replayed.ooms) {
+    let verdict = match (w.recorded_settings_ooms, w.replayed.ooms) {
+        // at a capacity the user chose, the recorded settings are the baseline
+        (Some(base), r) if base > 0 => {
+            let at = b(w.capacity);
+            match r {
+                0 => format!(
+                    "yes: at {at} the recorded settings run out ({base} out-of-memory errors) \
+                     and this setting does not"
+                ),
+                r if r < base => format!(
+                    "partly: at {at} the recorded settings run out {base} times, this setting \
+                     {r}"
+                ),
+                r => format!(
+                    "no: at {at} the recorded settings run out too ({base} out-of-memory \
+                     errors, {r} with this setting): the run needs more memory than that, \
+                     whatever the setting"
+                ),
+            }
+        }
+        _ => verdict_against_recording(w),
+    };
+    writeln!(out, "verdict: {verdict}")
+}
+
+/// The verdict against the recording itself (on its own device).
+fn verdict_against_recording(w: &WhatIf) -> String {
+    match (w.original.ooms, w.replayed.ooms) {
         (0, 0) => format!(
             "no out-of-memory either way; peak reserved {} by {}",
             if w.replayed.peak_reserved <= w.original.peak_reserved {
@@ -102,8 +129,7 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
         (o, r) if r < o => format!("partly: {r} of the {o} out-of-memory errors remain"),
         (0, r) => format!("no: this setting causes {r} out-of-memory errors"),
         (_, _) => "no: the out-of-memory errors remain".to_string(),
-    };
-    writeln!(out, "verdict: {verdict}")
+    }
 }
 
 /// What `gpumem replay TRACE.json --alloc-conf OTHER` prints: PyTorch's recording against the

@@ -266,6 +266,30 @@ pub(crate) fn expand(
             ),
         ));
     }
+    // training's settings change nothing without a backward: refused, not dropped
+    if run.mode != "train" {
+        if run.checkpointing {
+            return Err(SyntaxError::new(
+                value_at(&m, "gradient_checkpointing"),
+                format!(
+                    "gradient checkpointing applies to training: mode = \"{}\" runs no backward \
+                     (transformers recomputes layers only while training), so it would change \
+                     nothing; remove it, or train (mode = \"train\")",
+                    run.mode
+                ),
+            ));
+        }
+        if t.table.contains_key("optimizer") && run.optimizer != "none" {
+            return Err(SyntaxError::new(
+                value_at(&t, "optimizer"),
+                format!(
+                    "an optimizer steps in training only: mode = \"{}\" has no optimizer step; \
+                     remove it, or train (mode = \"train\")",
+                    run.mode
+                ),
+            ));
+        }
+    }
     if run.grad_accum > 1 && run.mode != "train" {
         return Err(SyntaxError::new(
             value_at(&t, "grad_accum"),
