@@ -206,7 +206,7 @@ fn flag_error(e: Error, text: &str, config: &Path) -> Error {
     if key == "hf_config" {
         let own = message
             .strip_prefix(&format!("the config {}: ", config.display()))
-            .filter(|r| r.starts_with("line "))
+            .filter(|r| r.starts_with("line ") || r.starts_with("key '"))
             .and_then(|r| r.split_once(": "));
         return match own {
             Some((at, why)) => Error::input(config.to_path_buf(), at, why),

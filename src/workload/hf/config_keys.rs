@@ -287,7 +287,8 @@ pub(super) fn prob(
     }
 }
 
-/// `torch_dtype`/`dtype`, where it names a dtype gpumem knows.
+/// `torch_dtype`/`dtype`, where it names a dtype gpumem knows (`fp16`: one it knows of but
+/// does not model, which loading refuses unless `dtype` says what to run).
 pub(super) fn config_dtype(m: &Map<String, Value>) -> Option<&'static str> {
     ["dtype", "torch_dtype"]
         .iter()
@@ -295,6 +296,7 @@ pub(super) fn config_dtype(m: &Map<String, Value>) -> Option<&'static str> {
         .and_then(|d| match d {
             "float32" => Some("fp32"),
             "bfloat16" => Some("bf16"),
+            "float16" => Some("fp16"),
             _ => None,
         })
 }

@@ -220,6 +220,20 @@ pub(crate) fn expand(
         config::Family::Bert(c) => c.dtype,
     };
     let dtype = match model.get("dtype") {
+        // transformers loads a checkpoint in its own dtype; float16 is not modelled (its
+        // sizes are bf16's, its kernels' are not checked): said, not run as float32
+        None if cfg_dtype == Some("fp16") => {
+            return Err(SyntaxError::new(
+                cfg_at,
+                format!(
+                    "the config {}: key 'torch_dtype': float16, which transformers loads as \
+                     float16 and gpumem does not model: give the weights' dtype: dtype = \
+                     \"bf16\" (--dtype bf16) has float16's sizes, 2 bytes a weight; dtype = \
+                     \"fp32\" (--dtype fp32) loads them in float32",
+                    path.display()
+                ),
+            ));
+        }
         None => cfg_dtype.unwrap_or("fp32"),
         Some(_) => m.choice("dtype", "fp32", &["fp32", "bf16"])?,
     };
