@@ -1177,6 +1177,58 @@ fn a_fast_forward_followed_by_allocations_is_run_again_in_full() {
     assert!(again.fast_forwarded.is_none());
 }
 
+/// `fit` of a bare config without the searched value does not lead with the start it chose
+/// ("at seq 1"): the user asked how long, not about 1.
+#[test]
+fn fits_line_leads_with_the_answer_not_a_start_nobody_gave() {
+    let c = config("tinyllama-1.1b");
+    let (code, v) = run_json(&[
+        "fit",
+        &c,
+        "--param",
+        "seq",
+        "--batch",
+        "1",
+        "--dtype",
+        "bf16",
+        "--lora-r",
+        "16",
+        "--capacity",
+        "8GiB",
+        "--no-remedies",
+        "--iterations",
+        "1",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(line.starts_with("fits on 8.00 GiB up to seq "), "{line}");
+    // given, the start is part of the question
+    let (_, v) = run_json(&[
+        "fit",
+        &c,
+        "--param",
+        "seq",
+        "--batch",
+        "1",
+        "--seq",
+        "128",
+        "--dtype",
+        "bf16",
+        "--lora-r",
+        "16",
+        "--capacity",
+        "8GiB",
+        "--no-remedies",
+        "--iterations",
+        "1",
+    ]);
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(
+        line.starts_with("fits on 8.00 GiB at seq 128, up to seq "),
+        "{line}"
+    );
+}
+
 /// Training's settings on a run without training are refused naming the flag, not dropped:
 /// gradient checkpointing changed an inference run's peak (transformers recomputes nothing
 /// there) and an optimizer was ignored.

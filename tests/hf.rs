@@ -131,9 +131,12 @@ fn hf_configs_are_refused_by_name() {
         (
             "model_type",
             Value::from("t5"),
-            "not a family gpumem models",
+            "not a family gpumem models (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, \
+             gemma2, gemma3_text, phi3, gpt2 and bert)",
         ),
         ("hidden_act", Value::from("gelu"), "hidden_act"),
+        // transformers loads float16 as float16, which gpumem does not model
+        ("dtype", Value::from("float16"), "key 'dtype': float16"),
         (
             "num_key_value_heads",
             Value::from(3),

@@ -192,7 +192,8 @@ pub struct CompletionsArgs {
 /// kind = "gpt": vocab, seq, d_model, heads, layers, attention = "math" | "sdpa") and
 /// `[train]` (batch, iterations, optimizer, precision, grad_accum, mode, keep_loss,
 /// retain_graph) build PyTorch's reference model and loop; `[model] hf_config = "config.json"`
-/// a Hugging Face model from its config (llama, mistral, qwen2, gpt2, bert), and
+/// a Hugging Face model from its config (model_type llama, mistral, mixtral, qwen2, qwen3,
+/// qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt2 or bert), and
 /// `[model] torchvision = "resnet50"` a torchvision ResNet (image_size, num_classes).
 /// Script workloads may declare integer `[params]` (e.g. `batch = 32`) and use them as names.
 ///

@@ -356,7 +356,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         .capacity
         .or(w.capacity)
         .unwrap_or(crate::runner::DEFAULT_CAPACITY);
-    let verdict = fit_verdict(args, &base, &opts, &param, start, &rows)?;
+    let verdict = fit_verdict(args, &base, &opts, &param, start, start_given, &rows)?;
     if args.quiet {
         writeln!(out, "{}", verdict.line)?;
         return Ok(Outcome::Ok);
@@ -450,6 +450,7 @@ fn fit_verdict(
     opts: &RunOptions,
     param: &str,
     start: i64,
+    start_given: bool,
     rows: &[Row],
 ) -> Result<FitVerdict> {
     let workload = &args.target.path();
@@ -524,7 +525,12 @@ fn fit_verdict(
             match answer {
                 Some(_) => {
                     let rest = rest.replacen(&peak, &format!("{peak}{at}"), 1);
-                    format!("{head} at {param} {start}, up to {param} {m}:{rest}")
+                    // (a start the user did not give, 1, is not what they asked about)
+                    if start_given {
+                        format!("{head} at {param} {start}, up to {param} {m}:{rest}")
+                    } else {
+                        format!("{head} up to {param} {m}:{rest}")
+                    }
                 }
                 // the answer was not run (an estimate): the figures are the start's, and
                 // said so

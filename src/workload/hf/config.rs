@@ -186,10 +186,14 @@ fn not_modelled(path: &Path, model_type: &str) -> String {
         );
     }
     format!(
-        "{}: model_type \"{model_type}\" is not a family gpumem models (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt2 and bert)",
+        "{}: model_type \"{model_type}\" is not a family gpumem models ({FAMILIES})",
         path.display()
     )
 }
+
+/// The `model_type`s gpumem models, as its messages list them.
+pub const FAMILIES: &str =
+    "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt2 and bert";
 
 /// The llama config in `m` (read from `path`, for messages).
 pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, String> {
@@ -197,11 +201,7 @@ pub(super) fn llama(m: &Map<String, Value>, path: &Path) -> Result<LlamaConfig, 
     let model_type = match m.get("model_type") {
         Some(Value::String(s)) => s.as_str(),
         Some(_) => return Err(format!("{shown}: 'model_type' must be a string")),
-        None => {
-            return Err(format!(
-                "{shown}: no 'model_type' (llama, mistral, qwen2, gpt2 or bert)"
-            ))
-        }
+        None => return Err(format!("{shown}: no 'model_type' (one of {FAMILIES})")),
     };
     let mixtral = model_type == "mixtral";
     let qwen3_moe = model_type == "qwen3_moe";

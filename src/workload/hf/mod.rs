@@ -226,11 +226,17 @@ pub(crate) fn expand(
             return Err(SyntaxError::new(
                 cfg_at,
                 format!(
-                    "the config {}: key 'torch_dtype': float16, which transformers loads as \
+                    "the config {}: key '{}': float16, which transformers loads as \
                      float16 and gpumem does not model: give the weights' dtype: dtype = \
                      \"bf16\" (--dtype bf16) has float16's sizes, 2 bytes a weight; dtype = \
                      \"fp32\" (--dtype fp32) loads them in float32",
-                    path.display()
+                    path.display(),
+                    // (the key that says it: `dtype` is read before `torch_dtype`)
+                    if json.get("dtype").and_then(|v| v.as_str()).is_some() {
+                        "dtype"
+                    } else {
+                        "torch_dtype"
+                    }
                 ),
             ));
         }
@@ -562,8 +568,12 @@ pub(crate) fn expand(
         unsupported(key, &what)?;
     }
     if run.bf16_weights && (run.eager || run.bf16_autocast) {
-        let key = if run.eager { "attention" } else { "precision" };
-        unsupported(key, "bf16 weights with eager attention or bf16 autocast")?;
+        let (key, what) = if run.eager {
+            ("attention", "bf16 weights with eager attention")
+        } else {
+            ("precision", "bf16 weights under bf16 autocast")
+        };
+        unsupported(key, what)?;
     }
     if let Some((p, key)) = positions {
         if run.seq > p {
