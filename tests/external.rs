@@ -521,37 +521,27 @@ fn summary_and_plot_count_the_same_iterations() {
 fn replay_at_a_smaller_capacity_judges_a_setting_against_the_recorded_settings() {
     let dir = Scratch::new("replay-capacity");
     let path = external(&dir, "kkaitlyn_memory_ctx128_fullstep.pickle");
-    let p = path.to_str().unwrap();
-    let o = gpumem()
-        .args([
+    let replay = |json: bool| {
+        let mut args = vec![
             "replay",
-            p,
+            path.to_str().unwrap(),
             "--alloc-conf",
             "expandable_segments:True",
             "--capacity",
             "50GiB",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+        ];
+        if json {
+            args.push("--json");
+        }
+        gpumem().args(args).output().unwrap().stdout
+    };
+    let text = String::from_utf8_lossy(&replay(false)).into_owned();
     let verdict = text.lines().find(|l| l.starts_with("verdict:")).unwrap();
     assert!(
         verdict.starts_with("verdict: no: at 50.00 GiB the recorded settings run out too"),
         "{verdict}"
     );
-    let o = gpumem()
-        .args([
-            "replay",
-            p,
-            "--alloc-conf",
-            "expandable_segments:True",
-            "--capacity",
-            "50GiB",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: Value = serde_json::from_slice(&replay(true)).unwrap();
     assert!(v["recorded_settings_ooms"].as_u64().unwrap() > 0, "{v}");
 }
 
