@@ -66,15 +66,12 @@ pub(super) fn tag_iterations(s: &mut Snapshot) {
 /// frames (of file `gpumem`), and they are its iterations as in the snapshot it came from.
 /// PyTorch's own frames never read so.
 fn has_own_iterations(s: &Snapshot) -> bool {
-    let mut seen = rustc_hash::FxHashSet::default();
-    s.events.iter().any(|e| {
-        seen.insert(e.stack)
-            && s.tags
-                .resolve(e.stack)
-                .first()
-                .and_then(|t| t.strip_prefix("iter:"))
+    // (the stacks' outermost tags, not every event's stack: a large trace has millions)
+    !s.events.is_empty()
+        && s.tags.outermost().any(|t| {
+            t.strip_prefix("iter:")
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    })
+        })
 }
 
 /// Puts `iter:N` (N = `iter_of[i]`) in front of each event's stack, in place of an `iter:` tag

@@ -62,6 +62,15 @@ impl Tags {
         &self.names[t.0 as usize]
     }
 
+    /// The outermost tags of the stacks made so far (the root's children).
+    pub fn outermost(&self) -> impl Iterator<Item = &str> + '_ {
+        self.nodes
+            .iter()
+            .skip(1)
+            .filter(|(parent, _)| *parent == StackId::ROOT)
+            .map(|(_, t)| self.name(*t))
+    }
+
     #[inline]
     pub fn child(&mut self, parent: StackId, tag: TagId) -> StackId {
         let kids = &self.kids[parent.0 as usize];
