@@ -304,13 +304,34 @@ pub fn confirm(
         None => {
             d.verdict = Verdict::Capacity;
             let moment = if d.allocated.saturating_add(d.rounded) <= d.usable {
+                let why = if unallocated >= d.rounded && d.largest_free_block >= d.rounded {
+                    // (its pool's free blocks are large enough: they were another stream's,
+                    // or oversize blocks a smaller request may not split)
+                    format!(
+                        "the {} reserved and unallocated sat in blocks it could not use (the \
+                         largest {}: another stream's, or an oversize block)",
+                        b(unallocated),
+                        b(d.largest_free_block)
+                    )
+                } else if unallocated >= d.rounded {
+                    format!(
+                        "the {} reserved and unallocated was in pieces (the largest {})",
+                        b(unallocated),
+                        b(d.largest_free_block)
+                    )
+                } else {
+                    format!(
+                        "a new segment for it did not fit beside the {} reserved",
+                        b(d.reserved)
+                    )
+                };
                 format!(
-                    "At the failure the {} asked for would have fitted beside the {} alive \
-                     ({} reserved but unallocated, in pieces), but no allocator setting makes \
-                     the whole run fit (each was re-run).",
+                    "At the failure the {} asked for and the {} alive were within the {} the \
+                     allocator may use, but {why}, and no allocator setting makes the whole run \
+                     fit (each was re-run).",
                     b(d.rounded),
                     b(d.allocated),
-                    b(unallocated)
+                    b(d.usable),
                 )
             } else {
                 format!(
@@ -333,4 +354,59 @@ pub fn confirm(
         }
     }
     d.explanation.push_str(&tail);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn at_failure(unallocated: u64, largest: u64) -> OomDiagnosis {
+        OomDiagnosis {
+            site: Default::default(),
+            requested: 32 * MIB,
+            rounded: 32 * MIB,
+            capacity: 1024 * MIB,
+            usable: 1000 * MIB,
+            allocated: 800 * MIB,
+            reserved: 800 * MIB + unallocated,
+            device_free: 0,
+            largest_free_block: largest,
+            verdict: Verdict::Fragmentation,
+            confirmed: false,
+            needs_reserved: None,
+            explanation: String::new(),
+            live_by_category: Vec::new(),
+            top_tags: Vec::new(),
+        }
+    }
+
+    /// A capacity out-of-memory whose request would have fitted beside what was alive says
+    /// why it failed as the figures show it: free memory in pieces smaller than the request,
+    /// free blocks large enough that the request could not use, or no room for a segment;
+    /// never "in pieces" beside a largest free block that could hold it.
+    #[test]
+    fn a_capacity_verdict_says_why_the_request_found_no_block() {
+        let said = |unallocated, largest| {
+            let mut d = at_failure(unallocated, largest);
+            confirm(&mut d, true, None, Some(2048 * MIB));
+            assert_eq!(d.verdict, Verdict::Capacity);
+            d.explanation
+        };
+        let pieces = said(100 * MIB, 8 * MIB);
+        assert!(
+            pieces.contains("was in pieces (the largest 8.00 MiB)"),
+            "{pieces}"
+        );
+        let unusable = said(100 * MIB, 64 * MIB);
+        assert!(
+            unusable.contains("sat in blocks it could not use (the largest 64.00 MiB"),
+            "{unusable}"
+        );
+        let segment = said(16 * MIB, 16 * MIB);
+        assert!(
+            segment.contains("a new segment for it did not fit beside the 816.00 MiB reserved"),
+            "{segment}"
+        );
+    }
 }
