@@ -1110,6 +1110,24 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
     );
 }
 
+/// What was live at an out-of-memory, by category, adds up to its `allocated`: the trace's
+/// sizes are those asked for, the blocks' larger (a 135 MiB weight in a 136 MiB block), and
+/// the difference is a row of its own (129 MiB went missing on a 14B model).
+#[test]
+fn what_was_live_at_an_oom_adds_up_to_allocated() {
+    let (_, v) = run_json(&[
+        "run",
+        "fixtures/hf/workloads/llama_t_sdpa_adamw_fp32.toml",
+        "--capacity",
+        "200MiB",
+        "--no-remedies",
+    ]);
+    let o = &v["oom"];
+    let rows = o["live_by_category"].as_object().unwrap();
+    let sum: u64 = rows.values().map(u).sum();
+    assert_eq!(sum, u(&o["allocated"]), "{rows:?}");
+}
+
 /// Where a run ran out names a line only where the workload's statements are its author's:
 /// a script's, not those gpumem generates for a `[model] hf_config` workload (its "line 1"
 /// meant nothing), in the verdict, the diagnosis and every remedy's row alike.

@@ -220,7 +220,16 @@ pub fn diagnose(oom: &OutOfMemory, usable: u64, events: &[Event], tags: &Tags) -
             b(oom.device_free)
         ),
     };
-    let (live_by_category, top_tags) = live_breakdown(events, tags);
+    let (mut live_by_category, top_tags) = live_breakdown(events, tags);
+    // the trace's sizes are those asked for; `allocated` counts the blocks, rounded up (and
+    // any block the trace does not show): the rest is its own row, so the rows add up
+    let asked: u64 = live_by_category.iter().map(|(_, n)| n).sum();
+    if oom.allocated > asked && !live_by_category.is_empty() {
+        live_by_category.push((
+            "(blocks larger than asked, or from before the trace)".into(),
+            oom.allocated - asked,
+        ));
+    }
     let site = oom_site(events, tags);
     OomDiagnosis {
         site,
@@ -404,6 +413,7 @@ mod tests {
             "{unusable}"
         );
         let segment = said(16 * MIB, 16 * MIB);
+        // (the rows of what was live add up to `allocated`: see diagnose)
         assert!(
             segment.contains("a new segment for it did not fit beside the 816.00 MiB reserved"),
             "{segment}"
