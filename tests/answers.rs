@@ -1110,6 +1110,39 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
     );
 }
 
+/// A generation's shorter-sequence remedy shortens its prompt and says so (it said
+/// "sequences", training's word).
+#[test]
+fn a_generations_remedies_speak_of_prompts() {
+    let (_, v) = run_json(&[
+        "run",
+        &config("tinyllama-1.1b"),
+        "--mode",
+        "generate",
+        "--batch",
+        "16",
+        "--seq",
+        "4096",
+        "--new-tokens",
+        "4",
+        "--dtype",
+        "bf16",
+        "--capacity",
+        "6GiB",
+        "--iterations",
+        "1",
+    ]);
+    let rows = v["oom"]["remedies"].as_array().unwrap();
+    let seq = rows
+        .iter()
+        .find(|r| r["name"].as_str().is_some_and(|n| n.starts_with("seq ")))
+        .unwrap();
+    assert!(
+        seq["change"].as_str().unwrap().starts_with("prompts of "),
+        "{seq}"
+    );
+}
+
 /// What was live at an out-of-memory, by category, adds up to its `allocated`: the trace's
 /// sizes are those asked for, the blocks' larger (a 135 MiB weight in a 136 MiB block), and
 /// the difference is a row of its own (129 MiB went missing on a 14B model).

@@ -267,7 +267,7 @@ impl RemedyTier {
         match self {
             RemedyTier::AllocatorSetting => "allocator setting",
             RemedyTier::MemoryOnly => "memory only",
-            RemedyTier::Training => "changes training",
+            RemedyTier::Training => "changes results",
         }
     }
 }

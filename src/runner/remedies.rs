@@ -477,6 +477,11 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
         out.push(steps);
     }
     if let Some(seq) = int("seq").filter(|_| w.preset.is_some()) {
+        // (a generation's seq is its prompt)
+        let what = match w.preset.as_ref().map(|p| p.mode) {
+            Some("generate") => "prompts",
+            _ => "sequences",
+        };
         let mut steps = Vec::new();
         let mut t = seq;
         while t > 1 {
@@ -484,7 +489,7 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
             steps.push(Remedy {
                 name: format!("seq {t}"),
                 change: format!(
-                    "sequences of {t} token{} instead of {seq}",
+                    "{what} of {t} token{} instead of {seq}",
                     if t == 1 { "" } else { "s" }
                 ),
                 overrides: base.with_param("seq", t),
