@@ -413,7 +413,6 @@ mod tests {
             "{unusable}"
         );
         let segment = said(16 * MIB, 16 * MIB);
-        // (the rows of what was live add up to `allocated`: see diagnose)
         assert!(
             segment.contains("a new segment for it did not fit beside the 816.00 MiB reserved"),
             "{segment}"
