@@ -1744,3 +1744,183 @@ fn a_second_new_users_questions_get_honest_answers() {
         rows[1]
     );
 }
+
+/// A card too small for the weights alone: the run runs out building the model, the verdict
+/// and the diagnosis say the model alone is too big (its size, before any step), and only the
+/// remedies that change what is built are re-run: no batch, sequence, checkpointing or
+/// optimizer rows, which change a loop that never ran.
+#[test]
+fn weights_that_alone_do_not_fit_are_said_and_loop_remedies_are_not_tried() {
+    let mut a = vec!["run", LLAMA_8B];
+    a.extend_from_slice(&QUESTION[..QUESTION.len() - 1]);
+    a.push("12GiB");
+    let (code, v) = run_json(&a);
+    assert_eq!(code, Some(0));
+    let line = v["verdict"]["line"].as_str().unwrap();
+    // Llama-3.1-8B's 8.03e9 weights in bf16 and the LoRA adapters: 14.98 GiB
+    assert!(
+        line.starts_with(
+            "does not fit on 12.00 GiB: the model alone holds 14.98 GiB before its first step"
+        ),
+        "{line}"
+    );
+    let o = &v["oom"];
+    let why = o["explanation"].as_str().unwrap();
+    assert!(why.contains("It ran out building the model"), "{why}");
+    let names: Vec<&str> = o["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"expandable_segments:True"), "{names:?}");
+    for loop_only in ["seq", "batch", "gradient checkpointing", "SGD"] {
+        assert!(
+            !names.iter().any(|n| n.starts_with(loop_only)),
+            "{loop_only}: {names:?}"
+        );
+    }
+    // on a card the weights fit, the same run's shrinking remedies are tried as before
+    let (_, v) = run_json(&args("run", &[]));
+    let names: Vec<String> = v["oom"]["remedies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("seq ")), "{names:?}");
+    assert!(!v["verdict"]["line"]
+        .as_str()
+        .unwrap()
+        .contains("model alone"));
+}
+
+/// A training sequence past the model's max_position_embeddings runs (RoPE) with a warning,
+/// on stderr and in the JSON; a config without a size key says which default stood in.
+#[test]
+fn a_sequence_past_the_trained_context_and_a_missing_size_key_are_warned() {
+    let cfg = config("llama-3.2-1b");
+    let long = [
+        "run",
+        cfg.as_str(),
+        "--batch",
+        "1",
+        "--seq",
+        "140000",
+        "--dtype",
+        "bf16",
+    ];
+    let out = common::at_root(&[&long[..], &["--lora-r", "16", "-q"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("seq 140,000 is past the model's max_position_embeddings of 131,072"),
+        "{err}"
+    );
+    let (_, v) = run_json(&[&long[..], &["--lora-r", "16"]].concat());
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("max_position_embeddings"),
+        "{}",
+        v["warnings"]
+    );
+    // within the context: no warning
+    let out = common::at_root(&["run", &cfg, "--batch", "1", "--seq", "128", "-q"]);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the report says what a bare config's run assumed
+    let out = common::at_root(&["run", &cfg, "--batch", "2", "--seq", "128"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().nth(2).unwrap().starts_with(
+            "as run: train: batch 2 x seq 128, bf16 weights, every weight trained, AdamW, \
+             sdpa attention, 3 iterations"
+        ),
+        "{text}"
+    );
+    // num_hidden_layers removed: transformers' LlamaConfig default (32) stands in, said once
+    let text = std::fs::read_to_string(common::root().join(&cfg)).unwrap();
+    let mut m: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+    m.remove("num_hidden_layers");
+    let s = Scratch::new("no-layers");
+    let p = s.write("config.json", &Value::Object(m).to_string());
+    let out = common::at_root(&[
+        "run",
+        p.to_str().unwrap(),
+        "--batch",
+        "1",
+        "--seq",
+        "128",
+        "-q",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches(
+            "no 'num_hidden_layers': transformers' default for this model_type, 32, is used"
+        )
+        .count(),
+        1,
+        "{err}"
+    );
+}
+
+/// Two models' configs as their folders hold them (both `config.json`) are two entries of a
+/// baseline, each named by its folder, and checked against it again.
+#[test]
+fn check_of_two_config_json_files_names_each_by_its_folder() {
+    let s = Scratch::new("two-config-json");
+    for (dir, name) in [("qwen", "qwen2.5-0.5b"), ("llama", "llama-3.2-1b")] {
+        std::fs::create_dir_all(s.path(dir)).unwrap();
+        std::fs::copy(
+            common::root().join(config(name)),
+            s.path(dir).join("config.json"),
+        )
+        .unwrap();
+    }
+    let base = s.path("baseline.json");
+    let (a, b) = (s.path("qwen/config.json"), s.path("llama/config.json"));
+    let args = |update: bool| {
+        let mut v = vec![
+            "check".to_string(),
+            a.display().to_string(),
+            b.display().to_string(),
+            "--batch".into(),
+            "1".into(),
+            "--seq".into(),
+            "64".into(),
+            "--baseline".into(),
+            base.display().to_string(),
+        ];
+        if update {
+            v.push("--update".into());
+        }
+        v
+    };
+    let out = gpumem().args(args(true)).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&base).unwrap();
+    assert!(
+        text.contains("qwen/config.json (Hugging Face config)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("llama/config.json (Hugging Face config)"),
+        "{text}"
+    );
+    let out = gpumem().args(args(false)).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -343,7 +343,7 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
         let text = gpumem().arg("summary").arg(&path).output().unwrap();
         let text = String::from_utf8_lossy(&text.stdout);
         assert!(
-            !text.contains("C:\\") && !text.contains("<non-python>"),
+            !text.contains("C:\\") && !text.contains("(C++ frames only)"),
             "{name}"
         );
         let svg = dir.path(&format!("{name}.svg"));
@@ -357,8 +357,8 @@ fn issue15_windows_paths_make_short_sites_and_labelled_plots() {
         assert_eq!(out.status.code(), Some(0));
         let svg = std::fs::read_to_string(&svg).unwrap();
         assert!(
-            !svg.contains("non-python"),
-            "{name}: the plot files sites as <non-python>"
+            !svg.contains("C++ frames only"),
+            "{name}: the plot files sites as C++ frames only"
         );
         assert!(svg.contains(".py:"), "{name}: no site in the legend");
     }

@@ -412,7 +412,7 @@ fn issue6_plot_draws_a_pytorch_snapshot_by_site() {
         .assert()
         .success();
     let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(text.contains(r#"data-series="before the trace""#));
+    assert!(text.contains(r#"data-series="(allocated before the trace started)""#));
     assert!(text.contains(r#"data-series="adam.py:182:_init_group""#));
     assert!(text.contains(r#"data-label="iter 2""#));
     // 2,584,629,248 bytes: the process's max_memory_allocated()

@@ -55,6 +55,10 @@ pub struct OomDiagnosis {
     pub confirmed: bool,
     /// What the run needs: its peak reserved on an unbounded device, when it was re-run so.
     pub needs_reserved: Option<u64>,
+    /// When it ran out building the model (before any step) and the model alone, as the
+    /// unbounded run built it, is more than `usable`: that allocated size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_alone: Option<u64>,
     /// The verdict in a sentence or two, with the figures.
     pub explanation: String,
     /// Where the failing allocation was asked for: its tags (scopes and op) without the
@@ -244,6 +248,7 @@ pub fn diagnose(oom: &OutOfMemory, usable: u64, events: &[Event], tags: &Tags) -
         verdict,
         confirmed: false,
         needs_reserved: None,
+        model_alone: None,
         explanation,
         live_by_category,
         top_tags,
@@ -259,6 +264,7 @@ pub fn confirm(
     settings_tried: bool,
     fitting_setting: Option<&str>,
     needs: Option<u64>,
+    built_in_setup: Option<u64>,
 ) {
     use crate::units::format_bytes as b;
     if !settings_tried && needs.is_none() {
@@ -266,6 +272,7 @@ pub fn confirm(
     }
     d.confirmed = true;
     d.needs_reserved = needs;
+    d.model_alone = built_in_setup.filter(|m| *m > d.usable);
     let needs_text = match needs {
         Some(n) if n > d.usable => format!(
             "The run needs {} reserved at its peak (run on an unbounded device), {} more than \
@@ -351,9 +358,22 @@ pub fn confirm(
                     b(d.usable)
                 )
             };
+            let fix = match d.model_alone {
+                Some(m) => format!(
+                    "It ran out building the model: the model alone (its parameters and what \
+                     wraps them) holds {} before the first step, more than the {} the \
+                     allocator may use, so no change to the loop (batch, sequence, \
+                     checkpointing, optimizer) can help. The weights have to shrink or be \
+                     spread: bf16 weights, sharding over GPUs (FSDP2, ZeRO-3), or a larger \
+                     card (quantized weights, such as QLoRA's 4-bit, are not modelled by \
+                     gpumem).",
+                    b(m),
+                    b(d.usable)
+                ),
+                None => "The workload has to need less memory: see the remedies.".into(),
+            };
             d.explanation = format!(
-                "out of capacity: {moment} {}The workload has to need less memory: see the \
-                 remedies.",
+                "out of capacity: {moment} {}{fix}",
                 if needs_text.is_empty() {
                     String::new()
                 } else {
@@ -384,6 +404,7 @@ mod tests {
             verdict: Verdict::Fragmentation,
             confirmed: false,
             needs_reserved: None,
+            model_alone: None,
             explanation: String::new(),
             live_by_category: Vec::new(),
             top_tags: Vec::new(),
@@ -398,7 +419,7 @@ mod tests {
     fn a_capacity_verdict_says_why_the_request_found_no_block() {
         let said = |unallocated, largest| {
             let mut d = at_failure(unallocated, largest);
-            confirm(&mut d, true, None, Some(2048 * MIB));
+            confirm(&mut d, true, None, Some(2048 * MIB), None);
             assert_eq!(d.verdict, Verdict::Capacity);
             d.explanation
         };

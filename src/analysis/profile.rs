@@ -433,7 +433,7 @@ fn frames_key(resolved: &[(TagId, &str)], library: &FxHashSet<TagId>, by: GroupB
         .collect();
     let frames: Vec<&str> = kept.iter().map(|(_, t)| *t).collect();
     if frames.is_empty() {
-        return "(no frames recorded)".into();
+        return super::stacks::NO_FRAMES.into();
     }
     match by {
         GroupBy::Op => {

@@ -241,6 +241,19 @@ pub enum RemedyTier {
 }
 
 impl RemedyKind {
+    /// Whether the remedy can change what a preset or config allocates before its first step
+    /// (the model as built and wrapped), not only its training or generation loop.
+    pub fn can_change_the_build(self) -> bool {
+        matches!(
+            self,
+            RemedyKind::ExpandableSegments
+                | RemedyKind::MaxSplitSize
+                | RemedyKind::Sharding
+                | RemedyKind::Bf16Weights
+                | RemedyKind::Lora
+        )
+    }
+
     pub fn tier(self) -> RemedyTier {
         match self {
             RemedyKind::ExpandableSegments | RemedyKind::MaxSplitSize => {

@@ -58,6 +58,13 @@ impl<'a> Annotator<'a> {
     }
 }
 
+/// The label of a stack whose frames are all C++ (PyTorch's own, with no Python caller
+/// recorded).
+pub const NO_PYTHON_FRAMES: &str = "(C++ frames only)";
+
+/// The label of an allocation recorded with no frames at all.
+pub const NO_FRAMES: &str = "(no frames recorded)";
+
 /// The meaning of a stack's tags, outermost first.
 pub fn describe(tags: &[&str]) -> StackMeta {
     let mut when = When::Unknown;
@@ -128,7 +135,7 @@ fn shown_site(site: &str, full: bool, depth: usize) -> String {
         .filter(|p| full || is_python_frame(p))
         .collect();
     if shown.is_empty() {
-        return "<non-python>".into();
+        return NO_PYTHON_FRAMES.into();
     }
     if full || shown.len() <= depth {
         return shown.join(" < ");

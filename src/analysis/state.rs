@@ -312,7 +312,7 @@ pub fn timeline_from_trace(
                     .rsplit('/')
                     .find(|t| super::stacks::is_python_frame(t))
                     .map(String::from)
-                    .unwrap_or_else(|| "<non-python>".into())
+                    .unwrap_or_else(|| super::stacks::NO_PYTHON_FRAMES.into())
             })
             .clone()
     };
@@ -337,7 +337,7 @@ pub fn timeline_from_trace(
             (EventKind::FreeRequested, Some(b)) => {
                 let (b, name) = live
                     .remove(&e.addr)
-                    .unwrap_or((b, "before the trace".into()));
+                    .unwrap_or((b, super::profile::BEFORE_TRACE.into()));
                 *cur.entry(name).or_default() -= b as i64;
                 total -= b as i64;
             }
@@ -369,10 +369,10 @@ pub fn timeline_from_trace(
         .map(|r| r.1.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|(k, v)| *v > 0 && k != "before the trace")
+        .filter(|(k, v)| *v > 0 && k != super::profile::BEFORE_TRACE)
         .collect();
     at_peak.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut categories: Vec<String> = vec!["before the trace".into()];
+    let mut categories: Vec<String> = vec![super::profile::BEFORE_TRACE.into()];
     categories.extend(at_peak.iter().take(top).map(|(k, _)| k.clone()));
     categories.push("other".into());
     let n = categories.len();

@@ -289,13 +289,13 @@ fn site_of(tags: &Tags, s: StackId, full: bool) -> String {
             .filter(|t| !t.starts_with("[C++] "))
             .collect();
         if had_frames && !k.iter().any(|t| super::stacks::is_python_frame(t)) {
-            return "<non-python>".into();
+            return super::stacks::NO_PYTHON_FRAMES.into();
         }
         k
     };
     let m = describe(&kept);
     if m.site.is_empty() {
-        "(no frames recorded)".into()
+        super::stacks::NO_FRAMES.into()
     } else {
         m.site
     }

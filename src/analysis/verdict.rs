@@ -54,6 +54,9 @@ pub struct Inputs {
     /// Whether it ran out.
     pub oom: bool,
     pub needs_reserved: Option<u64>,
+    /// What the model alone holds before its first step, when the run ran out building it
+    /// and that alone is more than `usable`: no change to the loop can make it fit.
+    pub model_alone: Option<u64>,
     pub cause: Option<OomKind>,
     pub oom_at: Option<String>,
     pub smallest_fix: Option<String>,
@@ -105,10 +108,22 @@ pub fn verdict(i: &Inputs) -> FitVerdict {
             "does not fit on {cap} as the allocator is set: out of memory from fragmentation"
         ),
         (_, Some(n)) => format!(
-            "does not fit on {cap}: needs {} reserved{}",
+            "does not fit on {cap}: {}needs {} reserved{}",
+            match i.model_alone {
+                Some(m) => format!(
+                    "the model alone holds {} before its first step, more than the {} usable; \
+                     the run ",
+                    b(m),
+                    b(i.usable)
+                ),
+                None => String::new(),
+            },
             b(n),
             match short_by {
-                Some(s) => format!(" ({} short of the {} usable)", b(s), b(i.usable)),
+                Some(s) if i.model_alone.is_none() => {
+                    format!(" ({} short of the {} usable)", b(s), b(i.usable))
+                }
+                Some(s) => format!(" ({} short)", b(s)),
                 None => String::new(),
             }
         ),
@@ -182,6 +197,7 @@ mod tests {
             peak_reserved: 23 * GIB,
             oom: true,
             needs_reserved: Some(27 * GIB),
+            model_alone: None,
             cause: Some(OomKind::Capacity),
             oom_at: Some("lm_head/linear, iteration 0".into()),
             smallest_fix: Some("gradient checkpointing".into()),
@@ -214,6 +230,7 @@ mod tests {
             oom: true,
             // the unbounded run strands segments the bounded one would have freed
             needs_reserved: Some(17 * GIB),
+            model_alone: None,
             cause: Some(OomKind::Fragmentation),
             smallest_fix: Some("expandable_segments:True".into()),
             ..Inputs::default()

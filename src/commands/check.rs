@@ -335,7 +335,8 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
                 "name",
                 format!(
                     "'{}' is also the name of {}: the baseline keys entries by name, so give \
-                     each workload its own [workload] name (snapshots are named by file name)",
+                     each workload its own [workload] name (snapshots and Hugging Face configs \
+                     are named by their file, a config.json by its folder too)",
                     input.name,
                     other.path.display()
                 ),

@@ -487,7 +487,11 @@ fn fit_verdict(
         peak_reserved: answer.map_or(r.peak.peak_reserved, |(_, p)| p),
         context,
         oom: r.oom.is_some(),
-        needs_reserved: needs,
+        needs_reserved: needs.map(|n| n.peak_reserved),
+        // (out of memory while the model was built, and the model alone is too big)
+        model_alone: needs
+            .map(|n| n.built)
+            .filter(|m| r.oom.as_ref().is_some_and(|o| o.iteration.is_none()) && *m > usable),
         cause: None,
         oom_at,
         smallest_fix: fix.map(|f| {

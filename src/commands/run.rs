@@ -116,6 +116,8 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
                 s.set_message(format!("out of memory: trying {name}"));
             }
         };
+        // (out of memory while the model was built, before any step)
+        let in_setup = r.oom.as_ref().is_some_and(|o| o.iteration.is_none());
         // the re-runs that settle the verdict, side by side: the allocator settings (all
         // remedies unless --no-remedies) and the run on an unbounded device
         let (t, needs) = rayon::join(
@@ -124,7 +126,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
                     progress("allocator settings");
                     remedies::try_allocator_settings(workload, &w, &overrides, &opts)
                 } else {
-                    remedies::try_all(workload, &w, &overrides, &opts, &progress)
+                    remedies::try_all(workload, &w, &overrides, &opts, in_setup, &progress)
                 }
             },
             || remedies::needs(workload, &overrides, &opts),
@@ -137,7 +139,15 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             .iter()
             .find(|x| x.fits && x.kind.tier() == RemedyTier::AllocatorSetting)
             .map(|x| x.name.clone());
-        crate::analysis::oom::confirm(d, settings_tried, fitting_setting.as_deref(), needs);
+        crate::analysis::oom::confirm(
+            d,
+            settings_tried,
+            fitting_setting.as_deref(),
+            needs.map(|n| n.peak_reserved),
+            needs
+                .map(|n| n.built)
+                .filter(|_| in_setup && w.preset.is_some()),
+        );
         tried = Some(t);
     }
     let mut verdict = run_verdict(&r, oom.as_ref(), tried.as_deref(), !args.no_remedies);
@@ -168,6 +178,21 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
                 crate::units::group_digits(fed),
                 crate::units::group_digits(m)
             ));
+        }
+    }
+    // a training or inference sequence past the context the model was trained for (RoPE
+    // runs it; the model was not trained there)
+    if let Some(p) = w.preset.as_ref().filter(|p| p.kv_cache.is_none()) {
+        let seq = p.ints.iter().find(|(k, _)| k == "seq").map(|x| x.1);
+        if let (Some(seq), Some(m)) = (seq, p.max_positions) {
+            if seq > m {
+                warnings.push(format!(
+                    "seq {} is past the model's max_position_embeddings of {} (RoPE runs it, \
+                     but the model was not trained on contexts that long)",
+                    crate::units::group_digits(seq),
+                    crate::units::group_digits(m)
+                ));
+            }
         }
     }
     for wn in &warnings {
@@ -243,7 +268,13 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         writeln!(out)?;
     } else {
         writeln!(out, "{}", report::verdict::line(&verdict))?;
-        report::run::write_text(out, &path, &r, verdict.oom_at.as_deref())?;
+        report::run::write_text(
+            out,
+            &path,
+            &r,
+            verdict.oom_at.as_deref(),
+            w.preset.as_ref().and_then(|p| p.assumptions.as_deref()),
+        )?;
         if let (Some(k), Some(t)) = (&kv, context_tokens) {
             writeln!(
                 out,
@@ -332,6 +363,7 @@ fn run_verdict(
         context,
         oom: r.oom.is_some(),
         needs_reserved: oom.and_then(|d| d.needs_reserved),
+        model_alone: oom.and_then(|d| d.model_alone),
         cause: oom.filter(|d| d.confirmed).map(|d| d.verdict),
         oom_at: match (&r.oom, oom) {
             (Some(o), Some(d)) => Some(crate::analysis::oom::oom_place(

@@ -354,7 +354,7 @@ fn perfetto_device(snap: &Snapshot) -> Vec<Value> {
     for (t, c, r) in &rows {
         let mut args = serde_json::Map::new();
         if before > 0 {
-            args.insert("before the trace".into(), json!(before));
+            args.insert(crate::analysis::profile::BEFORE_TRACE.into(), json!(before));
         }
         for (k, v) in c {
             args.insert(k.clone(), json!((*v).max(0)));

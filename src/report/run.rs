@@ -20,6 +20,7 @@ pub fn write_text(
     path: &str,
     r: &RunOutcome,
     oom_place: Option<&str>,
+    assumptions: Option<&str>,
 ) -> std::io::Result<()> {
     let device = match r.device {
         "sim" => "the simulated device",
@@ -37,6 +38,9 @@ pub fn write_text(
             format_bytes(r.capacity)
         ))
     )?;
+    if let Some(a) = assumptions {
+        writeln!(out, "{}", super::style::wrap(&format!("as run: {a}")))?;
+    }
     if !r.launches.is_empty() {
         writeln!(out, "{}", super::style::wrap(&launches_line(&r.launches)))?;
     }

@@ -519,21 +519,31 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
 /// Calls `progress(name)` before each run. Returns the results with the ones that fit first,
 /// each group ranked by how little the remedy changes ([`RemedyKind`]'s order), so the first
 /// row that fits is the smallest change that does.
+///
+/// `in_setup`: the run ran out while a preset or config built its model, before any step.
+/// Only the remedies that change what that builds are tried then (allocator settings, the
+/// weights' dtype, LoRA with bf16 weights, sharding): the batch, the sequence, checkpointing
+/// and the optimizer change only the loop that never ran.
 pub fn try_all(
     path: &Path,
     w: &Workload,
     base: &Overrides,
     opts: &RunOptions,
+    in_setup: bool,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Vec<Tried> {
     use rayon::prelude::*;
+    let build_only = in_setup && w.preset.is_some();
     // each remedy is a re-run of its own, and each shrinking series (smaller and smaller until
     // one fits) a sequence of them: those run side by side, one per core
     let mut jobs: Vec<Vec<Remedy>> = applicable(Some(path), w, base)
         .into_iter()
+        .filter(|r| !build_only || r.kind.can_change_the_build())
         .map(|r| vec![r])
         .collect();
-    jobs.extend(shrinking(w, base));
+    if !build_only {
+        jobs.extend(shrinking(w, base));
+    }
     let mut out: Vec<Tried> = jobs
         .into_par_iter()
         .map(|steps| {
@@ -578,9 +588,19 @@ pub fn try_allocator_settings(
         .collect()
 }
 
-/// What the workload needs: its peak reserved run on an unbounded simulated device, or
-/// `None` when that run fails (or runs out even there).
-pub fn needs(path: &Path, base: &Overrides, opts: &RunOptions) -> Option<u64> {
+/// What a workload needs, run on an unbounded simulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// Its peak reserved.
+    pub peak_reserved: u64,
+    /// What its setup left allocated: the model (its parameters and what its wrapping makes)
+    /// before the first iteration.
+    pub built: u64,
+}
+
+/// What the workload needs ([`Needs`]), or `None` when that run fails (or runs out even
+/// there).
+pub fn needs(path: &Path, base: &Overrides, opts: &RunOptions) -> Option<Needs> {
     let unbounded = RunOptions {
         deadline: None,
         capacity: Some(UNBOUNDED),
@@ -588,7 +608,10 @@ pub fn needs(path: &Path, base: &Overrides, opts: &RunOptions) -> Option<u64> {
         ..opts.clone()
     };
     let r = rerun(path, base, &unbounded).ok()?;
-    r.oom.is_none().then_some(r.peak.peak_reserved)
+    r.oom.is_none().then(|| Needs {
+        peak_reserved: r.peak.peak_reserved,
+        built: r.iterations.first().map_or(0, |i| i.start),
+    })
 }
 
 /// Whether a re-run under an allocator setting fits: what makes an out-of-memory

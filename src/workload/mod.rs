@@ -306,9 +306,19 @@ fn config_workload(path: &Path, o: &Overrides) -> Option<String> {
     if !is_config(path) {
         return None;
     }
-    // the config, or its folder, named from the folder it is in
-    let name = path.file_name()?.to_string_lossy().into_owned();
-    let quoted = toml::Value::String(name.clone()).to_string();
+    // the config named by its file; a generic `config.json` (as a model's folder holds it) by
+    // its folder too, so two models' configs are two names (`check` keys its baseline by them)
+    let file = path.file_name()?.to_string_lossy().into_owned();
+    let quoted = toml::Value::String(file.clone()).to_string();
+    let mut name = file;
+    if name == "config.json" {
+        let folder = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|p| Some(p.parent()?.file_name()?.to_string_lossy().into_owned()));
+        if let Some(folder) = folder {
+            name = format!("{folder}/{name}");
+        }
+    }
     let lines = |kv: &[(String, String)]| -> String {
         kv.iter().map(|(k, v)| format!("{k} = {v}\n")).collect()
     };

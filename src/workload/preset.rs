@@ -79,6 +79,12 @@ pub struct PresetInfo {
     pub bf16_weights: bool,
     /// A generation's KV cache, where the model generates.
     pub kv_cache: Option<KvCacheInfo>,
+    /// What a Hugging Face config's run assumes, in a line (mode, shapes, dtype, training,
+    /// optimizer, attention, iterations).
+    pub assumptions: Option<String>,
+    /// A Hugging Face config's `max_position_embeddings` (the context it was trained for),
+    /// where RoPE lets a longer sequence run.
+    pub max_positions: Option<u64>,
     /// `[distributed]`, where the model is wrapped: what the sharding remedies may change.
     pub distributed: Option<DistributedInfo>,
 }
@@ -169,6 +175,8 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
         full_finetune: false,
         bf16_weights: false,
         kv_cache: None,
+        max_positions: None,
+        assumptions: None,
         distributed: None,
         can_autocast: true,
     }

@@ -186,6 +186,8 @@ pub(crate) fn expand(
             full_finetune: false,
             bf16_weights: false,
             kv_cache: None,
+            max_positions: None,
+            assumptions: None,
             distributed: None,
             can_autocast: true,
         },

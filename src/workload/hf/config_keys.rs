@@ -222,6 +222,38 @@ pub(super) fn known_keys(
 }
 
 /// A positive integer key, or its default when absent or null.
+/// The keys that set a model's size: missing from a config, transformers takes its config
+/// class's default (as gpumem does), which is seldom the model the user means.
+const SIZE_KEYS: &[&str] = &[
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+];
+
+/// Warns, once per file and key, that a size key is missing and its default stands in.
+fn warn_size_default(path: &Path, key: &str, default: u64) {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static WARNED: OnceLock<Mutex<HashSet<(std::path::PathBuf, String)>>> = OnceLock::new();
+    if !SIZE_KEYS.contains(&key) {
+        return;
+    }
+    let first = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .map(|mut w| w.insert((path.to_path_buf(), key.to_string())))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(
+            "{}: no '{key}': transformers' default for this model_type, {default}, is used (set \
+             it in the config if the model differs)",
+            path.display()
+        );
+    }
+}
+
 pub(super) fn int(
     m: &Map<String, Value>,
     path: &Path,
@@ -229,7 +261,10 @@ pub(super) fn int(
     default: u64,
 ) -> Result<u64, String> {
     match m.get(key) {
-        None | Some(Value::Null) => Ok(default),
+        None | Some(Value::Null) => {
+            warn_size_default(path, key, default);
+            Ok(default)
+        }
         Some(Value::Number(n)) => match n.as_u64() {
             Some(v) if v >= 1 => match super::super::limits::exceeded(key, v) {
                 None => Ok(v),

@@ -164,6 +164,83 @@ pub(crate) struct Run {
     pub zero: Option<ZeroRun>,
 }
 
+/// What a config's run assumes, in a line: the mode and shapes, the weights' dtype and how
+/// they are trained, the optimizer, the attention and the iterations (`run` prints it under
+/// its header, since a bare config leaves most of them to defaults).
+fn assumptions(run: &Run) -> String {
+    let mut parts = Vec::new();
+    match (run.mode, &run.generate) {
+        ("generate", Some(g)) => parts.push(format!(
+            "generate (greedy, DynamicCache): batch {}, prompt {} + {} new tokens",
+            run.batch, run.seq, g.new_tokens
+        )),
+        (mode, _) => parts.push(format!(
+            "{}: batch {} x seq {}{}",
+            if mode == "inference" {
+                "inference (no_grad)"
+            } else {
+                mode
+            },
+            run.batch,
+            run.seq,
+            if run.grad_accum > 1 {
+                format!(" x {} accumulated", run.grad_accum)
+            } else {
+                String::new()
+            }
+        )),
+    }
+    parts.push(format!(
+        "{} weights",
+        if run.bf16_weights { "bf16" } else { "float32" }
+    ));
+    if run.bf16_autocast {
+        parts.push("bf16 autocast".into());
+    }
+    if run.mode == "train" {
+        match &run.lora {
+            Some(l) => parts.push(format!(
+                "LoRA r {} (alpha {}) on {}, the base frozen",
+                l.r,
+                l.alpha,
+                l.targets.join(", ")
+            )),
+            None => parts.push("every weight trained".into()),
+        }
+        if run.checkpointing {
+            parts.push("gradient checkpointing".into());
+        }
+        parts.push(match run.optimizer {
+            "adamw" => "AdamW".into(),
+            "adam" => "Adam".into(),
+            "none" => "no optimizer step".into(),
+            other => other.to_string(),
+        });
+    }
+    parts.push(format!(
+        "{} attention",
+        if run.eager { "eager" } else { "sdpa" }
+    ));
+    if let Some(d) = &run.ddp {
+        parts.push(format!("DDP, world size {}", d.world_size));
+    }
+    if let Some(f) = &run.fsdp {
+        parts.push(format!("FSDP2, world size {}", f.world_size));
+    }
+    if let Some(z) = &run.zero {
+        parts.push(format!(
+            "ZeRO stage {}, world size {}",
+            z.stage, z.world_size
+        ));
+    }
+    parts.push(format!(
+        "{} iteration{}",
+        run.iterations,
+        if run.iterations == 1 { "" } else { "s" }
+    ));
+    parts.join(", ")
+}
+
 /// Is this `[model]` table a Hugging Face one?
 pub(crate) fn is_hf(model: &Table) -> bool {
     model.contains_key("hf_config")
@@ -680,6 +757,11 @@ pub(crate) fn expand(
             }),
         },
         bf16_weights: run.bf16_weights,
+        assumptions: Some(assumptions(&run)),
+        max_positions: match &cfg {
+            config::Family::Llama(c) => c.max_positions,
+            _ => None,
+        },
         kv_cache: {
             // per layer and token: the key/value heads' width, the layers, the sliding window
             // and the positions the model has (GPT-2: every head, n_positions)
