@@ -1924,3 +1924,69 @@ fn check_of_two_config_json_files_names_each_by_its_folder() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// An output file that is one of the command's inputs is refused (exit 2, naming the flag)
+/// before anything runs, and the input is left as it was: `plot -o` and `export -o` over the
+/// snapshot, `check --junit` over the baseline, `run --snapshot` over the workload; and a
+/// plot named as another format than SVG.
+#[test]
+fn an_output_over_an_input_is_refused_and_the_input_kept() {
+    let s = Scratch::new("output-over-input");
+    let snap = s.path("oom.pickle");
+    std::fs::copy(
+        common::root().join("fixtures/snapshots/oom_gpt2.pickle"),
+        &snap,
+    )
+    .unwrap();
+    let before = std::fs::read(&snap).unwrap();
+    let p = snap.to_str().unwrap();
+    let refused = |args: &[&str], flag: &str| {
+        let out = gpumem().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&format!("{flag}:")), "{args:?}: {err}");
+    };
+    refused(&["plot", p, "-o", p], "-o");
+    refused(&["export", p, "--to", "perfetto", "-o", p], "-o");
+    refused(
+        &["plot", p, "-o", s.path("plot.png").to_str().unwrap()],
+        "-o",
+    );
+    assert_eq!(std::fs::read(&snap).unwrap(), before);
+    let base = s.path("base.json");
+    let b = base.to_str().unwrap();
+    let out = gpumem()
+        .args([
+            "check",
+            "preset:mlp-adam",
+            "--baseline",
+            b,
+            "--update",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let baseline = std::fs::read(&base).unwrap();
+    refused(
+        &["check", "preset:mlp-adam", "--baseline", b, "--junit", b],
+        "--junit",
+    );
+    assert_eq!(std::fs::read(&base).unwrap(), baseline);
+    let w = s.path("w.toml");
+    std::fs::copy(
+        common::root().join("fixtures/workloads/capacity_oom.toml"),
+        &w,
+    )
+    .unwrap();
+    let wp = w.to_str().unwrap();
+    refused(&["run", wp, "--snapshot", wp], "--snapshot");
+    // a new file is written as before
+    let svg = s.path("plot.svg");
+    let out = gpumem()
+        .args(["plot", p, "-o", svg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}

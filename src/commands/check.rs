@@ -291,6 +291,11 @@ fn limits(metric: &str, sources: &[(&CheckTable, Source)]) -> Limits {
 }
 
 pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
+    if let Some(j) = &args.junit {
+        let mut inputs: Vec<&std::path::Path> = args.inputs.iter().map(|p| p.as_path()).collect();
+        inputs.extend(args.baseline.as_deref());
+        super::refuse_output_over_input("--junit", j, &inputs)?;
+    }
     if args.top == 0 {
         return Err(Error::usage("--top", "must be at least 1"));
     }

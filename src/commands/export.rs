@@ -17,6 +17,7 @@ use crate::snapshot::{Format, Raw, Which};
 
 pub fn run(args: &ExportArgs, out: &mut dyn Write) -> Result<Outcome> {
     let path = &args.snapshot;
+    super::refuse_output_over_input("-o", &args.output, &[path])?;
     // read as a snapshot first: what is not one is refused before anything is written
     let snaps = crate::snapshot::load_devices(path, Which::All)?;
     let first = &snaps[0];

@@ -30,6 +30,49 @@ pub enum Outcome {
     Finding,
 }
 
+/// Refuses an output file (given with `flag`) that is one of the command's inputs: writing
+/// there would replace the snapshot, workload or baseline the user recorded or committed.
+/// Checked before anything runs.
+pub fn refuse_output_over_input(
+    flag: &str,
+    output: &std::path::Path,
+    inputs: &[&std::path::Path],
+) -> Result<()> {
+    let Ok(out) = std::fs::canonicalize(output) else {
+        // (not there yet: it is none of the inputs, which exist)
+        return Ok(());
+    };
+    for input in inputs {
+        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
+            return Err(crate::error::Error::usage(
+                flag,
+                format!(
+                    "{} is also an input of this command: writing there would replace it; \
+                     give another file",
+                    output.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a plot file named as another format (`-o plot.png`): the plot is SVG, and a file
+/// named `.png` that holds SVG opens nowhere.
+pub fn refuse_non_svg(flag: &str, output: &std::path::Path) -> Result<()> {
+    match output.extension().and_then(|e| e.to_str()) {
+        Some(e) if !e.eq_ignore_ascii_case("svg") => Err(crate::error::Error::usage(
+            flag,
+            format!(
+                "{}: the plot is SVG: name the file .svg (convert it with any SVG tool for \
+                 another format)",
+                output.display()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Writes `bytes` to `path` so that a reader never sees a half-written file and a failed write
 /// never clobbers an existing one: `tempfile` makes a randomly named file beside it (opened
 /// exclusively, so a planted link is not followed), which is synced and then renamed over it.

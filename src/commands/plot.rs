@@ -10,6 +10,8 @@ use crate::report::timeline_svg;
 use crate::units::format_bytes;
 
 pub fn run(args: &PlotArgs, out: &mut dyn Write) -> Result<Outcome> {
+    super::refuse_output_over_input("-o", &args.output, &[&args.snapshot])?;
+    super::refuse_non_svg("-o", &args.output)?;
     if args.samples < 2 {
         return Err(Error::usage("--samples", "must be at least 2"));
     }

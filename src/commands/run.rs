@@ -20,6 +20,18 @@ const PLOT_SAMPLES: usize = 300;
 
 pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
     let workload = &args.target.path();
+    for (flag, file) in [
+        ("--snapshot", &args.snapshot),
+        ("--plot", &args.plot),
+        ("--save-grads", &args.save_grads),
+    ] {
+        if let Some(f) = file {
+            super::refuse_output_over_input(flag, f, &[workload])?;
+        }
+    }
+    if let Some(p) = &args.plot {
+        super::refuse_non_svg("--plot", p)?;
+    }
     let capacity = match &args.capacity {
         Some(s) => Some(parse_capacity(s).map_err(|m| Error::usage("--capacity", m))?),
         None => None,
