@@ -336,7 +336,22 @@ fn issue7_budgets_hold_to_the_byte() {
     assert_eq!(o.code, Some(1), "{}", o.stdout);
     assert!(o.stdout.contains("OVER BUDGET"), "{}", o.stdout);
     assert!(o.stdout.contains("over its budget"), "{}", o.stdout);
-    assert!(o.stdout.contains("by 1 bytes"), "{}", o.stdout);
+    assert!(o.stdout.contains("by 1 byte "), "{}", o.stdout);
+    // a small category's limit is the 1 MiB floor, and its label says so (65 MiB of
+    // workspace: 1% would be 0.65 MiB)
+    let ws = o
+        .stdout
+        .lines()
+        .find(|l| l.contains("workspace_at_peak"))
+        .unwrap();
+    assert!(ws.contains("66.00 MiB (+1.00 MiB floor; +1% is less)"), "{ws}");
+    // without a baseline (budgets only) nothing grew against anything: the failure says
+    // what held the most at the peak, no arrow from 0 B
+    let o = check(&[MLP, "--budget", &below]);
+    assert_eq!(o.code, Some(1), "{}", o.stdout);
+    assert!(o.stdout.contains("held most at the peak:"), "{}", o.stdout);
+    assert!(!o.stdout.contains("grew most"), "{}", o.stdout);
+    assert!(!o.stdout.contains("0 B ->"), "{}", o.stdout);
     // in the workload's [check] table, as a size string and as bytes
     let s = Scratch::new("check-budget");
     let text = std::fs::read_to_string(root().join(MLP)).unwrap();

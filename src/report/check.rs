@@ -49,6 +49,17 @@ fn limit(r: &Row) -> String {
     };
     let how = match (r.budget, r.baseline) {
         (Some(b), _) if b == l => "budget".to_string(),
+        // the tolerance's floor in bytes, where it is more than the percentage
+        (_, Some(b))
+            if l.saturating_sub(b)
+                > crate::analysis::check::tolerance_limit(b, r.tolerance_ppm) - b =>
+        {
+            format!(
+                "+{} floor; +{} is less",
+                format_bytes(l - b),
+                format_percent(r.tolerance_ppm)
+            )
+        }
         _ => format!("+{}", format_percent(r.tolerance_ppm)),
     };
     format!("{} ({how})", format_bytes(l))
@@ -68,12 +79,17 @@ pub fn failure_message(r: &Row) -> String {
         ),
         _ if r.metric == OOM => format!("{} now runs out of memory; the baseline did not", r.name),
         Verdict::OverBudget => format!(
-            "{} {} is {}, over its budget of {} by {} bytes (budget from the {})",
+            "{} {} is {}, over its budget of {} by {} byte{} (budget from the {})",
             r.name,
             r.metric,
             exact(r.now),
             exact(r.budget.unwrap_or(0)),
             r.now - r.budget.unwrap_or(0),
+            if r.now - r.budget.unwrap_or(0) == 1 {
+                ""
+            } else {
+                "s"
+            },
             r.budget_from.map_or("", |s| s.describe())
         ),
         _ => {
@@ -106,6 +122,43 @@ pub fn failure_message(r: &Row) -> String {
 /// What grew, one line each, the tag stacks shown as the summary shows sites (innermost
 /// Python frames first, abridged, more frames only where two would read alike; the JSON keeps
 /// them whole).
+/// The heading of a failing row's [`growth_lines`]: what grew since the baseline, or (no
+/// baseline value: budgets only) what held the most at the peak.
+fn growth_heading(r: &Row) -> &'static str {
+    if r.baseline.is_some() {
+        "grew most"
+    } else {
+        "held most at the peak"
+    }
+}
+
+/// A failing row's largest growths, each a line; with no baseline value (budgets only), what
+/// held the most at the peak, with no growth claimed.
+fn row_growth_lines(r: &Row) -> Vec<String> {
+    if r.baseline.is_some() {
+        return growth_lines(&r.grew);
+    }
+    let held: Vec<Growth> = r
+        .grew
+        .iter()
+        .map(|g| Growth {
+            baseline: g.now,
+            ..g.clone()
+        })
+        .collect();
+    growth_lines(&held)
+        .into_iter()
+        .zip(&r.grew)
+        .map(|(line, g)| {
+            // (the same line, its growth cut to the size held)
+            match line.split_once(": ") {
+                Some((what, _)) if g.kind != "leak" => format!("{what}: {}", format_bytes(g.now)),
+                _ => line,
+            }
+        })
+        .collect()
+}
+
 fn growth_lines(grew: &[Growth]) -> Vec<String> {
     let tags: Vec<&str> = grew
         .iter()
@@ -320,8 +373,8 @@ pub fn write_text(out: &mut dyn Write, baseline: &str, judged: &[Judged]) -> std
     for r in &failing {
         writeln!(out, "\n{}", failure_message(r))?;
         if !r.grew.is_empty() {
-            writeln!(out, "  grew most:")?;
-            for g in growth_lines(&r.grew) {
+            writeln!(out, "  {}:", growth_heading(r))?;
+            for g in row_growth_lines(r) {
                 writeln!(out, "    {g}")?;
             }
         }
@@ -392,7 +445,7 @@ pub fn write_markdown(out: &mut dyn Write, judged: &[Judged]) -> std::io::Result
         writeln!(out, "\n#### Why")?;
         for r in failing {
             writeln!(out, "\n- {}", md(&failure_message(r)))?;
-            for g in growth_lines(&r.grew) {
+            for g in row_growth_lines(r) {
                 writeln!(out, "  - {}", md(&g))?;
             }
         }
@@ -419,8 +472,8 @@ pub fn junit(judged: &[Judged], files: &BTreeMap<String, String>) -> String {
                     verdict(r)
                 );
                 if !r.grew.is_empty() {
-                    body += "grew most:\n";
-                    for g in growth_lines(&r.grew) {
+                    body += &format!("{}:\n", growth_heading(r));
+                    for g in row_growth_lines(r) {
                         body += &format!("  {g}\n");
                     }
                 }
@@ -496,8 +549,8 @@ pub fn write_github(
         } else {
             failure_message(r)
         };
-        for g in growth_lines(&r.grew) {
-            msg += &format!("\ngrew most: {g}");
+        for g in row_growth_lines(r) {
+            msg += &format!("\n{}: {g}", growth_heading(r));
         }
         writeln!(
             out,
