@@ -344,7 +344,10 @@ fn issue7_budgets_hold_to_the_byte() {
         .lines()
         .find(|l| l.contains("workspace_at_peak"))
         .unwrap();
-    assert!(ws.contains("66.00 MiB (+1.00 MiB floor; +1% is less)"), "{ws}");
+    assert!(
+        ws.contains("66.00 MiB (+1.00 MiB floor; +1% is less)"),
+        "{ws}"
+    );
     // without a baseline (budgets only) nothing grew against anything: the failure says
     // what held the most at the peak, no arrow from 0 B
     let o = check(&[MLP, "--budget", &below]);

@@ -691,3 +691,29 @@ fn issue15_pending_free_blocks_are_not_allocated() {
     assert_eq!(u(&f["allocated"]), 2 * mib, "{f}");
     assert_eq!(u(&f["internal"]), 100, "{f}");
 }
+
+/// A snapshot without a trace has no peak, but what it holds reserved is a floor of one: with
+/// `--capacity`, a rank over it that way is over (and may run out first), said as the
+/// snapshot's figure, never left out.
+#[test]
+fn a_rank_without_a_trace_counts_by_what_its_snapshot_holds() {
+    let dir = Scratch::new("external-no-trace-rank");
+    let a = external(&dir, "kkaitlyn_memory_snapshot.pickle");
+    let b = external(&dir, "kkaitlyn_memory_ctx128_fullstep.pickle");
+    let out = gpumem()
+        .arg("summary")
+        .args([&a, &b])
+        .args(["--json", "--capacity", "60GiB"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // #0 holds 70.69 GiB reserved and has no trace; #1 peaks at 56.91 GiB
+    assert_eq!(v["over_capacity"], serde_json::json!([0]), "{v}");
+    assert_eq!(v["first_to_run_out"], 0);
+    let line = v["verdict"]["line"].as_str().unwrap();
+    assert!(
+        line.starts_with("1 of 2 over 60.00 GiB in reserved memory: #0")
+            && line.contains("70.69 GiB held in the snapshot; no trace"),
+        "{line}"
+    );
+}

@@ -169,6 +169,14 @@ pub struct DeviceRow {
 }
 
 impl DeviceRow {
+    /// What this rank reserved at least: its peak over the trace, and never less than what
+    /// the snapshot holds reserved (the only figure of a snapshot without a trace).
+    pub fn reserved_at_least(&self) -> u64 {
+        self.peak_reserved_bytes
+            .unwrap_or(0)
+            .max(self.state.reserved_bytes)
+    }
+
     pub fn of(file: &str, s: &crate::snapshot::Snapshot, m: &Summary) -> DeviceRow {
         DeviceRow {
             file: file.to_string(),

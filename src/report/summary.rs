@@ -452,20 +452,33 @@ pub fn write_ranks(
     Ok(())
 }
 
-/// The rows whose peak reserved memory exceeds `capacity`, highest first.
+/// The rows whose reserved memory exceeds `capacity` (the peak over the trace, or what the
+/// snapshot holds where that is more or there is no trace), highest first.
 pub fn over_capacity(rows: &[DeviceRow], capacity: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..rows.len())
-        .filter(|&i| rows[i].peak_reserved_bytes.is_some_and(|p| p > capacity))
+        .filter(|&i| rows[i].reserved_at_least() > capacity)
         .collect();
-    v.sort_by_key(|&i| std::cmp::Reverse(rows[i].peak_reserved_bytes));
+    v.sort_by_key(|&i| std::cmp::Reverse(rows[i].reserved_at_least()));
     v
 }
 
-/// The row that runs out first as the capacity shrinks: the highest peak reserved.
+/// The row that runs out first as the capacity shrinks: the highest reserved (peak, or the
+/// snapshot's where there is no trace).
 pub fn first_to_run_out(rows: &[DeviceRow]) -> Option<usize> {
     (0..rows.len())
-        .filter(|&i| rows[i].peak_reserved_bytes.is_some())
-        .max_by_key(|&i| (rows[i].peak_reserved_bytes, std::cmp::Reverse(i)))
+        .filter(|&i| rows[i].reserved_at_least() > 0)
+        .max_by_key(|&i| (rows[i].reserved_at_least(), std::cmp::Reverse(i)))
+}
+
+/// A row's reserved figure for the verdict: its peak, or the snapshot's with a note.
+fn reserved_shown(r: &DeviceRow) -> String {
+    match r.peak_reserved_bytes {
+        Some(p) if p >= r.state.reserved_bytes => b(p),
+        _ => format!(
+            "{} held in the snapshot; no trace",
+            b(r.reserved_at_least())
+        ),
+    }
 }
 
 /// The answer for several files (ranks) in one line, printed first: with a capacity, which
@@ -479,7 +492,7 @@ pub fn ranks_verdict(rows: &[DeviceRow], capacity: Option<u64>) -> String {
             let over = over_capacity(rows, c);
             if over.is_empty() {
                 s.push_str(&format!(
-                    "every rank's peak reserved fits in {} ({} of {})",
+                    "every rank's reserved memory fits in {} ({} of {})",
                     b(c),
                     rows.len(),
                     rows.len()
@@ -487,10 +500,10 @@ pub fn ranks_verdict(rows: &[DeviceRow], capacity: Option<u64>) -> String {
             } else {
                 let list: Vec<String> = over
                     .iter()
-                    .map(|&i| format!("{} ({})", name(i), opt(rows[i].peak_reserved_bytes)))
+                    .map(|&i| format!("{} ({})", name(i), reserved_shown(&rows[i])))
                     .collect();
                 s.push_str(&format!(
-                    "{} of {} over {} at their peak reserved: {}",
+                    "{} of {} over {} in reserved memory: {}",
                     over.len(),
                     rows.len(),
                     b(c),
@@ -499,18 +512,18 @@ pub fn ranks_verdict(rows: &[DeviceRow], capacity: Option<u64>) -> String {
             }
             if let Some(i) = first_to_run_out(rows) {
                 s.push_str(&format!(
-                    "; the first to run out as memory shrinks: {} (the highest peak reserved, {})",
+                    "; the first to run out as memory shrinks: {} (the highest reserved, {})",
                     name(i),
-                    opt(rows[i].peak_reserved_bytes)
+                    reserved_shown(&rows[i])
                 ));
             }
         }
         None => match first_to_run_out(rows) {
             Some(i) => s.push_str(&format!(
-                "{} devices: the highest peak reserved is {} at {}",
+                "{} devices: the most reserved is at {} ({})",
                 rows.len(),
-                opt(rows[i].peak_reserved_bytes),
-                name(i)
+                name(i),
+                reserved_shown(&rows[i])
             )),
             None => s.push_str(&format!(
                 "{} devices: no trace, so no peaks (their state at the snapshot is below)",
