@@ -1990,3 +1990,40 @@ fn an_output_over_an_input_is_refused_and_the_input_kept() {
     assert_eq!(out.status.code(), Some(0));
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
 }
+
+/// A snapshot whose recorded settings, replayed at the capacity the snapshot implies, do not
+/// run out as the recording did: that capacity is not the limit it ran into, so `replay`
+/// credits no setting ("not known") and `summary` calls it neither fragmentation nor
+/// capacity; at a capacity the user gives, the recorded settings are the baseline again.
+#[test]
+fn a_limit_the_snapshot_does_not_record_is_not_credited_to_a_setting() {
+    let snap = "fixtures/snapshots/oom_gpt2.pickle";
+    let out = common::at_root(&["replay", snap]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let verdict = text.lines().find(|l| l.starts_with("verdict:")).unwrap();
+    assert!(
+        verdict.starts_with("verdict: not known: replayed with its own settings on")
+            && verdict.contains("does not run out (it ran out once in the recording)"),
+        "{verdict}"
+    );
+    let out = common::at_root(&["summary", snap, "-q"]);
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        line.contains("refused below the device's memory by a limit the snapshot does not record"),
+        "{line}"
+    );
+    assert!(!line.contains("(fragmentation"), "{line}");
+    let out = common::at_root(&[
+        "replay",
+        snap,
+        "--capacity",
+        "6GiB",
+        "--alloc-conf",
+        "expandable_segments:True",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("verdict: no: at 6.00 GiB the recorded settings run out too (1 out-of-memory error, 1 with this setting)"),
+        "{text}"
+    );
+}

@@ -138,6 +138,10 @@ pub struct OomEvent {
     pub verdict: super::oom::Verdict,
     pub explanation: String,
     pub site: String,
+    /// The device had room for a new segment of the request: a limit the snapshot does not
+    /// record refused it, and the verdict depends on that limit.
+    #[serde(skip)]
+    pub below_device: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -742,7 +746,23 @@ fn oom_events(
         } else {
             super::oom::Verdict::Capacity
         };
-        let explanation = if fits {
+        // room on the device for a new segment of the request (20 MiB, the most a request
+        // below 10 MiB takes; larger ones round up by 2 MiB at most): a limit below the
+        // device's memory refused it
+        let limited = device_free >= requested.saturating_add(20 << 20);
+        let explanation = if limited {
+            format!(
+                "refused below the device's memory: {} allocated and {} reserved, and the \
+                 device had {} free, room for a new segment of the {} asked for; a limit the \
+                 snapshot does not record stopped it (a per-process memory fraction, or the \
+                 process's share of a GPU), so whether it is fragmentation or capacity depends \
+                 on that limit (gpumem replay --capacity LIMIT)",
+                b(allocated),
+                b(reserved),
+                b(device_free),
+                b(requested)
+            )
+        } else if fits {
             format!(
                 "fragmentation: {} allocated plus the {} asked for would fit in the {} reserved \
                  and the {} the device had free, but no free block or new segment could hold it",
@@ -770,6 +790,7 @@ fn oom_events(
             verdict,
             explanation,
             site: site_of(tags, e.stack, full),
+            below_device: limited,
         });
     }
     out

@@ -43,6 +43,9 @@ pub struct WhatIf {
     /// (the recording ran on its own device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_settings_ooms: Option<u64>,
+    /// Whether `capacity` is the user's (`--capacity`), not the recording's.
+    #[serde(skip)]
+    pub capacity_given: bool,
 }
 
 /// The capacity a PyTorch trace shows: at each recorded OOM, reserved memory plus what the
@@ -251,5 +254,6 @@ pub fn what_if(
         ooms_caused,
         preexisting_blocks: pre.len() as u64,
         recorded_settings_ooms: None,
+        capacity_given: false,
     }
 }

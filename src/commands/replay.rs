@@ -114,11 +114,14 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
         capacity.unwrap_or(crate::analysis::whatif::UNLIMITED),
     );
     w.capacity_known = capacity.is_some();
-    // a capacity of the user's: the recorded settings replayed at it are the baseline (the
-    // recording's own out-of-memory errors happened on its own device)
-    if let (Some(_), Some(c)) = (&args.capacity, capacity) {
+    // the recorded settings replayed at the same capacity are the baseline a setting is
+    // judged against: at a capacity of the user's (the recording ran on its own device), and
+    // at the recording's own, where they must run out as the recording did for that capacity
+    // to be the limit it ran into
+    if let Some(c) = capacity {
         let base = crate::analysis::whatif::what_if(&s.segments, &s.events, &s.conf, &s.conf, c);
         w.recorded_settings_ooms = Some(base.replayed.ooms);
+        w.capacity_given = args.capacity.is_some();
     }
     let path = args.trace.display().to_string();
     if args.json {

@@ -103,6 +103,18 @@ fn one_file(args: &SummaryArgs, file: &Path, out: &mut dyn Write) -> Result<Outc
                 return None;
             }
             let capacity = super::replay::recorded_capacity(s)?;
+            // (only where the recorded settings, replayed at that capacity, run out as the
+            // recording did: else the capacity is not the limit it ran into)
+            let as_recorded = crate::analysis::whatif::what_if(
+                &s.segments,
+                &s.events,
+                &s.conf,
+                &s.conf,
+                capacity,
+            );
+            if as_recorded.replayed.ooms == 0 {
+                return None;
+            }
             let mut conf = s.conf.clone();
             conf.expandable_segments = true;
             let w =

@@ -88,28 +88,54 @@ pub fn write_text(out: &mut dyn Write, path: &str, w: &WhatIf) -> std::io::Resul
     super::align_right(&mut t, 1);
     writeln!(out, "{t}")?;
     let verdict = match (w.recorded_settings_ooms, w.replayed.ooms) {
-        // at a capacity the user chose, the recorded settings are the baseline
+        // at the recording's own capacity its settings do not run out as it did: that
+        // capacity is not the limit it ran into, and no setting can be judged against it
+        (Some(base), _) if !w.capacity_given && base < w.original.ooms => format!(
+            "not known: replayed with its own settings on {}, the recording {} (it ran out {} \
+             in the recording), so something below the device's memory \
+             stopped it (a per-process memory fraction, or other processes on the GPU, which \
+             the snapshot does not record); give --capacity with that limit to judge a setting",
+            b(w.capacity),
+            match base {
+                0 => "does not run out".to_string(),
+                n => format!("runs out {}", times(n)),
+            },
+            times(w.original.ooms)
+        ),
+        // the recorded settings are the baseline at the same capacity
         (Some(base), r) if base > 0 => {
             let at = b(w.capacity);
             match r {
                 0 => format!(
-                    "yes: at {at} the recorded settings run out ({base} out-of-memory errors) \
-                     and this setting does not"
+                    "yes: at {at} the recorded settings run out ({}) and this setting does not",
+                    errors(base)
                 ),
                 r if r < base => format!(
                     "partly: at {at} the recorded settings run out {base} times, this setting \
                      {r}"
                 ),
                 r => format!(
-                    "no: at {at} the recorded settings run out too ({base} out-of-memory \
-                     errors, {r} with this setting): the run needs more memory than that, \
-                     whatever the setting"
+                    "no: at {at} the recorded settings run out too ({}, {r} with this \
+                     setting): the run needs more memory than that, whatever the setting",
+                    errors(base)
                 ),
             }
         }
         _ => verdict_against_recording(w),
     };
     writeln!(out, "verdict: {verdict}")
+}
+
+fn errors(n: u64) -> String {
+    crate::units::count(n, "out-of-memory error", "out-of-memory errors")
+}
+
+fn times(n: u64) -> String {
+    match n {
+        0 => "never".into(),
+        1 => "once".into(),
+        n => format!("{n} times"),
+    }
 }
 
 /// The verdict against the recording itself (on its own device).
