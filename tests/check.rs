@@ -112,6 +112,22 @@ fn issue7_fixture_workloads_match_the_committed_baseline() {
         strip(std::fs::read_to_string(root().join(BASELINE)).unwrap()),
         "--update over the fixtures does not reproduce {BASELINE}"
     );
+    // a second --update over the same fixtures finds nothing to change: the file is left as
+    // it is (not rewritten) and the output says there is nothing to commit
+    let before = std::fs::metadata(&copy).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let o = check(&args);
+    assert_eq!(o.code, Some(0));
+    assert!(
+        o.stdout.contains("unchanged") && o.stdout.contains("nothing to commit"),
+        "{}",
+        o.stdout
+    );
+    assert!(!o.stdout.contains("commit it"), "{}", o.stdout);
+    assert_eq!(
+        std::fs::metadata(&copy).unwrap().modified().unwrap(),
+        before
+    );
 }
 
 #[test]

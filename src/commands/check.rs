@@ -363,17 +363,15 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
                 .get(&i.name)
                 .map(|e| e.check.clone())
                 .unwrap_or_default();
-            let old = baseline.entries.insert(
-                i.name.clone(),
-                Entry::record(&i.measurement, &i.path.display().to_string(), version, keep),
-            );
+            let new = Entry::record(&i.measurement, &i.path.display().to_string(), version, keep);
+            let old = baseline.entries.insert(i.name.clone(), new.clone());
             writeln!(
                 out,
                 "{} {}: peak allocated {}, peak reserved {}{}",
-                if old.as_ref().is_some_and(|o| o.is_recorded()) {
-                    "updated"
-                } else {
-                    "recorded"
+                match &old {
+                    Some(o) if *o == new => "unchanged",
+                    Some(o) if o.is_recorded() => "updated",
+                    _ => "recorded",
                 },
                 i.name,
                 crate::units::format_bytes(i.measurement.peak_allocated),
@@ -387,12 +385,22 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         let mut text = serde_json::to_string_pretty(&baseline).map_err(std::io::Error::from)?;
         text.push('\n');
+        // (a file that already says exactly this is left alone: nothing to commit)
+        if std::fs::read(baseline_path).is_ok_and(|b| b == text.as_bytes()) {
+            writeln!(
+                out,
+                "{} unchanged ({}): nothing to commit",
+                baseline_path.display(),
+                crate::units::count(baseline.entries.len() as u64, "entry", "entries")
+            )?;
+            return Ok(Outcome::Ok);
+        }
         write_atomic(baseline_path, text.as_bytes())?;
         writeln!(
             out,
-            "wrote {} ({} entries); commit it",
+            "wrote {} ({}); commit it",
             baseline_path.display(),
-            baseline.entries.len()
+            crate::units::count(baseline.entries.len() as u64, "entry", "entries")
         )?;
         return Ok(Outcome::Ok);
     }
