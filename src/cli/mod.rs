@@ -807,7 +807,9 @@ pub struct PlotArgs {
 /// recorded allocations and frees run through gpumem's allocator with those settings, and the
 /// table compares recorded and replayed: peak reserved, peak allocated, fragmentation, and
 /// out-of-memory errors avoided or caused (exit 1 when the replay still runs out):
+///
 ///   gpumem replay snapshot.pickle --alloc-conf expandable_segments:True
+///
 /// A snapshot does not record its GPU's memory (except at an out-of-memory): without
 /// --capacity the replay has no limit and out-of-memory errors are not judged.
 ///
@@ -818,7 +820,9 @@ pub struct PlotArgs {
 /// final `memory_stats()` (`stats_end`) and its device trace (`trace`). gpumem runs the ops on a
 /// simulated device of `device_total_memory` bytes with the trace's `memory_fraction` and
 /// `alloc_conf`, and compares after every op:
-///   gpumem replay trace.json   # gpumem's repository keeps such recordings in fixtures/allocator/
+///
+///   gpumem replay trace.json
+///
 /// Segment addresses are taken from the trace's `segment_alloc` entries, so best-fit ties
 /// between equal-size blocks fall as they did on the GPU. With --alloc-conf other than the
 /// recording's, a trace is a what-if too: recorded peaks and out-of-memory errors against the
