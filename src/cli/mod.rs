@@ -278,7 +278,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_delimiter = ',', value_name = "REPORT")]
     pub report: Vec<ReportKind>,
 
-    /// Print the profiler's table (seed 004's `key_averages().table()`): per op (`op`), per
+    /// Print a table like PyTorch profiler's `key_averages().table()`: per op (`op`), per
     /// module scope (`module`) or per phase (`annotation`), the allocations made and freed under
     /// it, the net, the largest single allocation and the bytes it held at the peak; after the
     /// verdict, instead of the report. With --json: a `profile` key with every row.
@@ -552,7 +552,7 @@ pub struct SummaryArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Print the profiler's table (seed 004's `key_averages().table()`) for one snapshot:
+    /// Print a table like PyTorch profiler's `key_averages().table()` for one snapshot:
     /// per `op` (innermost aten op, else Python function), `module` (the chain of lines that
     /// called nn.Modules), `line` (the innermost line outside PyTorch and Python's standard
     /// library: your model's or script's) or `annotation` (record_function ranges), the
