@@ -181,6 +181,12 @@ impl RunOutcome {
         self.driver.map_or(0, |d| d.outside())
     }
 
+    /// Whether it ran out in setup, before its first iteration (for a preset or config: while
+    /// its model was built and wrapped).
+    pub fn ran_out_in_setup(&self) -> bool {
+        self.oom.as_ref().is_some_and(|o| o.iteration.is_none())
+    }
+
     /// Where the run ran out, as a user reads it ([`super::oom::oom_place`]), with the line
     /// where the workload's statements are its author's ([`RunOutcome::script_lines`]).
     pub fn oom_place(&self) -> Option<String> {

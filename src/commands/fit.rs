@@ -356,7 +356,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         .capacity
         .or(w.capacity)
         .unwrap_or(crate::runner::DEFAULT_CAPACITY);
-    let verdict = fit_verdict(args, &base, &opts, &param, start, start_given, &rows)?;
+    let verdict = fit_verdict(args, &w, &base, &opts, &param, start, start_given, &rows)?;
     if args.quiet {
         writeln!(out, "{}", verdict.line)?;
         return Ok(Outcome::Ok);
@@ -444,8 +444,10 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
 /// The verdict: whether the workload fits at its own value of the parameter (one run there,
 /// and one on an unbounded device when it does not), and the largest value that fits, or the
 /// smallest remedy (in rank order) under which the value fits.
+#[allow(clippy::too_many_arguments)]
 fn fit_verdict(
     args: &FitArgs,
+    w: &crate::workload::Workload,
     base: &Overrides,
     opts: &RunOptions,
     param: &str,
@@ -491,7 +493,7 @@ fn fit_verdict(
         // (out of memory while the model was built, and the model alone is too big)
         model_alone: needs
             .map(|n| n.built)
-            .filter(|m| r.oom.as_ref().is_some_and(|o| o.iteration.is_none()) && *m > usable),
+            .filter(|m| *m > usable && remedies::building_ran_out(w, &r)),
         cause: None,
         oom_at,
         smallest_fix: fix.map(|f| {

@@ -129,7 +129,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             }
         };
         // (out of memory while the model was built, before any step)
-        let in_setup = r.oom.as_ref().is_some_and(|o| o.iteration.is_none());
+        let building = remedies::building_ran_out(&w, &r);
         // the re-runs that settle the verdict, side by side: the allocator settings (all
         // remedies unless --no-remedies) and the run on an unbounded device
         let (t, needs) = rayon::join(
@@ -138,7 +138,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
                     progress("allocator settings");
                     remedies::try_allocator_settings(workload, &w, &overrides, &opts)
                 } else {
-                    remedies::try_all(workload, &w, &overrides, &opts, in_setup, &progress)
+                    remedies::try_all(workload, &w, &overrides, &opts, building, &progress)
                 }
             },
             || remedies::needs(workload, &overrides, &opts),
@@ -156,9 +156,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
             settings_tried,
             fitting_setting.as_deref(),
             needs.map(|n| n.peak_reserved),
-            needs
-                .map(|n| n.built)
-                .filter(|_| in_setup && w.preset.is_some()),
+            needs.map(|n| n.built).filter(|_| building),
         );
         tried = Some(t);
     }

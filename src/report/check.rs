@@ -135,31 +135,10 @@ fn growth_heading(r: &Row) -> &'static str {
 /// A failing row's largest growths, each a line; with no baseline value (budgets only), what
 /// held the most at the peak, with no growth claimed.
 fn row_growth_lines(r: &Row) -> Vec<String> {
-    if r.baseline.is_some() {
-        return growth_lines(&r.grew);
-    }
-    let held: Vec<Growth> = r
-        .grew
-        .iter()
-        .map(|g| Growth {
-            baseline: g.now,
-            ..g.clone()
-        })
-        .collect();
-    growth_lines(&held)
-        .into_iter()
-        .zip(&r.grew)
-        .map(|(line, g)| {
-            // (the same line, its growth cut to the size held)
-            match line.split_once(": ") {
-                Some((what, _)) if g.kind != "leak" => format!("{what}: {}", format_bytes(g.now)),
-                _ => line,
-            }
-        })
-        .collect()
+    growth_lines(&r.grew, r.baseline.is_none())
 }
 
-fn growth_lines(grew: &[Growth]) -> Vec<String> {
+fn growth_lines(grew: &[Growth], held: bool) -> Vec<String> {
     let tags: Vec<&str> = grew
         .iter()
         .filter(|g| g.kind != "category" && g.kind != "leak")
@@ -169,18 +148,20 @@ fn growth_lines(grew: &[Growth]) -> Vec<String> {
     grew.iter()
         .map(|g| {
             if g.kind == "category" || g.kind == "leak" {
-                growth_line(g)
+                growth_line(g, held)
             } else {
                 let name = shown.next().unwrap_or_else(|| g.name.clone());
-                growth_line(&Growth { name, ..g.clone() })
+                growth_line(&Growth { name, ..g.clone() }, held)
             }
         })
         .collect()
 }
 
-fn growth_line(g: &Growth) -> String {
+/// One growth as a line; `held`: what it held at the peak, no growth claimed (no baseline).
+fn growth_line(g: &Growth, held: bool) -> String {
     match g.kind {
         "leak" => format!("leaks {}: {} per iteration", g.name, format_bytes(g.now)),
+        kind if held => format!("{kind} {}: {}", g.name, format_bytes(g.now)),
         // the baseline keeps the largest tag stacks only
         "tags" if g.baseline == 0 => format!(
             "tags {}: {} (not among the baseline's largest at its peak)",

@@ -520,20 +520,19 @@ fn shrinking(w: &Workload, base: &Overrides) -> Vec<Vec<Remedy>> {
 /// each group ranked by how little the remedy changes ([`RemedyKind`]'s order), so the first
 /// row that fits is the smallest change that does.
 ///
-/// `in_setup`: the run ran out while a preset or config built its model, before any step.
-/// Only the remedies that change what that builds are tried then (allocator settings, the
-/// weights' dtype, LoRA with bf16 weights, sharding): the batch, the sequence, checkpointing
-/// and the optimizer change only the loop that never ran.
+/// `build_only`: the run ran out while a preset or config built its model, before any step
+/// ([`building_ran_out`]). Only the remedies that change what that builds are tried then
+/// (allocator settings, the weights' dtype, LoRA, sharding): the batch, the sequence,
+/// checkpointing and the optimizer change only the loop that never ran.
 pub fn try_all(
     path: &Path,
     w: &Workload,
     base: &Overrides,
     opts: &RunOptions,
-    in_setup: bool,
+    build_only: bool,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Vec<Tried> {
     use rayon::prelude::*;
-    let build_only = in_setup && w.preset.is_some();
     // each remedy is a re-run of its own, and each shrinking series (smaller and smaller until
     // one fits) a sequence of them: those run side by side, one per core
     let mut jobs: Vec<Vec<Remedy>> = applicable(Some(path), w, base)
@@ -566,6 +565,13 @@ pub fn try_all(
     // stable: fitting ones first, each group by rank, in the order tried within a kind
     out.sort_by_key(|t| (!t.fits, t.kind));
     out
+}
+
+/// Whether `r` of workload `w` ran out building its model: a preset's or config's setup
+/// builds and wraps the model and nothing else (a script's setup may allocate anything, as
+/// its batch says).
+pub fn building_ran_out(w: &Workload, r: &RunOutcome) -> bool {
+    w.preset.is_some() && r.ran_out_in_setup()
 }
 
 /// The device size of an "unbounded" re-run: the largest the simulated device takes (64 TiB),
