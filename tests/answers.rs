@@ -2013,6 +2013,14 @@ fn a_limit_the_snapshot_does_not_record_is_not_credited_to_a_setting() {
         "{line}"
     );
     assert!(!line.contains("(fragmentation"), "{line}");
+    // the JSON says the same: neither verdict
+    let out = common::at_root(&["summary", snap, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ooms: Vec<&serde_json::Value> = v["ooms"].as_array().into_iter().flatten().collect();
+    assert!(!ooms.is_empty(), "{v}");
+    for o in ooms {
+        assert_eq!(o["verdict"], "undetermined", "{o}");
+    }
     let out = common::at_root(&[
         "replay",
         snap,

@@ -135,13 +135,20 @@ pub struct OomEvent {
     /// Allocated and reserved bytes just before it (from the trace).
     pub allocated: u64,
     pub reserved: u64,
-    pub verdict: super::oom::Verdict,
+    /// Capacity or fragmentation, from the state at the failure; `None` (written
+    /// "undetermined") where the device had room for a new segment of the request: a limit
+    /// the snapshot does not record refused it, and the verdict depends on that limit.
+    #[serde(serialize_with = "verdict_or_undetermined")]
+    pub verdict: Option<super::oom::Verdict>,
     pub explanation: String,
     pub site: String,
-    /// The device had room for a new segment of the request: a limit the snapshot does not
-    /// record refused it, and the verdict depends on that limit.
-    #[serde(skip)]
-    pub below_device: bool,
+}
+
+fn verdict_or_undetermined<S: serde::Serializer>(
+    v: &Option<super::oom::Verdict>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.map_or("undetermined", |v| v.name()))
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -787,10 +794,9 @@ fn oom_events(
             device_free,
             allocated,
             reserved,
-            verdict,
+            verdict: (!limited).then_some(verdict),
             explanation,
             site: site_of(tags, e.stack, full),
-            below_device: limited,
         });
     }
     out

@@ -587,10 +587,12 @@ pub fn verdict_line(devs: &[(&Snapshot, &Summary)], settled: &[Option<bool>]) ->
                 "capacity: a replay of the trace with expandable_segments:True runs out too"
                     .to_string()
             }
-            None if o.below_device => "refused below the device's memory by a limit the \
-                 snapshot does not record: fragmentation or capacity depends on it"
-                .to_string(),
-            None => format!("{}, from the state at the failure", o.verdict.name()),
+            None => match o.verdict {
+                Some(v) => format!("{}, from the state at the failure", v.name()),
+                None => "refused below the device's memory by a limit the snapshot does not \
+                     record: fragmentation or capacity depends on it"
+                    .to_string(),
+            },
         };
         return format!(
             "out of memory on device {dev}{}: {} asked for with {} allocated and {} reserved{} \
