@@ -14,34 +14,32 @@ pub(super) fn peak_breakdown<S: crate::alloc::SegmentSource>(
     use crate::trace::EventKind;
     let rec = a.recorder();
     // the ring is walked twice rather than copied: to the peak of requested bytes, then
-    // to the live set there
-    let mut cur: u64 = 0;
-    let mut best: (u64, usize) = (0, 0);
-    // a free's event carries the size its allocation asked for; where the oldest events are
-    // gone, a free counts only where its allocation is here (the sizes kept by address)
-    let mut live: Option<rustc_hash::FxHashMap<u64, u64>> =
-        (rec.ring.total() != rec.ring.len() as u64).then(Default::default);
+    // to the live set there. Every free's event carries the size its allocation asked for,
+    // so the running sum of the events' sizes is the requested bytes less what was live
+    // when the ring's oldest kept event was recorded: the same highest moment, without
+    // knowing which allocations those were (where the oldest events are gone).
+    let mut cur: i64 = 0;
+    // (the highest moment after an allocation: where the ring's first kept events are frees
+    // of older ones, its start may be higher, but nothing of its live set is known there)
+    let mut best: (i64, usize) = (i64::MIN, 0);
     for (i, e) in rec.ring.iter().enumerate() {
         match e.kind() {
             EventKind::Alloc => {
-                if let Some(l) = &mut live {
-                    l.insert(e.addr, e.size());
-                }
-                cur += e.size();
+                cur += e.size() as i64;
                 if cur > best.0 {
                     best = (cur, i + 1);
                 }
             }
-            EventKind::FreeRequested => {
-                let size = match &mut live {
-                    Some(l) => l.remove(&e.addr).unwrap_or(0),
-                    None => e.size(),
-                };
-                cur = cur.saturating_sub(size);
-            }
+            EventKind::FreeRequested => cur -= e.size() as i64,
             _ => {}
         }
     }
+    // what was live before the ring's first event: what is live now less the ring's sum
+    let before = (a.stats().requested_bytes.all().current - cur).max(0);
+    let best = match best {
+        (_, 0) => (before as u64, 0),
+        (b, i) => ((before + b).max(0) as u64, i),
+    };
     // the live set at the peak (sized for the most allocations live at once)
     let most = a.stats().allocation.all().peak.max(0) as usize;
     let mut at_peak: rustc_hash::FxHashMap<u64, (u64, crate::trace::StackId)> =
