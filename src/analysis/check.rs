@@ -9,7 +9,9 @@
 //!   category held at the moment allocated memory peaked. Not each category's own highest
 //!   point: at the peak is what decides whether a run fits, and it adds up to `peak_allocated`.
 //! - `leak_per_iteration`: bytes left behind per iteration, summed over the leaks found. A leak
-//!   where the baseline had none is a regression (its limit is 0 plus 0%).
+//!   where the baseline had none is a regression (its limit is 0 plus 0%). A run too short to
+//!   compare iterations (or a snapshot without its trace) did not look for leaks: the metric is
+//!   then absent, neither recorded nor judged.
 //! - `oom`: whether the run ran out of memory (no tolerance, no budget): a regression when it
 //!   does and the baseline's did not.
 //!
@@ -46,7 +48,9 @@ pub const OOM: &str = "oom";
 pub struct Measurement {
     pub peak_allocated: u64,
     pub peak_reserved: u64,
-    pub leak_per_iteration: u64,
+    /// `None`: leaks were not looked for (too few iterations to compare, or a snapshot without
+    /// its trace); the metric is then neither recorded nor judged.
+    pub leak_per_iteration: Option<u64>,
     pub oom: bool,
     /// Bytes by category at the peak.
     pub categories_at_peak: BTreeMap<String, u64>,
@@ -99,7 +103,7 @@ impl Entry {
             gpumem_version: Some(version.to_string()),
             peak_allocated: Some(m.peak_allocated),
             peak_reserved: Some(m.peak_reserved),
-            leak_per_iteration: Some(m.leak_per_iteration),
+            leak_per_iteration: m.leak_per_iteration,
             oom: Some(m.oom),
             categories_at_peak: m.categories_at_peak.clone(),
             top_tags_at_peak: m.top_tags_at_peak.clone(),
@@ -309,16 +313,23 @@ pub fn judge(
             recorded.and_then(|e| e.peak_reserved),
         ),
         (
-            LEAK.into(),
-            m.leak_per_iteration,
-            recorded.map(|e| e.leak_per_iteration.unwrap_or(0)),
-        ),
-        (
             OOM.into(),
             m.oom as u64,
             recorded.map(|e| e.oom.unwrap_or(false) as u64),
         ),
     ];
+    // a leak is judged where this run looked for leaks: against the baseline's figure, or
+    // none where the baseline's run did not look
+    if let Some(leak) = m.leak_per_iteration {
+        metrics.insert(
+            2,
+            (
+                LEAK.into(),
+                leak,
+                recorded.map(|e| e.leak_per_iteration.unwrap_or(0)),
+            ),
+        );
+    }
     let mut cats: Vec<&String> = m.categories_at_peak.keys().collect();
     if let Some(e) = recorded {
         cats.extend(e.categories_at_peak.keys());
@@ -466,6 +477,31 @@ mod tests {
         }
     }
 
+    /// A run that did not look for leaks records no leak figure and is not judged on one,
+    /// even against a baseline that recorded one.
+    #[test]
+    fn a_leak_not_looked_for_is_neither_recorded_nor_judged() {
+        let tol = |_: &str| Limits {
+            tolerance_ppm: 0,
+            tolerance_from: Source::CommandLine,
+            slack: 0,
+            budget: None,
+        };
+        let mut short = m(1_000_000, 400_000);
+        short.leak_per_iteration = None;
+        let e = Entry::record(&short, "w.toml", "0", BTreeMap::new());
+        assert_eq!(e.leak_per_iteration, None);
+        let mut base = e.clone();
+        base.leak_per_iteration = Some(0);
+        let j = judge("w", &short, Some(&base), &tol, false, 3);
+        assert!(j.rows.iter().all(|r| r.metric != LEAK), "{:?}", j.rows);
+        let mut looked = short.clone();
+        looked.leak_per_iteration = Some(0);
+        let j = judge("w", &looked, Some(&e), &tol, false, 3);
+        let row = j.rows.iter().find(|r| r.metric == LEAK).unwrap();
+        assert_eq!((row.baseline, row.now), (Some(0), 0));
+    }
+
     fn m(alloc: u64, act: u64) -> Measurement {
         Measurement {
             peak_allocated: alloc,
@@ -583,7 +619,7 @@ mod tests {
         assert_eq!(verdict(&j, "parameter_at_peak"), Verdict::Ok);
         // a new leak and a new out-of-memory are regressions
         let mut leaky = m(1_000_000, 400_000);
-        leaky.leak_per_iteration = 512;
+        leaky.leak_per_iteration = Some(512);
         leaky.oom = true;
         let j = judge("w", &leaky, Some(&base), &tol(20_000), false, 3);
         assert_eq!(verdict(&j, LEAK), Verdict::Regressed);

@@ -210,12 +210,14 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
             measurement: Measurement {
                 peak_allocated: r.peak.peak_allocated,
                 peak_reserved: r.peak.peak_reserved,
-                leak_per_iteration: found
-                    .leaks
-                    .leaks
-                    .iter()
-                    .map(|l| l.bytes_per_iteration)
-                    .sum(),
+                leak_per_iteration: found.leaks.checked.map(|_| {
+                    found
+                        .leaks
+                        .leaks
+                        .iter()
+                        .map(|l| l.bytes_per_iteration)
+                        .sum()
+                }),
                 oom: r.oom.is_some(),
                 categories_at_peak: r
                     .peak
@@ -261,7 +263,10 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
         measurement: Measurement {
             peak_allocated,
             peak_reserved,
-            leak_per_iteration: sum.leaks.leaks.iter().map(|l| l.bytes_per_iteration).sum(),
+            leak_per_iteration: sum
+                .leaks
+                .checked
+                .map(|_| sum.leaks.leaks.iter().map(|l| l.bytes_per_iteration).sum()),
             oom: !sum.ooms.is_empty(),
             categories_at_peak: cats.into_iter().collect(),
             top_tags_at_peak: sites.iter().map(|x| (x.site.clone(), x.bytes)).collect(),
