@@ -138,7 +138,7 @@ _gpumem() {
             fi
             case "${prev}" in
                 --device)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "sim cpu cuda cuda-memory" -- "${cur}"))
                     return 0
                     ;;
                 --repeat)
@@ -256,7 +256,7 @@ _gpumem() {
                     return 0
                     ;;
                 --device)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "sim cpu cuda cuda-memory" -- "${cur}"))
                     return 0
                     ;;
                 --baseline)
@@ -492,7 +492,7 @@ _gpumem() {
             fi
             case "${prev}" in
                 --preset)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "gpt2-small mlp-adam mlp-leak fragmentation-oom capacity-oom" -- "${cur}"))
                     return 0
                     ;;
                 --batch)
@@ -568,7 +568,7 @@ _gpumem() {
                     return 0
                     ;;
                 --device)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "sim cpu cuda cuda-memory" -- "${cur}"))
                     return 0
                     ;;
                 --capacity)
@@ -920,7 +920,7 @@ _gpumem() {
             fi
             case "${prev}" in
                 --preset)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "gpt2-small mlp-adam mlp-leak fragmentation-oom capacity-oom" -- "${cur}"))
                     return 0
                     ;;
                 --batch)
@@ -996,7 +996,7 @@ _gpumem() {
                     return 0
                     ;;
                 --device)
-                    COMPREPLY=($(compgen -f "${cur}"))
+                    COMPREPLY=($(compgen -W "sim cpu cuda cuda-memory" -- "${cur}"))
                     return 0
                     ;;
                 --capacity)

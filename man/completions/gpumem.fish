@@ -45,7 +45,11 @@ complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "selftest" -d 'Check `
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "completions" -d 'Print a shell completion script for gpumem: every command, flag and value.'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "mcp" -d 'Serve gpumem\'s answers to coding agents over the Model Context Protocol (stdio).'
 complete -c gpumem -n "__fish_gpumem_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l preset -d 'A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`, `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l preset -d 'A workload built into gpumem instead of a file (they are listed below); `preset:NAME` works as a workload path too' -r -f -a "gpt2-small\t'GPT-2 small (124M) trained with AdamW, batch 8 x 1024 tokens (PyTorch\'s figures to the byte)'
+mlp-adam\t'an MLP trained with Adam'
+mlp-leak\t'an MLP whose loop keeps every loss with its graph: a leak'
+fragmentation-oom\t'an out-of-memory from fragmentation that expandable segments fix'
+capacity-oom\t'an out-of-memory from capacity: Adam\'s state does not fit a 2 GiB card'"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
@@ -82,7 +86,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l param-dtype -d 'Wi
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l device -d 'Where to run, instead of the workload\'s `device`: `sim`, the simulated device (the default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory at the same addresses: the same allocator figures, plus each iteration\'s loss), `cuda` (the first GPU: segments from its NVIDIA driver at its addresses, with NVML\'s view of the process, and the ops computed there: on the GPU where a kernel of gpumem\'s takes them, else on the host with the cpu device\'s kernels; the run lists which), or `cuda-memory` (the GPU\'s segments only, nothing computed: as fast as `sim`)' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l device -d 'Where to run, instead of the workload\'s `device`: `sim`, the simulated device (the default; sizes and addresses only, no GPU needed), `cpu` (real numbers in host memory at the same addresses: the same allocator figures, plus each iteration\'s loss), `cuda` (the first GPU: segments from its NVIDIA driver at its addresses, with NVML\'s view of the process, and the ops computed there: on the GPU where a kernel of gpumem\'s takes them, else on the host with the cpu device\'s kernels; the run lists which), or `cuda-memory` (the GPU\'s segments only, nothing computed: as fast as `sim`)' -r -f -a "sim\t''
+cpu\t''
+cuda\t''
+cuda-memory\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l capacity -d 'Device memory of the simulated GPU instead of the workload\'s (e.g. 24GiB, 80GiB; GB is read as GiB, as a card\'s "24GB" means, and a bare number is refused)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l iterations -d 'Iterations of the body instead of the workload\'s' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand run" -l snapshot -d 'Also write a gpumem snapshot (versioned JSON: segments, blocks, the event trace with tags and categories, settings) to FILE, atomically' -r -F
@@ -180,7 +187,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l param-dtype -d '
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, the ops computed there) or `cuda-memory` (the GPU\'s segments only); see `gpumem run --help`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l device -d 'Run workloads on this device instead of the workload\'s: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, the ops computed there) or `cuda-memory` (the GPU\'s segments only); see `gpumem run --help`' -r -f -a "sim\t''
+cpu\t''
+cuda\t''
+cuda-memory\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l baseline -d 'The baseline file (JSON). Without --update (or --allow-new) it must exist. Without --baseline only budgets are checked (--budget, or the workload\'s [check] table)' -r -F
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l tolerance -d 'A tolerance: `2%` for every metric, or METRIC=PERCENT for one (e.g. peak_reserved=1%). Repeatable; beats the workload\'s [check] table and the baseline\'s settings' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand check" -l budget -d 'A budget: METRIC=SIZE (e.g. peak_reserved=20GiB or peak_allocated=1073741824). At the budget passes, one byte over fails. Repeatable' -r
@@ -261,7 +271,11 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l markdown -d 'Prin
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -l json -d 'Print JSON'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand diff" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l preset -d 'A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`, `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l preset -d 'A workload built into gpumem instead of a file (they are listed below); `preset:NAME` works as a workload path too' -r -f -a "gpt2-small\t'GPT-2 small (124M) trained with AdamW, batch 8 x 1024 tokens (PyTorch\'s figures to the byte)'
+mlp-adam\t'an MLP trained with Adam'
+mlp-leak\t'an MLP whose loop keeps every loss with its graph: a leak'
+fragmentation-oom\t'an out-of-memory from fragmentation that expandable segments fix'
+capacity-oom\t'an out-of-memory from capacity: Adam\'s state does not fit a 2 GiB card'"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l batch -d 'The batch size (a preset\'s or config\'s `batch`, a script\'s `batch` parameter): the same as `--param batch=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l seq -d 'Tokens per sample (a config\'s or GPT preset\'s `seq`): the same as `--param seq=N`' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l optimizer -d 'With a bare config: the optimizer (`[train] optimizer`)' -r -f -a "sgd\t''
@@ -298,7 +312,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param-dtype -d 'Wi
 bf16\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l reduce-dtype -d 'With --fsdp2: `MixedPrecisionPolicy(reduce_dtype=...)`: fp32 or bf16 (the default: param_dtype)' -r -f -a "fp32\t''
 bf16\t''"
-complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, every trial computed there: slow) or `cuda-memory` (the GPU\'s segments only, the figures of `cuda`); see `gpumem run --help`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l device -d 'Run every trial on this device instead of the simulated one: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, every trial computed there: slow) or `cuda-memory` (the GPU\'s segments only, the figures of `cuda`); see `gpumem run --help`' -r -f -a "sim\t''
+cpu\t''
+cuda\t''
+cuda-memory\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l capacity -d 'The device\'s memory (e.g. 24GiB; GB is read as GiB); default: the workload\'s capacity, or 80 GiB' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l param -d 'The integer parameter to search (default: batch, or batch_size)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand fit" -l max -d 'The largest value to try (default 65536; for `--param new_tokens`, what is left of the model\'s max_position_embeddings after the prompt)' -r
@@ -339,7 +356,10 @@ complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l torch-style -d 
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -l no-trace-addresses -d 'Use the simulator\'s own segment addresses (its model of the CUDA driver\'s address space) instead of the trace\'s; the event trace is then compared without addresses'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s v -l verbose -d 'Log what the reader, the runner and the allocator do on stderr: -v for each file, iteration and segment (debug), -vv also every op (trace). RUST_LOG overrides it'
 complete -c gpumem -n "__fish_gpumem_using_subcommand replay" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l device -d 'With --workload: run it on this device instead of the workload\'s: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, the ops computed there) or `cuda-memory` (the GPU\'s segments only); see `gpumem run --help`' -r
+complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l device -d 'With --workload: run it on this device instead of the workload\'s: `sim` (the default), `cpu`, `cuda` (the GPU\'s segments, the ops computed there) or `cuda-memory` (the GPU\'s segments only); see `gpumem run --help`' -r -f -a "sim\t''
+cpu\t''
+cuda\t''
+cuda-memory\t''"
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l repeat -d 'Repetitions of each pattern (each is timed; the median is reported), 1 to 100' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l pairs-reps -d 'Passes over the size list per `pairs` repetition (at most 100,000)' -r
 complete -c gpumem -n "__fish_gpumem_using_subcommand bench" -l batch-reps -d 'Passes over the size list per `batch` repetition (at most 100,000)' -r

@@ -231,7 +231,7 @@ pub struct RunArgs {
     /// the process, and the ops computed there: on the GPU where a kernel of gpumem's takes
     /// them, else on the host with the cpu device's kernels; the run lists which), or
     /// `cuda-memory` (the GPU's segments only, nothing computed: as fast as `sim`).
-    #[arg(long, value_name = "DEVICE")]
+    #[arg(long, value_name = "DEVICE", value_parser = values::device_names())]
     pub device: Option<String>,
 
     /// Device memory of the simulated GPU instead of the workload's (e.g. 24GiB, 80GiB; GB is
@@ -414,7 +414,7 @@ pub struct CheckArgs {
     /// Run workloads on this device instead of the workload's: `sim` (the default), `cpu`,
     /// `cuda` (the GPU's segments, the ops computed there) or `cuda-memory` (the GPU's segments
     /// only); see `gpumem run --help`.
-    #[arg(long, value_name = "DEVICE")]
+    #[arg(long, value_name = "DEVICE", value_parser = values::device_names())]
     pub device: Option<String>,
 
     /// The baseline file (JSON). Without --update (or --allow-new) it must exist. Without
@@ -716,7 +716,7 @@ pub struct FitArgs {
     /// Run every trial on this device instead of the simulated one: `sim` (the default), `cpu`,
     /// `cuda` (the GPU's segments, every trial computed there: slow) or `cuda-memory` (the
     /// GPU's segments only, the figures of `cuda`); see `gpumem run --help`.
-    #[arg(long, value_name = "DEVICE")]
+    #[arg(long, value_name = "DEVICE", value_parser = values::device_names())]
     pub device: Option<String>,
 
     /// The device's memory (e.g. 24GiB; GB is read as GiB); default: the workload's capacity,
@@ -902,7 +902,7 @@ pub struct BenchArgs {
     /// With --workload: run it on this device instead of the workload's: `sim` (the default),
     /// `cpu`, `cuda` (the GPU's segments, the ops computed there) or `cuda-memory` (the GPU's
     /// segments only); see `gpumem run --help`.
-    #[arg(long, value_name = "DEVICE")]
+    #[arg(long, value_name = "DEVICE", value_parser = values::device_names())]
     pub device: Option<String>,
 
     /// Repetitions of each pattern (each is timed; the median is reported), 1 to 100.

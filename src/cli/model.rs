@@ -134,9 +134,10 @@ pub struct WorkloadArg {
     #[arg(required_unless_present = "preset")]
     pub workload: Option<PathBuf>,
 
-    /// A workload built into gpumem instead of a file (`gpt2-small`, `mlp-adam`, `mlp-leak`,
-    /// `fragmentation-oom`, `capacity-oom`); `preset:NAME` works as a workload path too.
-    #[arg(long, value_name = "NAME", conflicts_with = "workload")]
+    /// A workload built into gpumem instead of a file (they are listed below);
+    /// `preset:NAME` works as a workload path too.
+    #[arg(long, value_name = "NAME", conflicts_with = "workload",
+          value_parser = super::values::preset_names())]
     pub preset: Option<String>,
 }
 

@@ -66,3 +66,22 @@ pub enum FailOn {
     Oom,
     Leak,
 }
+
+/// `--preset`: the built-in workloads, each with what it is (shell completion offers them).
+pub fn preset_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        crate::workload::builtin::PRESETS
+            .iter()
+            .map(|(name, what, _)| clap::builder::PossibleValue::new(*name).help(*what)),
+    )
+}
+
+/// `--device`: the devices this build has (shell completion offers them).
+pub fn device_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        crate::backend::DEVICES
+            .iter()
+            .filter(|(_, built)| *built)
+            .map(|(name, _)| clap::builder::PossibleValue::new(*name)),
+    )
+}
