@@ -68,15 +68,30 @@ pub enum ColorWhen {
 pub enum Command {
     Run(Box<RunArgs>),
     Summary(SummaryArgs),
+    #[command(
+        about = "Fail CI when peak memory regresses: workloads run on the simulated device (no GPU needed) against a committed baseline."
+    )]
     Check(CheckArgs),
     Export(ExportArgs),
     Diff(DiffArgs),
     Fit(FitArgs),
     Plot(PlotArgs),
+    #[command(
+        about = "Replay a PyTorch allocator trace step by step, or a snapshot's allocations under other allocator settings (\"would this have saved my run?\")."
+    )]
     Replay(ReplayArgs),
     Bench(BenchArgs),
+    #[command(
+        about = "Check gpumem's model presets against PyTorch: every recorded case, each iteration's figures."
+    )]
     CompareTorch(CompareTorchArgs),
+    #[command(
+        about = "List this machine's NVIDIA GPUs: memory total, used and free, driver and CUDA versions, and the processes holding memory."
+    )]
     Devices(DevicesArgs),
+    #[command(
+        about = "Check `--device cuda` against `--device cpu`, op by op, forward and backward, in float32 and bf16."
+    )]
     Selftest(SelftestArgs),
     Completions(CompletionsArgs),
     Mcp(McpArgs),
@@ -991,4 +1006,24 @@ pub struct CompareTorchArgs {
     /// Print JSON (every field of every iteration) instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `gpumem --help` lists each command with a one-line description: a multi-line `about`
+    /// (a doc comment's first paragraph, kept verbatim) breaks the list's wrapping.
+    #[test]
+    fn every_command_has_a_one_line_about() {
+        for c in super::Cli::command().get_subcommands() {
+            let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+            assert!(!about.is_empty(), "{} has no description", c.get_name());
+            assert!(
+                !about.contains('\n'),
+                "{}'s description spans lines: {about:?}",
+                c.get_name()
+            );
+        }
+    }
 }
