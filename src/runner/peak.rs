@@ -86,3 +86,58 @@ pub(super) fn peak_breakdown<S: crate::alloc::SegmentSource>(
         top_tags,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{AllocConf, CachingAllocator, SimSource};
+    use crate::trace::Recorder;
+
+    fn allocator(ring: usize) -> CachingAllocator<SimSource> {
+        let mut a = CachingAllocator::new(AllocConf::default(), SimSource::new(1 << 40, 0));
+        a.set_recorder(Recorder::new(ring));
+        a
+    }
+
+    /// The peak's moment and its live set where the ring kept every event, and where it lost
+    /// the oldest: a free of an allocation older than the ring still lowers the running sum,
+    /// so the moment found is the window's highest (the bytes counted from what is live now).
+    #[test]
+    fn the_peak_is_found_whether_or_not_the_ring_wrapped() {
+        let mib = 1u64 << 20;
+        for ring in [1024, 4] {
+            let mut a = allocator(ring);
+            let old = a.malloc(64 * mib, 0).unwrap();
+            a.recorder_mut().push_tag("small");
+            let s = a.malloc(4 * mib, 0).unwrap();
+            a.recorder_mut().pop_tag();
+            // the old allocation goes; then two that together stay below old + small
+            a.free(old).unwrap();
+            a.recorder_mut().push_tag("late");
+            let x = a.malloc(8 * mib, 0).unwrap();
+            let y = a.malloc(8 * mib, 0).unwrap();
+            a.recorder_mut().pop_tag();
+            let p = peak_breakdown(&a);
+            if ring == 1024 {
+                // every event kept: the peak is old + small, the moment small was allocated
+                assert_eq!(p.peak_allocated, 68 * mib);
+                assert!(p
+                    .top_tags
+                    .iter()
+                    .any(|(t, b)| t == "small" && *b == 4 * mib));
+            } else {
+                // the first allocation's events are gone; the window's highest is the end
+                assert!(a.recorder().ring.dropped() > 0);
+                assert_eq!(p.peak_allocated, 20 * mib);
+                let late: u64 = p
+                    .top_tags
+                    .iter()
+                    .filter(|(t, _)| t == "late")
+                    .map(|(_, b)| b)
+                    .sum();
+                assert_eq!(late, 16 * mib, "{:?}", p.top_tags);
+            }
+            let _ = (s, x, y);
+        }
+    }
+}
