@@ -27,7 +27,32 @@ dist1.CASES.update({
     # FSDP2 keeping the unsharded parameters after forward
     "fsdp2_llama_s_adamw_bf16mp_noreshard": dict(wrap="fsdp2", batch=4, seq=1024, mp=True, reshard=False),
     "fsdp2_llama_s_adamw_fp32_noreshard": dict(wrap="fsdp2", batch=4, seq=1024, reshard=False),
+    # HF gradient checkpointing (use_reentrant=False, as hf_models.py enables it) under each
+    # strategy: checkpointing is switched on before the model is wrapped
+    "ddp_llama_s_adamw_fp32_ckpt": dict(wrap="ddp", batch=4, seq=1024, ckpt=True),
+    "fsdp2_llama_s_adamw_fp32_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, ckpt=True),
+    "fsdp2_llama_s_adamw_bf16mp_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, mp=True, ckpt=True),
+    "fsdp2_llama_s_adamw_bf16mp_noreshard_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, mp=True,
+                                                      reshard=False, ckpt=True),
+    "fsdp2_llama_s_adamw_bf16mp_offload_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, mp=True,
+                                                    offload=True, ckpt=True),
 })
+
+
+def with_checkpointing(name):
+    """dist1.py builds `transformers.LlamaForCausalLM(cfg)` itself: for a case with `ckpt`,
+    that name builds the model with HF gradient checkpointing on (use_reentrant=False)."""
+    if not dist1.CASES.get(name, {}).get("ckpt"):
+        return
+    import transformers as T
+    plain = T.LlamaForCausalLM
+
+    def build(cfg):
+        m = plain(cfg)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return m
+
+    T.LlamaForCausalLM = build
 
 
 def any_world(out, name):
@@ -127,6 +152,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--list"]:
         print(" ".join(dist1.CASES))
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        with_checkpointing(sys.argv[2])
         any_world(sys.argv[1], sys.argv[2])
     else:
+        with_checkpointing(sys.argv[2])
         dist1.main()

@@ -233,9 +233,31 @@ impl<S: Device> Tensors<S> {
             .ok_or_else(|| EngineError::Invalid(format!("no FSDP group {g}")))
     }
 
+    /// FSDP2's forward hooks run inside a gradient checkpoint's region (HF's checkpointing
+    /// wraps the module's whole `__call__`), but a recompute skips them (`_pre_forward` and
+    /// `_post_forward` return at once in backward: the pre-backward hook has unsharded): what
+    /// they allocate and free is not the region's, and is not replayed.
+    fn outside_checkpoint<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let region = self.checkpoint.current.take();
+        let r = f(self);
+        self.checkpoint.current = region;
+        r
+    }
+
     /// The group's forward pre-hook: unshard, and (in grad mode) its input through the
     /// post-backward alias node. Returns what the module computes on.
     pub fn fsdp_pre_forward(
+        &mut self,
+        g: usize,
+        input: Option<TensorId>,
+    ) -> Result<Option<TensorId>, EngineError> {
+        self.outside_checkpoint(|d| d.fsdp_pre_forward_hook(g, input))
+    }
+
+    fn fsdp_pre_forward_hook(
         &mut self,
         g: usize,
         input: Option<TensorId>,
@@ -262,6 +284,10 @@ impl<S: Device> Tensors<S> {
     /// The group's forward post-hook: reshard (with `reshard_after_forward`, the root too), and
     /// the pre-backward hook on the node that made `output`.
     pub fn fsdp_post_forward(&mut self, g: usize, output: TensorId) -> Result<(), EngineError> {
+        self.outside_checkpoint(|d| d.fsdp_post_forward_hook(g, output))
+    }
+
+    fn fsdp_post_forward_hook(&mut self, g: usize, output: TensorId) -> Result<(), EngineError> {
         let root = self.fsdp_group(g)?.root;
         if self
             .fsdp

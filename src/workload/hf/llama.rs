@@ -352,7 +352,17 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
             // the layer's keyword arguments (the rotary pair, the positions) until its backward
             let k = rope_of(c, l);
             let _ = writeln!(s, "{ind}checkpoint(sin{k}, cos{k}, cache_position) {{");
-            layer(s, c, r, call, l, &format!("{ind}  "));
+            if r.fsdp.is_some() && r.mode == "train" {
+                // FSDP2's hooks are inside: the checkpoint wraps the module's `__call__`
+                let i2 = format!("{ind}  ");
+                let _ = writeln!(s, "{i2}h_caller = h");
+                let _ = writeln!(s, "{i2}h = fsdp_pre_forward({l}, h)");
+                layer(s, c, r, call, l, &i2);
+                let _ = writeln!(s, "{i2}fsdp_post_forward({l}, h)");
+                let _ = writeln!(s, "{i2}del h_caller");
+            } else {
+                layer(s, c, r, call, l, &format!("{ind}  "));
+            }
             let _ = writeln!(s, "{ind}}}");
         } else if r.fsdp.is_some() && r.mode == "train" {
             // FSDP2's hooks around the layer: unshard (the input through the post-backward
