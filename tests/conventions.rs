@@ -186,6 +186,30 @@ fn issue15_tables_fit_the_terminal_width() {
     for line in text(&run.stdout).lines() {
         assert!(line.chars().count() <= 80, "{line}");
     }
+    // a run's iterations, too many figure columns for 60 (or 80): on its side, every figure
+    // whole on its line, the iterations as columns
+    for cols in ["60", "80"] {
+        let run = gpumem()
+            .current_dir(root())
+            .env("COLUMNS", cols)
+            .args(["run", "--preset", "gpt2-small"])
+            .output()
+            .unwrap();
+        let s = text(&run.stdout);
+        let row = |label: &str| {
+            s.lines()
+                .find(|l| l.contains(&format!(" {label} ")))
+                .unwrap_or_else(|| panic!("no '{label}' row at {cols} columns:\n{s}"))
+                .to_string()
+        };
+        let head = row("iteration");
+        assert!(head.contains(" 0 ") && head.contains(" 2 "), "{head}");
+        let peak = row("peak allocated");
+        assert!(
+            peak.contains("11.18 GiB") && peak.contains("12.14 GiB"),
+            "{peak}"
+        );
+    }
 }
 
 /// PYTORCH_CUDA_ALLOC_CONF (and PyTorch 2.9's PYTORCH_ALLOC_CONF, which wins) sets the
