@@ -312,24 +312,18 @@ pub fn judge(
             m.peak_reserved,
             recorded.and_then(|e| e.peak_reserved),
         ),
-        (
-            OOM.into(),
-            m.oom as u64,
-            recorded.map(|e| e.oom.unwrap_or(false) as u64),
-        ),
     ];
     // a leak is judged where this run looked for leaks: against the baseline's figure, or
     // none where the baseline's run did not look
     if let Some(leak) = m.leak_per_iteration {
-        metrics.insert(
-            2,
-            (
-                LEAK.into(),
-                leak,
-                recorded.map(|e| e.leak_per_iteration.unwrap_or(0)),
-            ),
-        );
+        let base = recorded.map(|e| e.leak_per_iteration.unwrap_or(0));
+        metrics.push((LEAK.into(), leak, base));
     }
+    metrics.push((
+        OOM.into(),
+        m.oom as u64,
+        recorded.map(|e| e.oom.unwrap_or(false) as u64),
+    ));
     let mut cats: Vec<&String> = m.categories_at_peak.keys().collect();
     if let Some(e) = recorded {
         cats.extend(e.categories_at_peak.keys());

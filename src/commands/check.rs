@@ -198,26 +198,14 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
             0,
             false,
         );
-        let mut leak_sites = BTreeMap::new();
-        for l in &found.leaks.leaks {
-            for s in &l.sites {
-                *leak_sites.entry(s.site.clone()).or_default() += s.bytes_per_iteration;
-            }
-        }
+        let (leak_per_iteration, leak_sites) = leak_figures(&found.leaks);
         return Ok(Input {
             name: w.name.clone(),
             path: path.to_path_buf(),
             measurement: Measurement {
                 peak_allocated: r.peak.peak_allocated,
                 peak_reserved: r.peak.peak_reserved,
-                leak_per_iteration: found.leaks.checked.map(|_| {
-                    found
-                        .leaks
-                        .leaks
-                        .iter()
-                        .map(|l| l.bytes_per_iteration)
-                        .sum()
-                }),
+                leak_per_iteration,
                 oom: r.oom.is_some(),
                 categories_at_peak: r
                     .peak
@@ -248,12 +236,7 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
             &sum.live_by_site,
         ),
     };
-    let mut leak_sites = BTreeMap::new();
-    for l in &sum.leaks.leaks {
-        for x in &l.sites {
-            *leak_sites.entry(x.site.clone()).or_default() += x.bytes_per_iteration;
-        }
-    }
+    let (leak_per_iteration, leak_sites) = leak_figures(&sum.leaks);
     Ok(Input {
         name: path
             .file_stem()
@@ -263,10 +246,7 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
         measurement: Measurement {
             peak_allocated,
             peak_reserved,
-            leak_per_iteration: sum
-                .leaks
-                .checked
-                .map(|_| sum.leaks.leaks.iter().map(|l| l.bytes_per_iteration).sum()),
+            leak_per_iteration,
             oom: !sum.ooms.is_empty(),
             categories_at_peak: cats.into_iter().collect(),
             top_tags_at_peak: sites.iter().map(|x| (x.site.clone(), x.bytes)).collect(),
@@ -274,6 +254,21 @@ fn measure(path: &Path, args: &CheckArgs, device: Option<&str>) -> Result<Input>
         },
         check: CheckTable::default(),
     })
+}
+
+/// A leak report as `check` measures it: bytes left behind per iteration (`None` where leaks
+/// were not looked for) and by leaking site.
+fn leak_figures(l: &crate::analysis::leaks::LeakReport) -> (Option<u64>, BTreeMap<String, u64>) {
+    let mut sites = BTreeMap::new();
+    for leak in &l.leaks {
+        for x in &leak.sites {
+            *sites.entry(x.site.clone()).or_default() += x.bytes_per_iteration;
+        }
+    }
+    let total = l
+        .checked
+        .map(|_| l.leaks.iter().map(|x| x.bytes_per_iteration).sum());
+    (total, sites)
 }
 
 /// The tolerance and budget of `metric`: the command line, then the workload's `[check]`, then
@@ -390,23 +385,19 @@ pub fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
         let mut text = serde_json::to_string_pretty(&baseline).map_err(std::io::Error::from)?;
         text.push('\n');
+        let entries = crate::units::count(baseline.entries.len() as u64, "entry", "entries");
         // (a file that already says exactly this is left alone: nothing to commit)
         if std::fs::read(baseline_path).is_ok_and(|b| b == text.as_bytes()) {
+            let p = baseline_path.display();
+            writeln!(out, "{p} unchanged ({entries}): nothing to commit")?;
+        } else {
+            write_atomic(baseline_path, text.as_bytes())?;
             writeln!(
                 out,
-                "{} unchanged ({}): nothing to commit",
-                baseline_path.display(),
-                crate::units::count(baseline.entries.len() as u64, "entry", "entries")
+                "wrote {} ({entries}); commit it",
+                baseline_path.display()
             )?;
-            return Ok(Outcome::Ok);
         }
-        write_atomic(baseline_path, text.as_bytes())?;
-        writeln!(
-            out,
-            "wrote {} ({}); commit it",
-            baseline_path.display(),
-            crate::units::count(baseline.entries.len() as u64, "entry", "entries")
-        )?;
         return Ok(Outcome::Ok);
     }
 
