@@ -17,7 +17,7 @@
 //! gradient per differentiable input, frees each incoming gradient after use and, unless
 //! `retain_graph`, each node's saved tensors right after the node ran.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::dtype::DType;
 use super::graph::{Edge, Node, NodeId, Saved};
@@ -258,8 +258,8 @@ impl<S: Device> Tensors<S> {
             ));
         };
         // dependencies: how many gradient contributions each node waits for
-        let mut pending: HashMap<NodeId, u32> = HashMap::new();
-        let mut leaf_pending: HashMap<TensorId, u32> = HashMap::new();
+        let mut pending: HashMap<NodeId, u32> = HashMap::default();
+        let mut leaf_pending: HashMap<TensorId, u32> = HashMap::default();
         let mut stack = vec![root_fn];
         while let Some(n) = stack.pop() {
             let node = &self.nodes[n.0 as usize];
@@ -294,7 +294,7 @@ impl<S: Device> Tensors<S> {
         }
         // the seed is the caller's (`grad_tensors`): it lives until backward returns, and the
         // root's buffer holds another handle on it
-        let mut buffers: HashMap<NodeId, Vec<Option<TensorId>>> = HashMap::new();
+        let mut buffers: HashMap<NodeId, Vec<Option<TensorId>>> = HashMap::default();
         let root_slot = self.info(root).output_nr as usize;
         let mut first = vec![None; self.nodes[root_fn.0 as usize].outputs as usize];
         first[root_slot] = Some(self.retain(seed));
@@ -303,7 +303,7 @@ impl<S: Device> Tensors<S> {
         ready.push(self, root_fn);
         let mut leaves = Leaves {
             pending: leaf_pending,
-            buffers: HashMap::new(),
+            buffers: HashMap::default(),
         };
         let mut r = self.run_ready(
             &mut ready,
