@@ -19,6 +19,9 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
+/// A node's incoming gradients, one slot per output (most ops have one or two).
+type GradSlots = smallvec::SmallVec<[Option<TensorId>; 2]>;
+
 use super::dtype::DType;
 use super::graph::{Edge, Node, NodeId, Saved};
 pub use super::op::{Back, Save};
@@ -294,9 +297,10 @@ impl<S: Device> Tensors<S> {
         }
         // the seed is the caller's (`grad_tensors`): it lives until backward returns, and the
         // root's buffer holds another handle on it
-        let mut buffers: HashMap<NodeId, Vec<Option<TensorId>>> = HashMap::default();
+        let mut buffers: HashMap<NodeId, GradSlots> = HashMap::default();
         let root_slot = self.info(root).output_nr as usize;
-        let mut first = vec![None; self.nodes[root_fn.0 as usize].outputs as usize];
+        let mut first: GradSlots =
+            smallvec::smallvec![None; self.nodes[root_fn.0 as usize].outputs as usize];
         first[root_slot] = Some(self.retain(seed));
         buffers.insert(root_fn, first);
         let mut ready = Ready::default();
@@ -333,7 +337,7 @@ impl<S: Device> Tensors<S> {
     fn run_ready(
         &mut self,
         ready: &mut Ready,
-        buffers: &mut HashMap<NodeId, Vec<Option<TensorId>>>,
+        buffers: &mut HashMap<NodeId, GradSlots>,
         pending: &mut HashMap<NodeId, u32>,
         leaves: &mut Leaves,
         retain_graph: bool,
@@ -384,7 +388,9 @@ impl<S: Device> Tensors<S> {
                 let r = match e {
                     Edge::Node(m, slot) => {
                         let outputs = self.nodes[m.0 as usize].outputs as usize;
-                        let slots = buffers.entry(m).or_insert_with(|| vec![None; outputs]);
+                        let slots = buffers
+                            .entry(m)
+                            .or_insert_with(|| smallvec::smallvec![None; outputs]);
                         let r = match slots[slot as usize].take() {
                             None => Ok(g),
                             Some(old) => self.accumulate(old, g),
