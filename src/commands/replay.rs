@@ -72,9 +72,7 @@ fn what_if(args: &ReplayArgs, out: &mut dyn Write) -> Result<Outcome> {
             let pick = all
                 .iter()
                 .position(oom)
-                .or_else(|| {
-                    (0..all.len()).max_by_key(|&i| (all[i].events.len(), std::cmp::Reverse(i)))
-                })
+                .or_else(|| crate::snapshot::primary_index(all.iter().map(|s| s.events.len())))
                 .unwrap_or(0);
             if all.is_empty() {
                 crate::snapshot::load(&args.trace)?

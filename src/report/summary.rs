@@ -301,11 +301,8 @@ pub fn to_json_devices(path: &str, devs: &[(&Snapshot, &Summary)]) -> Value {
     };
     let (ooms, leaks) = (with_device("ooms"), with_device("leaks"));
     // the primary device: the one with the longest trace
-    let primary = devs
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, (s, _))| (s.events.len(), std::cmp::Reverse(*i)))
-        .map_or(0, |(i, _)| i);
+    let primary =
+        crate::snapshot::primary_index(devs.iter().map(|(s, _)| s.events.len())).unwrap_or(0);
     let mut v = per.get(primary).cloned().unwrap_or_else(|| json!({}));
     v["devices_shown"] = json!(devs.iter().map(|(s, _)| s.device).collect::<Vec<_>>());
     v["all_devices"] = state_json(&total);

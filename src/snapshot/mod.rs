@@ -174,6 +174,18 @@ fn chunk_bytes(len: u64, threads: usize) -> u64 {
     (len / (threads as u64 * 4)).clamp(1 << 20, 32 << 20)
 }
 
+/// Which of a file's devices is its primary one, given each device's trace length in device
+/// order: the longest trace, the lowest index on a tie; `None` where no device has a trace.
+/// The one rule of every command that shows or replays a single device by default.
+pub fn primary_index(trace_lens: impl IntoIterator<Item = usize>) -> Option<usize> {
+    trace_lens
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, n)| n > 0)
+        .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+        .map(|(i, _)| i)
+}
+
 /// Reads any snapshot file (a large pickle on all cores: `GPUMEM_THREADS` sets how many): its
 /// primary device, the one with the longest trace.
 pub fn load(path: &Path) -> Result<Snapshot, Error> {
@@ -490,4 +502,20 @@ fn read_and_convert(
         ));
     }
     torch::convert(&torch::JsonDoc, &v, Format::TorchJson, &name, which).map_err(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::primary_index;
+
+    /// The longest trace wins, the lowest device on a tie, and a file without traces has no
+    /// primary by this rule (its callers then take the first device with segments).
+    #[test]
+    fn the_primary_device_has_the_longest_trace() {
+        assert_eq!(primary_index([3, 9, 2]), Some(1));
+        assert_eq!(primary_index([0, 5, 5]), Some(1));
+        assert_eq!(primary_index([7]), Some(0));
+        assert_eq!(primary_index([0, 0]), None);
+        assert_eq!(primary_index([]), None);
+    }
 }

@@ -319,12 +319,8 @@ pub fn convert<'a, D: Doc<'a>>(
         }
     }
     devices.sort();
-    let primary = trace_lens
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, n)| (**n, std::cmp::Reverse(*i)))
-        .filter(|(_, n)| **n > 0)
-        .map(|(i, _)| i as u32)
+    let primary = super::primary_index(trace_lens.iter().copied())
+        .map(|i| i as u32)
         .or_else(|| devices.first().copied())
         .unwrap_or(0);
     let wanted: Vec<u32> = match which {
