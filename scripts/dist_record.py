@@ -36,23 +36,36 @@ dist1.CASES.update({
                                                       reshard=False, ckpt=True),
     "fsdp2_llama_s_adamw_bf16mp_offload_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, mp=True,
                                                     offload=True, ckpt=True),
+    # the weights themselves in bf16 (the model converted before it is wrapped; no mixed
+    # precision policy: FSDP2 gathers and reduces in bf16, AdamW's states are bf16)
+    "ddp_llama_s_adamw_bf16w": dict(wrap="ddp", batch=4, seq=1024, bf16w=True),
+    "fsdp2_llama_s_adamw_bf16w": dict(wrap="fsdp2", batch=4, seq=1024, bf16w=True),
 })
 
 
-def with_checkpointing(name):
+def with_model_patch(name):
     """dist1.py builds `transformers.LlamaForCausalLM(cfg)` itself: for a case with `ckpt`,
-    that name builds the model with HF gradient checkpointing on (use_reentrant=False)."""
-    if not dist1.CASES.get(name, {}).get("ckpt"):
+    every LlamaForCausalLM built from here on has HF gradient checkpointing on
+    (use_reentrant=False), and for one with `bf16w` its weights in bf16, both done at the end
+    of its constructor (before the strategy wraps it). It prints what it did, so that a
+    record whose layers do not checkpoint is not taken for a ckpt case."""
+    kw = dist1.CASES.get(name, {})
+    if not (kw.get("ckpt") or kw.get("bf16w")):
         return
-    import transformers as T
-    plain = T.LlamaForCausalLM
+    from transformers.models.llama import modeling_llama as ML
+    init = ML.LlamaForCausalLM.__init__
 
-    def build(cfg):
-        m = plain(cfg)
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return m
+    def init_patched(self, *a, **k):
+        init(self, *a, **k)
+        if kw.get("bf16w"):
+            self.to(dist1.torch.bfloat16)
+        if kw.get("ckpt"):
+            self.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        on = sum(bool(getattr(l, "gradient_checkpointing", False)) for l in self.model.layers)
+        print(f"{name}: gradient checkpointing on {on} of {len(self.model.layers)} layers, "
+              f"training={self.training}, weights {next(self.parameters()).dtype}", flush=True)
 
-    T.LlamaForCausalLM = build
+    ML.LlamaForCausalLM.__init__ = init_patched
 
 
 def any_world(out, name):
@@ -152,8 +165,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--list"]:
         print(" ".join(dist1.CASES))
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        with_checkpointing(sys.argv[2])
+        with_model_patch(sys.argv[2])
         any_world(sys.argv[1], sys.argv[2])
     else:
-        with_checkpointing(sys.argv[2])
+        with_model_patch(sys.argv[2])
         dist1.main()
