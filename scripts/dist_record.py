@@ -60,6 +60,8 @@ def with_model_patch(name):
         if kw.get("bf16w"):
             self.to(dist1.torch.bfloat16)
         if kw.get("ckpt"):
+            # (HF checkpoints only in training mode: said so rather than left to the default)
+            self.train()
             self.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         on = sum(bool(getattr(l, "gradient_checkpointing", False)) for l in self.model.layers)
         print(f"{name}: gradient checkpointing on {on} of {len(self.model.layers)} layers, "
