@@ -46,6 +46,10 @@ pub(crate) struct Fsdp2 {
     /// `init = "meta"`: the model built on the meta device and its shards materialized
     /// (`to_empty`) after `fully_shard`, as large models are; else built on the device first.
     pub meta_init: bool,
+    /// The model's own weights are bf16 (`model.to(torch.bfloat16)` before `fully_shard`):
+    /// the shards, the gathered parameters, the gradients and the optimizer's states are
+    /// bf16 with no policy at all (set from the model's dtype, not a key of this table).
+    pub weights_bf16: bool,
 }
 
 /// `[distributed] strategy = "zero1"` or `"zero2"`: DeepSpeed's ZeRO optimizer around the
@@ -272,8 +276,7 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table) -> PResult<Fsdp2> {
         None => true,
         Some(_) => d.flag("reshard_after_forward")?,
     };
-    // (LoRA, checkpointing, autocast and bf16 weights under FSDP2 are refused in `expand`,
-    // at their own keys)
+    // (LoRA and autocast under FSDP2 are refused in `expand`, at their own keys)
     Ok(Fsdp2 {
         param_bf16: param == "bf16",
         reduce_dtype: reduce_given.then_some(if reduce == "bf16" { "bf16" } else { "float32" }),
@@ -281,5 +284,6 @@ fn fsdp2_run(d: &Reader<'_>, table: &Table) -> PResult<Fsdp2> {
         cpu_offload,
         world_size: 1,
         meta_init: false,
+        weights_bf16: false,
     })
 }

@@ -190,8 +190,9 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
     let mut s = String::new();
     let ps = params(c);
     // `model.to(torch.bfloat16)`: every parameter and floating buffer in bf16
-    // (under FSDP2 the model is built in float32; fully_shard casts what the layers use)
-    let dt = if r.bf16_weights && r.fsdp.is_none() {
+    // (under FSDP2's mixed precision the model is built in float32 and fully_shard casts
+    // what the layers use; bf16 weights of its own are built in bf16)
+    let dt = if r.bf16_weights && r.fsdp.as_ref().is_none_or(|f| f.weights_bf16) {
         ", dtype=bf16"
     } else {
         ""

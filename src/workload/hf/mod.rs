@@ -575,27 +575,11 @@ pub(crate) fn expand(
                 }
                 run.zero = Some(z);
             }
-            Distributed::Fsdp2(f) => {
+            Distributed::Fsdp2(mut f) => {
                 let refused = if run.lora.is_some() {
                     Some(("lora", "FSDP2 with LoRA"))
-                } else if run.checkpointing {
-                    Some((
-                        "gradient_checkpointing",
-                        "FSDP2 with gradient checkpointing",
-                    ))
                 } else if run.bf16_autocast {
                     Some(("precision", "FSDP2 under bf16 autocast"))
-                } else if run.bf16_weights {
-                    // (the weights' dtype is the config's torch_dtype unless dtype says
-                    // otherwise: the fix is to say fp32, not to remove a key never written)
-                    return Err(SyntaxError::new(
-                        value_at(&m, "dtype"),
-                        "FSDP2 around bf16 weights is not modelled yet (the weights' dtype \
-                         comes from 'dtype', else the config's torch_dtype): set dtype = \"fp32\" \
-                         (--dtype fp32) and param_dtype = \"bf16\" (--param-dtype bf16, FSDP2's \
-                         mixed precision) for bf16 compute"
-                            .to_string(),
-                    ));
                 } else {
                     None
                 };
@@ -604,6 +588,7 @@ pub(crate) fn expand(
                 }
                 // the layers compute with the unsharded parameters in param_dtype, as with
                 // bf16 weights (the buffers stay float32)
+                f.weights_bf16 = run.bf16_weights;
                 run.bf16_weights |= f.param_bf16;
                 run.fsdp = Some(f);
             }
