@@ -1563,14 +1563,30 @@ fn a_new_users_mistakes_are_refused_by_the_flag_or_key_to_fix() {
     let out = common::at_root(&["run", wide.to_str().unwrap(), "--batch", "1", "--seq", "16"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("'hidden_size' must be at most"));
-    // FSDP2 over the config's own bf16: the fix is --dtype fp32
+    // FSDP2 over the config's own bf16 runs (shards in bf16, as recorded in fixtures/dist1):
+    // the model between iterations half of float32's
     let l8 = config("llama-3.1-8b");
-    let out = common::at_root(&["run", &l8, "--batch", "1", "--seq", "256", "--fsdp2", "-q"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let start = |dtype: &str| {
+        let (code, v) = common::run_json(&[
+            "run",
+            &l8,
+            "--batch",
+            "1",
+            "--seq",
+            "256",
+            "--fsdp2",
+            "--dtype",
+            dtype,
+            "--iterations",
+            "1",
+        ]);
+        assert_eq!(code, Some(0), "{v}");
+        v["iterations"][0]["start"].as_u64().unwrap()
+    };
+    let (bf16, fp32) = (start("bf16"), start("fp32"));
     assert!(
-        err.contains("--dtype fp32") && !err.contains("line "),
-        "{err}"
+        bf16 * 2 <= fp32 + (64 << 20) && bf16 * 2 >= fp32 - (64 << 20),
+        "{bf16} against {fp32}"
     );
     // FSDP2 with CPU offload above one rank builds the model before it moves: it runs
     let out = common::at_root(&[
