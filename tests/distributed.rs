@@ -758,11 +758,14 @@ fn zero3_backward_starts_as_deepspeed_does() {
 }
 
 /// FSDP2's bf16 mixed precision with Hugging Face gradient checkpointing (with and without
-/// resharding after forward, and with CPU offload): checkpoint keeps each layer's bf16 input,
-/// which no op of the layer saves (its RMSNorm casts it to float32 first), until the layer's
-/// backward. Every recorded field of every iteration to the byte. Not yet every event: in
-/// each layer's recomputed backward gpumem makes one 2 MiB `view_backward` copy (and frees
-/// it) that PyTorch does not, 16 events an iteration, below the peaks.
+/// resharding after forward, and with CPU offload), recorded on an H200: every event and
+/// every recorded field of every iteration. What it takes: the checkpoint holds each layer's
+/// bf16 input, which no op of the layer saves (its RMSNorm casts it to float32 first), and
+/// frees it with the region's last saved tensor, after the rotary pair and the positions;
+/// cuDNN attention writes the values' gradient in the order of their strides (a transposed
+/// projection without a cache: no copy on the way back); the attention's unreturned outputs
+/// go in the op's order (logsumexp, then the philox seed and offset), and what a recomputed
+/// node saved goes as its unpacked locals do, in reverse.
 #[test]
 fn fsdp2_bf16_with_checkpointing_matches_pytorch() {
     for case in [
@@ -770,6 +773,7 @@ fn fsdp2_bf16_with_checkpointing_matches_pytorch() {
         "fsdp2_llama_s_adamw_bf16mp_noreshard_ckpt",
         "fsdp2_llama_s_adamw_bf16mp_offload_ckpt",
     ] {
+        events_match(case);
         fields_match(case, &|_, _| true, 0.0);
     }
 }

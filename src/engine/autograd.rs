@@ -108,8 +108,10 @@ impl<S: Device> Tensors<S> {
             };
             next.push(edge);
         }
-        // a checkpoint region's first node takes what the region holds, released first
-        if let Some(r) = self.checkpoint.current {
+        // a checkpoint region's first node that saves anything takes what the region holds,
+        // released first: PyTorch frees the checkpoint's arguments with the region's last
+        // saved tensor (an RMSNorm's float32 cast saves nothing; its `pow` does)
+        if let Some(r) = self.checkpoint.current.filter(|_| !saved.is_empty()) {
             let held = std::mem::take(&mut self.checkpoint.regions[r as usize].held);
             if !held.is_empty() {
                 let mut all: Vec<(TensorId, Role)> =

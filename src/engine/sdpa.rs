@@ -209,7 +209,17 @@ impl<S: Device> Tensors<S> {
         let saves = op.saves(ins.len());
         self.record(&op, &ins, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
-        for (i, e) in extra.into_iter().enumerate() {
+        // saved in the op's output order, logsumexp before cuDNN's philox seed and offset
+        // (allocated first): inside a checkpoint region each goes as it is saved, where
+        // PyTorch drops the outputs it does not return in that order (FSDP2 bf16 with
+        // checkpointing, H200); elsewhere the node's own order below decides
+        let order: Vec<usize> = if cudnn && extra.len() == 3 {
+            vec![2, 0, 1]
+        } else {
+            (0..extra.len()).collect()
+        };
+        for i in order {
+            let e = extra[i];
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e, Role::Extra(i));
         }
@@ -227,6 +237,8 @@ impl<S: Device> Tensors<S> {
             _ => 7,
         };
         self.node_mut(node).saved.sort_by_key(|sv| rank(sv.role));
+        // (and inside a checkpoint region, what the recompute hands back, in the same order)
+        self.node_mut(node).deferred.sort_by_key(|d| rank(d.1));
         Ok(out)
     }
 }

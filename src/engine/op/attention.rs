@@ -116,10 +116,12 @@ pub(super) fn grad_plan(cudnn: bool, inputs: &[super::Meta], grad: MetaRef) -> G
     GradPlan {
         // the memory-efficient kernel writes its gradients as [B, T, H, D]; cuDNN's in the
         // order of each input's strides (a transposed projection's: [B, T, H, D]; a query made
-        // by a `cat`: contiguous), but with grouped heads in the inputs' own [B, H, T, D]
-        // order (the H200 traces: their views back to the projections' rows copy them)
+        // by a `cat`: contiguous), grouped heads too: a training step's keys and values come
+        // from the cache's `cat` (contiguous: their views back to the projections' rows copy
+        // the gradients), but under checkpointing (no cache) the values are the projection's
+        // transposed view, whose gradient needs no copy (FSDP2 bf16 with checkpointing, H200)
         bthd: !cudnn,
-        like_inputs: cudnn && !grouped,
+        like_inputs: cudnn,
         // both kernels write the gradients of q, k and v (never the mask's), needed or not (a
         // frozen key's, BERT's first layer under LoRA: the H200 traces)
         every_input: 3,

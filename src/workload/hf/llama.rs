@@ -349,11 +349,12 @@ pub(super) fn decoder(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, ind:
     for l in 0..c.layers {
         if call.cache == Cache::Off {
             // GradientCheckpointingLayer: torch.utils.checkpoint(use_reentrant=False), holding
-            // the layer's arguments (its input, the rotary pair, the positions) until its
-            // backward. The input matters where no op of the layer saves it: an RMSNorm over
-            // bf16 (weights, or FSDP2's bf16 parameters) casts it to float32 first
+            // the layer's arguments (the rotary pair, the positions, its input, freed in that
+            // order) until its backward. The input matters where no op of the layer saves it:
+            // an RMSNorm over bf16 (weights, or FSDP2's bf16 parameters) casts it to float32
+            // first
             let k = rope_of(c, l);
-            let _ = writeln!(s, "{ind}checkpoint(h, sin{k}, cos{k}, cache_position) {{");
+            let _ = writeln!(s, "{ind}checkpoint(sin{k}, cos{k}, cache_position, h) {{");
             if r.fsdp.is_some() && r.mode == "train" {
                 // FSDP2's hooks are inside: the checkpoint wraps the module's `__call__`
                 let i2 = format!("{ind}  ");
