@@ -209,16 +209,13 @@ impl<S: Device> Tensors<S> {
         let saves = op.saves(ins.len());
         self.record(&op, &ins, &[out], saves);
         let node = self.info(out).grad_fn.expect("recorded");
-        // saved in the op's output order, logsumexp before cuDNN's philox seed and offset
-        // (allocated first): inside a checkpoint region each goes as it is saved, where
-        // PyTorch drops the outputs it does not return in that order (FSDP2 bf16 with
-        // checkpointing, H200); elsewhere the node's own order below decides
-        let order: Vec<usize> = if cudnn && extra.len() == 3 {
-            vec![2, 0, 1]
-        } else {
-            (0..extra.len()).collect()
-        };
-        for i in order {
+        // saved in the op's output order: the logsumexp, made last, before cuDNN's philox
+        // seed and offset. Inside a checkpoint region each goes as it is saved, where PyTorch
+        // drops the outputs it does not return in that order (FSDP2 bf16 with checkpointing,
+        // H200); elsewhere the node's own order below decides
+        let n = extra.len();
+        for k in 0..n {
+            let i = if cudnn { (k + n - 1) % n } else { k };
             let e = extra[i];
             self.recategorize(e, Category::Activation);
             self.save_extra(node, e, Role::Extra(i));
