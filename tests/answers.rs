@@ -1025,14 +1025,15 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
         )
     };
     // and a llama with a 7B's attention (16 x 128 key/value heads: 4 KiB a token and layer)
-    // at batch 1, whose ids grow out of their block every 64 tokens
+    // at batch 1, whose ids grow out of their block every 64 tokens, and whose 8 layers are
+    // enough for the full steps to skip the small pool's calls of some of them
     let dir = Scratch::new("fast-forward");
     let llama = std::fs::read_to_string("fixtures/hf/cases/llama_t.config.json")
         .unwrap()
         .replace("\"head_dim\": 64", "\"head_dim\": 128")
         .replace("\"hidden_size\": 512", "\"hidden_size\": 2048")
         .replace("\"num_attention_heads\": 8", "\"num_attention_heads\": 16")
-        .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 2")
+        .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 8")
         .replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 16");
     dir.write("wide.config.json", &llama);
     let wide = dir.write(
@@ -1041,7 +1042,7 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
          [train]\nbatch = 1\nseq = 64\niterations = 2\nmode = \"generate\"\n\
          [generate]\nnew_tokens = 8\npad_token_id = 0\n",
     );
-    let (mut skipped, mut oom_inside, mut runs) = (0u64, 0, 0);
+    let (mut skipped, mut oom_inside, mut runs, mut layers) = (0u64, 0, 0, 0);
     for (workload, batch, n) in [
         ("fixtures/hf/workloads/llama_t_generate_bf16.toml", 16, 700),
         (
@@ -1090,6 +1091,7 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
                 if let Some(ff) = fast.fast_forwarded {
                     runs += 1;
                     skipped += ff.steps - ff.full_steps;
+                    layers += ff.skipped_blocks;
                 }
                 if fast
                     .oom
@@ -1104,6 +1106,7 @@ fn a_fast_forwarded_generation_ends_as_the_engines_to_the_byte() {
     }
     assert!(runs >= 20, "{runs} runs fast-forwarded");
     assert!(skipped > 0, "no step skipped the small pool in {runs} runs");
+    assert!(layers > 0, "no full step skipped layers in {runs} runs");
     assert!(
         oom_inside >= 3,
         "{oom_inside} of {runs} runs ran out in a fast-forward"

@@ -140,6 +140,8 @@ pub struct RunOutcome {
 pub struct FastForwarded {
     pub steps: u64,
     pub full_steps: u64,
+    /// Layers within the full steps whose small-pool calls were skipped.
+    pub skipped_blocks: u64,
     /// An iteration allocated after a generation it drove to its end: the engine's tensors
     /// then had the last observed step's shapes, so what followed is not to be trusted (run
     /// again without the fast-forward).

@@ -418,12 +418,14 @@ impl Runner {
         let drove = self.drove.get_or_insert_with(Default::default);
         drove.steps += d.steps;
         drove.full_steps += d.full_steps;
+        drove.skipped_blocks += d.skipped_blocks;
         tracing::debug!(
             from = tokens,
             steps = d.steps,
             end = ?d.end,
             mallocs_per_step = t.mallocs(),
             full_steps = d.full_steps,
+            skipped_blocks = d.skipped_blocks,
             "generation fast-forwarded"
         );
         self.set_generated(tokens + d.steps);

@@ -27,12 +27,18 @@
 //! on in full. A small request that changes its rounded size (the ids grow by 512 bytes every
 //! 64 tokens at batch 1) also ends the skipping until the pool repeats again.
 //!
+//! Steps played in full skip the small pool's calls of most of their layers the same way,
+//! one level down ([`blocks`]): the layers make the same calls, and once the pool repeats
+//! from layer to layer the later layers need only their large-pool calls.
+//!
 //! Nothing here knows what a step computes: the runner tells, from the generated script,
 //! where steps of one shape run to the end of the generation (`token_done(until=N)`), and
 //! `fit --param new_tokens` asks for it ([`crate::runner::RunOptions::fast_forward`]). After
 //! a drive the engine's storages that outlive the last step are moved to their blocks
 //! ([`Drive::moved`]) and the script goes on after the loop; what it does next may only free
 //! them (their shapes are the last observed step's), which `fit` checks first.
+
+mod blocks;
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -84,6 +90,8 @@ pub struct Template {
     /// The malloc addresses of the last `reach + 1` observed steps, oldest first (the first
     /// driven steps free some of them).
     history: Vec<Vec<u64>>,
+    /// The run of identical blocks of calls (a model's layers) in each step, if there is one.
+    blocks: Option<blocks::Blocks>,
 }
 
 impl Template {
@@ -181,7 +189,7 @@ impl Template {
             }
             *g = d;
         }
-        Some(Template {
+        let mut t = Template {
             calls,
             size: sizes.pop()?,
             growth,
@@ -189,7 +197,10 @@ impl Template {
             stack,
             reach,
             history,
-        })
+            blocks: None,
+        };
+        t.blocks = blocks::Blocks::find(&t);
+        Some(t)
     }
 
     /// The mallocs whose size grows: (index, size at the last observed step, growth).
@@ -245,6 +256,11 @@ pub struct Drive {
     /// Of the steps, those that played the small pool's calls (all or, where skipping
     /// stopped inside a step, the rest of them); the others skipped them.
     pub full_steps: u64,
+    /// Blocks of calls (layers) within the full steps whose small-pool calls were skipped
+    /// ([`blocks`]).
+    pub skipped_blocks: u64,
+    /// Of those skips, the ones a large request stopped (the small pool brought to it).
+    pub block_replays: u64,
 }
 
 /// A step played in full: what the skipping needs of it.
@@ -285,6 +301,8 @@ pub fn drive<S: SegmentSource>(
         seen: VecDeque::new(),
         peak: a.stats().allocated_bytes.all().current,
         full_steps: 0,
+        skipped_blocks: 0,
+        block_replays: 0,
     };
     let mut k = 0u64;
     let end = loop {
@@ -349,6 +367,8 @@ pub fn drive<S: SegmentSource>(
         peak_allocated: peak as u64,
         moved,
         full_steps: d.full_steps,
+        skipped_blocks: d.skipped_blocks,
+        block_replays: d.block_replays,
     }
 }
 
@@ -369,6 +389,8 @@ struct Driver<'t> {
     /// The highest allocated memory since the driving began.
     peak: i64,
     full_steps: u64,
+    skipped_blocks: u64,
+    block_replays: u64,
 }
 
 fn small_now<S: SegmentSource>(a: &CachingAllocator<S>) -> i64 {
@@ -400,20 +422,39 @@ impl Driver<'_> {
         let t = self.t;
         let m = t.mallocs();
         let slot = self.slot(step as i64);
-        let mut large = vec![false; m];
-        let mut rounded = vec![0u64; m];
-        let mut gap_high = Vec::new();
-        let mut high = small_now(a);
-        for (i, c) in t.calls.iter().enumerate().skip(from) {
-            let big = match *c {
+        let mut rec = blocks::StepRecord {
+            large: vec![false; m],
+            rounded: vec![0u64; m],
+            gap_high: Vec::new(),
+            high: small_now(a),
+        };
+        let mut layers = (t.blocks.as_ref()).map(|b| blocks::Layers::new(b, from));
+        let mut i = from;
+        while i < t.calls.len() {
+            if let Some(l) = layers.as_mut().filter(|l| l.next == i) {
+                match self.skip_blocks(a, l, step, i, &mut rec) {
+                    Ok(next) if next != i => {
+                        i = next;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(blocks::BlocksEnd::Materialized(at)) => {
+                        // (the rest of the step in full, call by call)
+                        layers = None;
+                        i = at;
+                    }
+                    Err(blocks::BlocksEnd::End(e)) => return Err(e),
+                }
+            }
+            let big = match t.calls[i] {
                 Call::Malloc(j) => {
                     let j = j as usize;
                     let n = t.size_at(j, step as i64);
                     let r = a.round_size(n);
                     let big = a.pool_for_rounded(r) == PoolKind::Large;
-                    large[j] = big;
+                    rec.large[j] = big;
                     // (only the small pool's sizes must hold; the large pool's are played)
-                    rounded[j] = if big { 0 } else { r };
+                    rec.rounded[j] = if big { 0 } else { r };
                     a.recorder_mut().set_current(t.stack[j]);
                     self.ring[slot][j] = a
                         .malloc(n, t.stream[j])
@@ -429,22 +470,27 @@ impl Driver<'_> {
                     a.pool_for_rounded(a.round_size(n)) == PoolKind::Large
                 }
             };
+            let small = small_now(a);
             if big {
-                gap_high.push(high);
-                high = small_now(a);
+                rec.gap_high.push(rec.high);
+                rec.high = small;
             } else {
-                high = high.max(small_now(a));
+                rec.high = rec.high.max(small);
+            }
+            if let Some(l) = layers.as_mut() {
+                l.note(i, big, small);
             }
             self.peak = self.peak.max(a.stats().allocated_bytes.all().current);
+            i += 1;
         }
-        gap_high.push(high);
+        rec.gap_high.push(rec.high);
         self.full_steps += 1;
         Ok(Seen {
             fingerprint: a.small_pool_fingerprint(),
-            large,
-            rounded,
+            large: rec.large,
+            rounded: rec.rounded,
             addr: self.ring[slot].clone(),
-            gap_high,
+            gap_high: rec.gap_high,
         })
     }
 
@@ -687,15 +733,52 @@ mod tests {
         )
     }
 
-    /// Driven steps end as the same steps made one by one: the step that runs out, the
-    /// allocator's memory and its peak, on cards that run out early, late and not at all,
-    /// under each allocator setting; and some steps skipped the small pool.
-    #[test]
-    fn driven_steps_end_as_the_steps_made() {
-        let n = 600u64;
-        let mut skipped = 0;
+    /// A decode step of a made-up model with layers: growing ids; then per layer small
+    /// temporaries, a hidden state handed to the next layer, a cache that grows 64 KiB a
+    /// step (the layer's cache of the step before freed) and a large transient; the last
+    /// hidden state freed after the layers.
+    fn layered_step(a: &mut SimAllocator, k: u64, held: &mut Vec<u64>) -> Result<(), OutOfMemory> {
+        const LAYERS: usize = 17;
+        let ids = a.malloc(100 + 8 * k, 0)?;
+        let mut h = a.malloc(4_096, 0)?;
+        let mut caches = Vec::new();
+        for l in 0..LAYERS {
+            let x = a.malloc(600, 0)?;
+            let y = a.malloc(5_000 + 512 * (l as u64 % 2), 0)?;
+            a.free(x).unwrap();
+            caches.push(a.malloc(2 * MIB + 65_536 * k, 0)?);
+            if let Some(&old) = held.get(1 + l) {
+                a.free(old).unwrap();
+            }
+            let big = a.malloc(3 * MIB, 0)?;
+            a.free(big).unwrap();
+            let next = a.malloc(4_096, 0)?;
+            a.free(h).unwrap();
+            a.free(y).unwrap();
+            h = next;
+        }
+        a.free(h).unwrap();
+        if let Some(&old) = held.first() {
+            a.free(old).unwrap();
+        }
+        held.clear();
+        held.push(ids);
+        held.extend(caches);
+        Ok(())
+    }
+
+    /// Steps made one by one and driven, from the same start, under each allocator setting
+    /// on cards that run out early, late and not at all, end alike: the step that runs out,
+    /// the allocator's memory and its peak. Returns the steps that skipped the small pool
+    /// and the blocks skipped inside full steps.
+    fn driven_as_made(
+        step: fn(&mut SimAllocator, u64, &mut Vec<u64>) -> Result<(), OutOfMemory>,
+        n: u64,
+        capacities: &[u64],
+    ) -> (u64, u64, u64) {
+        let (mut skipped, mut blocks, mut replays) = (0, 0, 0);
         for conf in ["", "expandable_segments:True", "max_split_size_mb:24"] {
-            for capacity in [60, 300, 600, 1_000, 2_000, 4_000].map(|m| m * MIB) {
+            for &capacity in capacities {
                 let new = || {
                     SimAllocator::new(AllocConf::parse(conf).unwrap(), SimSource::new(capacity, 0))
                 };
@@ -731,9 +814,60 @@ mod tests {
                 assert_eq!(matches!(d.end, DriveEnd::Oom(_)), done < n, "{what}");
                 assert_eq!(state(&driven), state(&by_hand), "{what}");
                 skipped += d.steps - d.full_steps;
+                blocks += d.skipped_blocks;
+                replays += d.block_replays;
             }
         }
+        (skipped, blocks, replays)
+    }
+
+    /// Driven steps end as the same steps made one by one, and some steps skipped the small
+    /// pool.
+    #[test]
+    fn driven_steps_end_as_the_steps_made() {
+        let capacities = [60, 300, 600, 1_000, 2_000, 4_000].map(|m| m * MIB);
+        let (skipped, _, _) = driven_as_made(step, 600, &capacities);
         assert!(skipped > 1_000, "{skipped} steps skipped");
+    }
+
+    /// Steps with layers end as made one by one too, where the layers of full steps skipped
+    /// the small pool (and some of them ran out inside skipped layers).
+    #[test]
+    fn driven_layers_end_as_the_steps_made() {
+        let capacities: Vec<u64> = (80..1_600)
+            .step_by(37)
+            .chain([6_000])
+            .map(|m| m * MIB)
+            .collect();
+        let (_, blocks, replays) = driven_as_made(layered_step, 300, &capacities);
+        assert!(blocks > 500, "{blocks} blocks skipped");
+        assert!(
+            replays >= 3,
+            "{replays} skips of layers ran into the release of segments"
+        );
+    }
+
+    /// The layers are found: the run of identical blocks after the first layer (whose
+    /// hidden state comes from before the layers).
+    #[test]
+    fn the_layers_of_a_step_are_found() {
+        let mut a = SimAllocator::new(AllocConf::default(), SimSource::new(1 << 36, 0));
+        let mut held = Vec::new();
+        a.start_step_log();
+        let mut logs = Vec::new();
+        for k in 0..STEPS_TO_INFER as u64 {
+            layered_step(&mut a, k, &mut held).unwrap();
+            logs.push(a.take_step_log().unwrap().0);
+        }
+        let t = Template::infer(&logs).unwrap();
+        let b = t.blocks.as_ref().expect("blocks found");
+        // two layers a block (the temporaries alternate in size), 7 calls + 4 + 4 frees... a
+        // layer: 6 mallocs and 6 frees
+        assert_eq!(
+            (b.len(), b.count(), b.mallocs_per_block()),
+            (20, 8, 10),
+            "{b:?}"
+        );
     }
 
     #[test]
