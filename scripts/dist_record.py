@@ -40,6 +40,19 @@ dist1.CASES.update({
     # precision policy: FSDP2 gathers and reduces in bf16, AdamW's states are bf16)
     "ddp_llama_s_adamw_bf16w": dict(wrap="ddp", batch=4, seq=1024, bf16w=True),
     "fsdp2_llama_s_adamw_bf16w": dict(wrap="fsdp2", batch=4, seq=1024, bf16w=True),
+    # peft's LoRA as ../shared/tools/hf_models.py makes it (r 16, alpha 32, dropout 0.05 on
+    # q_proj and v_proj, the base frozen; adapters over bf16 weights upcast to float32 as
+    # get_peft_model does), injected at the end of the constructor so that the strategy wraps
+    # LlamaForCausalLM itself (layers and root, as dist1.py does)
+    "ddp_llama_s_lora_fp32": dict(wrap="ddp", batch=4, seq=1024, lora=True),
+    "fsdp2_llama_s_lora_fp32": dict(wrap="fsdp2", batch=4, seq=1024, lora=True),
+    "fsdp2_llama_s_lora_bf16mp": dict(wrap="fsdp2", batch=4, seq=1024, lora=True, mp=True),
+    "fsdp2_llama_s_lora_bf16w": dict(wrap="fsdp2", batch=4, seq=1024, lora=True, bf16w=True),
+    "fsdp2_llama_s_lora_fp32_ckpt": dict(wrap="fsdp2", batch=4, seq=1024, lora=True, ckpt=True),
+    # float32 parameters, the forward (and the loss inside it) under bf16 autocast, as a loop
+    # with `with torch.autocast("cuda", torch.bfloat16): loss = model(...)` runs it
+    "ddp_llama_s_adamw_amp_bf16": dict(wrap="ddp", batch=4, seq=1024, amp=True),
+    "fsdp2_llama_s_adamw_amp_bf16": dict(wrap="fsdp2", batch=4, seq=1024, amp=True),
 })
 
 
@@ -47,23 +60,47 @@ def with_model_patch(name):
     """dist1.py builds `transformers.LlamaForCausalLM(cfg)` itself: for a case with `ckpt`,
     every LlamaForCausalLM built from here on has HF gradient checkpointing on
     (use_reentrant=False), and for one with `bf16w` its weights in bf16, both done at the end
-    of its constructor (before the strategy wraps it). It prints what it did, so that a
-    record whose layers do not checkpoint is not taken for a ckpt case."""
+    of its constructor (before the strategy wraps it); `lora` injects peft's adapters there
+    too, and `amp` runs LlamaForCausalLM's forward under bf16 autocast. It prints what it
+    did, so that a record whose layers do not checkpoint is not taken for a ckpt case."""
     kw = dist1.CASES.get(name, {})
-    if not (kw.get("ckpt") or kw.get("bf16w")):
+    if not (kw.get("ckpt") or kw.get("bf16w") or kw.get("lora") or kw.get("amp")):
         return
     from transformers.models.llama import modeling_llama as ML
     init = ML.LlamaForCausalLM.__init__
+    torch = dist1.torch
+
+    if kw.get("amp"):
+        forward = ML.LlamaForCausalLM.forward
+
+        def forward_amp(self, *a, **k):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return forward(self, *a, **k)
+
+        ML.LlamaForCausalLM.forward = forward_amp
 
     def init_patched(self, *a, **k):
         init(self, *a, **k)
         if kw.get("bf16w"):
-            self.to(dist1.torch.bfloat16)
+            self.to(torch.bfloat16)
+        if kw.get("lora"):
+            from peft import LoraConfig, inject_adapter_in_model
+            inject_adapter_in_model(LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
+                                               target_modules=["q_proj", "v_proj"]), self)
+            for n, p in self.named_parameters():
+                p.requires_grad_("lora_" in n)
+                if "lora_" in n and p.dtype != torch.float32:
+                    p.data = p.data.float()
+            trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+            print(f"{name}: LoRA, {trainable} trainable parameters, adapters "
+                  f"{[p.dtype for n, p in self.named_parameters() if 'lora_' in n][0]}", flush=True)
         if kw.get("ckpt"):
             # (HF checkpoints only in training mode: said so rather than left to the default)
             self.train()
             self.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         on = sum(bool(getattr(l, "gradient_checkpointing", False)) for l in self.model.layers)
+        if kw.get("amp"):
+            print(f"{name}: the forward under bf16 autocast", flush=True)
         print(f"{name}: gradient checkpointing on {on} of {len(self.model.layers)} layers, "
               f"training={self.training}, weights {next(self.parameters()).dtype}", flush=True)
 

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Issues 38 and 39: records, on the GPU machine, LoRA and bf16 autocast under DDP and FSDP2 at
+# world size 1 (scripts/dist_record.py over ../shared/tools/dist1.py, carried in gpu_carry/)
+# and Llama checkpointing over bf16 weights or bf16 autocast on one GPU
+# (../shared/tools/hf_models.py --case-json, carried in gpu_carry/, with PyTorch's snapshot).
+# One fresh process a case; the archive is rewritten after each case, so a call cut short
+# still returns what it recorded. Output: $OUT/cases.tar.xz (dist1_NAME.json, hf_NAME.json,
+# snapshot_NAME.pickle.xz, log.txt).
+set -u
+D=$(mktemp -d)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+LLAMA_S='{"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 2048}'
+pack() {
+  for f in "$D"/snapshot_*.pickle; do [ -f "$f" ] && xz -6 -T0 "$f"; done
+  tar -C "$D" -cJf "$OUT/cases.tar.xz.part" . && mv "$OUT/cases.tar.xz.part" "$OUT/cases.tar.xz"
+}
+port=29700
+for c in ${DIST_CASES-fsdp2_llama_s_lora_fp32 fsdp2_llama_s_lora_bf16mp fsdp2_llama_s_adamw_amp_bf16 ddp_llama_s_lora_fp32 fsdp2_llama_s_lora_bf16w fsdp2_llama_s_lora_fp32_ckpt ddp_llama_s_adamw_amp_bf16}; do
+  port=$((port + 1))
+  echo "== $c" >>"$D/log.txt"
+  MASTER_PORT=$port timeout 200 python3 scripts/dist_record.py "$D" "$c" >>"$D/log.txt" 2>&1 || echo "case $c failed" >>"$D/log.txt"
+  tail -2 "$D/log.txt"
+  pack
+done
+cd gpu_carry
+for spec in "llama_s_sdpa_adamw_bf16w_ckpt:\"weights\": \"bf16\"" "llama_s_sdpa_adamw_bf16amp_ckpt:\"amp\": \"bf16\""; do
+  [ -n "${HF_CASES-x}" ] || break
+  name=${spec%%:*}; extra=${spec#*:}
+  echo "== $name" >>"$D/log.txt"
+  SNAP=$name timeout 200 python3 hf_models.py "$D" --case-json "{\"name\": \"$name\", \"family\": \"llama\", \"cfg\": $LLAMA_S, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 1024, \"opt\": \"adamw\", \"ckpt\": true, $extra}" >>"$D/log.txt" 2>&1 || echo "case $name failed" >>"$D/log.txt"
+  tail -1 "$D/log.txt"
+  pack
+done
+ls -la "$D" | tail -n +2 | awk '{print $5, $9}'
