@@ -60,9 +60,10 @@ def with_model_patch(name):
     """dist1.py builds `transformers.LlamaForCausalLM(cfg)` itself: for a case with `ckpt`,
     every LlamaForCausalLM built from here on has HF gradient checkpointing on
     (use_reentrant=False), and for one with `bf16w` its weights in bf16, both done at the end
-    of its constructor (before the strategy wraps it); `lora` injects peft's adapters there
-    too, and `amp` runs LlamaForCausalLM's forward under bf16 autocast. It prints what it
-    did, so that a record whose layers do not checkpoint is not taken for a ckpt case."""
+    of its constructor (before the strategy wraps it); `lora` injects peft's adapters after
+    `model.cuda()` (as get_peft_model on a model on the device), and `amp` runs
+    LlamaForCausalLM's forward under bf16 autocast. It prints what it did, so that a record
+    whose layers do not checkpoint is not taken for a ckpt case."""
     kw = dist1.CASES.get(name, {})
     if not (kw.get("ckpt") or kw.get("bf16w") or kw.get("lora") or kw.get("amp")):
         return
@@ -79,21 +80,38 @@ def with_model_patch(name):
 
         ML.LlamaForCausalLM.forward = forward_amp
 
+    def lora(model):
+        # get_peft_model's order: the adapters made on the base weights' device once the
+        # model is there, in its dtype, then (autocast_adapter_dtype) upcast one by one
+        from peft import LoraConfig, inject_adapter_in_model
+        inject_adapter_in_model(LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
+                                           target_modules=["q_proj", "v_proj"]), model)
+        for n, p in model.named_parameters():
+            p.requires_grad_("lora_" in n)
+            if "lora_" in n and p.dtype != torch.float32:
+                p.data = p.data.float()
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(f"{name}: LoRA, {trainable} trainable parameters, adapters "
+              f"{[p.dtype for n, p in model.named_parameters() if 'lora_' in n][0]} "
+              f"on {next(model.parameters()).device}", flush=True)
+
+    if kw.get("lora"):
+        if kw.get("offload") or "WORLD_SIZE" in os.environ:
+            raise SystemExit(f"{name}: LoRA is injected after `model.cuda()` (dist1.py's "
+                             "world-size-1 loop without offload) only")
+        cuda = ML.LlamaForCausalLM.cuda
+
+        def cuda_patched(self, *a, **k):
+            model = cuda(self, *a, **k)
+            lora(model)
+            return model
+
+        ML.LlamaForCausalLM.cuda = cuda_patched
+
     def init_patched(self, *a, **k):
         init(self, *a, **k)
         if kw.get("bf16w"):
             self.to(torch.bfloat16)
-        if kw.get("lora"):
-            from peft import LoraConfig, inject_adapter_in_model
-            inject_adapter_in_model(LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
-                                               target_modules=["q_proj", "v_proj"]), self)
-            for n, p in self.named_parameters():
-                p.requires_grad_("lora_" in n)
-                if "lora_" in n and p.dtype != torch.float32:
-                    p.data = p.data.float()
-            trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
-            print(f"{name}: LoRA, {trainable} trainable parameters, adapters "
-                  f"{[p.dtype for n, p in self.named_parameters() if 'lora_' in n][0]}", flush=True)
         if kw.get("ckpt"):
             # (HF checkpoints only in training mode: said so rather than left to the default)
             self.train()

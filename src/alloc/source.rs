@@ -134,8 +134,49 @@ impl SimSource {
 /// order of addresses matters to the allocator (best-fit ties go to the lower address).
 #[derive(Debug, Clone, Default)]
 struct VaSpace {
-    /// Reserved ranges by base: (size, used pieces by address -> size).
-    ranges: BTreeMap<u64, (u64, BTreeMap<u64, u64>)>,
+    /// Reserved ranges in the order they were made, so by falling base (each new range goes
+    /// below the lowest): the lowest range is the last.
+    ranges: Vec<VaRange>,
+    /// Each range's largest free gap, by the same index: the search skips a range without
+    /// room by one comparison (a model's weights make hundreds of ranges, nearly all full).
+    gaps: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct VaRange {
+    base: u64,
+    size: u64,
+    /// Used pieces (address, size), by address.
+    used: Vec<(u64, u64)>,
+}
+
+impl VaRange {
+    /// The lowest address with `size` free bytes, if any.
+    fn first_fit(&self, size: u64) -> Option<u64> {
+        let mut at = self.base;
+        for &(a, s) in &self.used {
+            if a >= at + size {
+                break;
+            }
+            at = at.max(a + s);
+        }
+        (at + size <= self.base + self.size).then_some(at)
+    }
+
+    fn largest_gap(&self) -> u64 {
+        let mut at = self.base;
+        let mut gap = 0;
+        for &(a, s) in &self.used {
+            gap = gap.max(a.saturating_sub(at));
+            at = at.max(a + s);
+        }
+        gap.max((self.base + self.size).saturating_sub(at))
+    }
+
+    fn insert(&mut self, at: u64, size: u64) {
+        let i = self.used.partition_point(|&(a, _)| a < at);
+        self.used.insert(i, (at, size));
+    }
 }
 
 const VA_TOP: u64 = 0x7f00_0000_0000;
@@ -143,31 +184,39 @@ const VA_CHUNK: u64 = 32 << 20;
 
 impl VaSpace {
     fn place(&mut self, size: u64) -> Option<u64> {
-        for (&base, (rsize, used)) in self.ranges.iter_mut() {
-            let mut at = base;
-            for (&a, &s) in used.iter() {
-                if a >= at + size {
-                    break;
-                }
-                at = at.max(a + s);
-            }
-            if at + size <= base + *rsize {
-                used.insert(at, size);
+        // lowest range first (the last made), lowest address first
+        let mut i = self.gaps.len();
+        while let Some(j) = self.gaps[..i].iter().rposition(|&g| g >= size) {
+            let range = &mut self.ranges[j];
+            if let Some(at) = range.first_fit(size) {
+                range.insert(at, size);
+                self.gaps[j] = range.largest_gap();
                 return Some(at);
             }
+            i = j;
         }
         let rsize = size.div_ceil(VA_CHUNK).checked_mul(VA_CHUNK)?;
-        let below = self.ranges.keys().next().copied().unwrap_or(VA_TOP);
+        let below = self.ranges.last().map_or(VA_TOP, |r| r.base);
         // nothing at address 0: the lowest range starts at one chunk at least
         let base = below.checked_sub(rsize).filter(|&b| b >= VA_CHUNK)? / VA_CHUNK * VA_CHUNK;
-        self.ranges
-            .insert(base, (rsize, BTreeMap::from([(base, size)])));
+        let range = VaRange {
+            base,
+            size: rsize,
+            used: vec![(base, size)],
+        };
+        self.gaps.push(range.largest_gap());
+        self.ranges.push(range);
         Some(base)
     }
 
     fn free(&mut self, addr: u64) {
-        if let Some((_, (_, used))) = self.ranges.range_mut(..=addr).next_back() {
-            used.remove(&addr);
+        // the range with the highest base at or below the address
+        let j = self.ranges.partition_point(|r| r.base > addr);
+        if let Some(range) = self.ranges.get_mut(j) {
+            if let Ok(i) = range.used.binary_search_by_key(&addr, |&(a, _)| a) {
+                range.used.remove(i);
+                self.gaps[j] = range.largest_gap();
+            }
         }
     }
 }

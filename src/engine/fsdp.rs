@@ -338,19 +338,32 @@ impl<S: Device> Tensors<S> {
         };
         let numel: usize = sharded.iter().map(|&s| self.info(s).layout.numel()).sum();
         let orig = self.dtype(sharded[0]);
-        let dtype = cast.unwrap_or(orig);
+        // shards of several dtypes (frozen bf16 weights beside float32 LoRA adapters) are
+        // gathered as bytes (`_get_all_gather_input_metadatas`: uint8 when the inputs'
+        // dtypes differ)
+        let mixed = cast.is_none() && sharded.iter().any(|&s| self.dtype(s) != orig);
+        let (out_numel, dtype) = if mixed {
+            let bytes: u64 = sharded
+                .iter()
+                .map(|&s| self.info(s).layout.numel() as u64 * self.dtype(s).size())
+                .sum();
+            (bytes as usize, DType::U8)
+        } else {
+            (numel, cast.unwrap_or(orig))
+        };
         let was = std::mem::replace(&mut self.stream, ALL_GATHER_COPY_IN_STREAM);
         let r = self.tagged("fsdp.all_gather", |d| {
             let mut inputs = Vec::new();
             if offload {
                 for &s in &sharded {
                     let shape = d.shape(s).to_vec();
-                    inputs.push(d.empty(&shape, orig, Category::Temporary)?);
+                    let dt = d.dtype(s);
+                    inputs.push(d.empty(&shape, dt, Category::Temporary)?);
                 }
-            } else if dtype != orig {
+            } else if dtype != orig && !mixed {
                 inputs.push(d.empty(&[numel], dtype, Category::Temporary)?);
             }
-            let out = d.empty(&[numel * world], dtype, Category::Temporary);
+            let out = d.empty(&[out_numel * world], dtype, Category::Temporary);
             for t in inputs {
                 d.release(t);
             }
@@ -423,10 +436,16 @@ impl<S: Device> Tensors<S> {
                 }
                 return Ok(());
             };
-            let elem = d.dtype(out).size();
+            // (gathered as bytes, each parameter keeps its own dtype)
+            let bytes_out = d.dtype(out) == DType::U8;
             let mut splits = Vec::new();
             for (&p, &s) in params.iter().zip(&sharded) {
                 let n = d.info(s).layout.numel() as u64;
+                let elem = if bytes_out {
+                    d.dtype(s).size()
+                } else {
+                    d.dtype(out).size()
+                };
                 splits.push(n * elem);
                 d.storage_regrow_bytes(p, n * world * elem, Category::Parameter)?;
             }

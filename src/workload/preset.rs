@@ -87,6 +87,9 @@ pub struct PresetInfo {
     pub max_positions: Option<u64>,
     /// `[distributed]`, where the model is wrapped: what the sharding remedies may change.
     pub distributed: Option<DistributedInfo>,
+    /// Combinations modelled from PyTorch's source but not yet checked against a recording
+    /// ("FSDP2 with LoRA"): each is said with the figures.
+    pub unrecorded: Vec<String>,
 }
 
 /// A wrapped model's `[distributed]` settings.
@@ -179,6 +182,7 @@ fn info(kind: &'static str, model: Vec<(&str, u64)>, t: &Train) -> PresetInfo {
         assumptions: None,
         distributed: None,
         can_autocast: true,
+        unrecorded: Vec::new(),
     }
 }
 

@@ -190,6 +190,7 @@ pub(crate) fn expand(
             assumptions: None,
             distributed: None,
             can_autocast: true,
+            unrecorded: Vec::new(),
         },
         weights: None,
     })

@@ -257,26 +257,60 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         list.push("lm_head");
     }
     let adapters = lora_params(c, r);
+    // (with LoRA under FSDP2: every parameter, the adapters after their base layer's)
+    let mut fsdp_all: Option<Vec<&str>> = None;
     if r.lora.is_some() {
         // get_peft_model: each targeted linear's lora_A ([r, in], kaiming-uniform) and lora_B
         // ([out, r], zeros), in module order, on the base weight's device and in its dtype;
         // then (autocast_adapter_dtype, peft's default) adapters in bf16 are cast to float32,
         // one by one: the float32 copy made, the bf16 one freed
+        // (where the base is: on the host or the meta device under FSDP2)
+        let trainable = format!("{TRAINABLE}{dev}");
         for (var, path, shape, zero) in &adapters {
             let f = if *zero { "zeros" } else { "randn" };
             if r.bf16_weights {
                 let v16 = format!("{var}_bf16");
-                param(&mut s, &v16, path, "weight", shape, f, dt);
+                param(
+                    &mut s,
+                    &v16,
+                    path,
+                    "weight",
+                    shape,
+                    f,
+                    &format!("{dt}{dev}"),
+                );
             } else {
-                param(&mut s, var, path, "weight", shape, f, TRAINABLE);
+                param(&mut s, var, path, "weight", shape, f, &trainable);
             }
         }
         if r.bf16_weights {
             for (var, path, shape, zero) in &adapters {
                 let f = if *zero { "zeros" } else { "randn" };
-                param(&mut s, var, path, "weight", shape, f, TRAINABLE);
+                param(&mut s, var, path, "weight", shape, f, &trainable);
                 let _ = writeln!(s, "del {var}_bf16");
             }
+        }
+        // FSDP2 shards every parameter, frozen or not, in module order (`_get_managed_states`:
+        // a peft wrapper's base layer, then its lora_A and lora_B); the rest take the adapters
+        if r.fsdp.is_some() {
+            let mut all = Vec::with_capacity(list.len() + adapters.len());
+            for (i, v) in list.iter().enumerate() {
+                all.push(*v);
+                let Some((_, path, ..)) = ps.get(i) else {
+                    continue;
+                };
+                let last_of_module = ps.get(i + 1).is_none_or(|(_, next, ..)| next != path);
+                if last_of_module {
+                    let lora = format!("{path}.lora_");
+                    all.extend(
+                        adapters
+                            .iter()
+                            .filter(|(_, ap, ..)| ap.starts_with(&lora))
+                            .map(|(av, ..)| av.as_str()),
+                    );
+                }
+            }
+            fsdp_all = Some(all);
         }
         list = adapters.iter().map(|(v, ..)| v.as_str()).collect();
     }
@@ -323,7 +357,7 @@ pub(super) fn setup(c: &LlamaConfig, r: &Run) -> String {
         // group holds the parameters left (the embedding, the final norm, lm_head)
         let mut groups: Vec<Vec<&str>> = (0..c.layers).map(|_| Vec::new()).collect();
         let mut root = Vec::new();
-        for &v in &list {
+        for &v in fsdp_all.as_ref().unwrap_or(&list) {
             let layer = v
                 .strip_prefix('l')
                 .and_then(|rest| rest.split_once('_'))
