@@ -410,6 +410,28 @@ fn fsdp2_with_lora_reduces_the_adapters_alone() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("FSDP2 under bf16 autocast follows"), "{err}");
+    // (DDP with LoRA is said alike; without either, no warning)
+    let ddp = [
+        "run",
+        cfg,
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--iterations",
+        "1",
+        "--ddp",
+        "-q",
+    ];
+    let out = common::at_root(&[&ddp[..], &["--lora-r", "8"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("DDP with LoRA follows"), "{err}");
+    let out = common::at_root(&ddp);
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let full = common::run_snapshot(&with(&["--dtype", "fp32"]));
     let lora = common::run_snapshot(&with(&["--dtype", "fp32", "--lora-r", "8"]));
     // (each reduction: its input, _chunk_cat's metadata, its output)

@@ -557,7 +557,18 @@ pub(crate) fn expand(
     }
     if let Some((table, at)) = distributed {
         match distributed_run(table, at, span, &run, family)? {
-            Distributed::Ddp(d) => run.ddp = Some(d),
+            Distributed::Ddp(d) => {
+                // (the buckets then hold the adapters' gradients alone; autocast casts per
+                // op inside the wrapped forward: both follow the recorded DDP rules, neither
+                // is recorded yet)
+                if run.lora.is_some() {
+                    run.unrecorded.push("DDP with LoRA");
+                }
+                if run.bf16_autocast {
+                    run.unrecorded.push("DDP under bf16 autocast");
+                }
+                run.ddp = Some(d);
+            }
             Distributed::Zero(z) => {
                 let refused = if run.lora.is_some() {
                     Some(("lora", "ZeRO with LoRA"))
