@@ -11,13 +11,14 @@ use crate::cli::FitArgs;
 use crate::commands::Outcome;
 use crate::error::{Error, Result};
 use crate::runner::remedies::{self, RemedyKind};
+use crate::runner::search;
 use crate::runner::RunOptions;
 use crate::units::{format_bytes, parse_capacity};
 use crate::workload::{self, Overrides};
 
 /// One candidate's search, before it becomes a row.
 struct Searched {
-    longest: remedies::Longest,
+    longest: search::Longest,
     runs: u32,
     refused: Option<(i64, String)>,
     /// The answer's peaks (allocated, reserved), where known.
@@ -26,7 +27,7 @@ struct Searched {
 
 struct Row {
     kind: Option<RemedyKind>,
-    found: remedies::Found,
+    found: search::Found,
     name: String,
     change: String,
     max_fitting: Option<i64>,
@@ -200,11 +201,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let mut runs = 0;
         let mut refused = None;
         let longest = match (&kv, param.as_str()) {
-            (Some(kv), "new_tokens") => remedies::max_new_tokens(
-                workload, o, start, limit, kv, &opts, args.exact, &mut runs,
-            )?,
-            _ => remedies::Longest {
-                max: remedies::max_fitting_modelled(
+            (Some(kv), "new_tokens") => {
+                search::max_new_tokens(workload, o, start, limit, kv, &opts, args.exact, &mut runs)?
+            }
+            _ => search::Longest {
+                max: search::max_fitting_modelled(
                     workload,
                     o,
                     &param,
@@ -214,14 +215,14 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                     &mut runs,
                     &mut refused,
                 )?,
-                found: remedies::Found::Exact,
+                found: search::Found::Exact,
                 peaks: None,
                 estimate: None,
             },
         };
         let peaks = match longest.max {
             // an estimate is not run (that is what it saves)
-            Some(_) if longest.found == remedies::Found::Estimated => None,
+            Some(_) if longest.found == search::Found::Estimated => None,
             Some(_) if longest.peaks.is_some() => longest.peaks,
             Some(v) => {
                 let r = remedies::rerun(workload, &o.with_param(&param, v), &opts)?;
@@ -262,7 +263,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     for ((name, change, _, kind), got) in candidates.into_iter().zip(searched) {
         let Searched {
             longest:
-                remedies::Longest {
+                search::Longest {
                     max,
                     found,
                     estimate,
@@ -272,7 +273,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             refused,
             peaks: answer_peaks,
         } = got?;
-        if let (remedies::Found::AtLeast, Some(m), Some(e)) = (found, max, estimate) {
+        if let (search::Found::AtLeast, Some(m), Some(e)) = (found, max, estimate) {
             notes.push(format!(
                 "{name}: at least {} new tokens fit (simulated for a few seconds, then \
                  stopped before running out); about {} estimated from the KV cache's growth, \
@@ -281,7 +282,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
                 crate::units::group_digits(e as u64)
             ));
         }
-        if let (remedies::Found::Estimated, Some(m), None) = (found, max, kind) {
+        if let (search::Found::Estimated, Some(m), None) = (found, max, kind) {
             notes.push(format!(
                 "about {} new tokens: estimated from the KV cache's growth, not simulated (too \
                  long for a few seconds over {} iterations); it leaves out the allocator's \
@@ -314,7 +315,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
         let (pa, pr) = (answer_peaks.map(|p| p.0), answer_peaks.map(|p| p.1));
         // every value up to the limit fits: the limit is a floor, not a boundary
         let found = match (found, max) {
-            (remedies::Found::Exact, Some(m)) if m >= limit => remedies::Found::Limit,
+            (search::Found::Exact, Some(m)) if m >= limit => search::Found::Limit,
             _ => found,
         };
         rows.push(Row {
@@ -333,7 +334,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     }
     // estimates cannot tell allocator settings apart (they leave out the slack those change)
     if rows.iter().any(|r| {
-        r.found == remedies::Found::Estimated
+        r.found == search::Found::Estimated
             && r.kind
                 .is_some_and(|k| k.tier() == crate::analysis::record::RemedyTier::AllocatorSetting)
     }) {
@@ -351,7 +352,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             .filter(|r| r.kind.is_none())
             .and_then(|r| r.max_fitting),
     ) {
-        let which = if rows[0].found == remedies::Found::Exact {
+        let which = if rows[0].found == search::Found::Exact {
             "the longest generation that fits"
         } else {
             "the answer's generation"
@@ -421,11 +422,11 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
             r.name.clone(),
             r.max_fitting
                 .map(|v| {
-                    if r.found == remedies::Found::Estimated {
+                    if r.found == search::Found::Estimated {
                         format!("~{v} (estimated)")
-                    } else if r.found == remedies::Found::AtLeast {
+                    } else if r.found == search::Found::AtLeast {
                         format!(">= {v} (stopped)")
-                    } else if r.found == remedies::Found::Limit {
+                    } else if r.found == search::Found::Limit {
                         format!("{v} (the limit)")
                     } else {
                         v.to_string()
@@ -513,10 +514,10 @@ fn fit_verdict(
     // the question asked: at which value, and up to which
     let largest = rows.first().and_then(|r| {
         r.max_fitting.map(|m| match r.found {
-            remedies::Found::Exact => m.to_string(),
-            remedies::Found::Limit => format!("{m} (the search's limit: --max searches further)"),
-            remedies::Found::Estimated => format!("about {m} (estimated)"),
-            remedies::Found::AtLeast => format!("at least {m} (simulated, then stopped)"),
+            search::Found::Exact => m.to_string(),
+            search::Found::Limit => format!("{m} (the search's limit: --max searches further)"),
+            search::Found::Estimated => format!("about {m} (estimated)"),
+            search::Found::AtLeast => format!("at least {m} (simulated, then stopped)"),
         })
     });
     let (head, rest) = v

@@ -993,6 +993,7 @@ mod fsdp;
 mod peak;
 pub mod remedies;
 mod runtime;
+pub mod search;
 
 #[cfg(test)]
 mod bound_tests;

@@ -8,6 +8,7 @@
 //! `[C++] function` (reports fold those unless asked), and an `iter:N` tag in front when the
 //! iterations are known (`iterations.rs`: annotations, repetition, or a marker function).
 
+mod doc;
 mod frames;
 mod history;
 mod iterations;
