@@ -1,5 +1,6 @@
 //! The parallel reader's tests.
 
+use super::worker::{op_len, Cur};
 use super::*;
 use proptest::prelude::*;
 
