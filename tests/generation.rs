@@ -4,11 +4,7 @@
 //! engine's own to the byte; a generation's remedies speak of prompts.
 
 mod common;
-use common::{gpumem, run_json, Scratch};
-
-fn config(name: &str) -> String {
-    format!("fixtures/hf/configs/{name}.config.json")
-}
+use common::{config, gpumem, run_json, Scratch};
 
 #[test]
 fn fit_on_generation_length_prints_the_cache_per_token_and_stops_at_the_trained_context() {

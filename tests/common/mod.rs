@@ -231,3 +231,33 @@ pub fn case_differences_in(
     }
     (diffs, alloc, reserved)
 }
+
+/// The Llama-3.1-8B config of issue 37's question.
+pub const LLAMA_8B: &str = "fixtures/hf/configs/llama-3.1-8b.config.json";
+
+/// The user's question, as typed: a LoRA fine-tune of Llama-3.1-8B in bf16 on a 24 GiB card.
+pub const QUESTION: &[&str] = &[
+    "--batch",
+    "1",
+    "--seq",
+    "2048",
+    "--dtype",
+    "bf16",
+    "--lora-r",
+    "16",
+    "--capacity",
+    "24GiB",
+];
+
+/// `cmd` on the Llama-3.1-8B config with the question's flags, then `extra`.
+pub fn args<'a>(cmd: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![cmd, LLAMA_8B];
+    a.extend_from_slice(QUESTION);
+    a.extend_from_slice(extra);
+    a
+}
+
+/// A published config of fixtures/hf/configs by its name.
+pub fn config(name: &str) -> String {
+    format!("fixtures/hf/configs/{name}.config.json")
+}
