@@ -862,63 +862,6 @@ fn a_second_new_users_questions_get_honest_answers() {
     );
 }
 
-/// Two models' configs as their folders hold them (both `config.json`) are two entries of a
-/// baseline, each named by its folder, and checked against it again.
-#[test]
-fn check_of_two_config_json_files_names_each_by_its_folder() {
-    let s = Scratch::new("two-config-json");
-    for (dir, name) in [("qwen", "qwen2.5-0.5b"), ("llama", "llama-3.2-1b")] {
-        std::fs::create_dir_all(s.path(dir)).unwrap();
-        std::fs::copy(
-            common::root().join(config(name)),
-            s.path(dir).join("config.json"),
-        )
-        .unwrap();
-    }
-    let base = s.path("baseline.json");
-    let (a, b) = (s.path("qwen/config.json"), s.path("llama/config.json"));
-    let args = |update: bool| {
-        let mut v = vec![
-            "check".to_string(),
-            a.display().to_string(),
-            b.display().to_string(),
-            "--batch".into(),
-            "1".into(),
-            "--seq".into(),
-            "64".into(),
-            "--baseline".into(),
-            base.display().to_string(),
-        ];
-        if update {
-            v.push("--update".into());
-        }
-        v
-    };
-    let out = gpumem().args(args(true)).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&base).unwrap();
-    assert!(
-        text.contains("qwen/config.json (Hugging Face config)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("llama/config.json (Hugging Face config)"),
-        "{text}"
-    );
-    let out = gpumem().args(args(false)).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
 /// An output file that is one of the command's inputs is refused (exit 2, naming the flag)
 /// before anything runs, and the input is left as it was: `plot -o` and `export -o` over the
 /// snapshot, `check --junit` over the baseline, `run --snapshot` over the workload; and a

@@ -1,7 +1,8 @@
 //! Issue 37: real configs as they are. Published configs run or are refused by the key that
 //! matters (and mutated ones by name), a user's mistakes are refused naming the flag or key
-//! to fix, a sequence past the trained context is warned, and weights that alone do not fit
-//! are said so before any loop remedy.
+//! to fix, a sequence past the trained context is warned, weights that alone do not fit are
+//! said so before any loop remedy, and two folders' `config.json` files are two baseline
+//! entries.
 
 mod common;
 use common::{args, config, gpumem, run_json, u, Scratch, LLAMA_8B, QUESTION};
@@ -497,5 +498,62 @@ fn a_sequence_past_the_trained_context_and_a_missing_size_key_are_warned() {
         .count(),
         1,
         "{err}"
+    );
+}
+
+/// Two models' configs as their folders hold them (both `config.json`) are two entries of a
+/// baseline, each named by its folder, and checked against it again.
+#[test]
+fn check_of_two_config_json_files_names_each_by_its_folder() {
+    let s = Scratch::new("two-config-json");
+    for (dir, name) in [("qwen", "qwen2.5-0.5b"), ("llama", "llama-3.2-1b")] {
+        std::fs::create_dir_all(s.path(dir)).unwrap();
+        std::fs::copy(
+            common::root().join(config(name)),
+            s.path(dir).join("config.json"),
+        )
+        .unwrap();
+    }
+    let base = s.path("baseline.json");
+    let (a, b) = (s.path("qwen/config.json"), s.path("llama/config.json"));
+    let args = |update: bool| {
+        let mut v = vec![
+            "check".to_string(),
+            a.display().to_string(),
+            b.display().to_string(),
+            "--batch".into(),
+            "1".into(),
+            "--seq".into(),
+            "64".into(),
+            "--baseline".into(),
+            base.display().to_string(),
+        ];
+        if update {
+            v.push("--update".into());
+        }
+        v
+    };
+    let out = gpumem().args(args(true)).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&base).unwrap();
+    assert!(
+        text.contains("qwen/config.json (Hugging Face config)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("llama/config.json (Hugging Face config)"),
+        "{text}"
+    );
+    let out = gpumem().args(args(false)).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
