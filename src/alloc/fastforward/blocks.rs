@@ -18,7 +18,7 @@
 //! cached segments first brings the small pool to where it stands (its skipped calls
 //! replayed), and the step goes on in full.
 
-use super::{large_now, small_now, Call, DriveEnd, Driver, Template};
+use super::{large_now, small_now, Call, DriveEnd, Driver, LargeStop, Template};
 use crate::alloc::caching::CachingAllocator;
 use crate::alloc::source::SegmentSource;
 use crate::alloc::stats::PoolKind;
@@ -304,7 +304,6 @@ impl Driver<'_> {
         };
         // the block `b` was about to be played: it is skipped instead
         layers.current = None;
-        let t = self.t;
         let bl = layers.blocks;
         let mut high = rec.high;
         for s in 0..q {
@@ -323,31 +322,18 @@ impl Driver<'_> {
                 let i = bl.call(c, off as usize);
                 self.peak = self.peak.max(large_now(a) + high);
                 rec.gap_high.push(high);
-                match t.calls[i] {
-                    Call::Malloc(j) => {
-                        let j = j as usize;
-                        a.recorder_mut().set_current(t.stack[j]);
-                        match a.malloc_guarded(t.size_at(j, step as i64), t.stream[j]) {
-                            Ok(addr) => self.ring[slot][j] = addr,
-                            Err(_) => {
-                                // (the high of the stretch before this call is taken again)
-                                rec.gap_high.pop();
-                                rec.high = high;
-                                let start = b + s / p * p;
-                                self.block_replays += 1;
-                                return Err(
-                                    self.replay_blocks(a, bl, step, start, c, i, &rec.large)
-                                );
-                            }
-                        }
+                match self.play_large(a, i, step) {
+                    Ok(()) => {}
+                    Err(LargeStop::Guarded) => {
+                        // (the high of the stretch before this call is taken again)
+                        rec.gap_high.pop();
+                        rec.high = high;
+                        let start = b + s / p * p;
+                        self.block_replays += 1;
+                        return Err(self.replay_blocks(a, bl, step, start, c, i, &rec.large));
                     }
-                    Call::Free { back, j } => {
-                        let addr = self.addr(step as i64 - back as i64, j as usize);
-                        a.free(addr).map_err(|e| {
-                            BlocksEnd::End(DriveEnd::Diverged(format!(
-                                "call {i} of step {step}: {e}"
-                            )))
-                        })?;
+                    Err(LargeStop::Diverged(why)) => {
+                        return Err(BlocksEnd::End(DriveEnd::Diverged(why)));
                     }
                 }
                 high = played.highs[g + 1];

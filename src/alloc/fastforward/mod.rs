@@ -401,6 +401,15 @@ fn large_now<S: SegmentSource>(a: &CachingAllocator<S>) -> i64 {
     a.stats().allocated_bytes.pool(PoolKind::Large).current
 }
 
+/// Why a large-pool call played without the small pool's stopped.
+enum LargeStop {
+    /// The malloc would reach the out-of-memory path, which releases both pools' cached
+    /// segments: nothing was done, the small pool must be brought to this call first.
+    Guarded,
+    /// The allocator answered otherwise than the template says (a free of no allocation).
+    Diverged(String),
+}
+
 impl Driver<'_> {
     /// The ring's slot of step `x` (0 the last observed, negative before it).
     fn slot(&self, x: i64) -> usize {
@@ -409,6 +418,35 @@ impl Driver<'_> {
 
     fn addr(&self, x: i64, j: usize) -> u64 {
         self.ring[self.slot(x)][j]
+    }
+
+    /// Plays call `i` of step `step`, one of the large pool's, with the small pool left
+    /// where it stands: a malloc (guarded: see [`LargeStop::Guarded`]) keeps its address in
+    /// the ring, a free frees the malloc it names.
+    fn play_large<S: SegmentSource>(
+        &mut self,
+        a: &mut CachingAllocator<S>,
+        i: usize,
+        step: u64,
+    ) -> Result<(), LargeStop> {
+        let t = self.t;
+        match t.calls[i] {
+            Call::Malloc(j) => {
+                let j = j as usize;
+                a.recorder_mut().set_current(t.stack[j]);
+                let addr = a
+                    .malloc_guarded(t.size_at(j, step as i64), t.stream[j])
+                    .map_err(|_| LargeStop::Guarded)?;
+                let slot = self.slot(step as i64);
+                self.ring[slot][j] = addr;
+                Ok(())
+            }
+            Call::Free { back, j } => {
+                let addr = self.addr(step as i64 - back as i64, j as usize);
+                a.free(addr)
+                    .map_err(|e| LargeStop::Diverged(format!("call {i} of step {step}: {e}")))
+            }
+        }
     }
 
     /// Plays step `step` (1 = the first after the last observed) in full from call `from`
@@ -581,31 +619,17 @@ impl Driver<'_> {
                 return Err(Skipped::End(DriveEnd::Deadline, s));
             }
             let ph = phases[phase];
-            let slot = self.slot(step as i64);
             for (g, &i) in big.iter().enumerate() {
                 peak = peak.max(large_now(a) + ph.gap_high[g]);
-                match t.calls[i] {
-                    Call::Malloc(j) => {
-                        let j = j as usize;
-                        a.recorder_mut().set_current(t.stack[j]);
-                        match a.malloc_guarded(t.size_at(j, step as i64), t.stream[j]) {
-                            Ok(addr) => self.ring[slot][j] = addr,
-                            Err(_) => {
-                                self.peak = peak;
-                                return Err(self.materialize(a, step, phase, &phases, i, s));
-                            }
-                        }
+                match self.play_large(a, i, step) {
+                    Ok(()) => {}
+                    Err(LargeStop::Guarded) => {
+                        self.peak = peak;
+                        return Err(self.materialize(a, step, phase, &phases, i, s));
                     }
-                    Call::Free { back, j } => {
-                        let j = j as usize;
-                        let addr = self.addr(step as i64 - back as i64, j);
-                        if let Err(e) = a.free(addr) {
-                            self.peak = peak;
-                            return Err(Skipped::End(
-                                DriveEnd::Diverged(format!("call {i} of step {step}: {e}")),
-                                s,
-                            ));
-                        }
+                    Err(LargeStop::Diverged(why)) => {
+                        self.peak = peak;
+                        return Err(Skipped::End(DriveEnd::Diverged(why), s));
                     }
                 }
             }
