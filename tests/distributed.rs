@@ -377,61 +377,41 @@ fn tagged_allocs(snap: &Value, tag: &str) -> Vec<u64> {
 #[test]
 fn fsdp2_with_lora_reduces_the_adapters_alone() {
     let cfg = "fixtures/dist1/cases/llama_s.config.json";
-    let base = [
-        "run",
-        cfg,
-        "--batch",
-        "1",
-        "--seq",
-        "64",
-        "--iterations",
-        "1",
-        "--fsdp2",
-    ];
-    let with = |extra: &[&'static str]| {
-        let mut a = base.to_vec();
+    let run = |strategy: &'static str, extra: &[&'static str]| {
+        let mut a = vec![
+            "run",
+            cfg,
+            "--batch",
+            "1",
+            "--seq",
+            "64",
+            "--iterations",
+            "1",
+            strategy,
+        ];
         a.extend_from_slice(extra);
         a
     };
-    let out = common::at_root(&with(&["--dtype", "fp32", "--lora-r", "8", "-q"]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let with = |extra: &[&'static str]| run("--fsdp2", extra);
+    // what a quiet run prints on stderr (it must run)
+    let warned = |args: Vec<&str>| {
+        let out = common::at_root(&[&args[..], &["-q"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        err
+    };
+    let err = warned(with(&["--dtype", "fp32", "--lora-r", "8"]));
     assert!(
         err.contains("FSDP2 with LoRA follows PyTorch 2.11's source but is not yet checked"),
         "{err}"
     );
-    let out = common::at_root(&with(&[
-        "--dtype",
-        "fp32",
-        "--precision",
-        "bf16-autocast",
-        "-q",
-    ]));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = warned(with(&["--dtype", "fp32", "--precision", "bf16-autocast"]));
     assert!(err.contains("FSDP2 under bf16 autocast follows"), "{err}");
     // (DDP with LoRA is said alike; without either, no warning)
-    let ddp = [
-        "run",
-        cfg,
-        "--batch",
-        "1",
-        "--seq",
-        "64",
-        "--iterations",
-        "1",
-        "--ddp",
-        "-q",
-    ];
-    let out = common::at_root(&[&ddp[..], &["--lora-r", "8"]].concat());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = warned(run("--ddp", &["--lora-r", "8"]));
     assert!(err.contains("DDP with LoRA follows"), "{err}");
-    let out = common::at_root(&ddp);
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = warned(run("--ddp", &[]));
+    assert!(err.is_empty(), "{err}");
     let full = common::run_snapshot(&with(&["--dtype", "fp32"]));
     let lora = common::run_snapshot(&with(&["--dtype", "fp32", "--lora-r", "8"]));
     // (each reduction: its input, _chunk_cat's metadata, its output)
