@@ -412,6 +412,35 @@ fn fsdp2_with_lora_reduces_the_adapters_alone() {
     assert!(err.contains("DDP with LoRA follows"), "{err}");
     let err = warned(run("--ddp", &[]));
     assert!(err.is_empty(), "{err}");
+    // fit says it among its notes
+    let (code, v) = run_json(&[
+        "fit",
+        cfg,
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--fsdp2",
+        "--lora-r",
+        "8",
+        "--capacity",
+        "80GiB",
+        "--param",
+        "batch",
+        "--max",
+        "2",
+        "--no-remedies",
+    ]);
+    assert_eq!(code, Some(0), "{v}");
+    assert!(
+        v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("FSDP2 with LoRA follows")),
+        "{}",
+        v["notes"]
+    );
     let full = common::run_snapshot(&with(&["--dtype", "fp32"]));
     let lora = common::run_snapshot(&with(&["--dtype", "fp32", "--lora-r", "8"]));
     // (each reduction: its input, _chunk_cat's metadata, its output)

@@ -153,12 +153,7 @@ pub fn run(args: &FitArgs, out: &mut dyn Write) -> Result<Outcome> {
     let mut limit = args_max;
     let mut kv_note = None;
     notes.extend(start_note);
-    if let Some(p) = w.preset.as_ref().filter(|p| !p.unrecorded.is_empty()) {
-        notes.push(format!(
-            "{} follows PyTorch 2.11's source but is not yet checked against a recording",
-            p.unrecorded.join(" and ")
-        ));
-    }
+    notes.extend(w.preset.as_ref().and_then(|p| p.unrecorded_line()));
     if let (Some(k), "new_tokens") = (&kv, param.as_str()) {
         if let Some(m) = k.max_positions {
             let room = m.saturating_sub(k.prompt) as i64;

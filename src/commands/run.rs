@@ -206,13 +206,7 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<Outcome> {
         }
     }
     // a combination modelled from PyTorch's source but not yet checked against a recording
-    if let Some(p) = w.preset.as_ref().filter(|p| !p.unrecorded.is_empty()) {
-        warnings.push(format!(
-            "{} follows PyTorch 2.11's source but is not yet checked against a recording: \
-             take its figures as a model, not a measurement",
-            p.unrecorded.join(" and ")
-        ));
-    }
+    warnings.extend(w.preset.as_ref().and_then(|p| p.unrecorded_line()));
     for wn in &warnings {
         eprintln!("gpumem: warning: {wn}");
     }

@@ -92,6 +92,20 @@ pub struct PresetInfo {
     pub unrecorded: Vec<String>,
 }
 
+impl PresetInfo {
+    /// What the run combines that is modelled from PyTorch's source but not yet checked
+    /// against a recording, in a line (`run` warns with it, `fit` notes it).
+    pub fn unrecorded_line(&self) -> Option<String> {
+        (!self.unrecorded.is_empty()).then(|| {
+            format!(
+                "{} follows PyTorch 2.11's source but is not yet checked against a recording: \
+                 take its figures as a model, not a measurement",
+                self.unrecorded.join(" and ")
+            )
+        })
+    }
+}
+
 /// A wrapped model's `[distributed]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedInfo {
