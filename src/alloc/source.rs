@@ -184,16 +184,13 @@ const VA_CHUNK: u64 = 32 << 20;
 
 impl VaSpace {
     fn place(&mut self, size: u64) -> Option<u64> {
-        // lowest range first (the last made), lowest address first
-        let mut i = self.gaps.len();
-        while let Some(j) = self.gaps[..i].iter().rposition(|&g| g >= size) {
+        // lowest range first (the last made) with a gap that holds it, lowest address first
+        if let Some(j) = self.gaps.iter().rposition(|&g| g >= size) {
             let range = &mut self.ranges[j];
-            if let Some(at) = range.first_fit(size) {
-                range.insert(at, size);
-                self.gaps[j] = range.largest_gap();
-                return Some(at);
-            }
-            i = j;
+            let at = range.first_fit(size).expect("a gap that holds it");
+            range.insert(at, size);
+            self.gaps[j] = range.largest_gap();
+            return Some(at);
         }
         let rsize = size.div_ceil(VA_CHUNK).checked_mul(VA_CHUNK)?;
         let below = self.ranges.last().map_or(VA_TOP, |r| r.base);

@@ -163,7 +163,7 @@ pub(crate) struct Run {
     /// `[distributed]` with ZeRO stage 1 or 2.
     pub zero: Option<ZeroRun>,
     /// What this run combines that is modelled but not yet recorded (said with the figures).
-    pub unrecorded: Vec<&'static str>,
+    pub unrecorded: Vec<String>,
 }
 
 /// What a config's run assumes, in a line: the mode and shapes, the weights' dtype and how
@@ -557,18 +557,7 @@ pub(crate) fn expand(
     }
     if let Some((table, at)) = distributed {
         match distributed_run(table, at, span, &run, family)? {
-            Distributed::Ddp(d) => {
-                // (the buckets then hold the adapters' gradients alone; autocast casts per
-                // op inside the wrapped forward: both follow the recorded DDP rules, neither
-                // is recorded yet)
-                if run.lora.is_some() {
-                    run.unrecorded.push("DDP with LoRA");
-                }
-                if run.bf16_autocast {
-                    run.unrecorded.push("DDP under bf16 autocast");
-                }
-                run.ddp = Some(d);
-            }
+            Distributed::Ddp(d) => run.ddp = Some(d),
             Distributed::Zero(z) => {
                 let refused = if run.lora.is_some() {
                     Some(("lora", "ZeRO with LoRA"))
@@ -590,20 +579,27 @@ pub(crate) fn expand(
                 run.zero = Some(z);
             }
             Distributed::Fsdp2(mut f) => {
-                // modelled from PyTorch 2.11's fully_shard (frozen parameters gathered, only
-                // the adapters' gradients reduced; autocast casting per op, its weight casts
-                // cached) but not yet checked against a recording: said so with the figures
-                if run.lora.is_some() {
-                    run.unrecorded.push("FSDP2 with LoRA");
-                }
-                if run.bf16_autocast {
-                    run.unrecorded.push("FSDP2 under bf16 autocast");
-                }
                 // the layers compute with the unsharded parameters in param_dtype, as with
                 // bf16 weights (the buffers stay float32)
                 f.weights_bf16 = run.bf16_weights;
                 run.bf16_weights |= f.param_bf16;
                 run.fsdp = Some(f);
+            }
+        }
+        // LoRA and autocast inside DDP (the buckets hold the adapters' gradients alone) and
+        // FSDP2 (frozen parameters gathered, only the adapters' gradients reduced) follow
+        // PyTorch 2.11's source but are not recorded yet: said so with the figures
+        let strategy = match (&run.ddp, &run.fsdp) {
+            (Some(_), _) => Some("DDP"),
+            (_, Some(_)) => Some("FSDP2"),
+            _ => None,
+        };
+        if let Some(st) = strategy {
+            if run.lora.is_some() {
+                run.unrecorded.push(format!("{st} with LoRA"));
+            }
+            if run.bf16_autocast {
+                run.unrecorded.push(format!("{st} under bf16 autocast"));
             }
         }
     }
@@ -756,7 +752,7 @@ pub(crate) fn expand(
         },
         bf16_weights: run.bf16_weights,
         assumptions: Some(assumptions(&run)),
-        unrecorded: run.unrecorded.iter().map(|s| s.to_string()).collect(),
+        unrecorded: run.unrecorded.clone(),
         max_positions: match &cfg {
             config::Family::Llama(c) => c.max_positions,
             _ => None,
