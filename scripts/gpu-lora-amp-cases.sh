@@ -1,10 +1,12 @@
 #!/bin/bash
 # Issues 38 and 39: records, on the GPU machine, LoRA and bf16 autocast under DDP and FSDP2 at
 # world size 1 (scripts/dist_record.py over ../shared/tools/dist1.py, carried in gpu_carry/)
-# and Llama checkpointing over bf16 weights or bf16 autocast on one GPU
+# and, on one GPU, Llama checkpointing over bf16 weights or bf16 autocast, bf16 weights with eager
+# attention or under autocast, and eager generation
 # (../shared/tools/hf_models.py --case-json, carried in gpu_carry/, with PyTorch's snapshot).
 # One fresh process a case; the archive is rewritten after each case, so a call cut short
-# still returns what it recorded. Output: $OUT/cases.tar.xz (dist1_NAME.json, hf_NAME.json,
+# still returns what it recorded. DIST_CASES and HF_CASES (space-separated names; HF_CASES empty:
+# none) pick cases. Output: $OUT/cases.tar.xz (dist1_NAME.json, hf_NAME.json,
 # snapshot_NAME.pickle.xz, log.txt).
 set -u
 D=$(mktemp -d)
@@ -23,11 +25,24 @@ for c in ${DIST_CASES-fsdp2_llama_s_lora_fp32 fsdp2_llama_s_lora_bf16mp fsdp2_ll
   pack
 done
 cd gpu_carry
-for spec in "llama_s_sdpa_adamw_bf16w_ckpt:\"weights\": \"bf16\"" "llama_s_sdpa_adamw_bf16amp_ckpt:\"amp\": \"bf16\""; do
+LLAMA_T='{"vocab_size": 16000, "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 2048}'
+# name|case json after the name (issue 38: checkpointing over bf16 weights or autocast on
+# llama_s; bf16 weights with eager attention, bf16 weights under autocast and eager
+# generation on llama_t, each a combination gpumem refuses until it is checked)
+HF_LIST=(
+  "llama_s_sdpa_adamw_bf16w_ckpt|\"family\": \"llama\", \"cfg\": $LLAMA_S, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 1024, \"opt\": \"adamw\", \"ckpt\": true, \"weights\": \"bf16\""
+  "llama_s_sdpa_adamw_bf16amp_ckpt|\"family\": \"llama\", \"cfg\": $LLAMA_S, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 1024, \"opt\": \"adamw\", \"ckpt\": true, \"amp\": \"bf16\""
+  "llama_t_eager_adamw_bf16w|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"weights\": \"bf16\""
+  "llama_t_sdpa_adamw_bf16w_bf16amp|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"weights\": \"bf16\", \"amp\": \"bf16\""
+  "llama_t_eager_generate_bf16|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 128, \"weights\": \"bf16\", \"generate\": 16"
+  "llama_t_eager_generate_fp32|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 128, \"generate\": 16"
+)
+for spec in "${HF_LIST[@]}"; do
   [ -n "${HF_CASES-x}" ] || break
-  name=${spec%%:*}; extra=${spec#*:}
+  name=${spec%%|*}; rest=${spec#*|}
+  case " ${HF_CASES-$name} " in *" $name "*) ;; *) continue ;; esac
   echo "== $name" >>"$D/log.txt"
-  SNAP=$name timeout 200 python3 hf_models.py "$D" --case-json "{\"name\": \"$name\", \"family\": \"llama\", \"cfg\": $LLAMA_S, \"attn\": \"sdpa\", \"batch\": 4, \"seq\": 1024, \"opt\": \"adamw\", \"ckpt\": true, $extra}" >>"$D/log.txt" 2>&1 || echo "case $name failed" >>"$D/log.txt"
+  SNAP=$name timeout 200 python3 hf_models.py "$D" --case-json "{\"name\": \"$name\", $rest}" >>"$D/log.txt" 2>&1 || echo "case $name failed" >>"$D/log.txt"
   tail -1 "$D/log.txt"
   pack
 done

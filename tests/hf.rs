@@ -893,3 +893,84 @@ l.backward()
         "dim 1 appears multiple times",
     );
 }
+
+/// The Llama-style combinations over bf16 weights that run modelled but unrecorded (issue 38):
+/// under bf16 autocast every cast is to the dtype its tensor has already, so the run
+/// allocates as bf16 weights alone; eager attention converts the bf16 scores before its
+/// softmax and saves the float32 probabilities besides their bf16 cast. Each says it is
+/// unrecorded.
+#[test]
+fn llama_over_bf16_weights_with_autocast_or_eager_attention() {
+    const CFG: &str = "fixtures/hf/cases/llama_t.config.json";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            CFG,
+            "--batch",
+            "2",
+            "--seq",
+            "512",
+            "--iterations",
+            "2",
+            "--dtype",
+            "bf16",
+        ];
+        args.extend_from_slice(extra);
+        let (code, v) = run_json(&args);
+        assert_eq!(code, Some(0), "{extra:?}: {v}");
+        v
+    };
+    let field = |v: &Value, f: &str| -> Vec<u64> {
+        (v["iterations"].as_array().unwrap().iter())
+            .map(|i| u(&i[f]))
+            .collect()
+    };
+    let warnings = |v: &Value| v["warnings"].to_string();
+    let plain = run(&[]);
+    assert!(!warnings(&plain).contains("not yet checked"), "{plain}");
+    let amp = run(&["--precision", "bf16-autocast"]);
+    assert!(
+        warnings(&amp).contains("bf16 weights under bf16 autocast follows"),
+        "{}",
+        warnings(&amp)
+    );
+    for f in [
+        "after_forward",
+        "after_backward",
+        "peak_allocated",
+        "peak_reserved",
+        "end",
+    ] {
+        assert_eq!(field(&amp, f), field(&plain, f), "{f}");
+    }
+    let eager = run(&["--attention", "eager"]);
+    assert!(
+        warnings(&eager).contains("bf16 weights with eager attention follows"),
+        "{}",
+        warnings(&eager)
+    );
+    // per layer (4) the float32 probabilities and their bf16 copy, 2 x 8 heads x 512 x 512
+    // each, where sdpa saves its output and log-sum-exp
+    let probs = 4 * 2 * 8 * 512 * 512 * (4 + 2);
+    let (e, p) = (
+        field(&eager, "after_forward"),
+        field(&plain, "after_forward"),
+    );
+    assert!(e[0] >= p[0] + probs, "eager {} sdpa {}", e[0], p[0]);
+    // GPT-2's float32 layer norms under autocast would cast bf16 weights: still refused
+    refused(
+        &[
+            "run",
+            "fixtures/hf/cases/gpt2_t.config.json",
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--dtype",
+            "bf16",
+            "--precision",
+            "bf16-autocast",
+        ],
+        "bf16 weights under bf16 autocast for gpt2",
+    );
+}

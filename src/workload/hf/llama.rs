@@ -830,14 +830,25 @@ fn attention(
                 "del atc1".to_string(),
             ]);
         }
-        st.extend([
-            format!("att2 = att1 + {mask}"),
-            "del att1".to_string(),
-            "att = softmax(att2, -1)".to_string(),
-            "del att2".to_string(),
-            "y0 = att @ av".to_string(),
-            "del ak, av, att".to_string(),
-        ]);
+        st.extend([format!("att2 = att1 + {mask}"), "del att1".to_string()]);
+        if r.bf16_weights {
+            // `softmax(x, dim=-1, dtype=torch.float32).to(query.dtype)`: a bf16 input is
+            // converted first (the copy goes when softmax returns; its float32 output is
+            // what softmax saves), then cast back
+            st.extend([
+                "attf0 = att2.float()".to_string(),
+                "attf = softmax(attf0, -1)".to_string(),
+                "del attf0".to_string(),
+                "att = attf.bfloat16()".to_string(),
+                "del att2, attf".to_string(),
+            ]);
+        } else {
+            st.extend([
+                "att = softmax(att2, -1)".to_string(),
+                "del att2".to_string(),
+            ]);
+        }
+        st.extend(["y0 = att @ av".to_string(), "del ak, av, att".to_string()]);
     } else if rep > 1 && (r.bf16_autocast || r.bf16_weights) {
         // bf16 with enable_gqa: cuDNN's kernel takes the groups itself
         st.push(format!(

@@ -122,8 +122,18 @@ pub(super) fn eager_mask(s: &mut String, r: &Run, path: &str, ind: &str) {
     for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
         "del mb, mh, kv_idx, q_idx".to_string(),
-        "mz = zeros([])".to_string(),
-        "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
+        // `torch.where(mask, tensor(0.0, dtype=dtype), finfo(dtype).min)`, `dtype` the
+        // embeddings' (bf16 with bf16 weights)
+        if r.bf16_weights {
+            "mz = zeros([], dtype=bf16)".to_string()
+        } else {
+            "mz = zeros([])".to_string()
+        },
+        if r.bf16_weights {
+            "mn = full([], fill_value=-3.3895313892515355e+38, dtype=bf16)".to_string()
+        } else {
+            "mn = full([], fill_value=-3.4028234663852886e+38)".to_string()
+        },
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
     ]) {
