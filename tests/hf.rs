@@ -617,12 +617,12 @@ fn generation_is_refused_where_it_is_not_modelled() {
         (
             w(
                 "g5.toml",
-                "llama_t.config.json",
+                "mistral_t.config.json",
                 "attention = \"eager\"",
                 "mode = \"generate\"",
                 gen,
             ),
-            "generation with eager attention",
+            "generation with eager attention (for gpt2 or with sliding-window layers)",
         ),
         (
             w(
@@ -894,11 +894,11 @@ l.backward()
     );
 }
 
-/// The Llama-style combinations over bf16 weights that run modelled but unrecorded (issue 38):
+/// The Llama-style combinations that run modelled but unrecorded (issue 38), over bf16 weights:
 /// under bf16 autocast every cast is to the dtype its tensor has already, so the run
 /// allocates as bf16 weights alone; eager attention converts the bf16 scores before its
 /// softmax and saves the float32 probabilities besides their bf16 cast. Each says it is
-/// unrecorded.
+/// unrecorded; and eager generation.
 #[test]
 fn llama_over_bf16_weights_with_autocast_or_eager_attention() {
     const CFG: &str = "fixtures/hf/cases/llama_t.config.json";
@@ -957,6 +957,30 @@ fn llama_over_bf16_weights_with_autocast_or_eager_attention() {
         field(&plain, "after_forward"),
     );
     assert!(e[0] >= p[0] + probs, "eager {} sdpa {}", e[0], p[0]);
+    // eager generation: every step makes its [B, 1, 1, L] mask and repeats the cache's keys
+    // and values for the 8 heads (2 x 2 x 8 x 144 x 64 bf16 at the last step, one layer at a
+    // time), which sdpa's GQA kernel does not
+    let gen = |w: &str| {
+        let (code, v) = run_json(&["run", &format!("fixtures/hf/workloads/{w}.toml")]);
+        assert_eq!(code, Some(0), "{w}: {v}");
+        v
+    };
+    let (eg, sg) = (
+        gen("llama_t_eager_generate_bf16"),
+        gen("llama_t_generate_bf16"),
+    );
+    assert!(
+        warnings(&eg).contains("generation with eager attention"),
+        "{}",
+        warnings(&eg)
+    );
+    let (e, p) = (field(&eg, "peak_allocated"), field(&sg, "peak_allocated"));
+    assert!(
+        e[0] >= p[0] + 2 * 2 * 8 * 144 * 64 * 2,
+        "eager {} sdpa {}",
+        e[0],
+        p[0]
+    );
     // GPT-2's float32 layer norms under autocast would cast bf16 weights: still refused
     refused(
         &[

@@ -510,6 +510,20 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
             super::masks::all_ones_check_past_window(s, w, &off, path, ind);
             continue;
         }
+        if r.eager {
+            // eager attention never skips its mask: [B, 1, t, L] over the L positions so far
+            let (t, l, qoff) = match kind {
+                Step::Prefill => (r.seq, r.seq.to_string(), "0".to_string()),
+                Step::FirstDecode => (1, (r.seq + 1).to_string(), r.seq.to_string()),
+                Step::Decode(k) => (
+                    1,
+                    format!("(step + {})", r.seq + k),
+                    format!("(step + {})", r.seq + k - 1),
+                ),
+            };
+            super::masks::eager_generate_mask(s, r, t, &l, &qoff, ind);
+            continue;
+        }
         super::masks::all_ones_check(s, path, ind);
     }
     let kinds = rope_kinds(c);
@@ -530,6 +544,7 @@ fn forward(s: &mut String, c: &LlamaConfig, r: &Run, kind: Step, ind: &str) {
     // the model's locals at its return: Gemma-2's and Gemma-3's mask mapping before the
     // embeddings, the others' embeddings first, then the rotary pairs
     let dropped = match (window, c.sandwich) {
+        (false, _) if r.eager => "inputs_embeds, causal_mask".to_string(),
         (false, _) => "inputs_embeds".to_string(),
         (true, true) => "sliding_mask, inputs_embeds".to_string(),
         (true, false) => "inputs_embeds, sliding_mask".to_string(),

@@ -811,6 +811,14 @@ fn attention(
         }
     } else if r.eager {
         // eager_attention_forward: repeat_kv, the scaled product, the mask, softmax, the product
+        // (a decode step's keys are the whole cache: their length left to the tensor)
+        let rk = |x: &str| {
+            if rep > 1 {
+                format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, -1, {hd}).reshape({b}, {nh}, -1, {hd})")
+            } else {
+                x.to_string()
+            }
+        };
         let scale = 1.0 / (hd as f64).sqrt();
         st.extend([
             format!("ak = {}", rk(k)),

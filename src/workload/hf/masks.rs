@@ -90,6 +90,59 @@ fn mask_indices(r: &Run) -> Vec<String> {
     ]
 }
 
+/// `create_causal_mask` for eager attention in a generation's forward, from generate's 2-D
+/// mask `mi_mask` (all ones): the bool copy, `sdpa_mask` over `t` queries from `qoff` and `l`
+/// keys from 0 (the aranges; `and_masks` of the causal `kv <= q` and the padding mask's
+/// gather `padding_mask[batch, kv]`, as [`decode_window_mask`] makes them without the
+/// window), then `eager_mask`'s `where(mask, 0.0, finfo(dtype).min)` in the embeddings' dtype,
+/// leaving `causal_mask`, [B, 1, t, l]. `l` and `qoff` are script expressions (a loop's `step`
+/// in them).
+pub(super) fn eager_generate_mask(s: &mut String, r: &Run, t: u64, l: &str, qoff: &str, ind: &str) {
+    let b = r.batch;
+    let (zero, min) = if r.bf16_weights {
+        (
+            "mz = zeros([], dtype=bf16)",
+            "mn = full([], fill_value=-3.3895313892515355e+38, dtype=bf16)",
+        )
+    } else {
+        (
+            "mz = zeros([])",
+            "mn = full([], fill_value=-3.4028234663852886e+38)",
+        )
+    };
+    for x in [
+        "mk0 = mi_mask.to(dtype=bool)".to_string(),
+        format!("ba = arange({b})"),
+        "ha = arange(1)".to_string(),
+        format!("qa0 = arange({t})"),
+        format!("qa = qa0 + {qoff}"),
+        "del qa0".to_string(),
+        format!("ka0 = arange({l})"),
+        "ka = ka0 + 0".to_string(),
+        "del ka0".to_string(),
+        "r0 = full([], fill_value=1, dtype=bool)".to_string(),
+        "c0 = le(ka.view(1, 1, 1, -1), qa.view(1, 1, -1, 1))".to_string(),
+        "r1 = bitwise_and(r0, c0)".to_string(),
+        "del c0, r0".to_string(),
+        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("p0 = full({b}, 1, 1, {l}, fill_value=1, dtype=bool)"),
+        "del i1, i0".to_string(),
+        "r2 = bitwise_and(r1, p0)".to_string(),
+        "del p0, r1".to_string(),
+        format!("mbool = r2.expand({b}, 1, {t}, {l})"),
+        "del r2".to_string(),
+        "del ba, ha, qa, ka".to_string(),
+        zero.to_string(),
+        min.to_string(),
+        "causal_mask = where(mbool, mz, mn)".to_string(),
+        "del mn, mz, mbool".to_string(),
+        "del mk0".to_string(),
+    ] {
+        at(s, ind, "model.create_causal_mask", &x);
+    }
+}
+
 /// Without a cache (gradient checkpointing turns it off in training), `create_causal_mask`
 /// first checks the positions for packed sequences (masking_utils'
 /// `find_packed_sequence_indices`): `diff` with a prepended dummy, `!= 1`, `cumsum`, and

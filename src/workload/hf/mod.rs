@@ -459,8 +459,18 @@ pub(crate) fn expand(
             // refused before [generate] is read
             (config::Family::Bert(_), _) => None,
         };
-        let what = what.or(if run.eager {
-            Some(("attention", "generation with eager attention"))
+        // (eager attention in a model with sliding layers would build the window's mask at
+        // every step, and GPT-2's eager generation is another code path: neither modelled)
+        let eager_refused = run.eager
+            && match &cfg {
+                config::Family::Llama(c) => (0..c.layers).any(|l| llama::sliding_layer(c, l)),
+                _ => true,
+            };
+        let what = what.or(if eager_refused {
+            Some((
+                "attention",
+                "generation with eager attention (for gpt2 or with sliding-window layers)",
+            ))
         } else if run.bf16_autocast {
             Some(("precision", "generation under bf16 autocast"))
         } else if run.checkpointing {
@@ -473,6 +483,10 @@ pub(crate) fn expand(
         });
         if let Some((key, what)) = what {
             unsupported(key, what)?;
+        }
+        if run.eager {
+            run.unrecorded
+                .push("generation with eager attention".to_string());
         }
     }
     if let config::Family::Llama(c) = &cfg {
