@@ -981,6 +981,13 @@ fn llama_over_bf16_weights_with_autocast_or_eager_attention() {
         e[0],
         p[0]
     );
+    // Mistral's eager attention takes Gemma-2's float window mask: modelled, unrecorded
+    let me = gen("mistral_t_eager_adamw_fp32");
+    assert!(
+        warnings(&me).contains("eager attention with a sliding window follows"),
+        "{}",
+        warnings(&me)
+    );
     // GPT-2's float32 layer norms under autocast would cast bf16 weights: still refused
     refused(
         &[

@@ -31,6 +31,22 @@ pub(super) fn window(c: &LlamaConfig, l: u64, t: u64, eager: bool) -> Option<u64
     sliding_mask_window(c, t, eager)
 }
 
+/// `eager_mask`'s `torch.tensor(0.0, dtype=dtype)` and `finfo(dtype).min` (a scalar the
+/// device gets as a 0-dim tensor), `dtype` the embeddings': bf16 with bf16 weights.
+fn eager_fill(r: &Run) -> [&'static str; 2] {
+    if r.bf16_weights {
+        [
+            "mz = zeros([], dtype=bf16)",
+            "mn = full([], fill_value=-3.3895313892515355e+38, dtype=bf16)",
+        ]
+    } else {
+        [
+            "mz = zeros([])",
+            "mn = full([], fill_value=-3.4028234663852886e+38)",
+        ]
+    }
+}
+
 /// `create_sliding_window_causal_mask` for sdpa (masking_utils' `sdpa_mask` with
 /// `and_masks(sliding_window_overlay(w), causal_mask_function)`): the batch, head, key and
 /// query indices, `new_ones(())`, then `& (kv_idx > q_idx - w)` and `& (kv_idx <= q_idx)`, a
@@ -40,9 +56,10 @@ pub(super) fn sliding_mask(s: &mut String, r: &Run, w: u64, ind: &str) {
     // eager attention takes it as a float [B, 1, T, T] (`where(mask, 0.0, min)`), sdpa as
     // the bool one
     let tail: Vec<String> = if r.eager {
+        let [zero, min] = eager_fill(r);
         vec![
-            "mz = zeros([])".to_string(),
-            "mn = full([], fill_value=-3.4028234663852886e+38)".to_string(),
+            zero.to_string(),
+            min.to_string(),
             format!(
                 "sliding_mask = where(mr2.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"
             ),
@@ -99,17 +116,7 @@ fn mask_indices(r: &Run) -> Vec<String> {
 /// in them).
 pub(super) fn eager_generate_mask(s: &mut String, r: &Run, t: u64, l: &str, qoff: &str, ind: &str) {
     let b = r.batch;
-    let (zero, min) = if r.bf16_weights {
-        (
-            "mz = zeros([], dtype=bf16)",
-            "mn = full([], fill_value=-3.3895313892515355e+38, dtype=bf16)",
-        )
-    } else {
-        (
-            "mz = zeros([])",
-            "mn = full([], fill_value=-3.4028234663852886e+38)",
-        )
-    };
+    let [zero, min] = eager_fill(r);
     for x in [
         "mk0 = mi_mask.to(dtype=bool)".to_string(),
         format!("ba = arange({b})"),
@@ -175,18 +182,8 @@ pub(super) fn eager_mask(s: &mut String, r: &Run, path: &str, ind: &str) {
     for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
         "del mb, mh, kv_idx, q_idx".to_string(),
-        // `torch.where(mask, tensor(0.0, dtype=dtype), finfo(dtype).min)`, `dtype` the
-        // embeddings' (bf16 with bf16 weights)
-        if r.bf16_weights {
-            "mz = zeros([], dtype=bf16)".to_string()
-        } else {
-            "mz = zeros([])".to_string()
-        },
-        if r.bf16_weights {
-            "mn = full([], fill_value=-3.3895313892515355e+38, dtype=bf16)".to_string()
-        } else {
-            "mn = full([], fill_value=-3.4028234663852886e+38)".to_string()
-        },
+        eager_fill(r)[0].to_string(),
+        eager_fill(r)[1].to_string(),
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
     ]) {

@@ -527,12 +527,13 @@ pub(crate) fn expand(
         } else if masks::sliding_mask_window(c, run.seq, run.eager).is_some() {
             // what the sliding windows are recorded with in training and inference: float32
             // with sdpa (Mistral, Gemma-3), plain or with LoRA, LoRA over bf16 weights, and
-            // Gemma-2's eager attention
+            // Gemma-2's eager attention; the other families' eager attention takes the same
+            // window mask (made as Gemma-2's, in the embeddings' dtype), not recorded
             let bare = Run {
                 bf16_weights: false,
                 ..run.clone()
             };
-            if let Some((key, what)) = beyond_recorded(&bare, c.sandwich) {
+            if let Some((key, what)) = beyond_recorded(&bare) {
                 unsupported(
                     key,
                     &format!(
@@ -541,6 +542,10 @@ pub(crate) fn expand(
                         c.model_type
                     ),
                 )?;
+            }
+            if run.eager && !c.sandwich {
+                run.unrecorded
+                    .push("eager attention with a sliding window".to_string());
             }
         }
     }
@@ -989,14 +994,11 @@ fn lora(m: &Reader<'_>) -> PResult<Option<Lora>> {
     }))
 }
 
-/// The first setting of `run` beyond what the sliding windows and the experts were recorded
-/// with (float32 training or inference with sdpa; `eager_ok`: Gemma-2's eager attention too),
-/// as (key, what).
-fn beyond_recorded(run: &Run, eager_ok: bool) -> Option<(&'static str, &'static str)> {
+/// The first setting of `run` beyond what the sliding windows were recorded with (float32
+/// training or inference, sdpa or eager attention), as (key, what).
+fn beyond_recorded(run: &Run) -> Option<(&'static str, &'static str)> {
     if run.checkpointing {
         Some(("gradient_checkpointing", "gradient checkpointing"))
-    } else if run.eager && !eager_ok {
-        Some(("attention", "eager attention"))
     } else if run.bf16_autocast {
         Some(("precision", "bf16 autocast"))
     } else if run.bf16_weights {
