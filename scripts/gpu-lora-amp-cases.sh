@@ -5,8 +5,9 @@
 # attention or under autocast, eager generation and Mistral's eager attention
 # (../shared/tools/hf_models.py --case-json, carried in gpu_carry/, with PyTorch's snapshot).
 # One fresh process a case; the archive is rewritten after each case, so a call cut short
-# still returns what it recorded. DIST_CASES and HF_CASES (space-separated names; HF_CASES empty:
-# none) pick cases. Output: $OUT/cases.tar.xz (dist1_NAME.json, hf_NAME.json,
+# still returns what it recorded. DIST_CASES, HF_CASES and FAM_CASES (space-separated names; HF_CASES or
+# FAM_CASES empty: none) pick cases. gpu_carry/ holds ../shared/tools' dist1.py, hf_models.py
+# and hf_families.py. Output: $OUT/cases.tar.xz (dist1_NAME.json, hf_NAME.json,
 # snapshot_NAME.pickle.xz, log.txt).
 set -u
 D=$(mktemp -d)
@@ -45,6 +46,25 @@ for spec in "${HF_LIST[@]}"; do
   case " ${HF_CASES-$name} " in *" $name "*) ;; *) continue ;; esac
   echo "== $name" >>"$D/log.txt"
   SNAP=$name timeout 200 python3 hf_models.py "$D" --case-json "{\"name\": \"$name\", $rest}" >>"$D/log.txt" 2>&1 || echo "case $name failed" >>"$D/log.txt"
+  tail -1 "$D/log.txt"
+  pack
+done
+# mixture-of-experts and Gemma-2 combinations gpumem runs unrecorded (hf_families.py, carried in
+# gpu_carry/): Mixtral's eager attention over bf16 weights, Mixtral under autocast with
+# checkpointing, Gemma-2's eager attention over bf16 weights (its masks in bf16)
+MIXTRAL='{"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 4096}'
+GEMMA2='{"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096, "query_pre_attn_scalar": 256, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0}'
+FAM_LIST=(
+  "mixtral_2l_b2_s512_adamw_bf16w_eager|\"model_type\": \"mixtral\", \"family\": \"mixtral\", \"cfg\": $MIXTRAL, \"attn\": \"eager\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"weights\": \"bf16\""
+  "mixtral_2l_b2_s512_adamw_bf16amp_ckpt|\"model_type\": \"mixtral\", \"family\": \"mixtral\", \"cfg\": $MIXTRAL, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"amp\": \"bf16\", \"ckpt\": true"
+  "gemma2_2b_2l_b2_s512_adamw_bf16w_eager|\"model_type\": \"gemma2\", \"family\": \"gemma2\", \"cfg\": $GEMMA2, \"attn\": \"eager\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"weights\": \"bf16\""
+)
+for spec in "${FAM_LIST[@]}"; do
+  [ -n "${FAM_CASES-x}" ] || break
+  name=${spec%%|*}; rest=${spec#*|}
+  case " ${FAM_CASES-$name} " in *" $name "*) ;; *) continue ;; esac
+  echo "== $name" >>"$D/log.txt"
+  SNAP=$name timeout 200 python3 hf_families.py "$D" "{\"name\": \"$name\", $rest}" >>"$D/log.txt" 2>&1 || echo "case $name failed" >>"$D/log.txt"
   tail -1 "$D/log.txt"
   pack
 done

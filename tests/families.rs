@@ -654,8 +654,8 @@ fn fit_stops_where_the_model_stops_and_says_so() {
 
 /// Mixtral's and Qwen3-MoE's keys: what is not modelled is refused naming the key or flag
 /// (Qwen3-MoE's auxiliary loss, the router's jitter, a dense layer past the last, more experts per
-/// token than experts, bf16 autocast until recorded); what is modelled runs (LoRA on
-/// the attention with the experts frozen, generation, a dense layer among sparse ones).
+/// token than experts); what is modelled runs (LoRA on the attention with the experts frozen,
+/// generation, a dense layer among sparse ones), combinations not yet recorded with a warning.
 #[test]
 fn moe_keys_run_or_are_refused_by_name() {
     let s = common::Scratch::new("families-moe");
@@ -685,7 +685,7 @@ fn moe_keys_run_or_are_refused_by_name() {
     let cfg = |case: &str| format!("fixtures/hf2/cases/{case}.config.json");
     let (mixc, q3c) = (cfg(mix), cfg(q3));
     // (bf16 autocast and eager attention run alone, as recorded; with checkpointing or bf16
-    // weights they are refused)
+    // weights they run modelled, the whole combination named in the warning)
     for args in [
         vec!["--precision", "bf16-autocast"],
         vec!["--attention", "eager"],
@@ -694,21 +694,26 @@ fn moe_keys_run_or_are_refused_by_name() {
         a.extend(args.iter().copied());
         let out = common::at_root(&a);
         assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("not yet checked"), "{args:?}: {err}");
     }
     for (args, named) in [
         (
             vec!["--precision", "bf16-autocast", "--gradient-checkpointing"],
-            "precision",
+            "bf16 autocast with gradient checkpointing in a mixture-of-experts model (mixtral)",
         ),
-        (vec!["--attention", "eager", "--dtype", "bf16"], "attention"),
+        (
+            vec!["--attention", "eager", "--dtype", "bf16"],
+            "eager attention with bf16 weights in a mixture-of-experts model (mixtral)",
+        ),
     ] {
         let mut a = vec!["run", mixc.as_str(), "--batch", "1", "--seq", "16"];
         a.extend(args);
         let out = common::at_root(&a);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{named}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{named}: {err}");
         assert!(
-            err.contains(named) && err.contains("mixture-of-experts"),
+            err.contains(&format!("{named} follows PyTorch 2.11's source")),
             "{err}"
         );
     }

@@ -554,24 +554,24 @@ pub(crate) fn expand(
         // (training, LoRA, inference and generation, whose decode steps switch to
         // batched_mm), with HF gradient checkpointing in float32, under bf16 autocast and
         // with eager attention in float32 (Mixtral's, H100 2026-12-05); eager attention or
-        // autocast with another of these: not recorded
-        let why = if run.eager && (run.bf16_autocast || run.bf16_weights || run.checkpointing) {
-            Some((
-                "attention",
-                "eager attention with bf16 or gradient checkpointing",
-            ))
-        } else if run.bf16_autocast && run.checkpointing {
-            Some(("precision", "bf16 autocast with gradient checkpointing"))
-        } else {
-            None
-        };
-        if let Some((key, what)) = why.filter(|_| c.moe.is_some()) {
-            let what = format!(
-                "{what}{} with mixture-of-experts layers ({})",
-                dtype_hint(key),
+        // autocast with another of these composes what each does, not recorded together
+        let combined = (run.eager && (run.bf16_autocast || run.bf16_weights || run.checkpointing))
+            || (run.bf16_autocast && run.checkpointing);
+        if combined && c.moe.is_some() {
+            let parts: Vec<&str> = [
+                (run.eager, "eager attention"),
+                (run.bf16_weights, "bf16 weights"),
+                (run.bf16_autocast, "bf16 autocast"),
+                (run.checkpointing, "gradient checkpointing"),
+            ]
+            .iter()
+            .filter_map(|&(on, what)| on.then_some(what))
+            .collect();
+            run.unrecorded.push(format!(
+                "{} in a mixture-of-experts model ({})",
+                parts.join(" with "),
                 c.model_type
-            );
-            unsupported(key, &what)?;
+            ));
         }
     }
     if let Some((table, at)) = distributed {
@@ -662,7 +662,12 @@ pub(crate) fn expand(
         // them, which no recording has checked)
         unsupported("precision", "bf16 weights under bf16 autocast for gpt2")?;
     }
-    if run.bf16_weights && family == "llama" {
+    // (a mixture-of-experts model names its whole combination above)
+    let moe = matches!(&cfg, config::Family::Llama(c) if c.moe.is_some());
+    if run.bf16_weights
+        && family == "llama"
+        && !(moe && (run.eager || (run.bf16_autocast && run.checkpointing)))
+    {
         // Llama-style models: eager attention's `softmax(dtype=float32)` converts the bf16
         // scores first and saves its float32 output (ATen's half-to-float shortcut is for
         // float16 alone), and the mask is made in the embeddings' dtype; under autocast over
