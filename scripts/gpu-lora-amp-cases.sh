@@ -2,7 +2,7 @@
 # Issues 38 and 39: records, on the GPU machine, LoRA and bf16 autocast under DDP and FSDP2 at
 # world size 1 (scripts/dist_record.py over ../shared/tools/dist1.py, carried in gpu_carry/)
 # and, on one GPU, Llama checkpointing over bf16 weights or bf16 autocast, bf16 weights with eager
-# attention or under autocast, eager generation and Mistral's eager attention
+# attention or under autocast, eager generation, LoRA generation and Mistral's eager attention
 # (../shared/tools/hf_models.py --case-json, carried in gpu_carry/, with PyTorch's snapshot).
 # One fresh process a case; the archive is rewritten after each case, so a call cut short
 # still returns what it recorded. DIST_CASES, HF_CASES and FAM_CASES (space-separated names; HF_CASES or
@@ -38,6 +38,7 @@ HF_LIST=(
   "llama_t_sdpa_adamw_bf16w_bf16amp|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\", \"weights\": \"bf16\", \"amp\": \"bf16\""
   "llama_t_eager_generate_bf16|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 128, \"weights\": \"bf16\", \"generate\": 16"
   "mistral_t_eager_adamw_fp32|\"family\": \"mistral\", \"cfg\": $MISTRAL_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 512, \"opt\": \"adamw\""
+  "llama_t_lora_generate_bf16|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"sdpa\", \"batch\": 2, \"seq\": 128, \"weights\": \"bf16\", \"lora\": true, \"generate\": 16"
   "llama_t_eager_generate_fp32|\"family\": \"llama\", \"cfg\": $LLAMA_T, \"attn\": \"eager\", \"batch\": 2, \"seq\": 128, \"generate\": 16"
 )
 for spec in "${HF_LIST[@]}"; do

@@ -584,11 +584,11 @@ fn generation_is_refused_where_it_is_not_modelled() {
             w(
                 "g1.toml",
                 "gpt2_t.config.json",
-                "[model.lora]\nr = 8",
-                "mode = \"generate\"",
+                "",
+                "mode = \"generate\"\nprecision = \"bf16-autocast\"",
                 gen,
             ),
-            "generation with LoRA adapters",
+            "generation under bf16 autocast",
         ),
         (
             w(
@@ -981,6 +981,41 @@ fn llama_over_bf16_weights_with_autocast_or_eager_attention() {
         e[0],
         p[0]
     );
+    // generation with LoRA (peft's model.generate): the adapters' dropout is the identity in
+    // eval, so its probability changes nothing
+    let lora_gen = |p: &str| {
+        let (code, v) = run_json(&[
+            "run",
+            CFG,
+            "--batch",
+            "2",
+            "--seq",
+            "128",
+            "--mode",
+            "generate",
+            "--new-tokens",
+            "8",
+            "--dtype",
+            "bf16",
+            "--lora-r",
+            "16",
+            "--lora-dropout",
+            p,
+        ]);
+        assert_eq!(code, Some(0), "{v}");
+        v
+    };
+    let (l0, l5) = (lora_gen("0"), lora_gen("0.05"));
+    assert!(
+        warnings(&l5).contains("generation with LoRA adapters"),
+        "{}",
+        warnings(&l5)
+    );
+    for f in ["after_generate", "peak_allocated", "peak_reserved"] {
+        assert_eq!(field(&l0, f), field(&l5, f), "{f}");
+    }
+    let allocations = |v: &Value| u(&v["memory_stats"]["allocation.all.allocated"]);
+    assert_eq!(allocations(&l0), allocations(&l5));
     // Mistral's eager attention takes Gemma-2's float window mask: modelled, unrecorded
     let me = gen("mistral_t_eager_adamw_fp32");
     assert!(

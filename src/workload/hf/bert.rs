@@ -372,17 +372,7 @@ fn layer(s: &mut String, c: &BertConfig, r: &Run, l: u64, ind: &str) {
         match super::train::lora_for(r, path) {
             Some(l) => {
                 let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-                super::train::lora_linear(
-                    s,
-                    ind,
-                    &m(path),
-                    &rhs,
-                    x,
-                    (&la, &lb),
-                    l,
-                    y,
-                    r.bf16_weights,
-                );
+                super::train::lora_linear(s, ind, &m(path), &rhs, x, (&la, &lb), (l, r), y);
             }
             None => at(s, ind, &m(path), &format!("{y} = {rhs}")),
         }

@@ -292,17 +292,7 @@ fn block(s: &mut String, c: &Gpt2Config, r: &Run, l: u64, cache: Cache, ind: &st
             return;
         };
         let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-        super::train::lora_linear(
-            s,
-            ind,
-            &m(path),
-            &product,
-            x,
-            (&la, &lb),
-            l,
-            y,
-            r.bf16_weights,
-        );
+        super::train::lora_linear(s, ind, &m(path), &product, x, (&la, &lb), (l, r), y);
     };
     // (the caller's `hidden_states` holds the block's input until the block returns)
     line(s, "hin = h");

@@ -420,17 +420,7 @@ fn layer(s: &mut String, c: &LlamaConfig, r: &Run, call: Call, l: u64, ind: &str
         // `result + lora_B(lora_A(dropout(x))) * scaling`
         let rhs = format!("linear({input}, {}{bias})", p(&format!("{name}_w")));
         let (la, lb) = (p(&format!("{name}_la")), p(&format!("{name}_lb")));
-        super::train::lora_linear(
-            s,
-            ind,
-            &m(path),
-            &rhs,
-            input,
-            (&la, &lb),
-            l,
-            out,
-            r.bf16_weights,
-        );
+        super::train::lora_linear(s, ind, &m(path), &rhs, input, (&la, &lb), (l, r), out);
     };
     // the model's loop holds the layer's input until the layer returns
     line(s, "h_in = h");

@@ -451,14 +451,6 @@ pub(crate) fn expand(
         ))
     };
     if run.mode == "generate" {
-        let what = match (&cfg, run.lora.is_some()) {
-            (config::Family::Llama(_), false) => None,
-            (config::Family::Llama(_), true) => Some(("lora", "generation with LoRA adapters")),
-            (config::Family::Gpt2(_), true) => Some(("lora", "generation with LoRA adapters")),
-            (config::Family::Gpt2(_), false) => None,
-            // refused before [generate] is read
-            (config::Family::Bert(_), _) => None,
-        };
         // (eager attention in a model with sliding layers would build the window's mask at
         // every step, and GPT-2's eager generation is another code path: neither modelled)
         let eager_refused = run.eager
@@ -466,7 +458,8 @@ pub(crate) fn expand(
                 config::Family::Llama(c) => (0..c.layers).any(|l| llama::sliding_layer(c, l)),
                 _ => true,
             };
-        let what = what.or(if eager_refused {
+        // (BERT's generation is refused before [generate] is read)
+        let what = if eager_refused {
             Some((
                 "attention",
                 "generation with eager attention (for gpt2 or with sliding-window layers)",
@@ -480,13 +473,18 @@ pub(crate) fn expand(
             ))
         } else {
             None
-        });
+        };
         if let Some((key, what)) = what {
             unsupported(key, what)?;
         }
         if run.eager {
             run.unrecorded
                 .push("generation with eager attention".to_string());
+        }
+        if run.lora.is_some() {
+            // peft's forward around each targeted linear, its dropout the identity in eval
+            run.unrecorded
+                .push("generation with LoRA adapters".to_string());
         }
     }
     if let config::Family::Llama(c) = &cfg {

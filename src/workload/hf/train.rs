@@ -225,7 +225,7 @@ pub(super) fn lora_for<'a>(r: &'a Run, path: &str) -> Option<&'a super::Lora> {
 /// temporaries go as peft's locals do. With `bf16` base weights the adapters are float32
 /// (peft's `autocast_adapter_dtype`): the input is cast to float32 for them
 /// (`_cast_input_dtype`), the sum is float32, and `result.to(torch_result_dtype)` casts it
-/// back.
+/// back. In `generate` (`model.eval()`) the dropout module is the identity.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn lora_linear(
     s: &mut String,
@@ -234,10 +234,10 @@ pub(super) fn lora_linear(
     rhs: &str,
     x: &str,
     (la, lb): (&str, &str),
-    l: &super::Lora,
+    (l, r): (&super::Lora, &Run),
     y: &str,
-    bf16: bool,
 ) {
+    let bf16 = r.bf16_weights;
     let line = |s: &mut String, stmt: &str| {
         let _ = writeln!(s, "{ind}{stmt}");
     };
@@ -249,7 +249,7 @@ pub(super) fn lora_linear(
         x
     };
     // (a dropout of 0 is nn.Identity)
-    let lx = if l.dropout > 0.0 {
+    let lx = if l.dropout > 0.0 && r.mode != "generate" {
         at(
             s,
             ind,
