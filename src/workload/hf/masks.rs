@@ -47,6 +47,38 @@ fn eager_fill(r: &Run) -> [&'static str; 2] {
     }
 }
 
+/// `sdpa_mask`'s index tensors over `t` queries from `qoff` and `l` keys from `off`: the batch
+/// and head aranges, then the query and key positions (`arange(n) + offset`), as `ba`, `ha`,
+/// `qa`, `ka`.
+fn aranges(
+    b: u64,
+    (t, qoff): (&dyn std::fmt::Display, &str),
+    (l, off): (&dyn std::fmt::Display, &str),
+) -> [String; 8] {
+    [
+        format!("ba = arange({b})"),
+        "ha = arange(1)".to_string(),
+        format!("qa0 = arange({t})"),
+        format!("qa = qa0 + {qoff}"),
+        "del qa0".to_string(),
+        format!("ka0 = arange({l})"),
+        format!("ka = ka0 + {off}"),
+        "del ka0".to_string(),
+    ]
+}
+
+/// The padding mask's gather `padding_mask[batch, kv]` over `l` keys: both index tensors
+/// broadcast to [B, 1, 1, l] int64, the [B, 1, 1, l] bool gather `p0` (all true), the index
+/// tensors gone last first.
+fn padding_gather(b: u64, l: &dyn std::fmt::Display) -> [String; 4] {
+    [
+        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {l}).contiguous()"),
+        format!("p0 = full({b}, 1, 1, {l}, fill_value=1, dtype=bool)"),
+        "del i1, i0".to_string(),
+    ]
+}
+
 /// `create_sliding_window_causal_mask` for sdpa (masking_utils' `sdpa_mask` with
 /// `and_masks(sliding_window_overlay(w), causal_mask_function)`): the batch, head, key and
 /// query indices, `new_ones(())`, then `& (kv_idx > q_idx - w)` and `& (kv_idx <= q_idx)`, a
@@ -117,24 +149,16 @@ fn mask_indices(r: &Run) -> Vec<String> {
 pub(super) fn eager_generate_mask(s: &mut String, r: &Run, t: u64, l: &str, qoff: &str, ind: &str) {
     let b = r.batch;
     let [zero, min] = eager_fill(r);
-    for x in [
-        "mk0 = mi_mask.to(dtype=bool)".to_string(),
-        format!("ba = arange({b})"),
-        "ha = arange(1)".to_string(),
-        format!("qa0 = arange({t})"),
-        format!("qa = qa0 + {qoff}"),
-        "del qa0".to_string(),
-        format!("ka0 = arange({l})"),
-        "ka = ka0 + 0".to_string(),
-        "del ka0".to_string(),
+    let mut st = vec!["mk0 = mi_mask.to(dtype=bool)".to_string()];
+    st.extend(aranges(b, (&t, qoff), (&l, "0")));
+    st.extend([
         "r0 = full([], fill_value=1, dtype=bool)".to_string(),
         "c0 = le(ka.view(1, 1, 1, -1), qa.view(1, 1, -1, 1))".to_string(),
         "r1 = bitwise_and(r0, c0)".to_string(),
         "del c0, r0".to_string(),
-        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {l}).contiguous()"),
-        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {l}).contiguous()"),
-        format!("p0 = full({b}, 1, 1, {l}, fill_value=1, dtype=bool)"),
-        "del i1, i0".to_string(),
+    ]);
+    st.extend(padding_gather(b, &l));
+    st.extend([
         "r2 = bitwise_and(r1, p0)".to_string(),
         "del p0, r1".to_string(),
         format!("mbool = r2.expand({b}, 1, {t}, {l})"),
@@ -145,7 +169,8 @@ pub(super) fn eager_generate_mask(s: &mut String, r: &Run, t: u64, l: &str, qoff
         "causal_mask = where(mbool, mz, mn)".to_string(),
         "del mn, mz, mbool".to_string(),
         "del mk0".to_string(),
-    ] {
+    ]);
+    for x in st {
         at(s, ind, "model.create_causal_mask", &x);
     }
 }
@@ -310,15 +335,8 @@ fn window_mask(
         st.extend(last_columns(w, off));
         st.push("del pm, mi1".to_string());
     }
+    st.extend(aranges(b, (&t, qoff), (&l, off)));
     st.extend([
-        format!("ba = arange({b})"),
-        "ha = arange(1)".to_string(),
-        format!("qa0 = arange({t})"),
-        format!("qa = qa0 + {qoff}"),
-        "del qa0".to_string(),
-        format!("ka0 = arange({l})"),
-        format!("ka = ka0 + {off}"),
-        "del ka0".to_string(),
         "r0 = full([], fill_value=1, dtype=bool)".to_string(),
         "r1 = full([], fill_value=1, dtype=bool)".to_string(),
         format!("s0 = qa.view(1, 1, -1, 1) - {w}"),
@@ -331,10 +349,9 @@ fn window_mask(
         "del c0, r2".to_string(),
         "r4 = bitwise_and(r0, r3)".to_string(),
         "del r3, r0".to_string(),
-        format!("i0 = ba.view(-1, 1, 1, 1).expand({b}, 1, 1, {l}).contiguous()"),
-        format!("i1 = ka.view(1, 1, 1, -1).expand({b}, 1, 1, {l}).contiguous()"),
-        format!("p0 = full({b}, 1, 1, {l}, fill_value=1, dtype=bool)"),
-        "del i1, i0".to_string(),
+    ]);
+    st.extend(padding_gather(b, &l));
+    st.extend([
         "r5 = bitwise_and(r4, p0)".to_string(),
         "del p0, r4".to_string(),
         format!("sliding_mask = r5.expand({b}, 1, {t}, {l})"),
