@@ -748,9 +748,12 @@ fn attention(
     } else {
         t
     };
+    // repeat_kv (the keys' length left to the tensor: a decode step's are the whole cache)
     let rk = |x: &str| {
         if rep > 1 {
-            format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, {kv}, {hd}).reshape({b}, {nh}, {kv}, {hd})")
+            format!(
+                "{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, -1, {hd}).reshape({b}, {nh}, -1, {hd})"
+            )
         } else {
             x.to_string()
         }
@@ -801,14 +804,6 @@ fn attention(
         }
     } else if r.eager {
         // eager_attention_forward: repeat_kv, the scaled product, the mask, softmax, the product
-        // (a decode step's keys are the whole cache: their length left to the tensor)
-        let rk = |x: &str| {
-            if rep > 1 {
-                format!("{x}.unsqueeze(2).expand({b}, {nkv}, {rep}, -1, {hd}).reshape({b}, {nh}, -1, {hd})")
-            } else {
-                x.to_string()
-            }
-        };
         let scale = 1.0 / (hd as f64).sqrt();
         st.extend([
             format!("ak = {}", rk(k)),

@@ -204,11 +204,12 @@ pub(super) fn packed_sequences(s: &mut String, r: &Run, ind: &str) {
 /// a float32 [B, 1, T, T].
 pub(super) fn eager_mask(s: &mut String, r: &Run, path: &str, ind: &str) {
     let (b, t) = (r.batch, r.seq);
+    let [zero, min] = eager_fill(r);
     for st in mask_indices(r).into_iter().chain([
         "mm = le(kv_idx.view(1, -1), q_idx.view(-1, 1))".to_string(),
         "del mb, mh, kv_idx, q_idx".to_string(),
-        eager_fill(r)[0].to_string(),
-        eager_fill(r)[1].to_string(),
+        zero.to_string(),
+        min.to_string(),
         format!("causal_mask = where(mm.view(1, 1, {t}, {t}).expand({b}, 1, {t}, {t}), mz, mn)"),
         "del mn, mz, mm".to_string(),
     ]) {

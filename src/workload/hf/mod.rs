@@ -455,7 +455,7 @@ pub(crate) fn expand(
         // every step, and GPT-2's eager generation is another code path: neither modelled)
         let eager_refused = run.eager
             && match &cfg {
-                config::Family::Llama(c) => (0..c.layers).any(|l| llama::sliding_layer(c, l)),
+                config::Family::Llama(c) => llama::any_sliding(c),
                 _ => true,
             };
         // (BERT's generation is refused before [generate] is read)
@@ -547,15 +547,18 @@ pub(crate) fn expand(
             }
         }
     }
+    // a mixture-of-experts model with eager attention or autocast and another setting: named
+    // whole in one warning (below), not part by part
+    let moe_combined = matches!(&cfg, config::Family::Llama(c) if c.moe.is_some())
+        && ((run.eager && (run.bf16_autocast || run.bf16_weights || run.checkpointing))
+            || (run.bf16_autocast && run.checkpointing));
     if let config::Family::Llama(c) = &cfg {
         // the experts are matched against PyTorch with sdpa in float32 and in bf16 weights
         // (training, LoRA, inference and generation, whose decode steps switch to
         // batched_mm), with HF gradient checkpointing in float32, under bf16 autocast and
         // with eager attention in float32 (Mixtral's, H100 2026-12-05); eager attention or
         // autocast with another of these composes what each does, not recorded together
-        let combined = (run.eager && (run.bf16_autocast || run.bf16_weights || run.checkpointing))
-            || (run.bf16_autocast && run.checkpointing);
-        if combined && c.moe.is_some() {
+        if moe_combined {
             let parts: Vec<&str> = [
                 (run.eager, "eager attention"),
                 (run.bf16_weights, "bf16 weights"),
@@ -660,12 +663,7 @@ pub(crate) fn expand(
         // them, which no recording has checked)
         unsupported("precision", "bf16 weights under bf16 autocast for gpt2")?;
     }
-    // (a mixture-of-experts model names its whole combination above)
-    let moe = matches!(&cfg, config::Family::Llama(c) if c.moe.is_some());
-    if run.bf16_weights
-        && family == "llama"
-        && !(moe && (run.eager || (run.bf16_autocast && run.checkpointing)))
-    {
+    if run.bf16_weights && family == "llama" && !moe_combined {
         // Llama-style models: eager attention's `softmax(dtype=float32)` converts the bf16
         // scores first and saves its float32 output (ATen's half-to-float shortcut is for
         // float16 alone), and the mask is made in the embeddings' dtype; under autocast over
